@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# Install the system packages the project needs (Debian 12), only those missing.
+# Idempotent: a second run with everything present does no network access.
+set -euo pipefail
+
+PKGS=(
+  libvirt-daemon-system libvirt-clients libvirt-dev pkg-config
+  qemu-system-x86 qemu-utils
+  bpftrace linux-perf
+  mmdebstrap umockdev
+  postgresql
+  python3-venv python3-dev gcc make util-linux procps iproute2 e2fsprogs
+)
+
+missing=()
+for p in "${PKGS[@]}"; do
+  if ! dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed"; then
+    missing+=("$p")
+  fi
+done
+
+if [ ${#missing[@]} -eq 0 ]; then
+  exit 0
+fi
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install-deps: missing Debian packages: ${missing[*]}" >&2
+  echo "install-deps: run as root (or: sudo apt-get install ${missing[*]})" >&2
+  exit 1
+fi
+
+echo "install-deps: installing ${missing[*]}"
+export DEBIAN_FRONTEND=noninteractive
+apt-get update -qq
+# No daemons are started by package scripts here (no systemd / policy-rc.d);
+# the project's own scripts start libvirtd and PostgreSQL when they need them.
+apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
