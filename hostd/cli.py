@@ -1,0 +1,93 @@
+"""`hostd` command line: discover, plan, carve, uncarve.
+
+Exit codes: 0 ok, 1 error (message names the field), 2 usage, 3 the policy does
+not fit this host (NoFit).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+from pathlib import Path
+
+from rich.console import Console
+
+from hostd.errors import HostdError
+
+log = logging.getLogger(__name__)
+
+EPILOG = """examples:
+  hostd discover                       this host, as tables
+  hostd discover --json > host.json    the topology interface (api/topology.md)
+  hostd plan --topology host.json --policy policy.toml
+  hostd carve --policy policy.toml --dry-run
+  hostd carve --policy policy.toml     apply; the journal lets uncarve restore
+  hostd uncarve                        put the host back as it was
+"""
+
+EXIT_NOFIT = 3
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="hostd", description="Storage-host carving and VM daemon.",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--config", type=Path, help="hostd TOML config (default /etc/hostd/hostd.toml)")
+    p.add_argument("-v", "--verbose", action="store_true", help="log every step")
+    sub = p.add_subparsers(dest="cmd", required=True)
+
+    d = sub.add_parser("discover", help="print the host topology")
+    _discover_args(d)
+    d.add_argument("--json", action="store_true", help="JSON (api/topology.md)")
+
+    pl = sub.add_parser("plan", help="topology + policy -> host layout (pure, changes nothing)")
+    pl.add_argument("--topology", type=Path, help="JSON from `hostd discover --json` (default: this host)")
+    pl.add_argument("--policy", type=Path, help="carve policy TOML (default: config's policy)")
+    pl.add_argument("--json", action="store_true")
+    _discover_args(pl)
+
+    c = sub.add_parser("carve", help="apply the plan's live part to this host")
+    c.add_argument("--policy", type=Path, help="carve policy TOML (default: config's policy)")
+    c.add_argument("--dry-run", action="store_true", help="print the steps, change nothing")
+    c.add_argument("--json", action="store_true")
+    c.add_argument("--state-dir", type=Path, help="where the carve journal lives")
+    _discover_args(c)
+
+    u = sub.add_parser("uncarve", help="undo every recorded carve step, newest first")
+    u.add_argument("--dry-run", action="store_true")
+    u.add_argument("--state-dir", type=Path)
+    return p
+
+
+def _discover_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--root", type=Path, help="read /sys,/proc,/dev under this directory")
+    p.add_argument("--virt-type", choices=["kvm", "qemu"], help="override config virt_type")
+    p.add_argument("--allow", action="append", default=None, metavar="PATTERN",
+                   help="disk allow-list entry (name, id, /dev path, glob); repeatable")
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
+    console = Console()
+    from hostd import commands  # the heavy imports only once arguments parsed
+
+    try:
+        return commands.run(args, console)
+    except HostdError as e:
+        Console(stderr=True).print(f"[red]error[/red] {e}", highlight=False)
+        return 1
+    except BrokenPipeError:
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 0
+
+
+def print_json(obj: object) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
+
+
+if __name__ == "__main__":
+    sys.exit(main())

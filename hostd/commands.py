@@ -1,0 +1,151 @@
+"""What each `hostd` subcommand does, wired from the layers: discover -> carve -> apply."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+from rich.console import Console
+
+from hostd.apply.carve import HostHandles, Journal, apply_layout, plan_steps, uncarve
+from hostd.apply.cgroups import find_cpuset_fs
+from hostd.apply.steps import Context, SystemMounter
+from hostd.carve.layout import Layout, NoFit
+from hostd.carve.plan import plan_host
+from hostd.carve.policy import Policy, PolicyError, load_policy
+from hostd.carve.render import render_layout, render_nofit
+from hostd.cli import EXIT_NOFIT, print_json
+from hostd.config import HostdConfig, load_config
+from hostd.discover import discover_host
+from hostd.discover.model import Topology
+from hostd.discover.render import render_topology
+from hostd.errors import HostdError
+from hostd.jsonmodel import SchemaError
+
+JOURNAL_NAME = "carve-journal.json"
+
+
+class BadPolicy(HostdError):
+    code = "hyb.host.bad_policy"
+
+
+class BadTopology(HostdError):
+    code = "hyb.host.bad_topology"
+
+
+def run(args: argparse.Namespace, console: Console) -> int:
+    cfg = load_config(args.config)
+    return {"discover": _discover, "plan": _plan, "carve": _carve,
+            "uncarve": _uncarve}[args.cmd](args, cfg, console)
+
+
+def _policy(args: argparse.Namespace, cfg: HostdConfig, *, required: bool) -> Policy | None:
+    path: Path | None = getattr(args, "policy", None)
+    if path is None:
+        if not required and not cfg.policy.exists():
+            return None
+        path = cfg.policy
+    try:
+        return load_policy(path)
+    except PolicyError as e:
+        raise BadPolicy(e.reason, field=e.field) from None
+
+
+def _topology(args: argparse.Namespace, cfg: HostdConfig, policy: Policy | None) -> Topology:
+    root = args.root or cfg.root
+    allow = args.allow if args.allow is not None else (policy.disks.allow if policy else ())
+    return discover_host(root, allow=tuple(allow), virt_type=args.virt_type or cfg.virt_type,
+                         probe_versions=root == Path("/"))
+
+
+def _discover(args, cfg, console) -> int:
+    topo = _topology(args, cfg, _policy(args, cfg, required=False))
+    if args.json:
+        print_json(topo.to_dict())
+    else:
+        render_topology(topo, console)
+    return 0
+
+
+def _plan_for(args, cfg) -> tuple[Topology, Layout | NoFit]:
+    policy = _policy(args, cfg, required=True)
+    assert policy is not None
+    if getattr(args, "topology", None):
+        try:
+            topo = Topology.from_json(args.topology.read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise BadTopology(str(e), field=str(args.topology)) from None
+        except SchemaError as e:
+            raise BadTopology(str(e), field=str(args.topology)) from None
+    else:
+        topo = _topology(args, cfg, policy)
+    return topo, plan_host(topo, policy)
+
+
+def _plan(args, cfg, console) -> int:
+    _topo, result = _plan_for(args, cfg)
+    return _show_plan(result, args.json, console)
+
+
+def _show_plan(result: Layout | NoFit, as_json: bool, console: Console) -> int:
+    if isinstance(result, NoFit):
+        if as_json:
+            print_json({"nofit": {"field": result.field, "reason": result.reason}})
+        else:
+            render_nofit(result, console)
+        return EXIT_NOFIT
+    if as_json:
+        print_json(result.to_dict())
+    else:
+        render_layout(result, console)
+    return 0
+
+
+def handles_for(root: Path) -> HostHandles:
+    vf = None
+    if root == Path("/"):
+        from hostd.apply.netlink import NetlinkVfRates
+
+        vf = NetlinkVfRates()
+    return HostHandles(root=root, cpuset=find_cpuset_fs(root), vf_rates=vf,
+                       hugetlbfs_base=root / "dev", exclude_pids=frozenset({os.getpid(), os.getppid()}))
+
+
+def _carve(args, cfg, console) -> int:
+    _topo, result = _plan_for(args, cfg)
+    if isinstance(result, NoFit):
+        return _show_plan(result, args.json, console)
+    h = handles_for(args.root or cfg.root)
+    journal = Journal((args.state_dir or cfg.state_dir) / JOURNAL_NAME)
+    if args.dry_run:
+        steps = plan_steps(result, h)
+        verb = "would"
+    else:
+        steps = apply_layout(result, h, journal, Context(h.vf_rates, SystemMounter()))
+        verb = "did"
+    if args.json:
+        print_json({"dry_run": args.dry_run, "steps": [s.to_dict() for s in steps],
+                    "layout": result.to_dict()})
+        return 0
+    render_layout(result, console)
+    if not steps:
+        console.print("host already matches the layout: nothing to change")
+    for s in steps:
+        console.print(f"  {verb}: {s.describe()}", highlight=False)
+    if not args.dry_run and steps:
+        console.print(f"journal: {journal.path} (`hostd uncarve` restores)")
+    return 0
+
+
+def _uncarve(args, cfg, console) -> int:
+    journal = Journal((args.state_dir or cfg.state_dir) / JOURNAL_NAME)
+    if args.dry_run:
+        for s in reversed(journal.load()):
+            console.print(f"  would undo: {s.describe()}", highlight=False)
+        return 0
+    h = handles_for(cfg.root)
+    for s in uncarve(journal, Context(h.vf_rates, SystemMounter())):
+        console.print(f"  undid: {s.describe()}", highlight=False)
+    return 0

@@ -1,0 +1,57 @@
+"""hostd's one config file (TOML), every key documented in hostd/hostd.example.toml.
+Environment variables HOSTD_<KEY> override the file (HOSTD_VIRT_TYPE=qemu)."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Literal
+
+from pydantic import ValidationError
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+from hostd.errors import HostdError
+
+DEFAULT_CONFIG = Path("/etc/hostd/hostd.toml")
+
+
+class ConfigError(HostdError):
+    code = "hyb.hostd.bad_config"
+
+
+class HostdConfig(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="HOSTD_", extra="forbid", frozen=True)
+
+    # "kvm" on hosts with VMX/SVM; "qemu" (TCG) where /dev/kvm cannot boot a full guest.
+    virt_type: Literal["kvm", "qemu"] = "kvm"
+    # The carve policy (TOML): reserved CPUs, hugepages, VFs, disk allow-list.
+    policy: Path = Path("/etc/hostd/policy.toml")
+    # Where hostd keeps its carve journal and VM ledger.
+    state_dir: Path = Path("/var/lib/hostd")
+    # Prefix for /sys, /proc, /dev reads (tests point it at a recorded host tree).
+    root: Path = Path("/")
+
+
+def load_config(path: Path | None) -> HostdConfig:
+    """Read the config file (missing default file = all defaults) and apply env overrides."""
+    data: dict = {}
+    if path is not None or DEFAULT_CONFIG.exists():
+        p = path or DEFAULT_CONFIG
+        try:
+            data = tomllib.loads(p.read_text())
+        except OSError as e:
+            raise ConfigError(f"cannot read {p}: {e.strerror}", field=str(p)) from None
+        except tomllib.TOMLDecodeError as e:
+            raise ConfigError(f"{p} is not valid TOML: {e}", field=str(p)) from None
+    try:
+        # Init kwargs win over env in pydantic-settings; env must win over the file.
+        return _with_env_over_file(data)
+    except ValidationError as e:
+        err = e.errors()[0]
+        raise ConfigError(err["msg"], field=".".join(map(str, err["loc"]))) from None
+
+
+def _with_env_over_file(data: dict) -> HostdConfig:
+    env_only = HostdConfig()
+    merged = {**data, **{k: getattr(env_only, k) for k in env_only.model_fields_set}}
+    return HostdConfig(**merged)
