@@ -36,6 +36,8 @@ class Mounter(Protocol):
 
     def umount(self, path: Path) -> None: ...
 
+    def is_mounted(self, path: Path) -> bool: ...
+
 
 @dataclass
 class Context:
@@ -163,7 +165,7 @@ class MountHugetlbfs(Step):
             raise
 
     def undo(self, ctx: Context) -> None:
-        if os.path.ismount(self.path):  # a crash may have come before the mount
+        if ctx.mounter.is_mounted(Path(self.path)):  # a crash may have come before the mount
             ctx.mounter.umount(Path(self.path))
         if self.created_dir and Path(self.path).is_dir():
             Path(self.path).rmdir()
@@ -214,6 +216,9 @@ class SystemMounter:
 
     def umount(self, path: Path) -> None:
         _run(["umount", str(path)])
+
+    def is_mounted(self, path: Path) -> bool:
+        return os.path.ismount(path)
 
 
 def _run(cmd: list[str]) -> None:
