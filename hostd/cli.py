@@ -41,6 +41,7 @@ def build_parser() -> argparse.ArgumentParser:
     d = sub.add_parser("discover", help="print the host topology")
     _discover_args(d)
     d.add_argument("--json", action="store_true", help="JSON (api/topology.md)")
+    d.add_argument("--policy", type=Path, help="take the disk allow-list from this policy")
 
     pl = sub.add_parser("plan", help="topology + policy -> host layout (pure, changes nothing)")
     pl.add_argument("--topology", type=Path, help="JSON from `hostd discover --json` (default: this host)")

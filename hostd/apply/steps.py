@@ -128,8 +128,14 @@ class MovePid(Step):
         _move(self.pid, Path(self.after) / self.procs_file)
 
     def undo(self, ctx: Context) -> None:
+        # The original cgroup may be gone (service restarted): nearest ancestor.
+        home = Path(self.before)
+        while not (home / self.procs_file).exists() and home != home.parent:
+            home = home.parent
+        if home != Path(self.before):
+            log.warning("move_pid undo pid=%s cgroup=%s gone, using %s", self.pid, self.before, home)
         try:
-            _move(self.pid, Path(self.before) / self.procs_file)
+            _move(self.pid, home / self.procs_file)
         except ProcessLookupError:
             log.info("move_pid undo skipped pid=%s reason=exited", self.pid)
 

@@ -211,3 +211,33 @@ def test_vf_rate_refused_by_driver_rolls_back(tree: Path) -> None:
         apply_layout(lay, h, Journal(tree.parent / "j.json"), Context(vf, TreeMounter(tree)))
     assert _snapshot(tree) == before
     assert vf.rates.get(("ens1f0", 0), (0, 0)) == (0, 0)
+
+
+def test_cgroup_v2_enables_cpuset_and_restores_subtree_control(tmp_path: Path) -> None:
+    """A cgroup v2 host (what most current distros have; this machine has v1):
+    the cpuset controller is enabled in the root's subtree_control before the
+    child cgroups get CPUs, and disabled again on uncarve."""
+    r = tmp_path / "v2"
+    _w(r / "proc/mounts", "cgroup2 /sys/fs/cgroup cgroup2 rw,nsdelegate 0 0\n")
+    _w(r / "proc/meminfo", "Hugepagesize:       2048 kB\n")
+    cg = r / "sys/fs/cgroup"
+    _w(cg / "cgroup.controllers", "cpuset cpu io memory pids\n")
+    _w(cg / "cgroup.subtree_control", "cpu memory\n")
+    _w(r / "proc/77/comm", "osd\n")
+    (r / "proc/77/cmdline").write_bytes(b"osd\0hyb-io-standin\0")
+    _w(r / "proc/77/cgroup", "0::/system.slice/osd.service\n")
+    _w(cg / "system.slice/osd.service/cgroup.procs", "77\n")
+    h = HostHandles(root=r, cpuset=find_cpuset_fs(r), vf_rates=None, hugetlbfs_base=r / "dev")
+    assert h.cpuset is not None and h.cpuset.version == 2
+    lay = _layout(nodes=(NodeLayout(0, (0,), (1,), (2, 3), ()),), pfs=())
+    steps = plan_steps(lay, h)
+    assert steps[0].describe() == f"write {cg}/cgroup.subtree_control: '-cpuset' -> '+cpuset'"
+    assert f"move pid 77 (osd) {cg}/system.slice/osd.service -> {cg}/hyb-io" in [s.describe() for s in steps]
+    j = Journal(tmp_path / "j.json")
+    apply_layout(lay, h, j, Context(None, TreeMounter(r)))
+    assert (cg / "cgroup.subtree_control").read_text() == "+cpuset"
+    assert (cg / "machine/cpuset.cpus").read_text() == "2-3"
+    uncarve(j, Context(None, TreeMounter(r)))
+    assert (cg / "system.slice/osd.service/cgroup.procs").read_text() == "77"
+    assert (cg / "cgroup.subtree_control").read_text() == "-cpuset"
+    assert not (cg / "machine").exists() and not (cg / "hyb-io").exists()
