@@ -9,6 +9,7 @@ PKGS=(
   bpftrace linux-perf
   mmdebstrap umockdev
   postgresql
+  cpio xz-utils
   python3-venv python3-dev gcc make util-linux procps iproute2 e2fsprogs
 )
 

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Build the smoke-test guest: Debian's cloud kernel + a tiny busybox initramfs
+# whose /init prints a marker with the guest's CPU count and memory to the
+# serial console, then stays up until the VM is shut down or destroyed.
+#
+# Usage: guestimages/smoke/build.sh [OUTDIR]   (default /var/cache/hybrid-kvm/smoke)
+# Output: OUTDIR/vmlinuz, OUTDIR/initrd.img, OUTDIR/manifest.json
+# Needs: apt-get (downloads .debs only, installs nothing), dpkg-deb, cpio, gzip.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+out=${1:-/var/cache/hybrid-kvm/smoke}
+mkdir -p "$out"
+if [ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ] && [ "$out/initrd.img" -nt "$here/init" ] \
+   && [ "$out/initrd.img" -nt "$0" ]; then
+  exit 0   # up to date
+fi
+
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+cd "$work"
+
+kpkg=$(apt-cache depends linux-image-cloud-amd64 | awk '/Depends: linux-image-/{print $2; exit}')
+[ -n "$kpkg" ] || { echo "smoke: cannot resolve linux-image-cloud-amd64 (run apt-get update)" >&2; exit 1; }
+apt-get download -qq -o APT::Sandbox::User=root "$kpkg" busybox-static >/dev/null
+dpkg-deb -x "$kpkg"_*.deb kernel
+dpkg-deb -x busybox-static_*.deb bb
+
+kver=$(ls kernel/lib/modules)
+cp kernel/boot/vmlinuz-"$kver" "$out/vmlinuz.tmp"
+
+root="$work/initramfs"
+mkdir -p "$root"/{bin,sbin,proc,sys,dev,tmp,lib/modules}
+cp bb/bin/busybox "$root/bin/busybox"
+for app in sh mount cat echo sleep grep awk nproc insmod dd sync poweroff reboot ls head tr uname; do
+  ln -s busybox "$root/bin/$app"
+done
+# virtio drivers are modules in the cloud kernel: ship the few the smoke checks
+# need (a raw disk visible as /dev/vdX), in load order (no modprobe in busybox-init).
+mods="virtio_ring virtio virtio_pci_legacy_dev virtio_pci_modern_dev virtio_pci virtio_blk"
+: > "$root/lib/modules/load-order"
+for m in $mods; do
+  f=$(find kernel/lib/modules/"$kver" -name "$m.ko*" | head -n1)
+  [ -n "$f" ] || { echo "smoke: module $m missing from $kpkg" >&2; exit 1; }
+  case "$f" in
+    *.xz) xz -dc "$f" > "$root/lib/modules/$m.ko" ;;
+    *) cp "$f" "$root/lib/modules/$m.ko" ;;
+  esac
+  echo "$m.ko" >> "$root/lib/modules/load-order"
+done
+install -m 0755 "$here/init" "$root/init"
+(cd "$root" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -9 > "$out/initrd.img.tmp"
+mv "$out/vmlinuz.tmp" "$out/vmlinuz"
+mv "$out/initrd.img.tmp" "$out/initrd.img"
+cat > "$out/manifest.json" <<JSON
+{"name": "smoke", "kernel_package": "$kpkg", "kernel_version": "$kver",
+ "cmdline": "console=ttyS0 panic=-1",
+ "vmlinuz_sha256": "$(sha256sum "$out/vmlinuz" | cut -d' ' -f1)",
+ "initrd_sha256": "$(sha256sum "$out/initrd.img" | cut -d' ' -f1)"}
+JSON
+echo "smoke: built $out (kernel $kver)"

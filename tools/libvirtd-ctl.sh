@@ -1,0 +1,57 @@
+#!/usr/bin/env bash
+# Start or stop libvirtd + virtlogd on hosts where PID 1 is not systemd (this
+# development machine, CI). Real hosts use the distribution's systemd units.
+#
+#   tools/libvirtd-ctl.sh start STATE_DIR   start what is not running; remember
+#                                           in STATE_DIR which daemons we started
+#   tools/libvirtd-ctl.sh stop STATE_DIR    stop only the daemons we started (by PID)
+#
+# Order matters (DESIGN.md): hugetlbfs must be mounted before libvirtd starts,
+# since libvirtd looks for hugetlbfs mounts only at start-up.
+set -euo pipefail
+cmd=${1:?start|stop}
+state=${2:?state dir}
+mkdir -p "$state"
+
+running() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
+
+start_one() {  # name binary pidfile
+  local name=$1 bin=$2 pidfile=$3
+  if running "$pidfile"; then return 0; fi
+  "$bin" --daemon --pid-file "$pidfile"
+  for _ in $(seq 50); do running "$pidfile" && break; sleep 0.1; done
+  running "$pidfile" || { echo "libvirtd-ctl: $name did not start" >&2; exit 1; }
+  cp "$pidfile" "$state/$name.started"
+}
+
+case "$cmd" in
+start)
+  # What udev's rule would do (KERNEL=="kvm", GROUP="kvm", MODE="0660"); without
+  # it libvirt's QEMU user cannot open /dev/kvm, libvirt marks its capability
+  # cache stale on every call and re-probes QEMU: 65 s per `virsh create`.
+  if [ -c /dev/kvm ] && getent group kvm >/dev/null; then
+    chgrp kvm /dev/kvm && chmod 0660 /dev/kvm
+  fi
+  mkdir -p /run/libvirt
+  start_one virtlogd /usr/sbin/virtlogd /run/virtlogd.pid
+  start_one libvirtd /usr/sbin/libvirtd /run/libvirtd.pid
+  for _ in $(seq 100); do
+    virsh -c qemu:///system version >/dev/null 2>&1 && exit 0
+    sleep 0.1
+  done
+  echo "libvirtd-ctl: libvirtd is not answering on qemu:///system" >&2; exit 1
+  ;;
+stop)
+  for name in libvirtd virtlogd; do
+    f="$state/$name.started"
+    [ -s "$f" ] || continue
+    pid=$(cat "$f")
+    if kill -0 "$pid" 2>/dev/null; then
+      kill "$pid"
+      for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+    fi
+    rm -f "$f"
+  done
+  ;;
+*) echo "usage: $0 start|stop STATE_DIR" >&2; exit 2 ;;
+esac
