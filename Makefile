@@ -8,7 +8,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test deps sysdeps venv clean test-unit
+.PHONY: demo test deps sysdeps venv stubs clean test-unit
 
 sysdeps:
 	@bash tools/install-deps.sh
@@ -21,7 +21,14 @@ $(STAMP): setup.cfg pyproject.toml
 
 venv: $(STAMP)
 
-deps: sysdeps venv
+# gRPC stubs are generated at build time from the contract, never edited.
+PROTO_OUT := api/hostd_pb2.py api/hostd_pb2_grpc.py
+$(PROTO_OUT) &: api/hostd.proto $(STAMP)
+	@$(VPY) -m grpc_tools.protoc -I. --python_out=. --pyi_out=. --grpc_python_out=. api/hostd.proto
+
+stubs: $(PROTO_OUT)
+
+deps: sysdeps venv stubs
 
 demo: deps
 	@bash tools/demo.sh
@@ -29,8 +36,8 @@ demo: deps
 test: deps
 	@bash tools/run-tests.sh
 
-test-unit: venv
+test-unit: venv stubs
 	@$(VPY) -m pytest -q -m "not integration" tests
 
 clean:
-	rm -rf $(VENV) build *.egg-info
+	rm -rf $(VENV) build *.egg-info $(PROTO_OUT) api/hostd_pb2.pyi
