@@ -91,6 +91,13 @@ class Claim:
     pages: int
     vfs: tuple[ClaimedVf, ...]
     disks: tuple[ClaimedDisk, ...]
+    emulator_dedicated: bool = False  # emulator_policy "isolate": its CPU is the VM's own
+
+    @property
+    def dedicated_cpus(self) -> tuple[int, ...]:
+        """CPUs no other VM may use while this one exists."""
+        extra = self.emulator_cpus if self.emulator_dedicated else ()
+        return tuple(sorted(set(self.vcpu_pins) | set(extra)))
 
 
 def validate_request(req: VmRequest) -> Refusal | None:
@@ -158,7 +165,8 @@ def _claim_on_node(layout: Layout, n: NodeLayout, siblings: dict[int, tuple[int,
     disks = _claim_disks(layout, used, req)
     if isinstance(disks, Refusal):
         return disks
-    return Claim(n.node, pins, emu, pool.size_kb, pages, vfs, disks)
+    return Claim(n.node, pins, emu, pool.size_kb, pages, vfs, disks,
+                 emulator_dedicated=req.emulator_policy == "isolate")
 
 
 def pick_cpus(free: list[int], siblings: dict[int, tuple[int, ...]], count: int) -> list[int] | None:

@@ -1,0 +1,156 @@
+"""hostd's local ledger of VMs and the resources each one holds (SQLite, WAL).
+
+One row per VM with its state and claim; the claim tables hold a row per CPU,
+VF and disk so the database itself refuses double booking (primary keys), even
+if two hostd processes ever ran against one file. Writes use BEGIN IMMEDIATE so
+a check-then-claim is one transaction.
+"""
+
+from __future__ import annotations
+
+import json
+import sqlite3
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from hostd.claims import Claim, ClaimedDisk, ClaimedVf, Usage
+from hostd.errors import HostdError
+from hostd.jsonmodel import to_jsonable
+
+SCHEMA_VERSION = 1
+_SCHEMA = """
+CREATE TABLE vms (
+    vm_id TEXT PRIMARY KEY,
+    request_id TEXT NOT NULL UNIQUE,
+    name TEXT NOT NULL UNIQUE,
+    state TEXT NOT NULL,
+    reason TEXT NOT NULL DEFAULT '',
+    node INTEGER NOT NULL,
+    size_kb INTEGER NOT NULL,
+    pages INTEGER NOT NULL,
+    claim_json TEXT NOT NULL,
+    spec_json TEXT NOT NULL,
+    created REAL NOT NULL,
+    updated REAL NOT NULL
+);
+CREATE TABLE cpu_claims (cpu INTEGER PRIMARY KEY, vm_id TEXT NOT NULL REFERENCES vms ON DELETE CASCADE);
+CREATE TABLE vf_claims (
+    pf TEXT NOT NULL, vf INTEGER NOT NULL, min_tx_rate_mbps INTEGER NOT NULL,
+    vm_id TEXT NOT NULL REFERENCES vms ON DELETE CASCADE, PRIMARY KEY (pf, vf));
+CREATE TABLE disk_claims (
+    disk TEXT PRIMARY KEY, bytes_sec INTEGER NOT NULL, iops INTEGER NOT NULL,
+    vm_id TEXT NOT NULL REFERENCES vms ON DELETE CASCADE);
+"""
+
+
+class LedgerConflict(HostdError):
+    code = "hyb.vm.conflict"
+
+
+@dataclass(frozen=True)
+class VmRecord:
+    vm_id: str
+    request_id: str
+    name: str
+    state: str
+    reason: str
+    claim: Claim
+    spec: dict
+    created: float
+
+
+class Ledger:
+    def __init__(self, path: Path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self._db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
+        self._db.execute("PRAGMA journal_mode=WAL")
+        self._db.execute("PRAGMA foreign_keys=ON")
+        self._db.execute("PRAGMA synchronous=FULL")
+        version = self._db.execute("PRAGMA user_version").fetchone()[0]
+        if version == 0:
+            with self.tx() as db:
+                for stmt in filter(str.strip, _SCHEMA.split(";")):
+                    db.execute(stmt)
+                db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
+        elif version != SCHEMA_VERSION:
+            raise HostdError(f"ledger {path} has schema {version}, this hostd knows {SCHEMA_VERSION}",
+                             field="state_dir")
+
+    def close(self) -> None:
+        self._db.close()
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        self._db.execute("BEGIN IMMEDIATE")
+        try:
+            yield self._db
+        except BaseException:
+            self._db.execute("ROLLBACK")
+            raise
+        self._db.execute("COMMIT")
+
+    def usage(self, db: sqlite3.Connection | None = None) -> Usage:
+        db = db or self._db
+        pages: dict[tuple[int, int], int] = {}
+        for node, size, n in db.execute("SELECT node, size_kb, SUM(pages) FROM vms GROUP BY node, size_kb"):
+            pages[(node, size)] = n
+        min_rate: dict[str, int] = {}
+        for pf, r in db.execute("SELECT pf, SUM(min_tx_rate_mbps) FROM vf_claims GROUP BY pf"):
+            min_rate[pf] = r
+        return Usage(
+            cpus=frozenset(r[0] for r in db.execute("SELECT cpu FROM cpu_claims")),
+            pages=pages,
+            vfs=frozenset((pf, vf) for pf, vf in db.execute("SELECT pf, vf FROM vf_claims")),
+            min_rate_mbps=min_rate,
+            disks={d: (b, i) for d, b, i in db.execute("SELECT disk, bytes_sec, iops FROM disk_claims")},
+        )
+
+    def record(self, db: sqlite3.Connection, *, vm_id: str, request_id: str, name: str,
+               claim: Claim, spec: dict, state: str = "creating") -> None:
+        """Insert a VM and its claim rows; primary keys refuse any double booking."""
+        now = time.time()
+        try:
+            db.execute("INSERT INTO vms VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+                       (vm_id, request_id, name, state, "", claim.node, claim.size_kb, claim.pages,
+                        json.dumps(_claim_to_dict(claim)), json.dumps(spec), now, now))
+            db.executemany("INSERT INTO cpu_claims VALUES (?,?)",
+                           [(c, vm_id) for c in claim.dedicated_cpus])
+            db.executemany("INSERT INTO vf_claims VALUES (?,?,?,?)",
+                           [(v.pf, v.index, v.min_tx_rate_mbps, vm_id) for v in claim.vfs])
+            db.executemany("INSERT INTO disk_claims VALUES (?,?,?,?)",
+                           [(d.name, d.bytes_sec, d.iops, vm_id) for d in claim.disks])
+        except sqlite3.IntegrityError as e:
+            raise LedgerConflict(f"claim conflicts with the ledger: {e}", field="claim") from None
+
+    def set_state(self, vm_id: str, state: str, reason: str = "") -> None:
+        with self.tx() as db:
+            db.execute("UPDATE vms SET state=?, reason=?, updated=? WHERE vm_id=?",
+                       (state, reason, time.time(), vm_id))
+
+    def release(self, db: sqlite3.Connection, vm_id: str) -> None:
+        db.execute("DELETE FROM vms WHERE vm_id=?", (vm_id,))
+
+    def get(self, *, vm_id: str | None = None, request_id: str | None = None) -> VmRecord | None:
+        col, val = ("vm_id", vm_id) if vm_id is not None else ("request_id", request_id)
+        row = self._db.execute(f"SELECT * FROM vms WHERE {col}=?", (val,)).fetchone()
+        return _record(row) if row else None
+
+    def list(self) -> list[VmRecord]:
+        return [_record(r) for r in self._db.execute("SELECT * FROM vms ORDER BY created")]
+
+
+def _claim_to_dict(c: Claim) -> dict:
+    return to_jsonable(c)
+
+
+def _record(row: tuple) -> VmRecord:
+    vm_id, request_id, name, state, reason, _n, _s, _p, claim_json, spec_json, created, _u = row
+    d = json.loads(claim_json)
+    claim = Claim(node=d["node"], vcpu_pins=tuple(d["vcpu_pins"]), emulator_cpus=tuple(d["emulator_cpus"]),
+                  size_kb=d["size_kb"], pages=d["pages"], emulator_dedicated=d["emulator_dedicated"],
+                  vfs=tuple(ClaimedVf(**v) for v in d["vfs"]),
+                  disks=tuple(ClaimedDisk(**x) for x in d["disks"]))
+    return VmRecord(vm_id, request_id, name, state, reason, claim, json.loads(spec_json), created)

@@ -1,0 +1,79 @@
+"""The ledger on a real SQLite file: claims persist, double booking is refused
+by the database, and released resources come back."""
+
+from __future__ import annotations
+
+import threading
+from pathlib import Path
+
+import pytest
+
+from hostd.claims import Claim, ClaimedDisk, ClaimedVf
+from hostd.ledger import Ledger, LedgerConflict
+
+
+def _claim(cpus=(2, 10), vf=("ens1f0", 0), disk="nvme0n1", isolate=False) -> Claim:
+    return Claim(node=0, vcpu_pins=cpus, emulator_cpus=(3,) if isolate else (1,), size_kb=2048,
+                 pages=256, vfs=(ClaimedVf(vf[0], vf[1], 1000, 100, "52:54:00:00:00:01", 0),),
+                 disks=(ClaimedDisk(disk, 100, 10),), emulator_dedicated=isolate)
+
+
+def test_record_usage_release_and_reopen(tmp_path: Path) -> None:
+    db = tmp_path / "ledger.sqlite"
+    led = Ledger(db)
+    with led.tx() as tx:
+        led.record(tx, vm_id="u1", request_id="r1", name="vm1", claim=_claim(isolate=True), spec={"x": 1})
+    u = led.usage()
+    assert u.cpus == {2, 3, 10}
+    assert u.pages == {(0, 2048): 256}
+    assert u.vfs == {("ens1f0", 0)} and u.min_rate_mbps == {"ens1f0": 100}
+    assert u.disks == {"nvme0n1": (100, 10)}
+    led.close()
+
+    led = Ledger(db)  # survives a restart
+    rec = led.get(request_id="r1")
+    assert rec is not None and rec.claim == _claim(isolate=True) and rec.spec == {"x": 1}
+    with led.tx() as tx:
+        led.release(tx, "u1")
+    assert led.usage().cpus == frozenset() and led.list() == []
+
+
+@pytest.mark.parametrize("second", [
+    dict(cpus=(10, 11), vf=("ens1f0", 1), disk="sdb"),  # CPU 10 again
+    dict(cpus=(4, 5), vf=("ens1f0", 0), disk="sdb"),  # same VF
+    dict(cpus=(4, 5), vf=("ens1f0", 1), disk="nvme0n1"),  # same disk
+])
+def test_database_refuses_double_booking_and_keeps_nothing(tmp_path: Path, second) -> None:
+    led = Ledger(tmp_path / "l.sqlite")
+    with led.tx() as tx:
+        led.record(tx, vm_id="u1", request_id="r1", name="vm1", claim=_claim(), spec={})
+    before = led.usage()
+    with pytest.raises(LedgerConflict):
+        with led.tx() as tx:
+            led.record(tx, vm_id="u2", request_id="r2", name="vm2", claim=_claim(**second), spec={})
+    assert led.usage() == before and [r.vm_id for r in led.list()] == ["u1"]
+
+
+def test_concurrent_claims_of_one_cpu_one_winner(tmp_path: Path) -> None:
+    path = tmp_path / "l.sqlite"
+    Ledger(path).close()
+    results: list[str] = []
+
+    def worker(i: int) -> None:
+        led = Ledger(path)  # its own connection, as a second process would have
+        try:
+            with led.tx() as tx:
+                led.record(tx, vm_id=f"u{i}", request_id=f"r{i}", name=f"vm{i}",
+                           claim=_claim(vf=("p", i), disk=f"d{i}"), spec={})
+            results.append("ok")
+        except LedgerConflict:
+            results.append("conflict")
+        finally:
+            led.close()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(8)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert sorted(results) == ["conflict"] * 7 + ["ok"]
