@@ -1,10 +1,21 @@
-"""Suite-wide pytest setup: tiers are described in tests/README.md."""
+"""Suite-wide pytest setup: tiers are described in tests/README.md.
+
+Fixtures for integration tests start only what is not running and stop only
+what they started (by PID), and remove what they created even when a test fails.
+"""
 
 from __future__ import annotations
 
 import os
+import subprocess
+from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE_DIR = Path(os.environ.get("HYB_SMOKE_DIR", "/var/cache/hybrid-kvm/smoke"))
+HUGE_2M = Path("/sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
@@ -14,3 +25,88 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "root" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def smoke_guest() -> dict[str, Path]:
+    """The smoke guest kernel + initramfs, built once (cached) by guestimages/smoke/build.sh."""
+    subprocess.run(["bash", str(REPO / "guestimages/smoke/build.sh"), str(SMOKE_DIR)], check=True)
+    return {"kernel": SMOKE_DIR / "vmlinuz", "initrd": SMOKE_DIR / "initrd.img"}
+
+
+@pytest.fixture(scope="session")
+def hugetlbfs_2m(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
+    """A 2 MiB hugetlbfs mount (made here if the host has none), unmounted at the end."""
+    for line in Path("/proc/mounts").read_text().splitlines():
+        dev, mnt, fstype, opts = line.split()[:4]
+        if fstype == "hugetlbfs" and ("pagesize=2M" in opts or "pagesize" not in opts):
+            yield Path(mnt)
+            return
+    mnt = Path("/dev/hugepages")
+    created = not mnt.exists()
+    mnt.mkdir(exist_ok=True)
+    subprocess.run(["mount", "-t", "hugetlbfs", "-o", "pagesize=2M", "hugetlbfs", str(mnt)], check=True)
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+        if created:
+            mnt.rmdir()
+
+
+@pytest.fixture(scope="session")
+def libvirtd(hugetlbfs_2m: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """libvirtd + virtlogd for qemu:///system, started after hugetlbfs is mounted
+    (libvirtd finds hugetlbfs mounts only at start); stopped at the end if we started them."""
+    state = tmp_path_factory.mktemp("libvirtd")
+    ctl = str(REPO / "tools/libvirtd-ctl.sh")
+    subprocess.run(["bash", ctl, "start", str(state)], check=True)
+    try:
+        yield "qemu:///system"
+    finally:
+        _destroy_test_domains()
+        subprocess.run(["bash", ctl, "stop", str(state)], check=False)
+
+
+def _destroy_test_domains() -> None:
+    import libvirt
+
+    conn = libvirt.open("qemu:///system")
+    try:
+        for dom in conn.listAllDomains():
+            if dom.name().startswith("hyb-test-"):
+                if dom.isActive():
+                    dom.destroy()
+                if dom.isPersistent():
+                    dom.undefine()
+    finally:
+        conn.close()
+
+
+@pytest.fixture
+def hugepages_2m() -> Iterator[callable]:
+    """Grow node 0's 2 MiB pool for a test; the old size is restored afterwards."""
+    before = HUGE_2M.read_text().strip()
+
+    def grow(pages: int) -> int:
+        HUGE_2M.write_text(str(int(before) + pages))
+        return int(HUGE_2M.read_text())
+
+    try:
+        yield grow
+    finally:
+        HUGE_2M.write_text(before)
+
+
+@pytest.fixture
+def loop_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 256 MiB loop device backed by a sparse file; detached afterwards."""
+    img = tmp_path / "disk.img"
+    with open(img, "wb") as f:
+        f.truncate(256 * 2**20)
+    dev = subprocess.run(["losetup", "--find", "--show", str(img)], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    try:
+        yield Path(dev)
+    finally:
+        subprocess.run(["losetup", "-d", dev], check=False)
