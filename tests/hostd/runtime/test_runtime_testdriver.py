@@ -1,0 +1,71 @@
+"""LibvirtHost against libvirt's own test driver (a real libvirt, no daemon):
+ownership by metadata, define/start/destroy, iotune round trip, reconnect."""
+
+from __future__ import annotations
+
+import uuid
+
+import libvirt
+import pytest
+
+from hostd.runtime import DomainError, LibvirtHost, LibvirtUnavailable
+
+NS = "https://hybrid-kvm.example/xmlns/test/1"
+
+
+def _xml(name: str, owned: bool) -> str:
+    meta = (f"<metadata><hyb:vm xmlns:hyb='{NS}'><hyb:request>r-{name}</hyb:request></hyb:vm>"
+            f"</metadata>") if owned else ""
+    return f"""<domain type='test'><name>{name}</name><uuid>{uuid.uuid4()}</uuid>{meta}
+      <memory unit='MiB'>128</memory><vcpu>1</vcpu>
+      <os><type arch='x86_64'>hvm</type></os>
+      <devices><disk type='block' device='disk'><source dev='/dev/null'/><target dev='vda' bus='virtio'/></disk>
+      </devices></domain>"""
+
+
+@pytest.fixture
+def host():
+    h = LibvirtHost("test:///default", NS)
+    yield h
+    for d in h.conn().listAllDomains():
+        if d.name().startswith("rt-"):
+            if d.isActive():
+                d.destroy()
+            d.undefine()
+    h.close()
+
+
+def test_only_owned_domains_are_listed(host: LibvirtHost) -> None:
+    u1 = host.define_and_start("rt-owned", _xml("rt-owned", True))
+    host.define("rt-foreign", _xml("rt-foreign", False))
+    owned = {d.name: d for d in host.owned()}
+    assert "rt-foreign" not in owned and "test" not in owned
+    assert owned["rt-owned"].uuid == u1 and owned["rt-owned"].active
+    assert "r-rt-owned" in owned["rt-owned"].metadata
+
+
+def test_destroy_and_undefine_is_idempotent(host: LibvirtHost) -> None:
+    u = host.define_and_start("rt-gone", _xml("rt-gone", True))
+    host.destroy_and_undefine(u)
+    host.destroy_and_undefine(u)  # already gone: fine
+    assert all(d.name != "rt-gone" for d in host.owned())
+
+
+def test_bad_xml_error_names_the_domain(host: LibvirtHost) -> None:
+    with pytest.raises(DomainError) as e:
+        host.define_and_start("rt-bad", "<domain type='test'><name>rt-bad</name></domain>")
+    assert e.value.field == "domain rt-bad"
+
+
+def test_reconnects_after_the_connection_dies(host: LibvirtHost) -> None:
+    host.conn().close()  # what a libvirtd restart does to us
+    host.define("rt-after", _xml("rt-after", True))
+    assert host.reconnects == 1
+
+
+def test_unreachable_libvirt_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr("hostd.runtime.RECONNECT_ATTEMPTS", 2)
+    monkeypatch.setattr("hostd.runtime.RECONNECT_DELAY_S", 0.01)
+    h = LibvirtHost("qemu+unix:///system?socket=/nonexistent/sock", NS)
+    with pytest.raises(LibvirtUnavailable, match="cannot connect"):
+        h.conn()
