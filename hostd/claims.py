@@ -11,6 +11,7 @@ import re
 from dataclasses import dataclass, field
 
 from hostd.carve.layout import Layout, NodeLayout
+from hostd.jsonmodel import from_jsonable, to_jsonable
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _MAC_RE = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
@@ -98,6 +99,13 @@ class Claim:
         """CPUs no other VM may use while this one exists."""
         extra = self.emulator_cpus if self.emulator_dedicated else ()
         return tuple(sorted(set(self.vcpu_pins) | set(extra)))
+
+    def to_dict(self) -> dict:
+        return to_jsonable(self)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Claim":
+        return from_jsonable(cls, d, "claim")
 
 
 def validate_request(req: VmRequest) -> Refusal | None:

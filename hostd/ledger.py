@@ -16,9 +16,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from hostd.claims import Claim, ClaimedDisk, ClaimedVf, Usage
+from hostd.claims import Claim, Usage
 from hostd.errors import HostdError
-from hostd.jsonmodel import to_jsonable
 
 SCHEMA_VERSION = 1
 _SCHEMA = """
@@ -115,9 +114,23 @@ class Ledger:
         try:
             db.execute("INSERT INTO vms VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                        (vm_id, request_id, name, state, "", claim.node, claim.size_kb, claim.pages,
-                        json.dumps(_claim_to_dict(claim)), json.dumps(spec), now, now))
+                        json.dumps(claim.to_dict()), json.dumps(spec), now, now))
             db.executemany("INSERT INTO cpu_claims VALUES (?,?)",
                            [(c, vm_id) for c in claim.dedicated_cpus])
+            db.executemany("INSERT INTO vf_claims VALUES (?,?,?,?)",
+                           [(v.pf, v.index, v.min_tx_rate_mbps, vm_id) for v in claim.vfs])
+            db.executemany("INSERT INTO disk_claims VALUES (?,?,?,?)",
+                           [(d.name, d.bytes_sec, d.iops, vm_id) for d in claim.disks])
+        except sqlite3.IntegrityError as e:
+            raise LedgerConflict(f"claim conflicts with the ledger: {e}", field="claim") from None
+
+    def update_claim(self, db: sqlite3.Connection, vm_id: str, claim: Claim, spec: dict) -> None:
+        """Replace a VM's claim rows (same CPUs/VFs/disks, new rates and budgets)."""
+        db.execute("UPDATE vms SET claim_json=?, spec_json=?, updated=? WHERE vm_id=?",
+                   (json.dumps(claim.to_dict()), json.dumps(spec), time.time(), vm_id))
+        db.execute("DELETE FROM vf_claims WHERE vm_id=?", (vm_id,))
+        db.execute("DELETE FROM disk_claims WHERE vm_id=?", (vm_id,))
+        try:
             db.executemany("INSERT INTO vf_claims VALUES (?,?,?,?)",
                            [(v.pf, v.index, v.min_tx_rate_mbps, vm_id) for v in claim.vfs])
             db.executemany("INSERT INTO disk_claims VALUES (?,?,?,?)",
@@ -142,15 +155,7 @@ class Ledger:
         return [_record(r) for r in self._db.execute("SELECT * FROM vms ORDER BY created")]
 
 
-def _claim_to_dict(c: Claim) -> dict:
-    return to_jsonable(c)
-
-
 def _record(row: tuple) -> VmRecord:
     vm_id, request_id, name, state, reason, _n, _s, _p, claim_json, spec_json, created, _u = row
-    d = json.loads(claim_json)
-    claim = Claim(node=d["node"], vcpu_pins=tuple(d["vcpu_pins"]), emulator_cpus=tuple(d["emulator_cpus"]),
-                  size_kb=d["size_kb"], pages=d["pages"], emulator_dedicated=d["emulator_dedicated"],
-                  vfs=tuple(ClaimedVf(**v) for v in d["vfs"]),
-                  disks=tuple(ClaimedDisk(**x) for x in d["disks"]))
+    claim = Claim.from_dict(json.loads(claim_json))
     return VmRecord(vm_id, request_id, name, state, reason, claim, json.loads(spec_json), created)

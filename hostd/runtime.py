@@ -160,9 +160,13 @@ class LibvirtHost:
         return str(self._retrying(f"domain {uuid}", lambda c: c.lookupByUUIDString(uuid).XMLDesc(flags)))
 
     def set_iotune(self, uuid: str, target: str, params: dict[str, int | str]) -> None:
-        flags = libvirt.VIR_DOMAIN_AFFECT_LIVE | libvirt.VIR_DOMAIN_AFFECT_CONFIG
-        self._retrying(f"domain {uuid}",
-                       lambda c: c.lookupByUUIDString(uuid).setBlockIoTune(target, params, flags))
+        """Live and persistent; two calls, because some drivers refuse LIVE|CONFIG together."""
+        def op(c: libvirt.virConnect) -> None:
+            dom = c.lookupByUUIDString(uuid)
+            if dom.isActive():
+                dom.setBlockIoTune(target, params, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+            dom.setBlockIoTune(target, params, libvirt.VIR_DOMAIN_AFFECT_CONFIG)
+        self._retrying(f"domain {uuid}", op)
 
     def get_iotune(self, uuid: str, target: str) -> dict[str, int | str]:
         return dict(self._retrying(  # type: ignore[arg-type]

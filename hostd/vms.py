@@ -1,0 +1,450 @@
+"""The VM lifecycle on one host: claim -> VF rate -> define -> start -> record,
+every step undone on failure, idempotent by request id, and reconciled with
+libvirt after a restart.
+
+The ledger row is written *before* anything touches the host (state
+``creating``), so a hostd killed at any step leaves a row that ``reconcile``
+finds and rolls back; a domain is only ever defined with hostd's metadata, so a
+domain whose row is lost is found by ``listAllDomains`` and adopted.
+
+``VmManager`` has no gRPC in it: ``hostd/service.py`` maps the API onto it.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import logging
+import os
+import signal
+import threading
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from hostd.apply.steps import VfRates
+from hostd.carve.layout import Layout
+from hostd.claims import Claim, Refusal, VfReq, claim
+from hostd.errors import HostdError
+from hostd.images import Image, ImageStore
+from hostd.ledger import Ledger, VmRecord
+from hostd.metadata import BadMetadata, VmMetadata
+from hostd.runtime import DomainError, LibvirtHost
+from hostd.spec import DiskSpec, VmSpec
+
+log = logging.getLogger(__name__)
+
+# Drivers whose VFs accept a min_tx_rate (a guaranteed rate). Many Intel drivers
+# (ixgbe, i40e, iavf PFs) answer EINVAL; hostd refuses such a request up front.
+MIN_RATE_DRIVERS = frozenset({"mlx5_core", "ice", "bnxt_en", "qede", "netdevsim"})
+
+# Fault injection for the crash tests: HOSTD_CRASH_AT=<point> with HOSTD_TEST_FAULTS=1
+# makes hostd SIGKILL itself at that point of CreateVM.
+CRASH_POINTS = ("claimed", "vf_set", "defined", "started")
+
+
+class Refused(HostdError):
+    """The request cannot be honoured here; nothing was changed."""
+
+    code = "hyb.vm.refused"
+
+
+class NotFound(HostdError):
+    code = "hyb.vm.not_found"
+
+
+class Conflict(HostdError):
+    code = "hyb.vm.conflict"
+
+
+class CreateFailed(HostdError):
+    code = "hyb.vm.create_failed"
+
+
+@dataclass(frozen=True)
+class VmEvent:
+    vm_id: str
+    state: str
+    reason: str
+    time_ns: int
+
+
+Render = Callable[[VmMetadata, Image], str]
+DiskCheck = Callable[[str], list[str]]  # disk name -> reasons it may not be used now
+
+
+class VmManager:
+    def __init__(self, *, layout: Layout, siblings: dict[int, tuple[int, ...]], ledger: Ledger,
+                 libvirt: LibvirtHost, images: ImageStore, render: Render,
+                 disk_check: DiskCheck, vf_rates: VfRates | None = None,
+                 pf_drivers: dict[str, str | None] | None = None,
+                 vf_pci: dict[tuple[str, int], str] | None = None):
+        self.layout = layout
+        self.siblings = siblings
+        self.ledger = ledger
+        self.libvirt = libvirt
+        self.images = images
+        self.render = render
+        self.disk_check = disk_check
+        self.vf_rates = vf_rates
+        self.pf_drivers = pf_drivers or {}
+        self.vf_pci = vf_pci or {}
+        self._lock = threading.RLock()
+        self._watchers: list[Callable[[VmEvent], None]] = []
+        self.generation = 0
+        self._crash_at = os.environ.get("HOSTD_CRASH_AT") if os.environ.get("HOSTD_TEST_FAULTS") == "1" else None
+
+    # ------------------------------------------------------------ events
+
+    def watch(self, fn: Callable[[VmEvent], None]) -> Callable[[], None]:
+        with self._lock:
+            self._watchers.append(fn)
+        return lambda: self._unwatch(fn)
+
+    def _unwatch(self, fn: Callable[[VmEvent], None]) -> None:
+        with self._lock:
+            if fn in self._watchers:
+                self._watchers.remove(fn)
+
+    def emit(self, vm_id: str, state: str, reason: str = "") -> None:
+        ev = VmEvent(vm_id, state, reason, time.time_ns())
+        for fn in list(self._watchers):
+            try:
+                fn(ev)
+            except Exception:  # a slow or dead watcher must not break the lifecycle
+                log.exception("event watcher failed")
+
+    def _crash(self, point: str) -> None:
+        if self._crash_at == point:
+            log.warning("fault injection: SIGKILL at %s", point)
+            os.kill(os.getpid(), signal.SIGKILL)
+
+    # ------------------------------------------------------------ create
+
+    def min_rate_supported(self, pf: str) -> bool:
+        return self.pf_drivers.get(pf) in MIN_RATE_DRIVERS
+
+    def create(self, spec: VmSpec) -> VmRecord:
+        with self._lock:
+            prior = self.ledger.get(request_id=spec.request_id)
+            if prior is not None:
+                if not VmSpec.from_dict(prior.spec).same_as(self._with_macs(spec)):
+                    raise Conflict("request_id was already used with a different spec", field="request_id")
+                return prior
+            if any(r.name == spec.name for r in self.ledger.list()):
+                raise Conflict(f"a VM named {spec.name!r} exists", field="name")
+            image = self.images.get(spec.image)
+            if spec.profile and image.profiles and spec.profile not in image.profiles:
+                raise Refused(f"image {image.name} has profiles {list(image.profiles)}", field="profile")
+            self._check_spec(spec)
+            vm_id = str(uuid.uuid4())
+            spec = self._with_macs(spec)
+            with self.ledger.tx() as db:
+                got = claim(self.layout, self.siblings, self.ledger.usage(db), spec.request())
+                if isinstance(got, Refusal):
+                    raise Refused(got.reason, field=got.field)
+                md = VmMetadata(vm_id, spec.request_id, int(time.time()), got, spec)
+                self.ledger.record(db, vm_id=vm_id, request_id=spec.request_id, name=spec.name,
+                                   claim=got, spec=spec.to_dict(), state="creating")
+            self.generation += 1
+            self.emit(vm_id, "creating")
+            self._crash("claimed")
+            try:
+                self._set_vf_rates(got, spec)
+                self._crash("vf_set")
+                self.libvirt.define(spec.name, self.render(md, image))
+                self._crash("defined")
+                self.libvirt.start(vm_id)
+                self._crash("started")
+            except Exception as e:
+                log.error("create failed vm=%s name=%s error=%s; rolling back", vm_id, spec.name, e)
+                self._teardown(vm_id, got)
+                self.emit(vm_id, "failed", str(e))
+                if isinstance(e, HostdError):
+                    raise
+                raise CreateFailed(str(e)) from e
+            self.ledger.set_state(vm_id, "running")
+            self.emit(vm_id, "running")
+            log.info("created vm=%s name=%s node=%d cpus=%s", vm_id, spec.name, got.node, got.vcpu_pins)
+            rec = self.ledger.get(vm_id=vm_id)
+            assert rec is not None
+            return rec
+
+    def _with_macs(self, spec: VmSpec) -> VmSpec:
+        """Fill in a MAC for every VF that has none, derived from the request id so
+        a retried request gets the same MAC."""
+        vfs = tuple(v if v.mac else dataclasses.replace(v, mac=_mac(spec.request_id, i))
+                    for i, v in enumerate(spec.vfs))
+        return dataclasses.replace(spec, vfs=vfs)
+
+    def _check_spec(self, spec: VmSpec) -> None:
+        for i, d in enumerate(spec.disks):
+            bad = d.iotune.check(f"disks[{i}].iotune")
+            if bad:
+                raise Refused(bad[1], field=bad[0])
+            name = next((b.name for b in self.layout.disks if d.disk in (b.name, b.id)), None)
+            if name is None:
+                allowed = ", ".join(b.name for b in self.layout.disks) or "none"
+                raise Refused(f"{d.disk!r} is not an assignable disk on this host (assignable: {allowed})",
+                              field=f"disks[{i}].disk")
+            reasons = self.disk_check(name)
+            if reasons:
+                raise Refused(f"{name} cannot be used now: {'; '.join(reasons)}", field=f"disks[{i}].disk")
+        for i, v in enumerate(spec.vfs):
+            if v.min_tx_rate_mbps and v.pf and not self.min_rate_supported(v.pf):
+                raise Refused(f"{v.pf} ({self.pf_drivers.get(v.pf) or 'unknown driver'}) does not "
+                              "support a minimum VF tx rate", field=f"vfs[{i}].min_tx_rate_mbps")
+
+    def _set_vf_rates(self, c: Claim, spec: VmSpec) -> None:
+        for i, v in enumerate(c.vfs):
+            if v.min_tx_rate_mbps and not self.min_rate_supported(v.pf):
+                raise Refused(f"{v.pf} ({self.pf_drivers.get(v.pf) or 'unknown driver'}) does not "
+                              "support a minimum VF tx rate", field=f"vfs[{i}].min_tx_rate_mbps")
+            if self.vf_rates is None:
+                raise Refused("VF rate limits need netlink, which this hostd has not got",
+                              field=f"vfs[{i}]")
+            try:
+                self.vf_rates.set_rate(v.pf, v.index, v.max_tx_rate_mbps, v.min_tx_rate_mbps)
+            except OSError as e:
+                raise Refused(f"{v.pf} VF {v.index}: the driver refused tx rate "
+                              f"{v.max_tx_rate_mbps}/{v.min_tx_rate_mbps} Mbit/s: {e.strerror or e}",
+                              field=f"vfs[{i}]") from None
+
+    def _reset_vf_rates(self, c: Claim) -> None:
+        if self.vf_rates is None:
+            return
+        for v in c.vfs:
+            pf = next((p for p in self.layout.pfs if p.name == v.pf), None)
+            slot = next((s for s in pf.slots if s.index == v.index), None) if pf else None
+            want = (slot.max_tx_rate_mbps, slot.min_tx_rate_mbps) if slot else (0, 0)
+            try:
+                self.vf_rates.set_rate(v.pf, v.index, *want)
+            except OSError as e:
+                log.error("cannot reset VF rate pf=%s vf=%d error=%s", v.pf, v.index, e)
+
+    def _teardown(self, vm_id: str, c: Claim) -> None:
+        """Undo every side effect of a VM and release its claim; each step runs
+        even if an earlier one failed."""
+        try:
+            self.libvirt.destroy_and_undefine(vm_id)
+        except HostdError as e:
+            log.error("teardown: domain %s: %s", vm_id, e)
+        self._reset_vf_rates(c)
+        with self.ledger.tx() as db:
+            self.ledger.release(db, vm_id)
+        self.generation += 1
+
+    # ------------------------------------------------------------ the rest of the lifecycle
+
+    def get(self, vm_id: str) -> VmRecord:
+        rec = self.ledger.get(vm_id=vm_id)
+        if rec is None:
+            raise NotFound(f"no VM {vm_id}", field="vm_id")
+        return rec
+
+    def list(self, label_selector: str = "") -> list[VmRecord]:
+        want = dict(kv.split("=", 1) for kv in label_selector.split(",") if "=" in kv)
+        return [r for r in self.ledger.list()
+                if all(r.spec.get("labels", {}).get(k) == v for k, v in want.items())]
+
+    def delete(self, vm_id: str, grace_s: float = 0) -> None:
+        with self._lock:
+            rec = self.get(vm_id)
+            self.ledger.set_state(vm_id, "deleting")
+            self.emit(vm_id, "deleting")
+            if grace_s > 0:
+                try:
+                    self.libvirt.shutdown(vm_id, grace_s)
+                except DomainError as e:
+                    log.warning("shutdown vm=%s: %s; destroying", vm_id, e)
+            self._teardown(vm_id, rec.claim)
+            self.emit(vm_id, "deleted")
+            log.info("deleted vm=%s name=%s", vm_id, rec.name)
+
+    def stop(self, vm_id: str, grace_s: float = 30) -> VmRecord:
+        with self._lock:
+            self.get(vm_id)
+            self.libvirt.shutdown(vm_id, grace_s)
+            self.ledger.set_state(vm_id, "stopped", "stopped by request")
+            self.emit(vm_id, "stopped", "stopped by request")
+            return self.get(vm_id)
+
+    def start(self, vm_id: str) -> VmRecord:
+        with self._lock:
+            rec = self.get(vm_id)
+            if rec.state != "running":
+                self.libvirt.start(vm_id)
+                self.ledger.set_state(vm_id, "running")
+                self.emit(vm_id, "running")
+            return self.get(vm_id)
+
+    def update_io(self, vm_id: str, disks: list[DiskSpec],
+                  vf_rates: list[tuple[str, int, int]]) -> VmRecord:
+        """Live change of disk throttles (by disk name/id) and VF rates (by VF PCI
+        address, or pf:index). Budgets are re-checked; nothing changes on refusal."""
+        with self._lock:
+            rec = self.get(vm_id)
+            spec = VmSpec.from_dict(rec.spec)
+            own = {d.name: d for d in rec.claim.disks}
+            used = self.ledger.usage()
+            targets = self._disk_targets(vm_id)
+            plan: list[tuple[str, DiskSpec]] = []
+            for i, d in enumerate(disks):
+                name = next((b.name for b in self.layout.disks if d.disk in (b.name, b.id)), None)
+                if name is None or name not in own:
+                    raise Refused(f"{d.disk!r} is not one of this VM's disks ({', '.join(own) or 'none'})",
+                                  field=f"disks[{i}].disk")
+                bad = d.iotune.check(f"disks[{i}].iotune")
+                if bad:
+                    raise Refused(bad[1], field=bad[0])
+                budget = next(b for b in self.layout.disks if b.name == name)
+                others_bytes = used.disks.get(name, (0, 0))[0] - own[name].bytes_sec
+                others_iops = used.disks.get(name, (0, 0))[1] - own[name].iops
+                if budget.bytes_sec and others_bytes + d.iotune.bytes_sec > budget.bytes_sec:
+                    raise Refused(f"above {name}'s remaining budget "
+                                  f"{budget.bytes_sec - others_bytes} bytes/s", field=f"disks[{i}].iotune")
+                if budget.iops and others_iops + d.iotune.iops > budget.iops:
+                    raise Refused(f"above {name}'s remaining budget {budget.iops - others_iops} IOPS",
+                                  field=f"disks[{i}].iotune")
+                if budget.bytes_sec and not d.iotune.bytes_sec:
+                    raise Refused(f"{name} has an IO budget: set a limit", field=f"disks[{i}].iotune")
+                if name not in targets:
+                    raise Refused(f"{name} is not attached to the running domain", field=f"disks[{i}].disk")
+                plan.append((name, d))
+            vf_plan = []
+            for i, (ref, mx, mn) in enumerate(vf_rates):
+                v = next((v for v in rec.claim.vfs if ref in (self.vf_pci.get((v.pf, v.index)),
+                                                              f"{v.pf}:{v.index}")), None)
+                if v is None:
+                    raise Refused(f"{ref!r} is not one of this VM's VFs", field=f"vfs[{i}].vf_pci")
+                if mn and not self.min_rate_supported(v.pf):
+                    raise Refused(f"{v.pf} does not support a minimum VF tx rate",
+                                  field=f"vfs[{i}].min_tx_rate_mbps")
+                vf_plan.append((v, mx, mn))
+            for name, d in plan:
+                self.libvirt.set_iotune(vm_id, targets[name], d.iotune.libvirt_params())
+            for v, mx, mn in vf_plan:
+                if self.vf_rates is None:
+                    raise Refused("VF rate limits need netlink", field="vfs")
+                self.vf_rates.set_rate(v.pf, v.index, mx, mn)
+            new_disks = {name: d for name, d in plan}
+            spec = dataclasses.replace(spec, disks=tuple(
+                dataclasses.replace(d, iotune=new_disks[n].iotune) if (n := self._disk_name(d.disk)) in new_disks
+                else d for d in spec.disks))
+            new_vfs = {(v.pf, v.index): (mx, mn) for v, mx, mn in vf_plan}
+            c = dataclasses.replace(rec.claim, disks=tuple(
+                dataclasses.replace(x, bytes_sec=new_disks[x.name].iotune.bytes_sec,
+                                    iops=new_disks[x.name].iotune.iops) if x.name in new_disks else x
+                for x in rec.claim.disks), vfs=tuple(
+                dataclasses.replace(v, max_tx_rate_mbps=new_vfs[(v.pf, v.index)][0],
+                                    min_tx_rate_mbps=new_vfs[(v.pf, v.index)][1])
+                if (v.pf, v.index) in new_vfs else v for v in rec.claim.vfs))
+            with self.ledger.tx() as db:
+                self.ledger.update_claim(db, vm_id, c, spec.to_dict())
+            self.generation += 1
+            return self.get(vm_id)
+
+    def _disk_name(self, ref: str) -> str | None:
+        return next((b.name for b in self.layout.disks if ref in (b.name, b.id)), None)
+
+    def _disk_targets(self, vm_id: str) -> dict[str, str]:
+        """disk kernel name -> guest target dev, from the live domain XML."""
+        root = ET.fromstring(self.libvirt.xml(vm_id))
+        out = {}
+        for d in root.iterfind("./devices/disk"):
+            src, tgt = d.find("source"), d.find("target")
+            if src is not None and tgt is not None and src.get("dev", "").startswith("/dev/"):
+                out[src.get("dev", "")[5:]] = tgt.get("dev", "")
+        return out
+
+    # ------------------------------------------------------------ restart safety
+
+    def reconcile(self) -> list[str]:
+        """Make ledger and libvirt agree; return what was done (for logs and Health).
+
+        - ``creating`` rows (hostd died mid-create): roll back domain, VF, claim.
+        - ``deleting`` rows: finish the delete.
+        - a row whose domain is gone: release the claim (the VM is reported lost).
+        - a row whose domain is shut off: state ``stopped``; running: ``running``.
+        - an owned domain without a row: adopt it from its metadata when its claim
+          still fits the ledger, else leave it alone and report the conflict.
+        """
+        actions: list[str] = []
+        with self._lock:
+            domains = {d.uuid: d for d in self.libvirt.owned()}
+            for rec in self.ledger.list():
+                dom = domains.pop(rec.vm_id, None)
+                if rec.state in ("creating", "deleting"):
+                    self._teardown(rec.vm_id, rec.claim)
+                    actions.append(f"rolled back {rec.state} vm {rec.vm_id} ({rec.name})")
+                    self.emit(rec.vm_id, "failed" if rec.state == "creating" else "deleted",
+                              "hostd restarted during " + rec.state)
+                elif dom is None:
+                    self._reset_vf_rates(rec.claim)
+                    with self.ledger.tx() as db:
+                        self.ledger.release(db, rec.vm_id)
+                    actions.append(f"released vm {rec.vm_id} ({rec.name}): its domain is gone")
+                    self.emit(rec.vm_id, "failed", "domain disappeared")
+                else:
+                    state = "running" if dom.active else "stopped"
+                    if state != rec.state:
+                        self.ledger.set_state(rec.vm_id, state, "" if dom.active else "found shut off")
+                        actions.append(f"vm {rec.vm_id} ({rec.name}) is {state}, ledger said {rec.state}")
+                        self.emit(rec.vm_id, state)
+            for dom in domains.values():
+                actions.append(self._adopt(dom))
+            self.generation += 1
+        for a in actions:
+            log.warning("reconcile: %s", a)
+        return actions
+
+    def _adopt(self, dom) -> str:
+        try:
+            md = VmMetadata.from_xml(dom.metadata)
+        except BadMetadata as e:
+            return f"left domain {dom.name} alone: unreadable hostd metadata ({e})"
+        if md.vm_id != dom.uuid:
+            return f"left domain {dom.name} alone: metadata vm id {md.vm_id} != uuid {dom.uuid}"
+        try:
+            with self.ledger.tx() as db:
+                self.ledger.record(db, vm_id=md.vm_id, request_id=md.request_id, name=dom.name,
+                                   claim=md.claim, spec=md.spec.to_dict(),
+                                   state="running" if dom.active else "stopped")
+        except HostdError as e:
+            return f"left domain {dom.name} alone: its claim conflicts with the ledger ({e})"
+        self.emit(md.vm_id, "running" if dom.active else "stopped", "adopted")
+        return f"adopted domain {dom.name} ({md.vm_id}) from its metadata"
+
+    # ------------------------------------------------------------ inventory
+
+    def inventory(self) -> dict:
+        used = self.ledger.usage()
+        nodes = []
+        for n in self.layout.nodes:
+            nodes.append({"node": n.node, "vm_cpus": list(n.vm_cpus),
+                          "used_cpus": sorted(c for c in used.cpus if c in n.vm_cpus),
+                          "hugepages": [{"size_kb": t.size_kb, "total": t.count,
+                                         "used": used.pages.get((n.node, t.size_kb), 0)}
+                                        for t in n.hugepages]})
+        pfs = [{"name": p.name, "node": -1 if p.node is None else p.node, "vfs_total": p.numvfs,
+                "vfs_used": sum(1 for pf, _ in used.vfs if pf == p.name),
+                "bandwidth_mbps": p.bandwidth_mbps, "reserved_mbps": used.min_rate_mbps.get(p.name, 0),
+                "min_tx_rate_supported": self.min_rate_supported(p.name)} for p in self.layout.pfs]
+        owner = {d.name: r.vm_id for r in self.ledger.list() for d in r.claim.disks}
+        disks = [{"name": d.name, "id": d.id or "", "node": -1 if d.node is None else d.node,
+                  "size_bytes": d.size_bytes, "bytes_sec_budget": d.bytes_sec, "iops_budget": d.iops,
+                  "bytes_sec_used": used.disks.get(d.name, (0, 0))[0],
+                  "iops_used": used.disks.get(d.name, (0, 0))[1], "vm_id": owner.get(d.name, "")}
+                 for d in self.layout.disks]
+        return {"generation": self.generation, "nodes": nodes, "pfs": pfs, "disks": disks}
+
+
+def _mac(request_id: str, i: int) -> str:
+    """A locally administered unicast MAC, stable for (request, VF index)."""
+    h = hashlib.sha256(f"{request_id}/{i}".encode()).digest()
+    return "52:54:00:%02x:%02x:%02x" % (h[0], h[1], h[2])
+
+
+__all__ = ["VmManager", "VmEvent", "Refused", "NotFound", "Conflict", "CreateFailed", "VfReq"]
