@@ -1,4 +1,4 @@
-"""`hostd` command line: discover, plan, carve, uncarve.
+"""`hostd` command line: discover, plan, carve, uncarve, serve.
 
 Exit codes: 0 ok, 1 error (message names the field), 2 usage, 3 the policy does
 not fit this host (NoFit).
@@ -26,6 +26,7 @@ EPILOG = """examples:
   hostd carve --policy policy.toml --dry-run
   hostd carve --policy policy.toml     apply; the journal lets uncarve restore
   hostd uncarve                        put the host back as it was
+  hostd --config /etc/hostd/hostd.toml serve
 """
 
 EXIT_NOFIT = 3
@@ -56,6 +57,9 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--state-dir", type=Path, help="where the carve journal lives")
     _discover_args(c)
 
+    s = sub.add_parser("serve", help="run the daemon: gRPC API (api/hostd.proto) over libvirt")
+    s.add_argument("--ready-file", type=Path, help="write 'PID PORT' here once serving (tests, units)")
+
     u = sub.add_parser("uncarve", help="undo every recorded carve step, newest first")
     u.add_argument("--dry-run", action="store_true")
     u.add_argument("--state-dir", type=Path)
@@ -71,7 +75,7 @@ def _discover_args(p: argparse.ArgumentParser) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+    logging.basicConfig(level=logging.INFO if args.verbose or args.cmd == "serve" else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
     console = Console()
     from hostd import commands  # the heavy imports only once arguments parsed

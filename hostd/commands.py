@@ -38,7 +38,7 @@ class BadTopology(HostdError):
 def run(args: argparse.Namespace, console: Console) -> int:
     cfg = load_config(args.config)
     return {"discover": _discover, "plan": _plan, "carve": _carve,
-            "uncarve": _uncarve}[args.cmd](args, cfg, console)
+            "uncarve": _uncarve, "serve": _serve}[args.cmd](args, cfg, console)
 
 
 def _policy(args: argparse.Namespace, cfg: HostdConfig, *, required: bool) -> Policy | None:
@@ -149,3 +149,9 @@ def _uncarve(args, cfg, console) -> int:
     for s in uncarve(journal, Context(h.vf_rates, SystemMounter())):
         console.print(f"  undid: {s.describe()}", highlight=False)
     return 0
+
+
+def _serve(args, cfg, console) -> int:
+    from hostd.server import serve
+
+    return serve(cfg, ready_file=args.ready_file)

@@ -30,6 +30,22 @@ class HostdConfig(BaseSettings):
     state_dir: Path = Path("/var/lib/hostd")
     # Prefix for /sys, /proc, /dev reads (tests point it at a recorded host tree).
     root: Path = Path("/")
+    # gRPC listen address of `hostd serve`.
+    listen: str = "[::]:7443"
+    # mTLS: hostd's certificate and key, and the CA that signs scheduler clients.
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    tls_ca: Path | None = None
+    # Plaintext gRPC, for local development only; must be said explicitly.
+    plaintext: bool = False
+    libvirt_uri: str = "qemu:///system"
+    # Guest images a VM may name (hostd/images.py).
+    image_dir: Path = Path("/var/lib/hostd/images")
+    # <memoryBacking><locked/>: keep guest RAM unswappable. Needs RLIMIT_MEMLOCK
+    # for QEMU under libvirtd; off where the host cannot grant it (README).
+    lock_guest_memory: bool = True
+    # Seconds between libvirt liveness checks (reconnect + resync on loss).
+    watchdog_s: float = 2.0
 
 
 def load_config(path: Path | None) -> HostdConfig:
@@ -45,10 +61,14 @@ def load_config(path: Path | None) -> HostdConfig:
             raise ConfigError(f"{p} is not valid TOML: {e}", field=str(p)) from None
     try:
         # Init kwargs win over env in pydantic-settings; env must win over the file.
-        return _with_env_over_file(data)
+        cfg = _with_env_over_file(data)
     except ValidationError as e:
         err = e.errors()[0]
         raise ConfigError(err["msg"], field=".".join(map(str, err["loc"]))) from None
+    tls = [cfg.tls_cert, cfg.tls_key, cfg.tls_ca]
+    if any(tls) and not all(tls):
+        raise ConfigError("give tls_cert, tls_key and tls_ca together", field="tls_cert")
+    return cfg
 
 
 def _with_env_over_file(data: dict) -> HostdConfig:

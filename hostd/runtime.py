@@ -49,6 +49,8 @@ class LibvirtHost:
         self._lock = threading.RLock()
         self._conn: libvirt.virConnect | None = None
         self.reconnects = 0
+        # Called with each new connection (event callbacks, resync after a reconnect).
+        self.on_connect: list[Callable[[libvirt.virConnect], None]] = []
 
     # -- connection ---------------------------------------------------------
 
@@ -69,10 +71,16 @@ class LibvirtHost:
                 try:
                     self._conn = self._open(self.uri)
                     log.info("libvirt connected uri=%s", self.uri)
-                    return self._conn
                 except libvirt.libvirtError as e:
                     last = e
                     time.sleep(RECONNECT_DELAY_S)
+                    continue
+                for fn in self.on_connect:
+                    try:
+                        fn(self._conn)
+                    except Exception:
+                        log.exception("on_connect hook failed")
+                return self._conn
             raise LibvirtUnavailable(f"cannot connect to {self.uri}: {last}", field="libvirt")
 
     def close(self) -> None:

@@ -331,7 +331,7 @@ class VmManager:
                 self.vf_rates.set_rate(v.pf, v.index, mx, mn)
             new_disks = {name: d for name, d in plan}
             spec = dataclasses.replace(spec, disks=tuple(
-                dataclasses.replace(d, iotune=new_disks[n].iotune) if (n := self._disk_name(d.disk)) in new_disks
+                dataclasses.replace(d, iotune=new_disks[n].iotune) if (n := self.disk_name(d.disk)) in new_disks
                 else d for d in spec.disks))
             new_vfs = {(v.pf, v.index): (mx, mn) for v, mx, mn in vf_plan}
             c = dataclasses.replace(rec.claim, disks=tuple(
@@ -346,7 +346,7 @@ class VmManager:
             self.generation += 1
             return self.get(vm_id)
 
-    def _disk_name(self, ref: str) -> str | None:
+    def disk_name(self, ref: str) -> str | None:
         return next((b.name for b in self.layout.disks if ref in (b.name, b.id)), None)
 
     def _disk_targets(self, vm_id: str) -> dict[str, str]:
@@ -416,6 +416,16 @@ class VmManager:
             return f"left domain {dom.name} alone: its claim conflicts with the ledger ({e})"
         self.emit(md.vm_id, "running" if dom.active else "stopped", "adopted")
         return f"adopted domain {dom.name} ({md.vm_id}) from its metadata"
+
+    def on_domain_event(self, vm_id: str, state: str, reason: str) -> None:
+        """A libvirt lifecycle event for one of our domains (from the event loop).
+        Rows mid-create or mid-delete belong to the call in progress and are left alone."""
+        rec = self.ledger.get(vm_id=vm_id)
+        if rec is None or rec.state in ("creating", "deleting") or rec.state == state:
+            return
+        self.ledger.set_state(vm_id, state, reason)
+        log.info("domain event vm=%s %s -> %s (%s)", vm_id, rec.state, state, reason)
+        self.emit(vm_id, state, reason)
 
     # ------------------------------------------------------------ inventory
 

@@ -10,7 +10,7 @@ PKGS=(
   mmdebstrap umockdev
   postgresql
   cpio xz-utils
-  python3-venv python3-dev gcc make util-linux procps iproute2 e2fsprogs
+  python3-venv python3-dev gcc make util-linux procps iproute2 e2fsprogs openssl
 )
 
 missing=()

@@ -1,0 +1,174 @@
+"""The gRPC face of hostd (api/hostd.proto): messages <-> VmManager, errors -> status.
+
+Every failed call carries a status whose message starts with the stable error
+code and names the field: ``hyb.vm.refused [disks[0].disk]: nvme1n1 cannot be
+used now: mounted at /mnt``.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+from collections.abc import Callable, Iterator
+
+import grpc
+
+from api import hostd_pb2 as pb
+from api import hostd_pb2_grpc as pb_grpc
+from hostd.claims import VfReq
+from hostd.errors import HostdError
+from hostd.jsonmodel import to_jsonable
+from hostd.ledger import VmRecord
+from hostd.spec import DiskSpec, IoTune, VmSpec
+from hostd.vms import VmEvent, VmManager
+
+log = logging.getLogger(__name__)
+
+_STATES = {"creating": pb.VM_STATE_CREATING, "running": pb.VM_STATE_RUNNING,
+           "stopped": pb.VM_STATE_STOPPED, "failed": pb.VM_STATE_FAILED,
+           "deleting": pb.VM_STATE_DELETING, "deleted": pb.VM_STATE_DELETING}
+
+_STATUS = {
+    "hyb.vm.refused": grpc.StatusCode.FAILED_PRECONDITION,
+    "hyb.vm.not_found": grpc.StatusCode.NOT_FOUND,
+    "hyb.vm.conflict": grpc.StatusCode.ALREADY_EXISTS,
+    "hyb.image.unknown": grpc.StatusCode.INVALID_ARGUMENT,
+    "hyb.image.bad": grpc.StatusCode.FAILED_PRECONDITION,
+    "hyb.spec.invalid": grpc.StatusCode.INVALID_ARGUMENT,
+    "hyb.host.libvirt_unavailable": grpc.StatusCode.UNAVAILABLE,
+}
+
+EVENT_QUEUE = 1024  # per WatchEvents stream; a stream that falls this far behind is ended
+
+
+class SpecInvalid(HostdError):
+    code = "hyb.spec.invalid"
+
+
+def _iotune(m: pb.IoTune) -> IoTune:
+    return IoTune(m.total_bytes_sec, m.read_bytes_sec, m.write_bytes_sec, m.total_iops_sec,
+                  m.read_iops_sec, m.write_iops_sec, m.total_bytes_sec_max, m.total_iops_sec_max,
+                  m.total_bytes_sec_max_length, m.total_iops_sec_max_length, m.group_name)
+
+
+def spec_from_proto(r: pb.CreateVMRequest) -> VmSpec:
+    if not r.request_id:
+        raise SpecInvalid("required (the idempotency key)", field="request_id")
+    if not r.image:
+        raise SpecInvalid("required", field="image")
+    node = r.placement.numa_node if r.HasField("placement") else None
+    return VmSpec(
+        request_id=r.request_id, name=r.name, vcpus=r.vcpus, memory_mib=r.memory_mib,
+        image=r.image, hugepage_size_kb=r.hugepage_size_kb or 2048, profile=r.profile, node=node,
+        disks=tuple(DiskSpec(d.disk, _iotune(d.iotune)) for d in r.disks),
+        vfs=tuple(VfReq(v.pf, v.mac.lower(), v.vlan, v.max_tx_rate_mbps, v.min_tx_rate_mbps) for v in r.vfs),
+        guest_numa=r.guest_numa, labels=dict(r.labels))
+
+
+def vm_to_proto(rec: VmRecord, m: VmManager) -> pb.VM:
+    spec = VmSpec.from_dict(rec.spec)
+    tunes = {m.disk_name(d.disk) or d.disk: d.iotune for d in spec.disks}
+    c = rec.claim
+    return pb.VM(
+        vm_id=rec.vm_id, request_id=rec.request_id, name=rec.name,
+        state=_STATES.get(rec.state, pb.VM_STATE_UNSPECIFIED), reason=rec.reason,
+        numa_node=c.node, vcpu_pins=list(c.vcpu_pins), emulator_cpus=list(c.emulator_cpus),
+        memory_mib=spec.memory_mib, hugepage_size_kb=c.size_kb,
+        disks=[pb.ClaimedDisk(disk=d.name, device=f"/dev/{d.name}",
+                              iotune=pb.IoTune(**to_jsonable(tunes.get(d.name, IoTune()))))
+               for d in c.disks],
+        vfs=[pb.ClaimedVf(pf=v.pf, index=v.index, pci=m.vf_pci.get((v.pf, v.index), ""), mac=v.mac,
+                          vlan=v.vlan, max_tx_rate_mbps=v.max_tx_rate_mbps,
+                          min_tx_rate_mbps=v.min_tx_rate_mbps) for v in c.vfs],
+        image=spec.image, labels=spec.labels, created_unix=int(rec.created))
+
+
+class HostdService(pb_grpc.HostdServicer):
+    def __init__(self, manager: VmManager, *, host: str, layout_json: str,
+                 health: Callable[[], pb.HealthResponse]):
+        self.m = manager
+        self.host = host
+        self.layout_json = layout_json
+        self.health = health
+
+    def _call(self, ctx: grpc.ServicerContext, fn: Callable[[], object]) -> object:
+        try:
+            return fn()
+        except HostdError as e:
+            code = _STATUS.get(e.code, grpc.StatusCode.INTERNAL)
+            log.info("rpc refused code=%s field=%s detail=%s", e.code, e.field, e.detail)
+            ctx.abort(code, str(e))
+        except Exception as e:  # never leak a traceback as the status message
+            log.exception("rpc failed")
+            ctx.abort(grpc.StatusCode.INTERNAL, f"hyb.hostd.internal: {type(e).__name__}: {e}")
+        raise AssertionError("unreachable")
+
+    def _vm(self, rec: VmRecord) -> pb.VM:
+        return vm_to_proto(rec, self.m)
+
+    def CreateVM(self, request, context):
+        return self._call(context, lambda: self._vm(self.m.create(spec_from_proto(request))))
+
+    def DeleteVM(self, request, context):
+        return self._call(context, lambda: (self.m.delete(request.vm_id, request.grace_seconds),
+                                            pb.DeleteVMResponse())[1])
+
+    def GetVM(self, request, context):
+        return self._call(context, lambda: self._vm(self.m.get(request.vm_id)))
+
+    def ListVMs(self, request, context):
+        return self._call(context, lambda: pb.ListVMsResponse(
+            vms=[self._vm(r) for r in self.m.list(request.label_selector)]))
+
+    def StartVM(self, request, context):
+        return self._call(context, lambda: self._vm(self.m.start(request.vm_id)))
+
+    def StopVM(self, request, context):
+        return self._call(context, lambda: self._vm(self.m.stop(request.vm_id, request.grace_seconds)))
+
+    def UpdateIOLimits(self, request, context):
+        return self._call(context, lambda: self._vm(self.m.update_io(
+            request.vm_id, [DiskSpec(d.disk, _iotune(d.iotune)) for d in request.disks],
+            [(v.vf_pci, v.max_tx_rate_mbps, v.min_tx_rate_mbps) for v in request.vfs])))
+
+    def GetInventory(self, request, context):
+        def inv() -> pb.Inventory:
+            d = self.m.inventory()
+            return pb.Inventory(
+                host=self.host, generation=d["generation"], layout_json=self.layout_json,
+                nodes=[pb.NodeInventory(node=n["node"], vm_cpus=n["vm_cpus"], used_cpus=n["used_cpus"],
+                                        hugepages=[pb.PoolUsage(**h) for h in n["hugepages"]])
+                       for n in d["nodes"]],
+                pfs=[pb.PfInventory(**p) for p in d["pfs"]],
+                disks=[pb.DiskInventory(**x) for x in d["disks"]])
+        return self._call(context, inv)
+
+    def Health(self, request, context):
+        return self._call(context, self.health)
+
+    def WatchEvents(self, request, context) -> Iterator[pb.VMEvent]:
+        q: queue.Queue[VmEvent | None] = queue.Queue(EVENT_QUEUE)
+
+        def push(ev: VmEvent) -> None:
+            if request.vm_id and ev.vm_id != request.vm_id:
+                return
+            try:
+                q.put_nowait(ev)
+            except queue.Full:
+                log.warning("event stream fell behind; ending it")
+                context.cancel()
+
+        unwatch = self.m.watch(push)
+        context.add_callback(lambda: q.put(None) if not q.full() else None)
+        try:
+            while context.is_active():
+                try:
+                    ev = q.get(timeout=1.0)
+                except queue.Empty:
+                    continue
+                if ev is None:
+                    break
+                yield pb.VMEvent(vm_id=ev.vm_id, state=_STATES.get(ev.state, pb.VM_STATE_UNSPECIFIED),
+                                 reason=ev.reason, time_unix_ns=ev.time_ns)
+        finally:
+            unwatch()
