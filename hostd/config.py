@@ -46,6 +46,8 @@ class HostdConfig(BaseSettings):
     lock_guest_memory: bool = True
     # Seconds between libvirt liveness checks (reconnect + resync on loss).
     watchdog_s: float = 2.0
+    # Prometheus text endpoint (host:port); empty = off.
+    metrics_listen: str = "127.0.0.1:9743"
 
 
 def load_config(path: Path | None) -> HostdConfig:

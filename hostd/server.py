@@ -20,6 +20,7 @@ from pathlib import Path
 
 import grpc
 import libvirt
+from prometheus_client import start_http_server
 
 from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
@@ -32,6 +33,7 @@ from hostd.errors import HostdError
 from hostd.images import Image, ImageStore
 from hostd.ledger import Ledger
 from hostd.metadata import NS, VmMetadata
+from hostd.metrics import Metrics
 from hostd.runtime import LibvirtHost
 from hostd.service import HostdService
 from hostd.vms import VmManager
@@ -141,6 +143,7 @@ def _credentials(cfg: HostdConfig) -> grpc.ServerCredentials | None:
 
 def start(cfg: HostdConfig) -> Daemon:
     policy, topo, layout = _load_layout(cfg)
+    metrics = Metrics()
     _start_event_loop()
     lv = LibvirtHost(cfg.libvirt_uri, NS)
     vf_rates = None
@@ -168,19 +171,34 @@ def start(cfg: HostdConfig) -> Daemon:
             # A reconnect: resync what changed while hostd was blind. On its own
             # thread: this runs under the connection lock, reconcile takes the
             # manager's lock, and a gRPC call may hold them the other way round.
-            threading.Thread(target=_reconcile, args=(manager,), name="reconcile", daemon=True).start()
+            threading.Thread(target=_reconcile, args=(manager, metrics), name="reconcile",
+                             daemon=True).start()
         connected.set()
 
     connected = threading.Event()
     lv.on_connect.append(on_connect)
     lv.conn()
-    manager.reconcile()  # before the first request is served
+    _reconcile(manager, metrics)  # before the first request is served
     stop_event = threading.Event()
+
+    def refresh_metrics() -> None:
+        metrics.libvirt_reconnects.set(lv.reconnects)
+        states: dict[str, int] = {}
+        for r in manager.list():
+            states[r.state] = states.get(r.state, 0) + 1
+        for st in ("creating", "running", "stopped", "failed", "deleting"):
+            metrics.vms.labels(st).set(states.get(st, 0))
+        inv = manager.inventory()
+        for n in inv["nodes"]:
+            metrics.free_cpus.labels(str(n["node"])).set(len(n["vm_cpus"]) - len(n["used_cpus"]))
+            for h in n["hugepages"]:
+                metrics.free_pages.labels(str(n["node"]), str(h["size_kb"])).set(h["total"] - h["used"])
 
     def watchdog() -> None:
         while not stop_event.wait(cfg.watchdog_s):
             try:
                 lv.conn()
+                refresh_metrics()
             except HostdError as e:
                 log.error("libvirt watchdog: %s", e)
     threading.Thread(target=watchdog, name="libvirt-watchdog", daemon=True).start()
@@ -204,20 +222,24 @@ def start(cfg: HostdConfig) -> Daemon:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"))
     pb_grpc.add_HostdServicer_to_server(
         HostdService(manager, host=topo.host.hostname or socket.gethostname(),
-                     layout_json=layout.to_json(None), health=health), server)
+                     layout_json=layout.to_json(None), health=health, metrics=metrics), server)
     creds = _credentials(cfg)
     port = server.add_secure_port(cfg.listen, creds) if creds else server.add_insecure_port(cfg.listen)
     if port == 0:
         raise ConfigError(f"cannot listen on {cfg.listen}", field="listen")
     server.start()
+    refresh_metrics()
+    if cfg.metrics_listen:
+        host, _, mport = cfg.metrics_listen.rpartition(":")
+        start_http_server(int(mport), addr=host.strip("[]") or "0.0.0.0", registry=metrics.registry)
     log.info("hostd serving listen=%s port=%d tls=%s virt_type=%s vms=%d", cfg.listen, port,
              creds is not None, cfg.virt_type, len(manager.list()))
     return Daemon(cfg, topo, layout, manager, lv, server, port, stop_event)
 
 
-def _reconcile(manager: VmManager) -> None:
+def _reconcile(manager: VmManager, metrics: Metrics) -> None:
     try:
-        manager.reconcile()
+        metrics.reconcile_actions.inc(len(manager.reconcile()))
     except Exception:
         log.exception("reconcile failed")
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import logging
 import queue
+import sys
 from collections.abc import Callable, Iterator
 
 import grpc
@@ -19,6 +20,7 @@ from hostd.claims import VfReq
 from hostd.errors import HostdError
 from hostd.jsonmodel import to_jsonable
 from hostd.ledger import VmRecord
+from hostd.metrics import Metrics
 from hostd.spec import DiskSpec, IoTune, VmSpec
 from hostd.vms import VmEvent, VmManager
 
@@ -85,23 +87,32 @@ def vm_to_proto(rec: VmRecord, m: VmManager) -> pb.VM:
 
 class HostdService(pb_grpc.HostdServicer):
     def __init__(self, manager: VmManager, *, host: str, layout_json: str,
-                 health: Callable[[], pb.HealthResponse]):
+                 health: Callable[[], pb.HealthResponse], metrics: Metrics | None = None):
         self.m = manager
         self.host = host
         self.layout_json = layout_json
         self.health = health
+        self.metrics = metrics
+
+    def _count(self, method: str, code: str) -> None:
+        if self.metrics:
+            self.metrics.rpc.labels(method, code).inc()
 
     def _call(self, ctx: grpc.ServicerContext, fn: Callable[[], object]) -> object:
+        method = sys._getframe(1).f_code.co_name  # the RPC handler that called us
         try:
-            return fn()
+            out = fn()
         except HostdError as e:
             code = _STATUS.get(e.code, grpc.StatusCode.INTERNAL)
-            log.info("rpc refused code=%s field=%s detail=%s", e.code, e.field, e.detail)
+            log.info("rpc refused method=%s code=%s field=%s detail=%s", method, e.code, e.field, e.detail)
+            self._count(method, e.code)
             ctx.abort(code, str(e))
         except Exception as e:  # never leak a traceback as the status message
-            log.exception("rpc failed")
+            log.exception("rpc failed method=%s", method)
+            self._count(method, "hyb.hostd.internal")
             ctx.abort(grpc.StatusCode.INTERNAL, f"hyb.hostd.internal: {type(e).__name__}: {e}")
-        raise AssertionError("unreachable")
+        self._count(method, "ok")
+        return out
 
     def _vm(self, rec: VmRecord) -> pb.VM:
         return vm_to_proto(rec, self.m)
