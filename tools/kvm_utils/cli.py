@@ -1,0 +1,105 @@
+"""`kvm-utils`: vm-exit profiling and exit-path microbenchmarks for live KVM hosts."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import sys
+from pathlib import Path
+
+from tools.kvm_utils.arch import Vendor
+from tools.kvm_utils.errors import KvmUtilsError
+from tools.kvm_utils.render import FORMATS, render
+
+log = logging.getLogger(__name__)
+
+EPILOG = """examples:
+  kvm-utils doctor                       what works on this host, and how to fix what does not
+  kvm-utils exits 10                     exit counts per reason/VM/vCPU, 1 s interval, 10 s
+  kvm-utils exits -p 4242 -i 5           one QEMU process, 5 s interval, until Ctrl-C
+  kvm-utils latency 10 --format json     exit-handling time per reason, aggregated in BPF
+  kvm-utils msr 10                       which MSRs exit, how often, how long
+  kvm-utils io 10                        PIO ports and MMIO GPAs (incl. kvm_fast_mmio)
+  kvm-utils record -o run.kvmu 5         record raw kvm events for 5 s (ftrace instance)
+  kvm-utils report --input run.kvmu      report a recording ...
+  kvm-utils report --input trace.txt     ... or any ftrace text / `trace-cmd report` output
+  kvm-utils bench --json                 exit-path microbenchmarks on this host's /dev/kvm
+"""
+
+
+def _add_format(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--format", choices=sorted(FORMATS), default="table", help="output format")
+
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="kvm-utils", description=__doc__, epilog=EPILOG,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("-v", "--verbose", action="store_true", help="debug logging")
+    ap.add_argument("--tracefs", type=Path, default=None,
+                    help="tracefs mount (default: find it, mount it at /sys/kernel/tracing if absent)")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+
+    p = sub.add_parser("report", help="summarise a record file or ftrace text")
+    p.add_argument("--input", "-i", type=Path, required=True, help="record file, trace, trace_pipe dump or trace-cmd report")
+    p.add_argument("--vendor", choices=[v.value for v in Vendor], default=None,
+                   help="exit-reason table for numeric reasons (default: detect from the names)")
+    _add_format(p)
+
+    p = sub.add_parser("record", help="record raw kvm events from a private ftrace instance")
+    p.add_argument("-o", "--output", type=Path, required=True)
+    p.add_argument("duration", type=float, nargs="?", default=None, help="seconds (default: until Ctrl-C)")
+    p.add_argument("--buffer-kb", type=int, default=8192, help="per-CPU ring buffer size")
+
+    p = sub.add_parser("exits", help="live exit counts per reason, VM and vCPU (perf counting mode)")
+    p.add_argument("duration", type=float, nargs="?", default=None, help="seconds (default: until Ctrl-C)")
+    p.add_argument("-i", "--interval", type=float, default=1.0)
+    p.add_argument("-p", "--pid", type=int, action="append", help="only these VM processes")
+    p.add_argument("-g", "--guest", action="append", help="only these VM names")
+    p.add_argument("-q", "--quiet", action="store_true", help="no interval lines, summary only")
+    _add_format(p)
+
+    for name, what in (("latency", "exit-handling time per reason"),
+                       ("msr", "MSR accesses per MSR and direction, with exit-handling time"),
+                       ("io", "PIO ports and MMIO GPAs, with exit-handling time")):
+        p = sub.add_parser(name, help=f"{what}, aggregated in the kernel by bpftrace")
+        p.add_argument("duration", type=float, nargs="?", default=None, help="seconds (default: until Ctrl-C)")
+        p.add_argument("-p", "--pid", type=int, help="only this VM process")
+        _add_format(p)
+
+    p = sub.add_parser("bench", help="exit-path microbenchmarks through /dev/kvm (tiny guest)")
+    p.add_argument("--json", action="store_true")
+    p.add_argument("--tests", default=None, help="comma-separated subset")
+    p.add_argument("--target-cycles", type=int, default=1 << 30,
+                   help="double iterations until a run takes this many TSC cycles")
+
+    sub.add_parser("doctor", help="check tracefs, kvm tracepoints, perf, BPF, kprobes; say how to fix")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.DEBUG if args.verbose else logging.WARNING,
+                        format="%(levelname)s %(name)s %(message)s")
+    try:
+        return _dispatch(args)
+    except KvmUtilsError as e:
+        print(f"kvm-utils: error: {e}", file=sys.stderr)
+        return 2
+    except BrokenPipeError:
+        return 0
+
+
+def _dispatch(args: argparse.Namespace) -> int:
+    if args.cmd == "report":
+        from tools.kvm_utils.report import summarize_file
+        if not args.input.is_file():
+            raise KvmUtilsError(f"--input {args.input}: no such file")
+        summary = summarize_file(args.input, Vendor(args.vendor) if args.vendor else None)
+        sys.stdout.write(render(summary, args.format))
+        return 0
+    from tools.kvm_utils import commands
+    return commands.run(args)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
