@@ -5,6 +5,7 @@ set -euo pipefail
 
 PKGS=(
   libvirt-daemon-system libvirt-clients libvirt-dev pkg-config
+  libxml2-utils  # xmllint, which virt-xml-validate (libvirt-clients) runs; only Recommended
   qemu-system-x86 qemu-utils
   bpftrace linux-perf
   mmdebstrap umockdev
