@@ -52,6 +52,9 @@ class HostInfo:
     libvirt_version: str | None = None
     qemu_version: str | None = None
     schema_version: int = SCHEMA_VERSION
+    # Host-wide pools per size (/sys/kernel/mm/hugepages), the only place the
+    # kernel reports ``reserved`` (resv_hugepages).
+    hugepages: tuple[HugepagePool, ...] = ()
 
 
 @dataclass(frozen=True)
