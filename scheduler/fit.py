@@ -1,0 +1,386 @@
+"""Pure NUMA-aware fitting: hosts + usage + one VM request -> ranked candidates with
+exact resources, or per-host rejections that name the short resource.
+
+No IO, no clock, no randomness: the same input gives the same output whatever order
+the hosts come in (ties break on host name, then node id, then CPU id).
+
+Rules:
+- everything on one NUMA node (CPUs, hugepages, VFs from node-local PFs, node-local
+  disks) unless the request sets ``allow_span_nodes``; a PF or disk without reported
+  affinity (node None) is local to every node;
+- CPUs only from the layout's ``vm_cpus`` (IO-service and host CPUs are not in the
+  model at all); whole SMT cores first, the odd remainder from already-split cores so
+  whole cores stay whole for the next VM;
+- ``pack`` fills the busiest host (fewest free CPUs) that fits, ``spread`` the emptiest;
+  inside a host the same rule picks the node;
+- anti-affinity: the caller passes the hosts and racks holding the group's members.
+
+Hosts are walked in score order, so with ``explain=False`` the walk stops after
+``limit`` candidates (the claim path); ``explain=True`` (dry run) examines every host
+and returns every rejection.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+
+from scheduler.resources import Allocation, DiskAlloc, DiskRes, HostRes, NodeRes, Usage, VfAlloc
+
+PAGE_SIZES_KB = (2048, 1048576)
+POLICIES = ("pack", "spread")
+# Check order on a node; a host's rejection names the resource its best node was short of.
+_ORDER = {"vcpus": 0, "memory": 1, "vfs": 2, "disks": 3}
+
+
+@dataclass(frozen=True)
+class VfWant:
+    pf: str = ""  # "" = any node-local PF
+    max_tx_rate_mbps: int = 0
+    min_tx_rate_mbps: int = 0  # a guarantee: reserved from the PF's tx budget
+
+
+@dataclass(frozen=True)
+class DiskWant:
+    disk: str = ""  # kernel name or stable id; "" = any free disk of ``cls``
+    cls: str = ""
+    min_size_bytes: int = 0
+    bytes_sec: int = 0  # the VM's throttle (total_bytes_sec); must fit the disk's budget
+    iops: int = 0
+
+
+@dataclass(frozen=True)
+class VmWant:
+    vcpus: int
+    memory_mib: int
+    page_size_kb: int = 2048
+    vfs: tuple[VfWant, ...] = ()
+    disks: tuple[DiskWant, ...] = ()
+    allow_span_nodes: bool = False
+    policy: str = "pack"
+    labels: tuple[tuple[str, str], ...] = ()  # host labels that must match
+
+    @property
+    def pages(self) -> int:
+        return self.memory_mib * 1024 // self.page_size_kb
+
+
+def validate(want: VmWant) -> list[tuple[str, str]]:
+    """(field, reason) for every bad field; empty when the request is well formed."""
+    bad: list[tuple[str, str]] = []
+    if want.vcpus < 1:
+        bad.append(("vcpus", "must be at least 1"))
+    if want.page_size_kb not in PAGE_SIZES_KB:
+        bad.append(("page_size_kb", f"must be one of {list(PAGE_SIZES_KB)}"))
+    if want.memory_mib < 1:
+        bad.append(("memory_mib", "must be at least 1"))
+    elif want.page_size_kb in PAGE_SIZES_KB and (want.memory_mib * 1024) % want.page_size_kb:
+        bad.append(("memory_mib", f"must be a multiple of the {want.page_size_kb // 1024} MiB page size"))
+    if want.policy not in POLICIES:
+        bad.append(("policy", f"must be one of {list(POLICIES)}"))
+    for i, v in enumerate(want.vfs):
+        if v.max_tx_rate_mbps and v.min_tx_rate_mbps > v.max_tx_rate_mbps:
+            bad.append((f"vfs[{i}].min_tx_rate_mbps", "exceeds max_tx_rate_mbps"))
+    named = [d.disk for d in want.disks if d.disk]
+    if len(set(named)) != len(named):
+        bad.append(("disks", "a disk is listed twice"))
+    for i, d in enumerate(want.disks):
+        if not d.disk and not d.cls:
+            bad.append((f"disks[{i}]", "give a disk name or a class"))
+    return bad
+
+
+@dataclass(frozen=True)
+class HostView:
+    """One host as the fit sees it: resources, what is used, and whether it takes VMs."""
+
+    res: HostRes
+    usage: Usage = field(default_factory=Usage)
+    schedulable: bool = True
+    state: str = "active"
+
+    @cached_property
+    def free_by_node(self) -> dict[int, int]:
+        return {n.node: len(n.cpus - self.usage.cpus) for n in self.res.nodes}
+
+    @cached_property
+    def free_cpus(self) -> int:
+        return sum(self.free_by_node.values())
+
+
+@dataclass(frozen=True)
+class Candidate:
+    host: str
+    alloc: Allocation
+    score: tuple
+
+
+@dataclass(frozen=True)
+class Rejection:
+    host: str
+    resource: str  # vcpus | memory | vfs | disks | page_size | state | labels | anti_affinity
+    reason: str
+
+
+@dataclass(frozen=True)
+class FitResult:
+    candidates: tuple[Candidate, ...]
+    rejections: tuple[Rejection, ...]
+    examined: int
+
+    @property
+    def counts(self) -> dict[str, int]:
+        """Rejections counted per resource, most frequent first (ties by name)."""
+        c = Counter(r.resource for r in self.rejections)
+        return dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def summary(self) -> str:
+        if not self.rejections:
+            return "no hosts"
+        return ", ".join(f"{n} host(s) short of {r}" for r, n in self.counts.items())
+
+
+class _Short(Exception):
+    def __init__(self, resource: str, reason: str):
+        super().__init__(reason)
+        self.resource = resource
+        self.reason = reason
+
+
+# ---------------------------------------------------------------- the walk
+
+
+def fit_vm(hosts: Iterable[HostView], want: VmWant, *, avoid_hosts: frozenset[str] = frozenset(),
+           avoid_racks: frozenset[str] = frozenset(), limit: int = 1,
+           explain: bool = False) -> FitResult:
+    """Rank hosts for ``want``. Returns at most ``limit`` candidates, best first."""
+    sign = 1 if want.policy == "pack" else -1
+    order = sorted(hosts, key=lambda h: (sign * h.free_cpus, h.res.name))
+    cands: list[Candidate] = []
+    rejs: list[Rejection] = []
+    examined = 0
+    for h in order:
+        if len(cands) >= limit and not explain:
+            break
+        examined += 1
+        got = fit_host(h, want, avoid_hosts=avoid_hosts, avoid_racks=avoid_racks)
+        if isinstance(got, Rejection):
+            rejs.append(got)
+        elif len(cands) < limit:
+            cands.append(Candidate(h.res.name, got, (sign * (h.free_cpus - want.vcpus), h.res.name)))
+    return FitResult(tuple(cands), tuple(rejs), examined)
+
+
+def fit_host(h: HostView, want: VmWant, *, avoid_hosts: frozenset[str] = frozenset(),
+             avoid_racks: frozenset[str] = frozenset()) -> Allocation | Rejection:
+    """Fit ``want`` on one host: an exact allocation or the reason it does not fit."""
+    name = h.res.name
+    if not h.schedulable:
+        return Rejection(name, "state", f"host is {h.state}")
+    labels = h.res.label_map
+    for k, v in want.labels:
+        if labels.get(k) != v:
+            return Rejection(name, "labels", f"label {k}={labels.get(k, '<unset>')}, {v} wanted")
+    if name in avoid_hosts:
+        return Rejection(name, "anti_affinity", "holds a member of the anti-affinity group")
+    if h.res.rack and h.res.rack in avoid_racks:
+        return Rejection(name, "anti_affinity", f"rack {h.res.rack} holds a member of the group")
+    if not any(n.pages(want.page_size_kb) for n in h.res.nodes):
+        return Rejection(name, "page_size", f"no {want.page_size_kb} kB hugepage pool")
+    biggest = h.free_cpus if want.allow_span_nodes else max(h.free_by_node.values(), default=0)
+    if biggest < want.vcpus:  # cheap pre-filter from cached counts
+        where = "in total" if want.allow_span_nodes else "on its best node"
+        return Rejection(name, "vcpus", f"{biggest} free dedicated CPUs {where}, {want.vcpus} needed")
+    sign = 1 if want.policy == "pack" else -1
+    nodes = sorted(h.res.nodes, key=lambda n: (sign * h.free_by_node[n.node], n.node))
+    shorts: list[tuple[int, str, str]] = []
+    for n in nodes:
+        try:
+            return _fit_nodes(h, (n,), want)
+        except _Short as s:
+            shorts.append((_ORDER[s.resource], s.resource, f"node {n.node}: {s.reason}"))
+    if want.allow_span_nodes and len(nodes) > 1:
+        span = sorted(h.res.nodes, key=lambda n: (-h.free_by_node[n.node], n.node))
+        try:
+            return _fit_nodes(h, tuple(span), want)
+        except _Short as s:
+            shorts.append((_ORDER[s.resource], s.resource, f"nodes spanned: {s.reason}"))
+    best = max(shorts, key=lambda t: t[0])  # the node that got furthest names the resource
+    msgs = sorted(m for _, _, m in shorts)
+    return Rejection(name, best[1], "; ".join(msgs))
+
+
+# ---------------------------------------------------------------- one node (or a span)
+
+
+def _fit_nodes(h: HostView, nodes: Sequence[NodeRes], want: VmWant) -> Allocation:
+    """Raise _Short naming the first resource the node set lacks, else the allocation.
+    With several nodes (spanning) CPUs and pages come from them in the given order."""
+    u = h.usage
+    cpus: list[int] = []
+    for n in nodes:
+        if len(cpus) < want.vcpus:
+            cpus += pick_cpus(n, u.cpus, want.vcpus - len(cpus))
+    if len(cpus) < want.vcpus:
+        free = sum(h.free_by_node[n.node] for n in nodes)
+        raise _Short("vcpus", f"{free} free dedicated CPUs, {want.vcpus} needed")
+    size, need = want.page_size_kb, want.pages
+    pages: list[tuple[int, int, int]] = []
+    free_pages = 0
+    for n in nodes:
+        free = n.pages(size) - u.pages.get((n.node, size), 0)
+        free_pages += max(free, 0)
+        take = min(max(free, 0), need - sum(p[2] for p in pages))
+        if take:
+            pages.append((n.node, size, take))
+    if sum(p[2] for p in pages) < need:
+        raise _Short("memory", f"{free_pages} free {size} kB pages, {need} needed")
+    ids = {n.node for n in nodes}
+    used_nodes = tuple(sorted({n.node for n in nodes if any(c in n.cpus for c in cpus)}
+                              | {p[0] for p in pages}))
+    vfs = _pick_vfs(h, ids, want)
+    disks = _pick_disks(h, ids, want)
+    return Allocation(used_nodes, tuple(cpus), tuple(pages), vfs, disks)
+
+
+def pick_cpus(node: NodeRes, used: frozenset[int], count: int) -> list[int]:
+    """Up to ``count`` free CPUs of ``node``: whole free cores first (lowest id), the
+    remainder that does not fill a whole core from split cores, then from whole ones."""
+    whole: list[tuple[int, ...]] = []
+    split: list[int] = []
+    for core in node.cores:
+        free = [c for c in core if c not in used]
+        if len(free) == len(core):
+            whole.append(core)
+        else:
+            split.extend(free)
+    out: list[int] = []
+    rest: list[tuple[int, ...]] = []
+    for core in whole:
+        if len(core) <= count - len(out):
+            out.extend(core)
+        else:
+            rest.append(core)
+    if len(out) < count:
+        out.extend(split[:count - len(out)])
+    for core in rest:
+        if len(out) >= count:
+            break
+        out.extend(core[:count - len(out)])
+    return out
+
+
+def _local(node: int | None, ids: set[int]) -> bool:
+    return node is None or node in ids
+
+
+def _pick_vfs(h: HostView, ids: set[int], want: VmWant) -> tuple[VfAlloc, ...]:
+    taken = set(h.usage.vfs)
+    reserved = dict(h.usage.reserved_mbps)
+    out: list[VfAlloc] = []
+    for i, v in enumerate(want.vfs):
+        pfs = [p for p in h.res.pfs if (p.name == v.pf if v.pf else True) and _local(p.node, ids)]
+        if not pfs:
+            where = f"PF {v.pf} is not local" if v.pf else "no local PF"
+            raise _Short("vfs", f"vfs[{i}]: {where}")
+        why = "no free VF"
+        chosen = None
+        for p in pfs:
+            if v.min_tx_rate_mbps and not p.min_rate_supported:
+                why = f"{p.name} cannot guarantee a min tx rate"
+                continue
+            if v.max_tx_rate_mbps > p.bandwidth_mbps:
+                why = f"max {v.max_tx_rate_mbps} Mbit/s above {p.name}'s {p.bandwidth_mbps}"
+                continue
+            left = p.bandwidth_mbps - reserved.get(p.name, 0)
+            if v.min_tx_rate_mbps > left:
+                why = f"{p.name} has {left} Mbit/s unreserved, {v.min_tx_rate_mbps} needed"
+                continue
+            slot = next((s for s in p.slots if (p.name, s) not in taken), None)
+            if slot is None:
+                why = f"{p.name} has no free VF"
+                continue
+            chosen = (p, slot)
+            break
+        if chosen is None:
+            raise _Short("vfs", f"vfs[{i}]: {why}")
+        p, slot = chosen
+        taken.add((p.name, slot))
+        reserved[p.name] = reserved.get(p.name, 0) + v.min_tx_rate_mbps
+        out.append(VfAlloc(p.name, slot, v.max_tx_rate_mbps, v.min_tx_rate_mbps))
+    return tuple(out)
+
+
+def _disk_ok(d: DiskRes, w: DiskWant) -> str:
+    """'' when ``d`` can serve ``w``'s IO limits, else why not."""
+    if d.bytes_sec and not w.bytes_sec:
+        return f"{d.name} has an IO budget: set bytes_sec"
+    if d.bytes_sec and w.bytes_sec > d.bytes_sec:
+        return f"{w.bytes_sec} B/s above {d.name}'s budget {d.bytes_sec}"
+    if d.iops and w.iops > d.iops:
+        return f"{w.iops} IOPS above {d.name}'s budget {d.iops}"
+    if d.size_bytes < w.min_size_bytes:
+        return f"{d.name} has {d.size_bytes} bytes, {w.min_size_bytes} needed"
+    return ""
+
+
+def _pick_disks(h: HostView, ids: set[int], want: VmWant) -> tuple[DiskAlloc, ...]:
+    taken = set(h.usage.disks)
+    # Named disks first, so a class request cannot take a disk named later.
+    order = sorted(range(len(want.disks)), key=lambda i: (not want.disks[i].disk, i))
+    got: dict[int, DiskAlloc] = {}
+    for i in order:
+        w = want.disks[i]
+        pool = [d for d in h.res.disks
+                if (w.disk in (d.name, d.id) if w.disk else d.cls == w.cls) and _local(d.node, ids)]
+        if not pool:
+            what = w.disk or f"class {w.cls}"
+            raise _Short("disks", f"disks[{i}]: no local disk {what}")
+        why = "taken"
+        best = None
+        # Best fit: the smallest disk that serves the request, then the name.
+        for d in sorted(pool, key=lambda d: (d.size_bytes, d.name)):
+            if d.name in taken:
+                why = f"{d.name} belongs to another VM"
+                continue
+            bad = _disk_ok(d, w)
+            if bad:
+                why = bad
+                continue
+            best = d
+            break
+        if best is None:
+            raise _Short("disks", f"disks[{i}]: {why}")
+        taken.add(best.name)
+        got[i] = DiskAlloc(best.name, w.bytes_sec, w.iops)
+    return tuple(got[i] for i in range(len(want.disks)))
+
+
+def check_allocation(res: HostRes, usage: Usage, a: Allocation) -> str:
+    """'' when ``a`` fits on top of ``usage`` (the claim's re-check), else why not."""
+    cpus = set().union(*(n.cpus for n in res.nodes)) if res.nodes else set()
+    if len(set(a.cpus)) != len(a.cpus) or not set(a.cpus) <= cpus:
+        return "CPUs outside the host's VM CPUs"
+    if set(a.cpus) & usage.cpus:
+        return "CPUs taken"
+    nodes = {n.node: n for n in res.nodes}
+    for node, size, count in a.pages:
+        if node not in nodes or usage.pages.get((node, size), 0) + count > nodes[node].pages(size):
+            return f"node {node}: not enough {size} kB pages"
+    pfs = {p.name: p for p in res.pfs}
+    extra: dict[str, int] = {}
+    for v in a.vfs:
+        p = pfs.get(v.pf)
+        if p is None or v.index not in p.slots or (v.pf, v.index) in usage.vfs:
+            return f"VF {v.pf}#{v.index} not free"
+        extra[v.pf] = extra.get(v.pf, 0) + v.min_tx_rate_mbps
+    for pf, mbps in extra.items():
+        if usage.reserved_mbps.get(pf, 0) + mbps > pfs[pf].bandwidth_mbps:
+            return f"{pf}: tx budget exceeded"
+    names = {d.name for d in res.disks}
+    for d in a.disks:
+        if d.name not in names or d.name in usage.disks:
+            return f"disk {d.name} not free"
+    return ""

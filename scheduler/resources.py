@@ -1,0 +1,206 @@
+"""The scheduler's resource model (pure data, no IO).
+
+host -> NUMA nodes -> pools: dedicated CPUs (the layout's ``vm_cpus``, grouped into SMT
+cores), hugepages per size, VFs per PF (tx-bandwidth budget, min-rate capability),
+assignable raw disks (bytes/s + IOPS budgets). ``Usage`` is what live allocations hold;
+``Allocation`` is one VM's exact share. IO-service and host CPUs never appear here: the
+model is built from ``vm_cpus`` only, so nothing downstream can hand them out.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+from functools import cached_property
+from typing import Any
+
+from hostd.carve.layout import Layout
+
+
+@dataclass(frozen=True)
+class NodeRes:
+    node: int
+    cores: tuple[tuple[int, ...], ...]  # VM CPUs grouped by SMT core, ascending
+    hugepages: tuple[tuple[int, int], ...]  # (size_kb, count), ascending size
+
+    @cached_property
+    def cpus(self) -> frozenset[int]:
+        return frozenset(c for core in self.cores for c in core)
+
+    def pages(self, size_kb: int) -> int:
+        return next((n for s, n in self.hugepages if s == size_kb), 0)
+
+
+@dataclass(frozen=True)
+class PfRes:
+    name: str
+    node: int | None  # None: no affinity reported, usable from any node
+    bandwidth_mbps: int  # tx budget: the sum of min-rate guarantees may not exceed it
+    slots: tuple[int, ...]  # VF indices
+    min_rate_supported: bool = True
+
+
+@dataclass(frozen=True)
+class DiskRes:
+    name: str
+    id: str
+    node: int | None
+    cls: str  # "nvme", "ssd", "hdd", ... (registration or derived from the name)
+    size_bytes: int
+    bytes_sec: int  # 0 = unlimited
+    iops: int  # 0 = unlimited
+
+
+@dataclass(frozen=True)
+class HostRes:
+    name: str
+    nodes: tuple[NodeRes, ...]
+    pfs: tuple[PfRes, ...] = ()
+    disks: tuple[DiskRes, ...] = ()
+    rack: str = ""
+    labels: tuple[tuple[str, str], ...] = ()
+
+    @cached_property
+    def total_cpus(self) -> int:
+        return sum(len(n.cpus) for n in self.nodes)
+
+    @cached_property
+    def label_map(self) -> dict[str, str]:
+        return dict(self.labels)
+
+
+# ---------------------------------------------------------------- allocations
+
+
+@dataclass(frozen=True)
+class VfAlloc:
+    pf: str
+    index: int
+    max_tx_rate_mbps: int
+    min_tx_rate_mbps: int
+
+
+@dataclass(frozen=True)
+class DiskAlloc:
+    name: str
+    bytes_sec: int
+    iops: int
+
+
+@dataclass(frozen=True)
+class Allocation:
+    """Exactly what one VM holds on its host."""
+
+    nodes: tuple[int, ...]  # one entry unless the request allowed spanning
+    cpus: tuple[int, ...]  # host CPU of vCPU i
+    pages: tuple[tuple[int, int, int], ...]  # (node, size_kb, count)
+    vfs: tuple[VfAlloc, ...] = ()
+    disks: tuple[DiskAlloc, ...] = ()
+
+    def to_dict(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Allocation":
+        return cls(nodes=tuple(d["nodes"]), cpus=tuple(d["cpus"]),
+                   pages=tuple(tuple(p) for p in d["pages"]),  # type: ignore[misc]
+                   vfs=tuple(VfAlloc(**v) for v in d.get("vfs", ())),
+                   disks=tuple(DiskAlloc(**x) for x in d.get("disks", ())))
+
+
+@dataclass(frozen=True)
+class Usage:
+    """What live allocations on one host hold. Immutable: ``plus``/``minus`` return new."""
+
+    cpus: frozenset[int] = frozenset()
+    pages: Mapping[tuple[int, int], int] = field(default_factory=dict)  # (node, size_kb) -> pages
+    vfs: frozenset[tuple[str, int]] = frozenset()
+    reserved_mbps: Mapping[str, int] = field(default_factory=dict)  # pf -> sum of min rates
+    disks: frozenset[str] = frozenset()  # a raw disk belongs to at most one VM
+
+    def plus(self, a: Allocation) -> "Usage":
+        return self._apply(a, 1)
+
+    def minus(self, a: Allocation) -> "Usage":
+        return self._apply(a, -1)
+
+    def _apply(self, a: Allocation, sign: int) -> "Usage":
+        pages = dict(self.pages)
+        for node, size, n in a.pages:
+            pages[(node, size)] = pages.get((node, size), 0) + sign * n
+        res = dict(self.reserved_mbps)
+        for v in a.vfs:
+            res[v.pf] = res.get(v.pf, 0) + sign * v.min_tx_rate_mbps
+        vfs = {(v.pf, v.index) for v in a.vfs}
+        disks = {d.name for d in a.disks}
+        if sign > 0:
+            return Usage(self.cpus | set(a.cpus), pages, self.vfs | vfs, res, self.disks | disks)
+        return Usage(self.cpus - set(a.cpus), {k: v for k, v in pages.items() if v},
+                     self.vfs - vfs, {k: v for k, v in res.items() if v}, self.disks - disks)
+
+    @classmethod
+    def of(cls, allocations: Iterable[Allocation]) -> "Usage":
+        u = cls()
+        for a in allocations:
+            u = u.plus(a)
+        return u
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"cpus": sorted(self.cpus),
+                "pages": [[n, s, c] for (n, s), c in sorted(self.pages.items())],
+                "vfs": sorted([p, i] for p, i in self.vfs),
+                "reserved_mbps": dict(sorted(self.reserved_mbps.items())),
+                "disks": sorted(self.disks)}
+
+    @classmethod
+    def from_dict(cls, d: Mapping[str, Any]) -> "Usage":
+        return cls(frozenset(d.get("cpus", ())), {(n, s): c for n, s, c in d.get("pages", ())},
+                   frozenset((p, i) for p, i in d.get("vfs", ())), dict(d.get("reserved_mbps", {})),
+                   frozenset(d.get("disks", ())))
+
+
+# ---------------------------------------------------------------- from the layout
+
+
+def disk_class(name: str) -> str:
+    """Default class from the kernel name when registration does not give one."""
+    if name.startswith("nvme"):
+        return "nvme"
+    if name.startswith(("sd", "vd", "xvd")):
+        return "disk"
+    return "other"
+
+
+def cores_of(cpus: Sequence[int], siblings: Mapping[int, Sequence[int]]) -> tuple[tuple[int, ...], ...]:
+    """Group ``cpus`` into SMT cores (only CPUs from ``cpus`` are kept)."""
+    mine = set(cpus)
+    out: list[tuple[int, ...]] = []
+    seen: set[int] = set()
+    for c in sorted(mine):
+        if c in seen:
+            continue
+        core = tuple(sorted((set(siblings.get(c, ())) | {c}) & mine))
+        seen.update(core)
+        out.append(core)
+    return tuple(out)
+
+
+def host_from_layout(name: str, layout: Layout, *, siblings: Mapping[int, Sequence[int]] | None = None,
+                     min_rate: Mapping[str, bool] | None = None,
+                     disk_classes: Mapping[str, str] | None = None, rack: str = "",
+                     labels: Mapping[str, str] | None = None) -> HostRes:
+    """The host's pools from its carve layout (api/layout.md). ``siblings`` maps a CPU
+    to its SMT siblings (topology ``thread_siblings_list``); missing = one thread per core."""
+    siblings = siblings or {}
+    min_rate = min_rate or {}
+    disk_classes = disk_classes or {}
+    nodes = tuple(NodeRes(n.node, cores_of(n.vm_cpus, siblings),
+                          tuple(sorted((h.size_kb, h.count) for h in n.hugepages)))
+                  for n in sorted(layout.nodes, key=lambda n: n.node))
+    pfs = tuple(PfRes(p.name, p.node, p.bandwidth_mbps, tuple(sorted(s.index for s in p.slots)),
+                      min_rate.get(p.name, True)) for p in sorted(layout.pfs, key=lambda p: p.name))
+    disks = tuple(DiskRes(d.name, d.id or "", d.node, disk_classes.get(d.name) or disk_class(d.name),
+                          d.size_bytes, d.bytes_sec, d.iops)
+                  for d in sorted(layout.disks, key=lambda d: d.name))
+    return HostRes(name, nodes, pfs, disks, rack, tuple(sorted((labels or {}).items())))
