@@ -91,7 +91,7 @@ class HostFacts:
     dev_dir: str = "/dev"  # claimed disks are kernel names under this directory
     siblings: Mapping[int, tuple[int, ...]] = field(default_factory=dict)  # SMT siblings per CPU
     vf_pci: Mapping[tuple[str, int], str] = field(default_factory=dict)  # (pf, vf index) -> PCI
-    root: Path = Path("/")  # prefix for check_host's reads (a recorded host tree in tests)
+    root: Path = Path("/")  # prefix for /dev reads in check_host (a recorded host tree in tests)
 
 
 @dataclass(frozen=True)
@@ -282,25 +282,24 @@ def _check_boot(boot: Boot) -> None:
 
 def check_host(domain: Domain, *, root: Path = Path("/")) -> None:
     """The IO half of validation, on the designed domain: block disk sources are
-    block devices, file sources and kernel files are regular files. ``root``
-    prefixes every path (a recorded host tree in tests)."""
-    def at(p: str) -> Path:
-        return root / p.lstrip("/")
-
+    block devices (read under ``root``, like every /dev and /sys read of hostd:
+    a recorded host tree in tests); image files and kernels, hostd's own files,
+    are regular files."""
     for d in domain.devices.disks:
         where = f"disk {d.target_dev} ({d.source})"
+        path = root / d.source.lstrip("/") if d.type == "block" else Path(d.source)
+        field_ = f"disks.{d.serial or d.target_dev}" if d.type == "block" else "image.disk"
         try:
-            mode = at(d.source).stat().st_mode
+            mode = path.stat().st_mode
         except OSError as e:
-            raise _refuse(f"disks.{d.serial or d.target_dev}", f"{where}: {e.strerror}") from None
+            raise _refuse(field_, f"{where}: {e.strerror}") from None
         if d.type == "block" and not stat.S_ISBLK(mode):
-            raise _refuse(f"disks.{d.serial or d.target_dev}",
-                          f"{where} is not a block device (raw block devices only)")
+            raise _refuse(field_, f"{where} is not a block device (raw block devices only)")
         if d.type == "file" and not stat.S_ISREG(mode):
-            raise _refuse("image.disk", f"{where} is not a regular file")
+            raise _refuse(field_, f"{where} is not a regular file")
     for name in ("kernel", "initrd"):
         p = getattr(domain.os, name)
-        if p is not None and not at(p).is_file():
+        if p is not None and not Path(p).is_file():
             raise _refuse(f"image.{name}", f"{p} is not a file")
 
 
@@ -313,7 +312,7 @@ def design_domain(md: VmMetadata, image: Image, host: HostFacts) -> Domain:
     dom = design(vm_id=md.vm_id, spec=md.spec, claim=md.claim, boot=Boot.from_image(image),
                  host=host, metadata=(md.to_xml(),))
     check_host(dom, root=host.root)
-    log_dir = host.root / str(console_log(host, md.spec.name).parent).lstrip("/")
+    log_dir = console_log(host, md.spec.name).parent
     try:
         log_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
