@@ -7,6 +7,7 @@ own marker on the serial log are checked, not our XML."""
 
 from __future__ import annotations
 
+import dataclasses
 import re
 import subprocess
 import time
@@ -21,7 +22,7 @@ from hostd.domain.designer import design_domain
 from hostd.domain.elements import Domain
 from hostd.images import ImageStore
 from hostd.metadata import NS, VmMetadata
-from hostd.runtime import LibvirtHost
+from hostd.runtime import DomainError, LibvirtHost
 
 HUGE = Path("/sys/kernel/mm/hugepages/hugepages-2048kB")
 BOOT_TIMEOUT_S = 120
@@ -115,3 +116,25 @@ def test_smoke_guest_boots_with_the_designed_pinning_pages_and_iotune(
         host.destroy_and_undefine(vm)
         host.close()
     assert _pages_held() == held_before
+
+
+@pytest.mark.root
+@pytest.mark.integration
+def test_tcg_refuses_host_passthrough_which_is_why_the_designer_uses_maximum(
+        libvirtd: str, smoke_guest: dict[str, Path], tmp_path: Path) -> None:
+    """libvirt 9.0 checks the CPU mode against the virt type's capabilities at
+    start: host-passthrough cannot run under TCG. The designed domain differs
+    only in the CPU mode; nothing stays defined after the refusal."""
+    case = smoke_case("loop0", tmp_path / "state", smoke_guest["kernel"], smoke_guest["initrd"])
+    dom = case.domain()
+    assert dom.cpu.mode == "maximum"
+    bad = dataclasses.replace(dom, uuid=str(uuid.uuid4()), name="hyb-test-domain-passthrough",
+                              cpu=dataclasses.replace(dom.cpu, mode="host-passthrough"))
+    host = LibvirtHost(libvirtd, NS)
+    try:
+        with pytest.raises(DomainError, match="host-passthrough"):
+            host.define_and_start(bad.name, bad.to_xml())
+        assert all(d.name != bad.name for d in host.owned())
+    finally:
+        host.destroy_and_undefine(bad.uuid)
+        host.close()
