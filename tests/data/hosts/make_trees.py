@@ -122,7 +122,8 @@ def _intel_2s() -> HostDesc:
             f"nvme{i}n1", f"259:{i}", 7501476528, f"{pci}/nvme/nvme{i}", model=model, wwid=wwid,
             serial=serial, numa_node=0 if i < 2 else 1, pci=pci,
             by_id=(f"nvme-{wwid}", f"nvme-{model.replace(' ', '_')}_{serial}"),
-            udev={"DEVTYPE": "disk", "ID_MODEL": model, "ID_SERIAL": f"{model.replace(' ', '_')}_{serial}",
+            udev={"DEVTYPE": "disk", "ID_MODEL": model.replace(" ", "_"),
+                  "ID_SERIAL": f"{model.replace(' ', '_')}_{serial}",
                   "ID_SERIAL_SHORT": serial, "ID_WWN": wwid}))
     disks.append(DiskDesc("loop0", "7:0", 0, "", virtual=True))  # not attached: not reported
     vf0 = tuple(VfDesc(f"0000:3b:{2 + i // 8:02x}.{i % 8}", "iavf", f"ens1f0v{i}", f"ba:4c:1e:7a:00:{i:02x}")
@@ -216,7 +217,7 @@ def _atom_1s() -> HostDesc:
             numa_node=-1, pci=pci, parts=parts, holders=("dm-2",) if i == 2 else (),
             by_id=(f"nvme-{wwid}", f"nvme-{sid}") if i < 3 else (),
             # nvme3n1 was hot-added after udevd's database was copied: no udev data
-            udev={"DEVTYPE": "disk", "ID_MODEL": model, "ID_SERIAL": sid, "ID_SERIAL_SHORT": serial,
+            udev={"DEVTYPE": "disk", "ID_MODEL": model.replace(" ", "_"), "ID_SERIAL": sid, "ID_SERIAL_SHORT": serial,
                   "ID_WWN": wwid} if i < 3 else {}))
     vfs = tuple(VfDesc(f"0000:01:{(2 + i) // 8:02x}.{(2 + i) % 8}", "mlx5_core", f"enp1s0f0v{i}",
                        f"1e:2b:3c:4d:5e:{i:02x}") for i in range(8))
