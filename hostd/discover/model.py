@@ -119,7 +119,7 @@ class Nic:
 @dataclass(frozen=True)
 class Disk:
     name: str  # kernel name, "sda", "nvme0n1", "loop3"
-    id: str | None  # stable id: by-id link name or wwn-/serial-/loop- derived from sysfs
+    id: str | None  # stable id: a /dev/disk/by-id name (api/topology.md); None for loop devices
     wwn: str | None
     serial: str | None
     model: str | None
