@@ -1,12 +1,108 @@
-"""`scheduler` console script. The placement service is not built yet (issue #4):
-this entry point says so instead of pretending."""
+"""`scheduler` console script.
+
+  scheduler serve --config /etc/hybrid-kvm/scheduler.toml
+  scheduler db upgrade --config FILE        (or --url sqlite:////path.db)
+  scheduler db current --config FILE
+  scheduler openapi > api/openapi.json
+  scheduler hash-token TOKEN                (the sha256 to put under [[auth.tokens]])
+"""
 
 from __future__ import annotations
 
+import argparse
+import hashlib
+import json
+import logging
 import sys
+
+EPILOG = """examples:
+  scheduler db upgrade --url sqlite:////var/lib/hybrid-kvm/scheduler.db
+  scheduler serve --config scheduler/scheduler.example.toml
+  HYB_SCHED_DB__URL=postgresql://sched@db/sched scheduler serve --config FILE
+"""
+
+
+def _settings(args: argparse.Namespace):  # type: ignore[no-untyped-def]
+    from scheduler.config import load_settings
+    over = {"db": {"url": args.url}} if getattr(args, "url", None) else {}
+    return load_settings(args.config, **over)
+
+
+def _serve(args: argparse.Namespace) -> int:
+    import uvicorn
+
+    from scheduler.api.app import create_app
+    from scheduler.db.engine import Store
+    from scheduler.db.migrate import upgrade
+    from scheduler.dispatch import HostdClients
+    from scheduler.reconcile import start_reconciler
+
+    s = _settings(args)
+    logging.basicConfig(level=s.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    store = Store.from_url(s.db.url, busy_timeout_ms=s.db.busy_timeout_ms, pool_size=s.db.pool_size)
+    if s.db.upgrade_on_start:
+        upgrade(store.engine)
+    hostd = HostdClients(s.dispatch) if s.dispatch.enabled else None
+    bg = (lambda app: start_reconciler(app, hostd, s.reconcile)) if hostd and s.reconcile.interval_s > 0 else None
+    app = create_app(s, store=store, hostd=hostd, background=bg)
+    try:
+        uvicorn.run(app, host=args.host or s.server.host, port=args.port or s.server.port,
+                    log_level=s.log_level.lower(), access_log=False)
+    finally:
+        if hostd:
+            hostd.close()
+        store.dispose()
+    return 0
+
+
+def _db(args: argparse.Namespace) -> int:
+    from scheduler.db.engine import make_engine
+    from scheduler.db.migrate import current, upgrade
+    s = _settings(args)
+    engine = make_engine(s.db.url, busy_timeout_ms=s.db.busy_timeout_ms)
+    try:
+        if args.action == "upgrade":
+            upgrade(engine)
+        print(current(engine))
+    finally:
+        engine.dispose()
+    return 0
+
+
+def _openapi(args: argparse.Namespace) -> int:
+    from scheduler.api.app import create_app
+    from scheduler.config import Settings
+    from scheduler.db.engine import Store
+    app = create_app(Settings(), store=Store.from_url("sqlite://"))
+    print(json.dumps(app.openapi(), indent=2, sort_keys=True))
+    return 0
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("scheduler: the placement service is not implemented yet (see README, status)",
-          file=sys.stderr)
-    return 2
+    p = argparse.ArgumentParser(prog="scheduler", description="hybrid-kvm placement service",
+                                epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="cmd", required=True)
+    sv = sub.add_parser("serve", help="run the REST API (uvicorn)")
+    sv.add_argument("--config", required=True)
+    sv.add_argument("--host")
+    sv.add_argument("--port", type=int)
+    db = sub.add_parser("db", help="database schema (Alembic)")
+    db.add_argument("action", choices=["upgrade", "current"])
+    db.add_argument("--config")
+    db.add_argument("--url", help="database URL (overrides the config)")
+    sub.add_parser("openapi", help="print the OpenAPI schema (api/openapi.json)")
+    ht = sub.add_parser("hash-token", help="sha256 of a bearer token for [[auth.tokens]]")
+    ht.add_argument("token")
+    args = p.parse_args(argv)
+    if args.cmd == "serve":
+        return _serve(args)
+    if args.cmd == "db":
+        return _db(args)
+    if args.cmd == "openapi":
+        return _openapi(args)
+    print(hashlib.sha256(args.token.encode()).hexdigest())
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,119 @@
+"""The FastAPI application: ``create_app(settings)`` wires store, index, services."""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from contextlib import asynccontextmanager
+
+from fastapi import FastAPI, Request, Response
+from prometheus_client import generate_latest
+from prometheus_client.exposition import CONTENT_TYPE_LATEST
+from sqlalchemy import func, select
+
+from scheduler.api import errors
+from scheduler.api.routes import hosts, vms
+from scheduler.config import Settings
+from scheduler.db.engine import Store
+from scheduler.db.migrate import HERE, current
+from scheduler.db.models import Host, Vm
+from scheduler.metrics import Metrics
+from scheduler.service.claims import Placer
+from scheduler.service.hosts import HostService
+from scheduler.service.inventory import HostCache
+from scheduler.service.vms import Hostd, VmService
+
+VERSION = "1.0.0"
+
+
+def head_revision() -> str:
+    from alembic.script import ScriptDirectory
+    from alembic.config import Config
+    cfg = Config()
+    cfg.set_main_option("script_location", str(HERE))
+    return ScriptDirectory.from_config(cfg).get_current_head() or ""
+
+
+def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd | None = None,
+               clock: Callable[[], float] = time.time, background: Callable[[FastAPI], object] | None = None
+               ) -> FastAPI:
+    """``hostd``: the gRPC clients (None with dispatch off). ``background``: started in the
+    lifespan (the reconcile loop); returns an object with ``stop()``."""
+    store = store or Store.from_url(settings.db.url, busy_timeout_ms=settings.db.busy_timeout_ms,
+                                    pool_size=settings.db.pool_size)
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
+        bg = background(app) if background else None
+        try:
+            yield
+        finally:
+            if bg is not None:
+                bg.stop()  # type: ignore[attr-defined]
+
+    app = FastAPI(title="hybrid-kvm scheduler", version=VERSION, lifespan=lifespan,
+                  description="Placement of pinned, hugepage-backed KVM VMs on storage hosts "
+                              "(NUMA-aware fit, claims with host generations, dispatch to hostd).")
+    metrics = Metrics()
+    cache = HostCache(heartbeat_timeout_s=settings.placement.heartbeat_timeout_s)
+    placer = Placer(store=store, cache=cache, candidates=settings.placement.candidates,
+                    retries=settings.placement.claim_retries, metrics=metrics, clock=clock)
+    app.state.settings = settings
+    app.state.store = store
+    app.state.metrics = metrics
+    app.state.placer = placer
+    app.state.dispatch_enabled = settings.dispatch.enabled and hostd is not None
+    app.state.hosts = HostService(store=store, cache=cache, heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,
+                                  clock=clock)
+    app.state.vms = VmService(store=store, placer=placer, hostd=hostd if app.state.dispatch_enabled else None,
+                              default_policy=settings.placement.default_policy,
+                              max_attempts=settings.dispatch.max_attempts, metrics=metrics, clock=clock)
+    errors.install(app)
+    app.include_router(hosts.router)
+    app.include_router(vms.router)
+
+    @app.get("/healthz", tags=["ops"])
+    def healthz() -> dict[str, str]:
+        """The process answers."""
+        return {"status": "ok"}
+
+    @app.get("/readyz", tags=["ops"], responses={503: {"model": errors.ErrorBody}})
+    def readyz() -> Response:
+        """The database answers and its schema is at the head migration."""
+        try:
+            rev = current(store.engine)
+        except Exception as e:  # noqa: BLE001 - readiness reports any failure
+            return _not_ready(f"database: {type(e).__name__}: {e}")
+        if rev != head_revision():
+            return _not_ready(f"schema at {rev}, head is {head_revision()}: run `scheduler db upgrade`")
+        return Response('{"status":"ready"}', media_type="application/json")
+
+    @app.get("/metrics", tags=["ops"], response_class=Response)
+    def prometheus() -> Response:
+        now = clock()
+        with store.read() as s:
+            hosts_rows = s.execute(select(Host.admin_state, Host.last_heartbeat)).all()
+            by_status = dict(s.execute(select(Vm.status, func.count()).group_by(Vm.status)).all())
+        states = {k: 0 for k in ("active", "cordoned", "draining", "down")}
+        for st, hb in hosts_rows:
+            states["down" if now - hb > settings.placement.heartbeat_timeout_s else st] += 1
+        for k, v in states.items():
+            metrics.hosts.labels(k).set(v)
+        for k in ("pending", "creating", "running", "failed", "deleting"):
+            metrics.vms.labels(k).set(by_status.get(k, 0))
+        return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
+
+    @app.middleware("http")
+    async def count(request: Request, call_next):  # type: ignore[no-untyped-def]
+        resp = await call_next(request)
+        route = request.scope.get("route")
+        metrics.http.labels(request.method, getattr(route, "path", "unmatched"), str(resp.status_code)).inc()
+        return resp
+
+    return app
+
+
+def _not_ready(why: str) -> Response:
+    import json
+    return Response(json.dumps({"error": {"code": "hyb.scheduler.not_ready", "field": None, "message": why}}),
+                    status_code=503, media_type="application/json")

@@ -1,0 +1,55 @@
+"""Request dependencies: the principal from the bearer token, scope checks."""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+from dataclasses import dataclass
+from typing import Annotated
+
+from fastapi import Depends, Request
+
+from scheduler.errors import Forbidden, Unauthenticated
+
+
+@dataclass(frozen=True)
+class Principal:
+    name: str
+    scopes: frozenset[str]
+
+    @property
+    def admin(self) -> bool:
+        return "admin" in self.scopes
+
+    @property
+    def tenant(self) -> str | None:
+        return next((s.split(":", 1)[1] for s in sorted(self.scopes) if s.startswith("tenant:")), None)
+
+    def require(self, *any_of: str) -> None:
+        if self.admin or any(s in self.scopes for s in any_of):
+            return
+        raise Forbidden(f"{self.name} lacks scope {' or '.join(any_of) or 'admin'}")
+
+
+def principal(request: Request) -> Principal:
+    auth = request.headers.get("authorization", "")
+    scheme, _, token = auth.partition(" ")
+    if scheme.lower() != "bearer" or not token:
+        raise Unauthenticated("send Authorization: Bearer <token>", field="Authorization")
+    digest = hashlib.sha256(token.strip().encode()).hexdigest()
+    for t in request.app.state.settings.auth.tokens:
+        if hmac.compare_digest(t.sha256.lower(), digest):
+            return Principal(t.name, frozenset(t.scopes))
+    raise Unauthenticated("unknown token", field="Authorization")
+
+
+CurrentPrincipal = Annotated[Principal, Depends(principal)]
+
+
+def tenant_scope(p: Principal) -> str | None:
+    """None = sees every tenant (admin); else the tenant the principal is limited to."""
+    if p.admin:
+        return None
+    if p.tenant is None:
+        raise Forbidden(f"{p.name} has no tenant scope")
+    return p.tenant

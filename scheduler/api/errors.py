@@ -1,0 +1,69 @@
+"""One place maps errors to HTTP: ``{"error": {"code", "field", "message"}}``."""
+
+from __future__ import annotations
+
+import logging
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from pydantic import BaseModel
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from scheduler.errors import SchedulerError
+
+log = logging.getLogger(__name__)
+
+
+class ErrorDetail(BaseModel):
+    code: str
+    field: str | None = None
+    message: str
+    rejections: dict[str, int] | None = None
+
+
+class ErrorBody(BaseModel):
+    error: ErrorDetail
+
+
+ERRORS = {s: {"model": ErrorBody} for s in (401, 403, 404, 409, 422)}
+
+
+def _body(code: str, message: str, field: str | None = None, **extra) -> dict:  # type: ignore[no-untyped-def]
+    return {"error": {"code": code, "field": field, "message": message, **extra}}
+
+
+def field_path(loc: tuple) -> str:
+    """('body', 'vfs', 0, 'min_tx_rate_mbps') -> 'vfs[0].min_tx_rate_mbps'."""
+    parts = list(loc[1:]) if loc and loc[0] in ("body", "query", "path", "header") else list(loc)
+    if loc and loc[0] == "header" and parts:
+        return str(parts[0]).title()
+    out = ""
+    for p in parts:
+        out += f"[{p}]" if isinstance(p, int) else (f".{p}" if out else str(p))
+    return out or (str(loc[0]) if loc else "body")
+
+
+def install(app: FastAPI) -> None:
+    @app.exception_handler(SchedulerError)
+    async def _domain(_req: Request, e: SchedulerError) -> JSONResponse:
+        return JSONResponse(_body(e.code, e.message, e.field, **({"rejections": e.extra["rejections"]}
+                                                                   if "rejections" in e.extra else {})),
+                            status_code=e.status)
+
+    @app.exception_handler(RequestValidationError)
+    async def _invalid(_req: Request, e: RequestValidationError) -> JSONResponse:
+        errs = e.errors()
+        first = errs[0] if errs else {"loc": ("body",), "msg": "invalid"}
+        return JSONResponse(_body("hyb.request.invalid", str(first.get("msg")), field_path(tuple(first["loc"]))),
+                            status_code=422)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http(_req: Request, e: StarletteHTTPException) -> JSONResponse:
+        code = {404: "hyb.http.not_found", 405: "hyb.http.method_not_allowed"}.get(e.status_code, "hyb.http.error")
+        return JSONResponse(_body(code, str(e.detail)), status_code=e.status_code)
+
+    @app.exception_handler(Exception)
+    async def _crash(_req: Request, e: Exception) -> JSONResponse:
+        log.exception("request failed")
+        return JSONResponse(_body("hyb.scheduler.internal", f"{type(e).__name__}"), status_code=500)

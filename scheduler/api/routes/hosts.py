@@ -1,0 +1,69 @@
+"""/v1/hosts: registration and heartbeats (scope host), views and admin states (admin)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from fastapi import APIRouter, Request, Response
+
+from scheduler.api.deps import CurrentPrincipal
+from scheduler.api.errors import ERRORS
+from scheduler.schemas.hosts import HostPublic, HostRegister, HostsPublic
+from scheduler.service.hosts import HostService
+
+router = APIRouter(prefix="/v1/hosts", tags=["hosts"], responses=ERRORS)
+
+
+def _svc(request: Request) -> HostService:
+    return request.app.state.hosts
+
+
+@router.post("", response_model=HostPublic, status_code=201,
+             responses={200: {"model": HostPublic, "description": "re-registered"}})
+def register_host(body: HostRegister, request: Request, response: Response, p: CurrentPrincipal) -> HostPublic:
+    p.require("host")
+    out, created = _svc(request).register(body, actor=p.name)
+    if not created:
+        response.status_code = 200
+    return out
+
+
+@router.post("/{name}/heartbeat", response_model=HostPublic)
+def heartbeat(name: str, request: Request, p: CurrentPrincipal) -> HostPublic:
+    p.require("host")
+    return _svc(request).heartbeat(name)
+
+
+@router.get("", response_model=HostsPublic)
+def list_hosts(request: Request, p: CurrentPrincipal, rack: str | None = None,
+               state: Literal["active", "cordoned", "draining", "down"] | None = None) -> HostsPublic:
+    p.require("host")
+    return _svc(request).list(rack=rack, state=state)
+
+
+@router.get("/{name}", response_model=HostPublic)
+def get_host(name: str, request: Request, p: CurrentPrincipal) -> HostPublic:
+    p.require("host")
+    return _svc(request).get(name)
+
+
+def _state(name: str, state: str, request: Request, p: CurrentPrincipal) -> HostPublic:
+    p.require()
+    return _svc(request).set_state(name, state, actor=p.name)
+
+
+@router.post("/{name}/cordon", response_model=HostPublic)
+def cordon(name: str, request: Request, p: CurrentPrincipal) -> HostPublic:
+    """No new VMs; running ones stay."""
+    return _state(name, "cordoned", request, p)
+
+
+@router.post("/{name}/uncordon", response_model=HostPublic)
+def uncordon(name: str, request: Request, p: CurrentPrincipal) -> HostPublic:
+    return _state(name, "active", request, p)
+
+
+@router.post("/{name}/drain", response_model=HostPublic)
+def drain(name: str, request: Request, p: CurrentPrincipal) -> HostPublic:
+    """No new VMs; the host is drained when `vms` reaches 0 (VMs are deleted by their owners)."""
+    return _state(name, "draining", request, p)

@@ -1,0 +1,115 @@
+"""/v1/vms: create (Idempotency-Key, dry_run preview), get, list, delete, IO limits."""
+
+from __future__ import annotations
+
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, BackgroundTasks, Header, Query, Request, Response
+
+from scheduler.api.deps import CurrentPrincipal, tenant_scope
+from scheduler.api.errors import ERRORS, ErrorBody
+from scheduler.db.models import Vm
+from scheduler.errors import Forbidden
+from scheduler.fit import FitResult
+from scheduler.resources import Allocation
+from scheduler.schemas.vms import (CandidateOut, IoLimitsUpdate, PlacementOut, PreviewPublic, RejectionOut,
+                                   VmCreate, VmPublic, VmsPublic)
+from scheduler.service.vms import VmService
+
+router = APIRouter(prefix="/v1/vms", tags=["vms"], responses=ERRORS)
+KEY = r"^[A-Za-z0-9_.:-]{1,128}$"
+
+
+def _svc(request: Request) -> VmService:
+    return request.app.state.vms
+
+
+def placement_out(a: Allocation) -> PlacementOut:
+    return PlacementOut(nodes=list(a.nodes), cpus=list(a.cpus),
+                        hugepages=[{"node": n, "size_kb": s, "count": c} for n, s, c in a.pages],
+                        vfs=[v.__dict__ for v in a.vfs], disks=[d.__dict__ for d in a.disks])
+
+
+def vm_out(vm: Vm) -> VmPublic:
+    req = {k: v for k, v in vm.request.items() if k != "tenant"}
+    return VmPublic(id=vm.id, name=vm.name, tenant=vm.tenant, status=vm.status, reason=vm.reason, host=vm.host,
+                    placement=placement_out(Allocation.from_dict(vm.allocation)) if vm.allocation else None,
+                    hostd_vm_id=vm.hostd_vm_id, attempts=vm.attempts, request=VmCreate.model_validate(req),
+                    created=vm.created, updated=vm.updated)
+
+
+def preview_out(res: FitResult) -> PreviewPublic:
+    best = res.candidates[0] if res.candidates else None
+    return PreviewPublic(
+        fits=best is not None, host=best.host if best else None,
+        placement=placement_out(best.alloc) if best else None,
+        candidates=[CandidateOut(host=c.host, placement=placement_out(c.alloc)) for c in res.candidates],
+        rejections=res.counts, examined=res.examined,
+        rejected_hosts=[RejectionOut(host=r.host, resource=r.resource, reason=r.reason)
+                        for r in sorted(res.rejections, key=lambda r: r.host)[:100]])
+
+
+@router.post("", status_code=202, response_model=VmPublic | PreviewPublic,
+             responses={200: {"description": "a replay of the same Idempotency-Key, or the dry-run preview"},
+                        507: {"model": ErrorBody, "description": "no host fits; rejections counted"}})
+def create_vm(body: VmCreate, request: Request, response: Response, background: BackgroundTasks,
+              p: CurrentPrincipal,
+              idempotency_key: Annotated[str | None, Header(pattern=KEY)] = None,
+              dry_run: bool = False) -> VmPublic | PreviewPublic:
+    """Claim resources on the best host and dispatch to its hostd in the background
+    (`pending` -> `creating` -> `running` | `failed`). `dry_run=true`: where it would go
+    and why the other hosts were rejected, counted per short resource; nothing claimed."""
+    tenant = tenant_scope(p)
+    if tenant is not None and body.tenant not in (None, tenant):
+        raise Forbidden(f"{p.name} may only create VMs for tenant {tenant}", field="tenant")
+    svc = _svc(request)
+    if dry_run:
+        response.status_code = 200
+        return preview_out(svc.preview(body))
+    if not idempotency_key:
+        from scheduler.errors import InvalidRequest
+        raise InvalidRequest("required: a retry with the same key returns the same VM", field="Idempotency-Key")
+    vm, replay = svc.create(body, tenant=tenant or body.tenant or "default", key=idempotency_key, actor=p.name)
+    response.headers["Location"] = f"/v1/vms/{vm.id}"
+    if replay:
+        response.status_code = 200
+    if vm.status == "pending" and request.app.state.dispatch_enabled:
+        background.add_task(svc.dispatch, vm.id)
+    return vm_out(vm)
+
+
+@router.get("", response_model=VmsPublic)
+def list_vms(request: Request, p: CurrentPrincipal, host: str | None = None,
+             status: Literal["pending", "creating", "running", "failed", "deleting"] | None = None,
+             name: str | None = None, tenant: str | None = None,
+             limit: Annotated[int, Query(ge=1, le=1000)] = 100, after: str = "") -> VmsPublic:
+    """Tenants see only their own VMs; `after` + `next` page through by id."""
+    mine = tenant_scope(p)
+    if mine is not None:
+        tenant = mine
+    with request.app.state.store.read() as s:
+        from scheduler.repo.vms import list_vms as q
+        rows = q(session=s, tenant=tenant, host=host, status=status, name=name, limit=limit, after=after)
+        items = [vm_out(v) for v in rows]
+    return VmsPublic(items=items, next=items[-1].id if len(items) == limit else None)
+
+
+@router.get("/{vm_id}", response_model=VmPublic)
+def get_vm(vm_id: str, request: Request, p: CurrentPrincipal) -> VmPublic:
+    with request.app.state.store.read() as s:
+        from scheduler.repo.vms import get_vm as q
+        return vm_out(q(session=s, vm_id=vm_id, tenant=tenant_scope(p)))
+
+
+@router.delete("/{vm_id}", status_code=204, response_class=Response)
+def delete_vm(vm_id: str, request: Request, p: CurrentPrincipal) -> Response:
+    _svc(request).delete(vm_id, tenant=tenant_scope(p), actor=p.name)
+    return Response(status_code=204)
+
+
+@router.patch("/{vm_id}/io-limits", response_model=VmPublic)
+def update_io_limits(vm_id: str, body: IoLimitsUpdate, request: Request, p: CurrentPrincipal) -> VmPublic:
+    """Live change of disk throttles (within each disk's IO budget)."""
+    vm = _svc(request).update_io(vm_id, [(d.disk, d.iotune) for d in body.disks], tenant=tenant_scope(p),
+                                 actor=p.name)
+    return vm_out(vm)

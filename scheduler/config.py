@@ -1,0 +1,82 @@
+"""Scheduler configuration: one TOML file (scheduler/scheduler.example.toml documents
+every key) with environment overrides ``HYB_SCHED_<SECTION>__<KEY>`` (env wins).
+Built once in ``main()`` and passed down; nothing reads it at import time."""
+
+from __future__ import annotations
+
+import tomllib
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServerConfig(BaseModel):
+    host: str = "127.0.0.1"
+    port: int = 8700
+
+
+class DbConfig(BaseModel):
+    url: str = "sqlite:////var/lib/hybrid-kvm/scheduler.db"
+    busy_timeout_ms: int = 10000
+    pool_size: int = 8
+    upgrade_on_start: bool = True
+
+
+class TokenConfig(BaseModel):
+    name: str
+    sha256: str  # hex digest of the bearer token; the token itself is never stored
+    scopes: list[str]
+
+
+class AuthConfig(BaseModel):
+    tokens: list[TokenConfig] = Field(default_factory=list)
+
+
+class PlacementConfig(BaseModel):
+    default_policy: str = "pack"
+    candidates: int = 3  # hosts ranked per attempt; also bounds dispatch retries to other hosts
+    claim_retries: int = 16  # lost generation races before 409 hyb.concurrent_update
+    heartbeat_timeout_s: float = 60.0  # a host silent this long is "down"
+
+
+class DispatchConfig(BaseModel):
+    enabled: bool = True
+    ca: str = "/etc/hybrid-kvm/pki/ca.crt"
+    cert: str = "/etc/hybrid-kvm/pki/scheduler.crt"
+    key: str = "/etc/hybrid-kvm/pki/scheduler.key"
+    server_name: str = ""  # TLS name to expect from hostd certificates ("" = the address host)
+    timeout_s: float = 120.0
+    max_attempts: int = 3  # hosts tried per VM before it is failed
+
+
+class ReconcileConfig(BaseModel):
+    interval_s: float = 60.0  # 0 = off
+    grace_s: float = 300.0  # a VM pending/creating this long with no hostd VM is failed
+
+
+class Settings(BaseSettings):
+    model_config = SettingsConfigDict(env_prefix="HYB_SCHED_", env_nested_delimiter="__",
+                                      extra="forbid")
+    server: ServerConfig = Field(default_factory=ServerConfig)
+    db: DbConfig = Field(default_factory=DbConfig)
+    auth: AuthConfig = Field(default_factory=AuthConfig)
+    placement: PlacementConfig = Field(default_factory=PlacementConfig)
+    dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
+    reconcile: ReconcileConfig = Field(default_factory=ReconcileConfig)
+    log_level: str = "INFO"
+
+    @classmethod
+    def settings_customise_sources(cls, settings_cls, init_settings, env_settings, dotenv_settings,
+                                   file_secret_settings):
+        return (env_settings, init_settings)  # env overrides the file
+
+
+def load_settings(path: str | Path | None, **overrides: Any) -> Settings:
+    data: dict[str, Any] = {}
+    if path:
+        data = tomllib.loads(Path(path).read_text())
+    for k, v in overrides.items():
+        data.setdefault(k, {}).update(v) if isinstance(v, dict) else data.__setitem__(k, v)
+    return Settings(**data)

@@ -1,0 +1,81 @@
+"""Engine and transactions. SQLite: WAL, busy timeout, and ``BEGIN IMMEDIATE`` for
+write transactions (the writer lock is taken up front, so a claim never fails late
+with SQLITE_BUSY on upgrade from a read lock). PostgreSQL: READ COMMITTED plus the host
+generation check (``UPDATE ... WHERE generation = :seen``)."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from sqlalchemy import Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+
+
+def make_engine(url: str, *, busy_timeout_ms: int = 10000, pool_size: int = 8) -> Engine:
+    if url.startswith("sqlite"):
+        path = url.split("///", 1)[1] if "///" in url else ""
+        if path and path != ":memory:":
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
+        pool = {} if path in ("", ":memory:") else {"pool_size": pool_size, "max_overflow": pool_size * 4}
+        engine = create_engine(url, connect_args={"timeout": busy_timeout_ms / 1000,
+                                                  "check_same_thread": False}, **pool)
+
+        @event.listens_for(engine, "connect")
+        def _connect(dbapi_conn, _rec):  # type: ignore[no-untyped-def]
+            dbapi_conn.isolation_level = None  # we emit BEGIN ourselves (below)
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute(f"PRAGMA busy_timeout={int(busy_timeout_ms)}")
+            cur.execute("PRAGMA synchronous=NORMAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _begin(conn):  # type: ignore[no-untyped-def]
+            mode = "IMMEDIATE" if conn.get_execution_options().get("hyb_write") else "DEFERRED"
+            conn.exec_driver_sql(f"BEGIN {mode}")
+        return engine
+    if url.startswith("postgresql://"):
+        url = "postgresql+psycopg://" + url[len("postgresql://"):]
+    return create_engine(url, pool_size=pool_size, max_overflow=pool_size * 4, pool_pre_ping=True)
+
+
+class Store:
+    """The database: ``read()``/``write()`` give one transaction each (commit on success,
+    rollback on any exception). Repo functions take the session and never commit."""
+
+    def __init__(self, engine: Engine):
+        self.engine = engine
+        self.sqlite = engine.dialect.name == "sqlite"
+        self._sessions = sessionmaker(engine, expire_on_commit=False)
+
+    @classmethod
+    def from_url(cls, url: str, **kw) -> "Store":  # type: ignore[no-untyped-def]
+        return cls(make_engine(url, **kw))
+
+    @contextmanager
+    def write(self) -> Iterator[Session]:
+        with self._sessions() as s:
+            s.connection(execution_options={"hyb_write": True})
+            with _tx(s):
+                yield s
+
+    @contextmanager
+    def read(self) -> Iterator[Session]:
+        with self._sessions() as s, _tx(s):
+            yield s
+
+    def dispose(self) -> None:
+        self.engine.dispose()
+
+
+@contextmanager
+def _tx(s: Session) -> Iterator[None]:
+    try:
+        yield
+        s.commit()
+    except BaseException:
+        s.rollback()
+        raise

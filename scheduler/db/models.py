@@ -1,0 +1,67 @@
+"""SQLAlchemy 2 models. Schema changes go through Alembic (scheduler/migrations)."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Host(Base):
+    __tablename__ = "hosts"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    address: Mapped[str] = mapped_column(String(255))
+    rack: Mapped[str] = mapped_column(String(64), default="")
+    labels: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    layout: Mapped[dict[str, Any]] = mapped_column(JSON)
+    siblings: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    pf_min_rate: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    disk_classes: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    layout_rev: Mapped[int] = mapped_column(Integer, default=1)  # bumps when the resources change
+    usage: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # sum of live allocations
+    generation: Mapped[int] = mapped_column(Integer, default=1)  # bumps on every claim/release
+    admin_state: Mapped[str] = mapped_column(String(16), default="active")
+    last_heartbeat: Mapped[float] = mapped_column(Float, default=0.0)
+    created: Mapped[float] = mapped_column(Float)
+    updated: Mapped[float] = mapped_column(Float)
+
+
+class Vm(Base):
+    __tablename__ = "vms"
+    __table_args__ = (UniqueConstraint("tenant", "idempotency_key", name="uq_vms_tenant_key"),)
+
+    id: Mapped[str] = mapped_column(String(36), primary_key=True)
+    tenant: Mapped[str] = mapped_column(String(64), index=True)
+    name: Mapped[str] = mapped_column(String(64))
+    idempotency_key: Mapped[str] = mapped_column(String(128))
+    request_hash: Mapped[str] = mapped_column(String(64))
+    request: Mapped[dict[str, Any]] = mapped_column(JSON)
+    host: Mapped[str | None] = mapped_column(ForeignKey("hosts.name"), index=True, nullable=True)
+    allocation: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    status: Mapped[str] = mapped_column(String(16), index=True)
+    reason: Mapped[str] = mapped_column(Text, default="")
+    hostd_vm_id: Mapped[str] = mapped_column(String(64), default="")
+    affinity_group: Mapped[str] = mapped_column(String(64), default="", index=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    created: Mapped[float] = mapped_column(Float)
+    updated: Mapped[float] = mapped_column(Float)
+
+
+class Audit(Base):
+    __tablename__ = "audit"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    at: Mapped[float] = mapped_column(Float)
+    principal: Mapped[str] = mapped_column(String(64))
+    action: Mapped[str] = mapped_column(String(64))
+    target: Mapped[str] = mapped_column(String(128))
+    detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+
+
+LIVE = ("pending", "creating", "running")  # statuses whose allocation counts as used

@@ -1,0 +1,29 @@
+"""Prometheus metrics on the app's own registry (no global state)."""
+
+from __future__ import annotations
+
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
+
+
+class Metrics:
+    def __init__(self) -> None:
+        self.registry = CollectorRegistry()
+        r = self.registry
+        self.placements = Counter("hyb_sched_placements_total", "Placement attempts by outcome",
+                                  ["outcome"], registry=r)
+        self.rejections = Counter("hyb_sched_rejections_total", "Hosts rejected, by short resource",
+                                  ["resource"], registry=r)
+        self.claim_conflicts = Counter("hyb_sched_claim_conflicts_total",
+                                       "Claims that lost a host-generation race and retried", registry=r)
+        self.fit_seconds = Histogram("hyb_sched_fit_seconds", "Time to rank hosts for one request",
+                                     registry=r, buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .5))
+        self.claim_seconds = Histogram("hyb_sched_claim_seconds", "Fit + claim transaction(s)",
+                                       registry=r, buckets=(.001, .0025, .005, .01, .02, .05, .1, .25, 1))
+        self.dispatch = Counter("hyb_sched_dispatch_total", "hostd CreateVM calls by outcome",
+                                ["outcome"], registry=r)
+        self.reconcile_repairs = Counter("hyb_sched_reconcile_repairs_total",
+                                         "Drift repaired by reconcile, by kind", ["kind"], registry=r)
+        self.hosts = Gauge("hyb_sched_hosts", "Hosts by state", ["state"], registry=r)
+        self.vms = Gauge("hyb_sched_vms", "VMs by status", ["status"], registry=r)
+        self.http = Counter("hyb_sched_http_requests_total", "HTTP requests", ["method", "route", "status"],
+                            registry=r)

@@ -1,0 +1,104 @@
+"""Host queries. Keyword-only, take the session, never commit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import select, update
+from sqlalchemy.orm import Session
+
+from hostd.carve.layout import Layout
+from hostd.jsonmodel import SchemaError
+from scheduler.db.models import Host
+from scheduler.errors import BadLayout, HostNotFound
+from scheduler.resources import HostRes, Usage, host_from_layout
+
+STATES = ("active", "cordoned", "draining")  # admin states; "down" comes from missed heartbeats
+
+
+def parse_layout(data: dict[str, Any]) -> Layout:
+    try:
+        return Layout.from_dict(data)
+    except (SchemaError, TypeError, KeyError, ValueError) as e:
+        raise BadLayout(str(e), field="layout") from e
+
+
+def host_res(h: Host) -> HostRes:
+    sib = {int(k): tuple(v) for k, v in (h.siblings or {}).items()}
+    return host_from_layout(h.name, parse_layout(h.layout), siblings=sib, min_rate=h.pf_min_rate,
+                            disk_classes=h.disk_classes, rack=h.rack, labels=h.labels)
+
+
+def effective_state(h: Host, *, now: float, heartbeat_timeout_s: float) -> str:
+    if now - h.last_heartbeat > heartbeat_timeout_s:
+        return "down"
+    return h.admin_state
+
+
+def get_host(*, session: Session, name: str, lock: bool = False) -> Host:
+    q = select(Host).where(Host.name == name)
+    if lock and session.bind.dialect.name == "postgresql":  # type: ignore[union-attr]
+        q = q.with_for_update()
+    h = session.scalars(q).one_or_none()
+    if h is None:
+        raise HostNotFound(f"no host {name!r}", field="name")
+    return h
+
+
+def list_hosts(*, session: Session, rack: str | None = None) -> Sequence[Host]:
+    q = select(Host).order_by(Host.name)
+    if rack is not None:
+        q = q.where(Host.rack == rack)
+    return session.scalars(q).all()
+
+
+def upsert_host(*, session: Session, name: str, address: str, rack: str, labels: dict[str, str],
+                layout: dict[str, Any], siblings: dict[str, list[int]], pf_min_rate: dict[str, bool],
+                disk_classes: dict[str, str], now: float) -> tuple[Host, bool]:
+    """Register or re-register; returns (host, created). A changed layout bumps
+    ``layout_rev`` and the generation; allocations are kept (hostd is the truth)."""
+    parse_layout(layout)  # refuse a bad layout before touching anything
+    h = session.get(Host, name)
+    fields = dict(address=address, rack=rack, labels=labels, layout=layout, siblings=siblings,
+                  pf_min_rate=pf_min_rate, disk_classes=disk_classes)
+    if h is None:
+        h = Host(name=name, layout_rev=1, usage=Usage().to_dict(), generation=1, admin_state="active",
+                 last_heartbeat=now, created=now, updated=now, **fields)
+        session.add(h)
+        session.flush()
+        return h, True
+    changed = any(getattr(h, k) != v for k, v in fields.items())
+    if changed:
+        for k, v in fields.items():
+            setattr(h, k, v)
+        h.layout_rev += 1
+        h.generation += 1
+    h.last_heartbeat = now
+    h.updated = now
+    session.flush()
+    return h, False
+
+
+def heartbeat(*, session: Session, name: str, now: float) -> Host:
+    h = get_host(session=session, name=name)
+    h.last_heartbeat = now
+    session.flush()
+    return h
+
+
+def set_admin_state(*, session: Session, name: str, state: str, now: float) -> Host:
+    h = get_host(session=session, name=name)
+    h.admin_state = state
+    h.generation += 1  # the placement cache must see it
+    h.updated = now
+    session.flush()
+    return h
+
+
+def bump_usage(*, session: Session, name: str, seen_generation: int, usage: Usage, now: float) -> bool:
+    """Write the host's new usage iff nobody changed it since ``seen_generation``.
+    False = lost the race (0 rows): the caller rolls back and retries."""
+    res = session.execute(update(Host).where(Host.name == name, Host.generation == seen_generation)
+                          .values(usage=usage.to_dict(), generation=seen_generation + 1, updated=now))
+    return res.rowcount == 1

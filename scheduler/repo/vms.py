@@ -1,0 +1,68 @@
+"""VM and audit queries. Keyword-only, take the session, never commit."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from scheduler.db.models import LIVE, Audit, Host, Vm
+from scheduler.errors import VmNotFound
+
+
+def get_vm(*, session: Session, vm_id: str, tenant: str | None = None) -> Vm:
+    vm = session.get(Vm, vm_id)
+    if vm is None or (tenant is not None and vm.tenant != tenant):
+        raise VmNotFound(f"no VM {vm_id!r}", field="vm_id")
+    return vm
+
+
+def find_by_key(*, session: Session, tenant: str, key: str) -> Vm | None:
+    return session.scalars(select(Vm).where(Vm.tenant == tenant, Vm.idempotency_key == key)).one_or_none()
+
+
+def list_vms(*, session: Session, tenant: str | None = None, host: str | None = None,
+             status: str | None = None, name: str | None = None, limit: int = 1000,
+             after: str = "") -> Sequence[Vm]:
+    q = select(Vm).order_by(Vm.id).limit(limit)
+    if tenant is not None:
+        q = q.where(Vm.tenant == tenant)
+    if host is not None:
+        q = q.where(Vm.host == host)
+    if status is not None:
+        q = q.where(Vm.status == status)
+    if name is not None:
+        q = q.where(Vm.name == name)
+    if after:
+        q = q.where(Vm.id > after)
+    return session.scalars(q).all()
+
+
+def live_on_host(*, session: Session, host: str) -> Sequence[Vm]:
+    return session.scalars(select(Vm).where(Vm.host == host, Vm.status.in_(LIVE))).all()
+
+
+def count_live_by_host(*, session: Session) -> dict[str, int]:
+    rows = session.execute(select(Vm.host, func.count()).where(Vm.status.in_(LIVE), Vm.host.is_not(None))
+                           .group_by(Vm.host))
+    return {h: n for h, n in rows}
+
+
+def group_members(*, session: Session, group: str) -> tuple[frozenset[str], frozenset[str]]:
+    """Hosts and racks holding live members of anti-affinity ``group``."""
+    if not group:
+        return frozenset(), frozenset()
+    rows = session.execute(select(Vm.host, Host.rack).join(Host, Host.name == Vm.host)
+                           .where(Vm.affinity_group == group, Vm.status.in_(LIVE))).all()
+    return frozenset(h for h, _ in rows), frozenset(r for _, r in rows if r)
+
+
+def audit(*, session: Session, principal: str, action: str, target: str, now: float,
+          detail: dict[str, Any] | None = None) -> None:
+    session.add(Audit(at=now, principal=principal, action=action, target=target, detail=detail or {}))
+
+
+def list_audit(*, session: Session, limit: int = 100) -> Sequence[Audit]:
+    return session.scalars(select(Audit).order_by(Audit.id.desc()).limit(limit)).all()

@@ -1,0 +1,79 @@
+"""Host request/response bodies."""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+HOST = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+
+
+class HostRegister(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=HOST)
+    address: str = Field(pattern=r"^[A-Za-z0-9_.:\[\]-]{1,250}:[0-9]{1,5}$",
+                         description="hostd gRPC endpoint host:port")
+    rack: str = Field("", max_length=64)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+    layout: dict[str, Any] = Field(description="the carve layout JSON (api/layout.md)")
+    cpu_siblings: dict[str, list[int]] = Field(default_factory=dict,
+                                               description="CPU -> SMT siblings (topology); missing = no SMT")
+    pf_min_rate: dict[str, bool] = Field(default_factory=dict,
+                                         description="PF -> driver can guarantee min_tx_rate (default true)")
+    disk_classes: dict[str, str] = Field(default_factory=dict, description="disk name -> class")
+
+
+class PoolOut(BaseModel):
+    size_kb: int
+    total: int
+    used: int
+    free: int
+
+
+class NodeOut(BaseModel):
+    node: int
+    vm_cpus: list[int]
+    used_cpus: list[int]
+    free_cpus: int
+    hugepages: list[PoolOut]
+
+
+class PfOut(BaseModel):
+    name: str
+    node: int | None
+    vfs_total: int
+    vfs_used: int
+    bandwidth_mbps: int
+    reserved_mbps: int
+    min_tx_rate_supported: bool
+
+
+class HostDiskOut(BaseModel):
+    name: str
+    id: str
+    node: int | None
+    cls: str = Field(serialization_alias="class")
+    size_bytes: int
+    bytes_sec: int
+    iops: int
+    used: bool
+
+
+class HostPublic(BaseModel):
+    name: str
+    address: str
+    rack: str
+    labels: dict[str, str]
+    state: Literal["active", "cordoned", "draining", "down"]
+    admin_state: Literal["active", "cordoned", "draining"]
+    generation: int
+    last_heartbeat: float
+    vms: int
+    nodes: list[NodeOut]
+    pfs: list[PfOut]
+    disks: list[HostDiskOut]
+
+
+class HostsPublic(BaseModel):
+    items: list[HostPublic]

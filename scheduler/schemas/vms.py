@@ -1,0 +1,156 @@
+"""VM request/response bodies (the REST contract; api/openapi.json snapshots them)."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+NAME = r"^[A-Za-z0-9_.-]{1,48}$"
+LABEL_KEY = r"^[A-Za-z0-9_./-]{1,63}$"
+
+
+class IoTuneIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    total_bytes_sec: int = Field(0, ge=0, le=2**63 - 1)
+    read_bytes_sec: int = Field(0, ge=0, le=2**63 - 1)
+    write_bytes_sec: int = Field(0, ge=0, le=2**63 - 1)
+    total_iops_sec: int = Field(0, ge=0, le=2**63 - 1)
+    read_iops_sec: int = Field(0, ge=0, le=2**63 - 1)
+    write_iops_sec: int = Field(0, ge=0, le=2**63 - 1)
+    total_bytes_sec_max: int = Field(0, ge=0, le=2**63 - 1)
+    total_iops_sec_max: int = Field(0, ge=0, le=2**63 - 1)
+    total_bytes_sec_max_length: int = Field(0, ge=0, le=2**32 - 1)
+    total_iops_sec_max_length: int = Field(0, ge=0, le=2**32 - 1)
+    group_name: str = Field("", pattern=r"^[A-Za-z0-9_.-]{0,64}$")
+
+    def bytes_sec(self) -> int:
+        """What the throttle lets through at most (counts against the disk's budget)."""
+        return self.total_bytes_sec or (self.read_bytes_sec + self.write_bytes_sec)
+
+    def iops(self) -> int:
+        return self.total_iops_sec or (self.read_iops_sec + self.write_iops_sec)
+
+
+class DiskIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    disk: str = Field("", max_length=128, description="kernel name or stable id; empty = any of `class`")
+    cls: str = Field("", alias="class", max_length=32, description="disk class: nvme, ssd, hdd, ...")
+    min_size_bytes: int = Field(0, ge=0, le=2**63 - 1)
+    iotune: IoTuneIn = Field(default_factory=IoTuneIn)
+
+
+class VfIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    pf: str = Field("", max_length=32, description="PF netdev; empty = any node-local PF")
+    mac: str = Field("", pattern=r"^(|([0-9a-f]{2}:){5}[0-9a-f]{2})$")
+    vlan: int = Field(0, ge=0, le=4094)
+    max_tx_rate_mbps: int = Field(0, ge=0, le=10**6)
+    min_tx_rate_mbps: int = Field(0, ge=0, le=10**6)
+
+
+class AntiAffinity(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    group: str = Field(pattern=NAME)
+    scope: Literal["host", "rack"] = "host"
+
+
+class VmCreate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    name: str = Field(pattern=NAME)
+    vcpus: int = Field(ge=1, le=1024)
+    memory_mib: int = Field(ge=2, le=2**32)
+    page_size_kb: Literal[2048, 1048576] = 2048
+    image: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
+    profile: str = Field("", max_length=64)
+    disks: list[DiskIn] = Field(default_factory=list, max_length=32)
+    vfs: list[VfIn] = Field(default_factory=list, max_length=16)
+    allow_span_nodes: bool = False
+    guest_numa: bool = False
+    anti_affinity: AntiAffinity | None = None
+    policy: Literal["pack", "spread"] | None = None
+    host_labels: dict[str, str] = Field(default_factory=dict, max_length=16)
+    labels: dict[str, str] = Field(default_factory=dict, max_length=32)
+    tenant: str | None = Field(None, pattern=NAME, description="admin only; tenants create as themselves")
+
+
+class PagesOut(BaseModel):
+    node: int
+    size_kb: int
+    count: int
+
+
+class VfOut(BaseModel):
+    pf: str
+    index: int
+    max_tx_rate_mbps: int
+    min_tx_rate_mbps: int
+
+
+class DiskOut(BaseModel):
+    name: str
+    bytes_sec: int
+    iops: int
+
+
+class PlacementOut(BaseModel):
+    nodes: list[int]
+    cpus: list[int]
+    hugepages: list[PagesOut]
+    vfs: list[VfOut]
+    disks: list[DiskOut]
+
+
+class VmPublic(BaseModel):
+    id: str
+    name: str
+    tenant: str
+    status: Literal["pending", "creating", "running", "failed", "deleting"]
+    reason: str
+    host: str | None
+    placement: PlacementOut | None
+    hostd_vm_id: str
+    attempts: int
+    request: VmCreate
+    created: float
+    updated: float
+
+
+class VmsPublic(BaseModel):
+    items: list[VmPublic]
+    next: str | None = None
+
+
+class IoLimitsUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    disks: list[DiskIoUpdate] = Field(min_length=1, max_length=32)
+
+
+class DiskIoUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    disk: str = Field(min_length=1, max_length=128)
+    iotune: IoTuneIn
+
+
+class CandidateOut(BaseModel):
+    host: str
+    placement: PlacementOut
+
+
+class RejectionOut(BaseModel):
+    host: str
+    resource: str
+    reason: str
+
+
+class PreviewPublic(BaseModel):
+    fits: bool
+    host: str | None
+    placement: PlacementOut | None
+    candidates: list[CandidateOut]
+    rejections: dict[str, int] = Field(description="hosts rejected, counted per short resource")
+    rejected_hosts: list[RejectionOut] = Field(description="first 100 rejections with their reason")
+    examined: int
+
+
+IoLimitsUpdate.model_rebuild()

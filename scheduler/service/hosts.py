@@ -1,0 +1,93 @@
+"""Host registration, heartbeats, admin states, and the public view (free/used)."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+
+from sqlalchemy.orm import Session
+
+from scheduler.db.engine import Store
+from scheduler.db.models import Host
+from scheduler.repo import hosts as host_repo
+from scheduler.repo import vms as vm_repo
+from scheduler.resources import Usage
+from scheduler.schemas.hosts import (HostDiskOut, HostPublic, HostRegister, HostsPublic, NodeOut, PfOut,
+                                     PoolOut)
+from scheduler.service.inventory import HostCache
+
+log = logging.getLogger(__name__)
+
+
+class HostService:
+    def __init__(self, *, store: Store, cache: HostCache, heartbeat_timeout_s: float,
+                 clock: Callable[[], float] = time.time):
+        self.store = store
+        self.cache = cache
+        self.timeout = heartbeat_timeout_s
+        self.clock = clock
+
+    def register(self, body: HostRegister, *, actor: str) -> tuple[HostPublic, bool]:
+        now = self.clock()
+        with self.store.write() as s:
+            h, created = host_repo.upsert_host(
+                session=s, name=body.name, address=body.address, rack=body.rack, labels=body.labels,
+                layout=body.layout, siblings=body.cpu_siblings, pf_min_rate=body.pf_min_rate,
+                disk_classes=body.disk_classes, now=now)
+            vm_repo.audit(session=s, principal=actor, action="host.register" if created else "host.update",
+                          target=h.name, now=now, detail={"address": h.address, "layout_rev": h.layout_rev})
+            out = self._public(s, h, now)
+        log.info("host %s name=%s address=%s", "registered" if created else "re-registered", h.name, h.address)
+        return out, created
+
+    def heartbeat(self, name: str) -> HostPublic:
+        now = self.clock()
+        with self.store.write() as s:
+            h = host_repo.heartbeat(session=s, name=name, now=now)
+            return self._public(s, h, now)
+
+    def set_state(self, name: str, state: str, *, actor: str) -> HostPublic:
+        now = self.clock()
+        with self.store.write() as s:
+            before = host_repo.get_host(session=s, name=name).admin_state
+            h = host_repo.set_admin_state(session=s, name=name, state=state, now=now)
+            vm_repo.audit(session=s, principal=actor, action=f"host.{state}", target=name, now=now,
+                          detail={"from": before})
+            out = self._public(s, h, now)
+        log.info("host state name=%s %s -> %s", name, before, state)
+        return out
+
+    def get(self, name: str) -> HostPublic:
+        now = self.clock()
+        with self.store.read() as s:
+            return self._public(s, host_repo.get_host(session=s, name=name), now)
+
+    def list(self, *, rack: str | None = None, state: str | None = None) -> HostsPublic:
+        now = self.clock()
+        with self.store.read() as s:
+            counts = vm_repo.count_live_by_host(session=s)
+            items = [self._public(s, h, now, counts.get(h.name, 0))
+                     for h in host_repo.list_hosts(session=s, rack=rack)]
+        return HostsPublic(items=[h for h in items if state is None or h.state == state])
+
+    def _public(self, s: Session, h: Host, now: float, vms: int | None = None) -> HostPublic:
+        res = self.cache.res(s, h)
+        u = Usage.from_dict(h.usage)
+        if vms is None:
+            vms = len(vm_repo.live_on_host(session=s, host=h.name))
+        nodes = [NodeOut(node=n.node, vm_cpus=sorted(n.cpus), used_cpus=sorted(n.cpus & u.cpus),
+                         free_cpus=len(n.cpus - u.cpus),
+                         hugepages=[PoolOut(size_kb=sz, total=c, used=u.pages.get((n.node, sz), 0),
+                                            free=c - u.pages.get((n.node, sz), 0)) for sz, c in n.hugepages])
+                 for n in res.nodes]
+        pfs = [PfOut(name=p.name, node=p.node, vfs_total=len(p.slots),
+                     vfs_used=sum(1 for pf, _ in u.vfs if pf == p.name), bandwidth_mbps=p.bandwidth_mbps,
+                     reserved_mbps=u.reserved_mbps.get(p.name, 0), min_tx_rate_supported=p.min_rate_supported)
+               for p in res.pfs]
+        disks = [HostDiskOut(name=d.name, id=d.id, node=d.node, cls=d.cls, size_bytes=d.size_bytes,
+                             bytes_sec=d.bytes_sec, iops=d.iops, used=d.name in u.disks) for d in res.disks]
+        return HostPublic(name=h.name, address=h.address, rack=h.rack, labels=h.labels,
+                          state=host_repo.effective_state(h, now=now, heartbeat_timeout_s=self.timeout),
+                          admin_state=h.admin_state, generation=h.generation, last_heartbeat=h.last_heartbeat,
+                          vms=vms, nodes=nodes, pfs=pfs, disks=disks)

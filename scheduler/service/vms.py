@@ -1,0 +1,276 @@
+"""VM lifecycle on the scheduler side: create (idempotent, claim in one transaction),
+dispatch to hostd (pending -> creating -> running | failed, next candidate on failure,
+bounded), delete (hostd first, then release), live IO-limit changes within budgets."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import time
+import uuid
+from collections.abc import Callable
+from typing import Any, Protocol
+
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+
+from api import hostd_pb2 as pb
+from scheduler.db.engine import Store
+from scheduler.db.models import Vm
+from scheduler.errors import HostdFailed, IdempotencyMismatch, InvalidRequest, NoValidHost, VmBusy
+from scheduler.fit import DiskWant, VfWant, VmWant, validate
+from scheduler.metrics import Metrics
+from scheduler.repo import hosts as host_repo
+from scheduler.repo import vms as vm_repo
+from scheduler.resources import Allocation, DiskAlloc, Usage
+from scheduler.schemas.vms import IoTuneIn, VmCreate
+from scheduler.service.claims import Affinity, Placer
+
+log = logging.getLogger(__name__)
+
+
+class Hostd(Protocol):
+    def create(self, address: str, req: pb.CreateVMRequest) -> pb.VM: ...
+    def delete(self, address: str, vm_id: str, grace_seconds: int = 0) -> None: ...
+    def update_io(self, address: str, vm_id: str, disks: list[pb.DiskRequest]) -> pb.VM: ...
+
+
+def want_of(body: VmCreate, default_policy: str) -> VmWant:
+    want = VmWant(
+        vcpus=body.vcpus, memory_mib=body.memory_mib, page_size_kb=body.page_size_kb,
+        vfs=tuple(VfWant(v.pf, v.max_tx_rate_mbps, v.min_tx_rate_mbps) for v in body.vfs),
+        disks=tuple(DiskWant(d.disk, d.cls, d.min_size_bytes, d.iotune.bytes_sec(), d.iotune.iops())
+                    for d in body.disks),
+        allow_span_nodes=body.allow_span_nodes, policy=body.policy or default_policy,
+        labels=tuple(sorted(body.host_labels.items())))
+    bad = validate(want)
+    if bad:
+        raise InvalidRequest(bad[0][1], field=bad[0][0].replace("page_size_kb", "page_size_kb"))
+    return want
+
+
+def affinity_of(body: VmCreate) -> Affinity:
+    return Affinity(body.anti_affinity.group, body.anti_affinity.scope) if body.anti_affinity else Affinity()
+
+
+def request_hash(req: dict[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(req, sort_keys=True).encode()).hexdigest()
+
+
+def create_request(vm: Vm, alloc: Allocation) -> pb.CreateVMRequest:
+    body = VmCreate.model_validate(vm.request)
+    disks = [pb.DiskRequest(disk=a.name, iotune=pb.IoTune(**d.iotune.model_dump()))
+             for a, d in zip(alloc.disks, body.disks)]
+    vfs = [pb.VfRequest(pf=a.pf, mac=v.mac, vlan=v.vlan, max_tx_rate_mbps=v.max_tx_rate_mbps,
+                        min_tx_rate_mbps=v.min_tx_rate_mbps) for a, v in zip(alloc.vfs, body.vfs)]
+    placement = pb.Placement(numa_node=alloc.nodes[0], cpus=list(alloc.cpus)) if len(alloc.nodes) == 1 else None
+    labels = dict(body.labels) | {"hyb.vm": vm.id, "hyb.tenant": vm.tenant, "hyb.name": vm.name}
+    return pb.CreateVMRequest(
+        request_id=vm.id, name=f"{vm.name}-{vm.id[:8]}", vcpus=body.vcpus, memory_mib=body.memory_mib,
+        hugepage_size_kb=body.page_size_kb, image=body.image, profile=body.profile, disks=disks, vfs=vfs,
+        placement=placement, guest_numa=body.guest_numa, labels=labels)
+
+
+class VmService:
+    def __init__(self, *, store: Store, placer: Placer, hostd: Hostd | None, default_policy: str,
+                 max_attempts: int, metrics: Metrics | None = None,
+                 clock: Callable[[], float] = time.time):
+        self.store = store
+        self.placer = placer
+        self.hostd = hostd
+        self.default_policy = default_policy
+        self.max_attempts = max(1, max_attempts)
+        self.metrics = metrics
+        self.clock = clock
+
+    # ------------------------------------------------------------ create
+
+    def create(self, body: VmCreate, *, tenant: str, key: str, actor: str) -> tuple[Vm, bool]:
+        """Returns (vm, replayed). Same key + same body = the same VM, never a second one."""
+        want = want_of(body, self.default_policy)
+        req = body.model_dump(mode="json", by_alias=True) | {"tenant": tenant}
+        digest = request_hash(req)
+        with self.store.read() as s:
+            prior = vm_repo.find_by_key(session=s, tenant=tenant, key=key)
+        if prior is not None:
+            return self._replay(prior, digest), True
+        vm_id = str(uuid.uuid4())
+
+        def write_vm(s: Session, host: str, alloc: Allocation) -> Vm:
+            now = self.clock()
+            vm = Vm(id=vm_id, tenant=tenant, name=body.name, idempotency_key=key, request_hash=digest,
+                    request=req, host=host, allocation=alloc.to_dict(), status="pending", reason="",
+                    hostd_vm_id="", affinity_group=body.anti_affinity.group if body.anti_affinity else "",
+                    attempts=0, created=now, updated=now)
+            s.add(vm)
+            s.flush()  # the unique (tenant, key) constraint fires here, inside the claim
+            vm_repo.audit(session=s, principal=actor, action="vm.create", target=vm_id, now=now,
+                          detail={"host": host, "nodes": list(alloc.nodes), "cpus": list(alloc.cpus)})
+            return vm
+        try:
+            vm = self.placer.claim(want, affinity_of(body), write_vm)
+        except IntegrityError:  # a concurrent request with the same key won
+            with self.store.read() as s:
+                prior = vm_repo.find_by_key(session=s, tenant=tenant, key=key)
+            if prior is None:
+                raise
+            return self._replay(prior, digest), True
+        log.info("vm claimed vm=%s tenant=%s host=%s cpus=%s", vm.id, tenant, vm.host,
+                 vm.allocation["cpus"] if vm.allocation else [])
+        return vm, False
+
+    @staticmethod
+    def _replay(prior: Vm, digest: str) -> Vm:
+        if prior.request_hash != digest:
+            raise IdempotencyMismatch("Idempotency-Key was used with a different request",
+                                      field="Idempotency-Key")
+        return prior
+
+    def preview(self, body: VmCreate):  # type: ignore[no-untyped-def]
+        return self.placer.preview(want_of(body, self.default_policy), affinity_of(body))
+
+    # ------------------------------------------------------------ dispatch
+
+    def dispatch(self, vm_id: str) -> Vm:
+        """Drive a pending VM to running or failed. On a hostd failure the claim is
+        released and the next candidate (excluding hosts that failed) is claimed."""
+        failed_hosts: list[str] = []
+        reasons: list[str] = []
+        while True:
+            with self.store.write() as s:
+                vm = vm_repo.get_vm(session=s, vm_id=vm_id)
+                if vm.status != "pending" or self.hostd is None:
+                    return vm
+                host = host_repo.get_host(session=s, name=vm.host) if vm.host else None
+                vm.status, vm.attempts, vm.updated = "creating", vm.attempts + 1, self.clock()
+                address = host.address if host else ""
+            assert vm.allocation is not None and vm.host
+            log.info("vm creating vm=%s host=%s attempt=%d", vm.id, vm.host, vm.attempts)
+            try:
+                got = self.hostd.create(address, create_request(vm, Allocation.from_dict(vm.allocation)))
+            except HostdFailed as e:
+                self._count("failed")
+                failed_hosts.append(vm.host)
+                reasons.append(f"{vm.host}: {e.message}")
+                log.warning("vm create failed vm=%s host=%s reason=%s", vm.id, vm.host, e.message)
+                vm = self._retry_elsewhere(vm, failed_hosts, reasons)
+                if vm.status == "failed":
+                    return vm
+                continue
+            self._count("ok")
+            return self._mark_running(vm.id, got)
+
+    def _retry_elsewhere(self, vm: Vm, failed_hosts: list[str], reasons: list[str]) -> Vm:
+        with self.store.write() as s:
+            row = vm_repo.get_vm(session=s, vm_id=vm.id)
+            self.placer.release(s, row)
+            row.host, row.status, row.updated = None, "pending", self.clock()
+            if len(failed_hosts) >= self.max_attempts:
+                row.status, row.reason = "failed", "; ".join(reasons)
+                return row
+            body = VmCreate.model_validate({k: v for k, v in row.request.items() if k != "tenant"})
+
+        def write_vm(s: Session, host: str, alloc: Allocation) -> Vm:
+            r = vm_repo.get_vm(session=s, vm_id=vm.id)
+            r.host, r.allocation, r.updated = host, alloc.to_dict(), self.clock()
+            return r
+        try:
+            return self.placer.claim(want_of(body, self.default_policy), affinity_of(body), write_vm,
+                                     exclude=frozenset(failed_hosts))
+        except (NoValidHost, Exception) as e:  # nowhere else: the VM fails with every reason
+            with self.store.write() as s:
+                r = vm_repo.get_vm(session=s, vm_id=vm.id)
+                r.status = "failed"
+                r.reason = "; ".join(reasons + [f"no other host: {getattr(e, 'message', e)}"])
+                r.updated = self.clock()
+                log.warning("vm failed vm=%s reason=%s", r.id, r.reason)
+                return r
+
+    def _mark_running(self, vm_id: str, got: pb.VM) -> Vm:
+        """hostd is the truth: adopt the CPUs it actually pinned (it may pick others on the node)."""
+        with self.store.write() as s:
+            vm = vm_repo.get_vm(session=s, vm_id=vm_id)
+            vm.status, vm.hostd_vm_id, vm.reason, vm.updated = "running", got.vm_id, "", self.clock()
+            if vm.allocation and list(got.vcpu_pins) and list(got.vcpu_pins) != vm.allocation["cpus"]:
+                self.adopt_cpus(s, vm, list(got.vcpu_pins))
+            log.info("vm running vm=%s host=%s hostd_vm=%s", vm.id, vm.host, got.vm_id)
+            return vm
+
+    def adopt_cpus(self, s: Session, vm: Vm, pins: list[int]) -> None:
+        assert vm.allocation is not None and vm.host
+        old = Allocation.from_dict(vm.allocation)
+        new = Allocation(old.nodes, tuple(pins), old.pages, old.vfs, old.disks)
+        h = host_repo.get_host(session=s, name=vm.host, lock=True)
+        usage = Usage.from_dict(h.usage).minus(old)
+        if set(pins) & usage.cpus:
+            log.error("drift vm=%s host=%s: hostd pinned %s, already claimed centrally", vm.id, vm.host, pins)
+        host_repo.bump_usage(session=s, name=h.name, seen_generation=h.generation, usage=usage.plus(new),
+                             now=self.clock())
+        vm.allocation = new.to_dict()
+        log.info("vm cpus adopted from hostd vm=%s %s -> %s", vm.id, list(old.cpus), pins)
+
+    def _count(self, outcome: str) -> None:
+        if self.metrics:
+            self.metrics.dispatch.labels(outcome).inc()
+
+    # ------------------------------------------------------------ delete / io
+
+    def delete(self, vm_id: str, *, tenant: str | None, actor: str) -> None:
+        with self.store.read() as s:
+            vm = vm_repo.get_vm(session=s, vm_id=vm_id, tenant=tenant)
+            address = host_repo.get_host(session=s, name=vm.host).address if vm.host else ""
+        if vm.status == "creating":
+            raise VmBusy("the VM is being created; retry when it is running or failed", field="vm_id")
+        if vm.hostd_vm_id and self.hostd is not None:
+            self.hostd.delete(address, vm.hostd_vm_id)  # HostdFailed -> 502, nothing released
+        with self.store.write() as s:
+            row = vm_repo.get_vm(session=s, vm_id=vm_id)
+            self.placer.release(s, row)
+            s.delete(row)
+            vm_repo.audit(session=s, principal=actor, action="vm.delete", target=vm_id, now=self.clock(),
+                          detail={"host": vm.host})
+        log.info("vm deleted vm=%s host=%s", vm_id, vm.host)
+
+    def update_io(self, vm_id: str, disks: list[tuple[str, IoTuneIn]], *, tenant: str | None,
+                  actor: str) -> Vm:
+        with self.store.read() as s:
+            vm = vm_repo.get_vm(session=s, vm_id=vm_id, tenant=tenant)
+            if not vm.host or not vm.allocation:
+                raise VmBusy(f"the VM is {vm.status} and holds no disks", field="vm_id")
+            h = host_repo.get_host(session=s, name=vm.host)
+            res = self.placer.cache.res(s, h)
+        alloc = Allocation.from_dict(vm.allocation)
+        mine = {d.name: d for d in alloc.disks}
+        budgets = {d.name: d for d in res.disks} | {d.id: d for d in res.disks if d.id}
+        changes: dict[str, IoTuneIn] = {}
+        for i, (ref, tune) in enumerate(disks):
+            b = budgets.get(ref)
+            if b is None or b.name not in mine:
+                raise InvalidRequest(f"{ref!r} is not a disk of this VM ({', '.join(mine) or 'none'})",
+                                     field=f"disks[{i}].disk")
+            if b.bytes_sec and not 0 < tune.bytes_sec() <= b.bytes_sec:
+                raise InvalidRequest(f"must be 1..{b.bytes_sec} ({b.name}'s budget)",
+                                     field=f"disks[{i}].iotune.total_bytes_sec")
+            if b.iops and tune.iops() > b.iops:
+                raise InvalidRequest(f"must be at most {b.iops} ({b.name}'s budget)",
+                                     field=f"disks[{i}].iotune.total_iops_sec")
+            changes[b.name] = tune
+        if vm.status == "running" and vm.hostd_vm_id and self.hostd is not None:
+            self.hostd.update_io(h.address, vm.hostd_vm_id,
+                                 [pb.DiskRequest(disk=n, iotune=pb.IoTune(**t.model_dump()))
+                                  for n, t in changes.items()])
+        with self.store.write() as s:
+            row = vm_repo.get_vm(session=s, vm_id=vm_id)
+            a = Allocation.from_dict(row.allocation or {})
+            row.allocation = Allocation(a.nodes, a.cpus, a.pages, a.vfs, tuple(
+                DiskAlloc(d.name, changes[d.name].bytes_sec(), changes[d.name].iops()) if d.name in changes
+                else d for d in a.disks)).to_dict()
+            req = json.loads(json.dumps(row.request))
+            for d, ad in zip(req.get("disks", []), a.disks):
+                if ad.name in changes:
+                    d["iotune"] = changes[ad.name].model_dump()
+            row.request, row.updated = req, self.clock()
+            vm_repo.audit(session=s, principal=actor, action="vm.update_io", target=vm_id, now=self.clock(),
+                          detail={n: t.model_dump() for n, t in changes.items()})
+            return row

@@ -1,0 +1,64 @@
+"""Helpers shared by the scheduler tests (imported by basename: tests/scheduler is on
+sys.path under pytest's default import mode)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from scheduler.api.app import create_app
+from scheduler.config import Settings
+from scheduler.db.engine import Store
+from scheduler.db.migrate import upgrade
+from scheduler.shapes import SHAPES, Shape, make_layout
+
+
+TOKENS = {"adm": ["admin"], "ta": ["tenant:a"], "tb": ["tenant:b"], "hst": ["host"]}
+
+
+def auth(token: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}"}
+
+
+def token_config() -> list[dict]:
+    return [{"name": k, "sha256": hashlib.sha256(k.encode()).hexdigest(), "scopes": v} for k, v in TOKENS.items()]
+
+
+class Clock:
+    def __init__(self, t: float = 1_000_000.0):
+        self.t = t
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def settings(db_url: str, **over: Any) -> Settings:
+    data: dict[str, Any] = {"db": {"url": db_url}, "auth": {"tokens": token_config()},
+                            "dispatch": {"enabled": False}, "reconcile": {"interval_s": 0}}
+    for k, v in over.items():
+        data.setdefault(k, {}).update(v)
+    return Settings(**data)
+
+
+def make_client(db_url: str, *, clock: Clock | None = None, hostd=None, **over: Any) -> TestClient:  # type: ignore[no-untyped-def]
+    s = settings(db_url, **over)
+    store = Store.from_url(db_url)
+    upgrade(store.engine)
+    app = create_app(s, store=store, hostd=hostd, clock=clock or Clock())
+    return TestClient(app, raise_server_exceptions=False)
+
+
+def host_body(name: str, shape: Shape = SHAPES[0], *, rack: str = "", address: str = "", **labels: str) -> dict:
+    layout, sib = make_layout(shape)
+    return {"name": name, "address": address or f"{name}:7443", "rack": rack, "labels": labels,
+            "layout": json.loads(layout.to_json()), "cpu_siblings": {str(k): list(v) for k, v in sib.items()}}
+
+
+def vm_body(name: str = "web-1", vcpus: int = 2, memory_mib: int = 1024, **kw: Any) -> dict:
+    return {"name": name, "vcpus": vcpus, "memory_mib": memory_mib, "image": "smoke", **kw}
+
+
+ADM, TA, TB, HOST = auth("adm"), auth("ta"), auth("tb"), auth("hst")

@@ -1,0 +1,215 @@
+"""REST API in-process (TestClient) over a real store: SQLite, and PostgreSQL (integration)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from sched_helpers import ADM, HOST, TA, TB, Clock, auth, host_body, make_client, vm_body
+from scheduler.shapes import SHAPES, Shape
+
+REPO = Path(__file__).resolve().parents[2]
+SMALL = Shape("small", nodes=2, cores_per_node=4, smt=2, io_cores_per_node=1, host_cores=1,
+              pages_2m_per_node=2048, vfs_per_node=2, pf_mbps=10000, disks_per_node=1)
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def api(db_url, clock):  # type: ignore[no-untyped-def]
+    with make_client(db_url, clock=clock) as c:
+        yield c
+
+
+def register(api, name, shape=SMALL, **kw):  # type: ignore[no-untyped-def]
+    r = api.post("/v1/hosts", json=host_body(name, shape, **kw), headers=HOST)
+    assert r.status_code in (200, 201), r.text
+    return r.json()
+
+
+def create(api, key, headers=TA, **kw):  # type: ignore[no-untyped-def]
+    return api.post("/v1/vms", json=vm_body(**kw), headers=headers | {"Idempotency-Key": key})
+
+
+def test_register_list_and_free_used(api):
+    h = register(api, "h1", rack="r1", disk="nvme")
+    assert h["state"] == "active" and [n["free_cpus"] for n in h["nodes"]] == [4, 6]
+    assert h["nodes"][0]["vm_cpus"] == [2, 3, 10, 11]  # IO core (0,8) and host core (1,9) excluded
+    assert api.post("/v1/hosts", json=host_body("h1", SMALL, rack="r1", disk="nvme"),
+                    headers=HOST).status_code == 200
+    r = create(api, "k1", vcpus=3, memory_mib=2048)
+    assert r.status_code == 202, r.text
+    vm = r.json()
+    assert vm["status"] == "pending" and vm["host"] == "h1" and vm["tenant"] == "a"
+    assert vm["placement"]["nodes"] == [0] and sorted(vm["placement"]["cpus"]) == [2, 3, 10]
+    h = api.get("/v1/hosts/h1", headers=ADM).json()
+    assert h["nodes"][0]["free_cpus"] == 1 and h["nodes"][0]["hugepages"][0]["used"] == 1024
+    assert h["vms"] == 1 and h["generation"] == 2
+    assert [x["name"] for x in api.get("/v1/hosts", headers=ADM).json()["items"]] == ["h1"]
+
+
+def test_idempotency_key_replay_and_mismatch(api):
+    register(api, "h1")
+    a = create(api, "same")
+    b = create(api, "same")
+    assert a.status_code == 202 and b.status_code == 200 and a.json()["id"] == b.json()["id"]
+    c = create(api, "same", vcpus=4)
+    assert c.status_code == 409 and c.json()["error"]["code"] == "hyb.idempotency.mismatch"
+    assert c.json()["error"]["field"] == "Idempotency-Key"
+    # the same key in another tenant is another VM
+    d = create(api, "same", headers=TB)
+    assert d.status_code == 202 and d.json()["id"] != a.json()["id"]
+    missing = api.post("/v1/vms", json=vm_body(), headers=TA)
+    assert missing.status_code == 422 and missing.json()["error"]["field"] == "Idempotency-Key"
+
+
+def test_bad_input_names_the_field(api):
+    cases = [
+        (vm_body(vcpus=0), "vcpus"),
+        (vm_body(memory_mib=1025), "memory_mib"),
+        (vm_body(vfs=[{"min_tx_rate_mbps": 5, "max_tx_rate_mbps": 1}]), "vfs[0].min_tx_rate_mbps"),
+        (vm_body(vfs=[{"vlan": 5000}]), "vfs[0].vlan"),
+        (vm_body(disks=[{}]), "disks[0]"),
+        (vm_body(name="bad name"), "name"),
+        (vm_body(page_size_kb=4), "page_size_kb"),
+        ({**vm_body(), "surprise": 1}, "surprise"),
+    ]
+    for body, field in cases:
+        r = api.post("/v1/vms", json=body, headers=TA | {"Idempotency-Key": "x"})
+        assert r.status_code == 422, (body, r.text)
+        err = r.json()["error"]
+        assert err["code"] == "hyb.request.invalid" and err["field"] == field, (field, err)
+    bad = host_body("h9")
+    bad["layout"]["nodes"][0]["vm_cpus"] = "nope"
+    r = api.post("/v1/hosts", json=bad, headers=HOST)
+    assert r.status_code == 422 and r.json()["error"]["code"] == "hyb.host.bad_layout"
+    assert api.get("/v1/vms", headers=ADM).json()["items"] == []  # nothing half-created
+
+
+def test_auth_scopes_and_tenant_isolation(api):
+    register(api, "h1")
+    assert api.get("/v1/vms").status_code == 401
+    assert api.get("/v1/vms", headers=auth("nope")).json()["error"]["code"] == "hyb.auth.missing"
+    assert api.post("/v1/hosts", json=host_body("h2"), headers=TA).status_code == 403
+    assert api.post("/v1/hosts/h1/cordon", headers=HOST).status_code == 403
+    assert api.post("/v1/vms", json=vm_body(), headers=HOST | {"Idempotency-Key": "k"}).status_code == 403
+    a = create(api, "k1").json()
+    b = create(api, "k2", headers=TB, name="db-1").json()
+    assert [v["id"] for v in api.get("/v1/vms", headers=TA).json()["items"]] == [a["id"]]
+    assert api.get(f"/v1/vms/{b['id']}", headers=TA).status_code == 404
+    assert api.delete(f"/v1/vms/{b['id']}", headers=TA).status_code == 404
+    assert {v["tenant"] for v in api.get("/v1/vms", headers=ADM).json()["items"]} == {"a", "b"}
+    assert api.get("/v1/vms?tenant=b", headers=TA).json()["items"][0]["id"] == a["id"]  # filter ignored
+    r = api.post("/v1/vms", json=vm_body(tenant="b"), headers=TA | {"Idempotency-Key": "k3"})
+    assert r.status_code == 403 and r.json()["error"]["field"] == "tenant"
+
+
+def test_dry_run_preview_counts_rejections(api):
+    register(api, "h1", rack="r1")
+    register(api, "h2", Shape("nopages", nodes=1, cores_per_node=4, smt=1, io_cores_per_node=1, host_cores=0,
+                              pages_2m_per_node=16, vfs_per_node=0, disks_per_node=0))
+    register(api, "h3", Shape("tiny", nodes=1, cores_per_node=2, smt=1, io_cores_per_node=1, host_cores=0,
+                              vfs_per_node=0, disks_per_node=0))
+    api.post("/v1/hosts/h1/cordon", headers=ADM)
+    r = api.post("/v1/vms?dry_run=true", json=vm_body(vcpus=2, memory_mib=1024), headers=TA)
+    assert r.status_code == 200, r.text
+    p = r.json()
+    assert p["fits"] is False and p["rejections"] == {"memory": 1, "state": 1, "vcpus": 1}
+    why = {x["host"]: x["reason"] for x in p["rejected_hosts"]}
+    assert why["h2"] == "node 0: 16 free 2048 kB pages, 512 needed" and why["h1"] == "host is cordoned"
+    api.post("/v1/hosts/h1/uncordon", headers=ADM)
+    p = api.post("/v1/vms?dry_run=true", json=vm_body(vcpus=2, vfs=[{"max_tx_rate_mbps": 100}]),
+                 headers=TA).json()
+    assert p["fits"] and p["host"] == "h1" and p["placement"]["vfs"][0]["pf"] == "ens0f0"
+    assert api.get("/v1/vms", headers=ADM).json()["items"] == []  # a preview claims nothing
+    r = create(api, "big", vcpus=64)
+    assert r.status_code == 507 and r.json()["error"]["code"] == "hyb.placement.no_valid_host"
+    assert r.json()["error"]["rejections"] == {"vcpus": 3}
+
+
+def test_delete_frees_everything_and_io_limits(api):
+    register(api, "h1")
+    vm = create(api, "k", disks=[{"class": "nvme", "iotune": {"total_bytes_sec": 10**8, "total_iops_sec": 1000}}],
+                vfs=[{"min_tx_rate_mbps": 3000}]).json()
+    assert vm["placement"]["disks"] == [{"name": "nvme0n1", "bytes_sec": 10**8, "iops": 1000}]
+    h = api.get("/v1/hosts/h1", headers=ADM).json()
+    assert h["pfs"][0]["reserved_mbps"] == 3000 and h["disks"][0]["used"]
+    r = api.patch(f"/v1/vms/{vm['id']}/io-limits", headers=TA,
+                  json={"disks": [{"disk": "nvme0n1", "iotune": {"total_bytes_sec": 5 * 10**8}}]})
+    assert r.status_code == 200 and r.json()["placement"]["disks"][0]["bytes_sec"] == 5 * 10**8
+    r = api.patch(f"/v1/vms/{vm['id']}/io-limits", headers=TA,
+                  json={"disks": [{"disk": "nvme0n1", "iotune": {"total_bytes_sec": 10**12}}]})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "disks[0].iotune.total_bytes_sec"
+    r = api.patch(f"/v1/vms/{vm['id']}/io-limits", headers=TA,
+                  json={"disks": [{"disk": "nvme1n1", "iotune": {"total_bytes_sec": 1}}]})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "disks[0].disk"
+    assert api.delete(f"/v1/vms/{vm['id']}", headers=TA).status_code == 204
+    h = api.get("/v1/hosts/h1", headers=ADM).json()
+    assert h["vms"] == 0 and h["pfs"][0]["reserved_mbps"] == 0 and not h["disks"][0]["used"]
+    assert all(n["used_cpus"] == [] for n in h["nodes"])
+    assert api.get(f"/v1/vms/{vm['id']}", headers=TA).status_code == 404
+
+
+def test_states_down_by_missed_heartbeat_and_drain(api, clock):
+    register(api, "h1")
+    register(api, "h2")
+    clock.t += 61
+    api.post("/v1/hosts/h2/heartbeat", headers=HOST)
+    states = {h["name"]: h["state"] for h in api.get("/v1/hosts", headers=ADM).json()["items"]}
+    assert states == {"h1": "down", "h2": "active"}
+    assert create(api, "k1").json()["host"] == "h2"
+    api.post("/v1/hosts/h2/drain", headers=ADM)
+    r = create(api, "k2")
+    assert r.status_code == 507 and r.json()["error"]["rejections"] == {"state": 2}
+    assert api.get("/v1/hosts?state=draining", headers=ADM).json()["items"][0]["vms"] == 1
+    assert api.post("/v1/hosts/nope/heartbeat", headers=HOST).json()["error"]["code"] == "hyb.host.not_found"
+
+
+def test_anti_affinity_across_hosts_and_racks(api):
+    for n, rack in (("h1", "r1"), ("h2", "r1"), ("h3", "r2")):
+        register(api, n, rack=rack)
+    aa = {"group": "db", "scope": "host"}
+    hosts = [create(api, f"k{i}", anti_affinity=aa, name=f"db-{i}").json()["host"] for i in range(3)]
+    assert sorted(hosts) == ["h1", "h2", "h3"]
+    assert create(api, "k9", anti_affinity=aa).status_code == 507
+    rack = {"group": "web", "scope": "rack"}
+    got = [create(api, f"w{i}", anti_affinity=rack).json().get("host") for i in range(3)]
+    assert len({g for g in got[:2]}) == 2 and got[2] is None
+
+
+def test_health_ready_metrics_and_list_filters(api):
+    assert api.get("/healthz").json() == {"status": "ok"}
+    assert api.get("/readyz").status_code == 200
+    register(api, "h1")
+    create(api, "k1")
+    create(api, "k2", vcpus=99)
+    text = api.get("/metrics").text
+    assert 'hyb_sched_placements_total{outcome="claimed"} 1.0' in text
+    assert 'hyb_sched_placements_total{outcome="no_valid_host"} 1.0' in text
+    assert 'hyb_sched_hosts{state="active"} 1.0' in text and 'hyb_sched_vms{status="pending"} 1.0' in text
+    assert len(api.get("/v1/vms?host=h1&status=pending", headers=ADM).json()["items"]) == 1
+    assert api.get("/v1/vms?status=running", headers=ADM).json()["items"] == []
+    assert api.get("/v1/nope").json()["error"]["code"] == "hyb.http.not_found"
+
+
+def test_openapi_snapshot_has_not_drifted(api):
+    """api/openapi.json is the committed contract; regenerate with `scheduler openapi`."""
+    live = json.loads(json.dumps(api.app.openapi(), sort_keys=True))
+    committed = json.loads((REPO / "api/openapi.json").read_text())
+    assert live == committed, "schema drifted: run `scheduler openapi > api/openapi.json` and review"
+
+
+def test_audit_log_records_mutations(api):
+    register(api, "h1")
+    vm = create(api, "k1").json()
+    api.post("/v1/hosts/h1/cordon", headers=ADM)
+    api.delete(f"/v1/vms/{vm['id']}", headers=TA)
+    from scheduler.repo.vms import list_audit
+    with api.app.state.store.read() as s:
+        acts = [(a.principal, a.action) for a in reversed(list_audit(session=s))]
+    assert acts == [("hst", "host.register"), ("ta", "vm.create"), ("adm", "host.cordoned"), ("ta", "vm.delete")]
