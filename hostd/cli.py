@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from rich.console import Console
+from rich.markup import escape
 
 from hostd.errors import HostdError
 
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         return commands.run(args, console)
     except HostdError as e:
-        Console(stderr=True).print(f"[red]error[/red] {e}", highlight=False)
+        Console(stderr=True).print(f"[red]error[/red] {escape(str(e))}", highlight=False)
         return 1
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

@@ -133,7 +133,7 @@ def _carve(args, cfg, console) -> int:
     if not steps:
         console.print("host already matches the layout: nothing to change")
     for s in steps:
-        console.print(f"  {verb}: {s.describe()}", highlight=False)
+        console.print(f"  {verb}: {s.describe()}", highlight=False, markup=False)
     if not args.dry_run and steps:
         console.print(f"journal: {journal.path} (`hostd uncarve` restores)")
     return 0
@@ -143,11 +143,11 @@ def _uncarve(args, cfg, console) -> int:
     journal = Journal((args.state_dir or cfg.state_dir) / JOURNAL_NAME)
     if args.dry_run:
         for s in reversed(journal.load()):
-            console.print(f"  would undo: {s.describe()}", highlight=False)
+            console.print(f"  would undo: {s.describe()}", highlight=False, markup=False)
         return 0
     h = handles_for(cfg.root)
     for s in uncarve(journal, Context(h.vf_rates, SystemMounter())):
-        console.print(f"  undid: {s.describe()}", highlight=False)
+        console.print(f"  undid: {s.describe()}", highlight=False, markup=False)
     return 0
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from rich.console import Console
+from rich.markup import escape
 from rich.table import Table
 
 from hostd.carve.layout import Layout, NoFit
@@ -28,7 +29,8 @@ def render_layout(layout: Layout, console: Console) -> None:
     console.print(t)
     io = layout.io_service
     console.print(f"IO service: {io.kind} {io.name}".rstrip() + f" -> CPUs {_cpus(layout.io_cpus)}; "
-                  f"VM cgroup: {layout.vm_cgroup} -> CPUs {_cpus(layout.vm_cpus)}", highlight=False)
+                  f"VM cgroup: {layout.vm_cgroup} -> CPUs {_cpus(layout.vm_cpus)}", highlight=False,
+                  markup=False)
     if layout.pfs:
         p = Table(title="SR-IOV PFs", title_justify="left")
         for col in ("pf", "pci", "node", "vfs", "budget Mbit/s", "per-VF max/min Mbit/s"):
@@ -52,10 +54,10 @@ def render_layout(layout: Layout, console: Console) -> None:
     if layout.reboot_required:
         console.print("[bold]needs a reboot[/bold] (kernel command line; not applied by carve):")
         for b in layout.reboot_required:
-            console.print(f"  {b.param}={b.value}  -- {b.why}", highlight=False)
+            console.print(f"  {b.param}={b.value}  -- {b.why}", highlight=False, markup=False)
     for w in layout.warnings:
-        console.print(f"[yellow]warning:[/yellow] {w}", highlight=False)
+        console.print(f"[yellow]warning:[/yellow] {escape(w)}", highlight=False)
 
 
 def render_nofit(nofit: NoFit, console: Console) -> None:
-    console.print(f"[red]does not fit:[/red] {nofit.field}: {nofit.reason}", highlight=False)
+    console.print(f"[red]does not fit:[/red] {escape(nofit.field)}: {escape(nofit.reason)}", highlight=False)
