@@ -120,7 +120,9 @@ def _renderer(cfg: HostdConfig, topo: Topology):
     from hostd.domain.designer import HostFacts, design_domain
 
     facts = HostFacts(virt_type=cfg.virt_type, lock_memory=cfg.lock_guest_memory,
-                      console_dir=cfg.state_dir / "vms")
+                      console_dir=cfg.state_dir / "vms", root=cfg.root,
+                      siblings={c.id: c.siblings for c in topo.cpus},
+                      vf_pci={(n.name, v.index): v.pci for n in topo.nics for v in n.vfs})
 
     def render(md: VmMetadata, image: Image) -> str:
         return design_domain(md, image, facts).to_xml()
