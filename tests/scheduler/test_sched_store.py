@@ -188,3 +188,20 @@ def test_stale_index_refits_and_stale_generation_loses(db_url):
             gen = s.get(Host, "h1").generation
             assert not bump_usage(session=s, name="h1", seen_generation=gen - 1, usage=Usage(), now=0)
             assert Usage.from_dict(s.get(Host, "h1").usage).cpus == {1, 2}
+
+
+def test_example_config_documents_every_key(monkeypatch):
+    """scheduler/scheduler.example.toml loads, sets every key the Settings model has, and
+    the environment overrides it."""
+    import tomllib
+
+    from scheduler.config import Settings, load_settings
+    path = REPO / "scheduler/scheduler.example.toml"
+    data = tomllib.loads(path.read_text())
+    for name, f in Settings.model_fields.items():
+        if hasattr(f.annotation, "model_fields") and name != "auth":
+            assert set(data[name]) == set(f.annotation.model_fields), name
+    monkeypatch.setenv("HYB_SCHED_DB__URL", "sqlite:////tmp/x.db")
+    s = load_settings(path)
+    assert s.db.url == "sqlite:////tmp/x.db" and s.placement.default_policy == "pack"
+    assert [t.scopes for t in s.auth.tokens] == [["admin"], ["tenant:web"], ["host"]]
