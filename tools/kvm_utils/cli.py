@@ -71,6 +71,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--tests", default=None, help="comma-separated subset")
     p.add_argument("--target-cycles", type=int, default=1 << 30,
                    help="double iterations until a run takes this many TSC cycles")
+    p.add_argument("--repeat", type=int, default=3, help="runs per test; the fastest counts")
 
     sub.add_parser("doctor", help="check tracefs, kvm tracepoints, perf, BPF, kprobes; say how to fix")
     return ap

@@ -78,3 +78,16 @@ def thread_map(procs: list[VmProcess]) -> dict[int, ThreadInfo]:
 def vm_of_pid(proc: Path, pid: int) -> str | None:
     raw = _read(proc / str(pid) / "cmdline")
     return guest_name([a for a in raw.split("\0") if a]) if raw else None
+
+
+def thread_info(proc: Path, tid: int) -> ThreadInfo | None:
+    """(vCPU, VM) of one live thread, None if it is gone or is not a vCPU thread."""
+    comm = _read(proc / str(tid) / "comm")
+    status = _read(proc / str(tid) / "status")
+    if comm is None or status is None:
+        return None
+    vcpu = vcpu_of_task(comm.strip())
+    if vcpu is None:
+        return None
+    tgid = next((int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("Tgid:")), tid)
+    return ThreadInfo(vcpu, vm_of_pid(proc, tgid) or f"pid{tgid}")

@@ -1,0 +1,100 @@
+"""Fixtures for kvm-utils live tests: tracefs, the bench helper's tiny KVM guest, cleanup.
+
+Live tests drive `tools/kvm_utils/helper/kvm_exit_bench.c` (a real VM through /dev/kvm
+with a known number of exits) and assert on what this kernel's tracepoints report.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[3]
+
+
+@pytest.fixture(scope="session")
+def tracefs_root() -> Iterator[Path]:
+    """The tracefs mount; mounted here if absent, and then unmounted at the end."""
+    from tools.kvm_utils.sources.tracefs import find_tracefs
+    found = find_tracefs()
+    if found is not None:
+        yield found
+        return
+    mnt = Path("/sys/kernel/tracing")
+    r = subprocess.run(["mount", "-t", "tracefs", "nodev", str(mnt)], capture_output=True, text=True)
+    if r.returncode != 0:
+        pytest.skip(f"tracefs not mounted and cannot be mounted: {r.stderr.strip()}")
+    try:
+        yield mnt
+    finally:
+        subprocess.run(["umount", str(mnt)], check=False)
+
+
+@pytest.fixture(scope="session")
+def kvm_events(tracefs_root: Path) -> set[str]:
+    from tools.kvm_utils.sources.tracefs import available_kvm_events
+    events = set(available_kvm_events(tracefs_root))
+    if not events:
+        pytest.skip(f"no kvm tracepoints under {tracefs_root}/events/kvm (kvm module not loaded)")
+    return events
+
+
+@pytest.fixture(scope="session")
+def helper() -> Path:
+    """The compiled bench helper (built with cc on first use)."""
+    if not Path("/dev/kvm").exists():
+        pytest.skip("/dev/kvm missing: no KVM on this host")
+    from tools.kvm_utils.bench import helper_path
+    return helper_path()
+
+
+@pytest.fixture
+def no_leftover_instances(tracefs_root: Path) -> Iterator[None]:
+    """Fails the test if it leaves a kvm-utils ftrace instance behind (and removes it)."""
+    inst = tracefs_root / "instances"
+    before = {p.name for p in inst.iterdir()}
+    yield
+    left = [p for p in inst.iterdir() if p.name.startswith("kvm-utils-") and p.name not in before]
+    for p in left:
+        from tools.kvm_utils.sources.tracefs import remove_instance
+        remove_instance(p)
+    assert not left, f"ftrace instances left behind: {left}"
+
+
+def kvm_utils_popen(*args: str) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "tools.kvm_utils", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if predicate():
+            return
+        time.sleep(0.05)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def instance_of(tracefs_root: Path, pid: int) -> Path | None:
+    for p in (tracefs_root / "instances").iterdir():
+        if p.name.startswith(f"kvm-utils-{pid}-") and (p / "tracing_on").read_text().strip() == "1":
+            return p
+    return None
+
+
+def stop(proc: subprocess.Popen, sig: int = 2, timeout: float = 30) -> tuple[str, str]:
+    """Signal a process we started (by PID) and collect its output; SIGKILL if it hangs."""
+    if proc.poll() is None:
+        os.kill(proc.pid, sig)
+    try:
+        return proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"pid {proc.pid} ignored signal {sig}: {err}")

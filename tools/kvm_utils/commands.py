@@ -1,0 +1,77 @@
+"""Command runners behind `cli.main` (everything that touches the live host)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import signal
+import sys
+from contextlib import contextmanager
+from collections.abc import Iterator
+
+from tools.kvm_utils.render import render
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, handled like Ctrl-C so summaries print and tracing state is cleaned up."""
+
+
+@contextmanager
+def sigterm_as_interrupt() -> Iterator[None]:
+    def handler(signum, frame):
+        raise Terminated()
+    old = signal.signal(signal.SIGTERM, handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+def run(args: argparse.Namespace) -> int:
+    with sigterm_as_interrupt():
+        return _COMMANDS[args.cmd](args)
+
+
+def _record(args: argparse.Namespace) -> int:
+    from tools.kvm_utils.record import record
+    from tools.kvm_utils.sources.tracefs import tracefs_mounted
+    with tracefs_mounted(args.tracefs) as root:
+        res = record(root, args.output, args.duration, args.buffer_kb)
+    print(f"recorded {res.lines} lines in {res.duration_s:.1f} s to {res.path}"
+          + (f" ({res.lost_events} events lost: raise --buffer-kb)" if res.lost_events else ""),
+          file=sys.stderr)
+    return 0
+
+
+def _exits(args: argparse.Namespace) -> int:
+    from tools.kvm_utils.live import run_exits
+    return run_exits(args)
+
+
+def _bpf(args: argparse.Namespace) -> int:
+    from tools.kvm_utils.sources import bpf
+    summary = bpf.run(args.cmd, args.duration, pid=args.pid)
+    sys.stdout.write(render(summary, args.format))
+    return 0
+
+
+def _bench(args: argparse.Namespace) -> int:
+    from tools.kvm_utils import bench
+    tests = args.tests.split(",") if args.tests else None
+    results = bench.run_all(tests, args.target_cycles, args.repeat)
+    if args.json:
+        print(json.dumps([r.to_dict() for r in results], indent=2))
+    else:
+        print(bench.format_table(results))
+    return 0 if all(r.error is None for r in results) else 1
+
+
+def _doctor(args: argparse.Namespace) -> int:
+    from tools.kvm_utils import doctor
+    checks = doctor.run_checks(args.tracefs)
+    print(doctor.format_checks(checks))
+    return 0 if all(c.ok or not c.required for c in checks) else 1
+
+
+_COMMANDS = {"record": _record, "exits": _exits, "latency": _bpf, "msr": _bpf, "io": _bpf,
+             "bench": _bench, "doctor": _doctor}

@@ -1,0 +1,206 @@
+/*
+ * kvm-exit-bench: a tiny KVM guest that causes a known number of exits of one kind.
+ *
+ * Creates a VM through /dev/kvm with 64 KiB of RAM and one vCPU in real mode, copies in
+ * a loop of ITERATIONS x one exit-causing instruction (counter in %esi), runs it, and
+ * prints one JSON line: iterations, KVM_RUN calls, userspace exits by reason, elapsed
+ * TSC cycles and ns. With --target-cycles C the iteration count doubles until one run
+ * takes at least C TSC cycles (kvm-unit-tests x86/vmexit.c style) and the last run is
+ * reported.
+ *
+ * It looks like QEMU to kvm-utils: the vCPU thread is named "CPU 0/KVM" and
+ * `-name guest=NAME` is accepted (and ignored), so /proc shows the VM name.
+ *
+ * No VMCALL mode: in a real-mode guest on a host without VMX/SVM (PVM) the instruction is
+ * injected back as #UD and the guest, which has no IVT, never reaches the done port.
+ *
+ * usage: kvm-exit-bench [-name guest=NAME] [--target-cycles C] [--linger-ms MS] MODE ITERATIONS
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <linux/kvm.h>
+#include <stdint.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/ioctl.h>
+#include <sys/mman.h>
+#include <sys/prctl.h>
+#include <time.h>
+#include <unistd.h>
+#include <x86intrin.h>
+
+#define MEM_SIZE 0x10000
+#define CODE_GPA 0x1000
+#define MMIO_GPA 0x20000   /* ds = 0x2000, offset 0: outside every memslot */
+#define DONE_PORT 0xf1
+#define USER_PORT 0x10
+
+/* One real-mode loop per mode: prologue sets ds for MMIO, the body runs %esi times. */
+#define GUEST(name, body)                                                        \
+    extern const unsigned char g_##name[], g_##name##_end[];                     \
+    asm(".pushsection .rodata\n.code16\n"                                        \
+        "g_" #name ":\n"                                                          \
+        "mov $0x2000, %ax\nmov %ax, %ds\nxor %bx, %bx\n"                          \
+        "1:\n" body "\n"                                                          \
+        "dec %esi\njnz 1b\n"                                                      \
+        "out %al, $0xf1\nhlt\n"                                                   \
+        "g_" #name "_end:\n.code64\n.popsection\n");
+
+GUEST(nop, "nop")
+GUEST(pio_out, "out %al, $0x10")
+GUEST(pio_in, "in $0x10, %al")
+GUEST(pio_kernel, "in $0x21, %al")          /* PIC mask register: in-kernel irqchip */
+GUEST(mmio_write, "movb %al, (%bx)")
+GUEST(mmio_read, "movb (%bx), %al")
+GUEST(cpuid, "xor %eax, %eax\ncpuid")
+GUEST(hlt, "hlt")
+GUEST(rdmsr, "mov $0x10, %ecx\nrdmsr")      /* IA32_TSC */
+GUEST(wrmsr, "mov $0x6e0, %ecx\nxor %eax, %eax\nxor %edx, %edx\nwrmsr") /* TSC_DEADLINE=0 */
+
+struct mode {
+    const char *name;
+    const unsigned char *start, *end;
+    int irqchip;   /* needs the in-kernel PIC/IOAPIC/LAPIC */
+};
+
+#define MODE(n, irq) {#n, g_##n, g_##n##_end, irq}
+static const struct mode modes[] = {
+    MODE(nop, 0), MODE(pio_out, 0), MODE(pio_in, 0), MODE(pio_kernel, 1),
+    MODE(mmio_write, 0), MODE(mmio_read, 0), MODE(cpuid, 0), MODE(hlt, 0),
+    MODE(rdmsr, 0), MODE(wrmsr, 1),
+};
+
+static const char *exit_names[] = {
+    "UNKNOWN", "EXCEPTION", "IO", "HYPERCALL", "DEBUG", "HLT", "MMIO", "IRQ_WINDOW_OPEN",
+    "SHUTDOWN", "FAIL_ENTRY", "INTR", "SET_TPR", "TPR_ACCESS", "S390_SIEIC", "S390_RESET",
+    "DCR", "NMI", "INTERNAL_ERROR",
+};
+#define NNAMES (sizeof(exit_names) / sizeof(exit_names[0]))
+
+static void die(const char *what) {
+    printf("{\"error\": \"%s: %s\"}\n", what, strerror(errno));
+    exit(3);
+}
+
+struct vm {
+    int kvm, vm, vcpu;
+    struct kvm_run *run;
+    unsigned char *mem;
+};
+
+static void vm_create(struct vm *v, const struct mode *m) {
+    v->kvm = open("/dev/kvm", O_RDWR | O_CLOEXEC);
+    if (v->kvm < 0) die("open /dev/kvm");
+    v->vm = ioctl(v->kvm, KVM_CREATE_VM, 0);
+    if (v->vm < 0) die("KVM_CREATE_VM");
+    v->mem = mmap(NULL, MEM_SIZE, PROT_READ | PROT_WRITE, MAP_SHARED | MAP_ANONYMOUS, -1, 0);
+    if (v->mem == MAP_FAILED) die("mmap guest memory");
+    struct kvm_userspace_memory_region r = {
+        .slot = 0, .guest_phys_addr = 0, .memory_size = MEM_SIZE,
+        .userspace_addr = (uintptr_t)v->mem};
+    if (ioctl(v->vm, KVM_SET_USER_MEMORY_REGION, &r) < 0) die("KVM_SET_USER_MEMORY_REGION");
+    if (m->irqchip && ioctl(v->vm, KVM_CREATE_IRQCHIP, 0) < 0) die("KVM_CREATE_IRQCHIP");
+    v->vcpu = ioctl(v->vm, KVM_CREATE_VCPU, 0);
+    if (v->vcpu < 0) die("KVM_CREATE_VCPU");
+    int sz = ioctl(v->kvm, KVM_GET_VCPU_MMAP_SIZE, 0);
+    if (sz < 0) die("KVM_GET_VCPU_MMAP_SIZE");
+    v->run = mmap(NULL, sz, PROT_READ | PROT_WRITE, MAP_SHARED, v->vcpu, 0);
+    if (v->run == MAP_FAILED) die("mmap kvm_run");
+    memcpy(v->mem + CODE_GPA, m->start, m->end - m->start);
+}
+
+static void vcpu_reset(struct vm *v, uint32_t iterations) {
+    struct kvm_sregs s;
+    if (ioctl(v->vcpu, KVM_GET_SREGS, &s) < 0) die("KVM_GET_SREGS");
+    s.cs.base = 0; s.cs.selector = 0;
+    s.ds.base = 0; s.ds.selector = 0;
+    if (ioctl(v->vcpu, KVM_SET_SREGS, &s) < 0) die("KVM_SET_SREGS");
+    struct kvm_regs r = {.rip = CODE_GPA, .rflags = 2, .rsi = iterations};
+    if (ioctl(v->vcpu, KVM_SET_REGS, &r) < 0) die("KVM_SET_REGS");
+}
+
+struct result {
+    uint64_t runs, cycles, ns, exits[NNAMES + 1];
+};
+
+static uint64_t now_ns(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
+}
+
+/* Run the guest loop once; returns 0 when the guest reached the done port. */
+static void run_once(struct vm *v, uint32_t iterations, struct result *res) {
+    memset(res, 0, sizeof(*res));
+    vcpu_reset(v, iterations);
+    uint64_t t0 = now_ns(), c0 = __rdtsc();
+    for (;;) {
+        if (ioctl(v->vcpu, KVM_RUN, 0) < 0) {
+            if (errno == EINTR) continue;
+            die("KVM_RUN");
+        }
+        res->runs++;
+        uint32_t why = v->run->exit_reason;
+        res->exits[why < NNAMES ? why : NNAMES]++;
+        if (why == KVM_EXIT_IO && v->run->io.port == DONE_PORT) break;
+        if (why == KVM_EXIT_IO || why == KVM_EXIT_HLT || why == KVM_EXIT_MMIO) continue;
+        printf("{\"error\": \"unexpected exit %u (%s) after %llu runs\"}\n", why,
+               why < NNAMES ? exit_names[why] : "?", (unsigned long long)res->runs);
+        exit(4);
+    }
+    res->cycles = __rdtsc() - c0;
+    res->ns = now_ns() - t0;
+    res->exits[KVM_EXIT_IO]--;   /* the done signal is not part of the loop */
+    res->runs--;
+}
+
+int main(int argc, char **argv) {
+    uint64_t target = 0, linger_ms = 0;
+    const char *name = NULL, *count = NULL;
+    for (int i = 1; i < argc; i++) {
+        if (!strcmp(argv[i], "-name") && i + 1 < argc) i++;
+        else if (!strcmp(argv[i], "--target-cycles") && i + 1 < argc) target = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--linger-ms") && i + 1 < argc) linger_ms = strtoull(argv[++i], NULL, 0);
+        else if (!name) name = argv[i];
+        else count = argv[i];
+    }
+    if (!name || !count) {
+        fprintf(stderr, "usage: %s [-name guest=NAME] [--target-cycles C] [--linger-ms MS] MODE ITERATIONS\nmodes:", argv[0]);
+        for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) fprintf(stderr, " %s", modes[i].name);
+        fprintf(stderr, "\n");
+        return 2;
+    }
+    const struct mode *m = NULL;
+    for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++)
+        if (!strcmp(modes[i].name, name)) m = &modes[i];
+    if (!m) { fprintf(stderr, "unknown mode %s\n", name); return 2; }
+    uint64_t iterations = strtoull(count, NULL, 0);
+    if (iterations < 1 || iterations > 0xffffffffull) { fprintf(stderr, "bad ITERATIONS\n"); return 2; }
+
+    prctl(PR_SET_NAME, "CPU 0/KVM");
+    struct vm v;
+    vm_create(&v, m);
+    struct result res;
+    run_once(&v, (uint32_t)iterations, &res);
+    while (target && res.cycles < target && iterations * 2 <= 0xffffffffull) {
+        iterations *= 2;
+        run_once(&v, (uint32_t)iterations, &res);
+    }
+    int khz = ioctl(v.vcpu, KVM_GET_TSC_KHZ, 0);
+    printf("{\"mode\": \"%s\", \"iterations\": %llu, \"runs\": %llu, \"tsc_cycles\": %llu, "
+           "\"ns\": %llu, \"tsc_khz\": %d, \"pid\": %d, \"userspace_exits\": {",
+           m->name, (unsigned long long)iterations, (unsigned long long)res.runs,
+           (unsigned long long)res.cycles, (unsigned long long)res.ns, khz, getpid());
+    const char *sep = "";
+    for (size_t i = 0; i <= NNAMES; i++) {
+        if (!res.exits[i]) continue;
+        printf("%s\"%s\": %llu", sep, i < NNAMES ? exit_names[i] : "OTHER", (unsigned long long)res.exits[i]);
+        sep = ", ";
+    }
+    printf("}}\n");
+    fflush(stdout);
+    if (linger_ms) usleep(linger_ms * 1000);   /* stay visible in /proc for tracers */
+    return 0;
+}
