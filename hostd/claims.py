@@ -44,6 +44,7 @@ class VmRequest:
     disks: tuple[DiskReq, ...] = ()
     vfs: tuple[VfReq, ...] = ()
     emulator_policy: str = "host"  # "host" | "share" | "isolate"
+    prefer_cpus: tuple[int, ...] = ()  # the scheduler's pick; taken where still free
 
 
 @dataclass(frozen=True)
@@ -154,7 +155,14 @@ def claim(layout: Layout, siblings: dict[int, tuple[int, ...]], used: Usage,
 def _claim_on_node(layout: Layout, n: NodeLayout, siblings: dict[int, tuple[int, ...]],
                    used: Usage, req: VmRequest) -> Claim | Refusal:
     need = req.vcpus + (1 if req.emulator_policy == "isolate" else 0)
-    cpus = pick_cpus([c for c in n.vm_cpus if c not in used.cpus], siblings, need)
+    outside = sorted(set(req.prefer_cpus) - set(n.vm_cpus))
+    if outside:
+        return Refusal("placement.cpus", f"CPUs {outside} are not VM CPUs of node {n.node} "
+                                         f"(vm_cpus: {list(n.vm_cpus)})")
+    free = [c for c in n.vm_cpus if c not in used.cpus]
+    preferred = [c for c in req.prefer_cpus if c in free][:need]
+    rest = pick_cpus([c for c in free if c not in preferred], siblings, need - len(preferred))
+    cpus = None if rest is None else preferred + rest
     if cpus is None:
         free = len([c for c in n.vm_cpus if c not in used.cpus])
         return Refusal("vcpus", f"node {n.node} has {free} free VM CPUs, {need} needed")

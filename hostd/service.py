@@ -59,12 +59,13 @@ def spec_from_proto(r: pb.CreateVMRequest) -> VmSpec:
     if not r.image:
         raise SpecInvalid("required", field="image")
     node = r.placement.numa_node if r.HasField("placement") else None
+    cpus = tuple(r.placement.cpus) if r.HasField("placement") else ()
     return VmSpec(
         request_id=r.request_id, name=r.name, vcpus=r.vcpus, memory_mib=r.memory_mib,
         image=r.image, hugepage_size_kb=r.hugepage_size_kb or 2048, profile=r.profile, node=node,
         disks=tuple(DiskSpec(d.disk, _iotune(d.iotune)) for d in r.disks),
         vfs=tuple(VfReq(v.pf, v.mac.lower(), v.vlan, v.max_tx_rate_mbps, v.min_tx_rate_mbps) for v in r.vfs),
-        guest_numa=r.guest_numa, labels=dict(r.labels))
+        guest_numa=r.guest_numa, labels=dict(r.labels), cpus=cpus)
 
 
 def vm_to_proto(rec: VmRecord, m: VmManager) -> pb.VM:

@@ -86,6 +86,7 @@ class VmSpec:
     vfs: tuple[VfReq, ...] = ()
     guest_numa: bool = False
     emulator_policy: str = "host"  # "host" | "share" | "isolate" (hostd/claims.py)
+    cpus: tuple[int, ...] = ()  # the scheduler's CPU choice (Placement.cpus); a preference
     labels: dict[str, str] = field(default_factory=dict)
 
     def request(self) -> VmRequest:
@@ -93,7 +94,7 @@ class VmSpec:
         return VmRequest(self.request_id, self.name, self.vcpus, self.memory_mib,
                          self.hugepage_size_kb, self.node,
                          tuple(DiskReq(d.disk, d.iotune.bytes_sec, d.iotune.iops) for d in self.disks),
-                         self.vfs, self.emulator_policy)
+                         self.vfs, self.emulator_policy, self.cpus)
 
     def to_dict(self) -> dict[str, Any]:
         return to_jsonable(self)

@@ -102,3 +102,13 @@ def test_vfs_are_node_local_and_not_reused() -> None:
 def test_pick_cpus_never_returns_more_or_used() -> None:
     assert pick_cpus([2, 3, 10], SIBLINGS, 4) is None
     assert pick_cpus([3, 10, 2], SIBLINGS, 2) == [2, 10]
+
+
+def test_preferred_cpus_are_taken_where_free_and_must_be_vm_cpus():
+    req = VmRequest("r", "vm", vcpus=2, memory_mib=2, hugepage_size_kb=2048, node=0, prefer_cpus=(11, 3))
+    got = claim(LAYOUT, SIBLINGS, Usage(), req)
+    assert isinstance(got, Claim) and got.vcpu_pins == (11, 3)
+    got = claim(LAYOUT, SIBLINGS, Usage(cpus=frozenset({11})), req)
+    assert isinstance(got, Claim) and 3 in got.vcpu_pins and 11 not in got.vcpu_pins
+    bad = claim(LAYOUT, SIBLINGS, Usage(), VmRequest("r", "vm", 1, 2, 2048, 0, prefer_cpus=(0,)))
+    assert isinstance(bad, Refusal) and bad.field == "placement.cpus" and "not VM CPUs" in bad.reason
