@@ -67,7 +67,7 @@ def helper_path(build: bool = True) -> Path:
 
 
 def helper_argv(mode: str, iterations: int, *, name: str | None = None, target_cycles: int | None = None,
-                linger_ms: int = 0) -> list[str]:
+                linger_ms: int = 0, delay_ms: int = 0) -> list[str]:
     argv = [str(helper_path())]
     if name:
         argv += ["-name", f"guest={name}"]
@@ -75,6 +75,8 @@ def helper_argv(mode: str, iterations: int, *, name: str | None = None, target_c
         argv += ["--target-cycles", str(target_cycles)]
     if linger_ms:
         argv += ["--linger-ms", str(linger_ms)]
+    if delay_ms:
+        argv += ["--delay-ms", str(delay_ms)]
     return argv + [mode, str(iterations)]
 
 

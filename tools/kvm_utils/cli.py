@@ -56,6 +56,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-p", "--pid", type=int, action="append", help="only these VM processes")
     p.add_argument("-g", "--guest", action="append", help="only these VM names")
     p.add_argument("-q", "--quiet", action="store_true", help="no interval lines, summary only")
+    p.add_argument("--system", action="store_true", help="per-CPU system-wide counters (no per-VM split)")
     _add_format(p)
 
     for name, what in (("latency", "exit-handling time per reason"),

@@ -14,7 +14,7 @@
  * No VMCALL mode: in a real-mode guest on a host without VMX/SVM (PVM) the instruction is
  * injected back as #UD and the guest, which has no IVT, never reaches the done port.
  *
- * usage: kvm-exit-bench [-name guest=NAME] [--target-cycles C] [--linger-ms MS] MODE ITERATIONS
+ * usage: kvm-exit-bench [-name guest=NAME] [--target-cycles C] [--linger-ms MS] [--delay-ms MS] MODE ITERATIONS
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -157,17 +157,18 @@ static void run_once(struct vm *v, uint32_t iterations, struct result *res) {
 }
 
 int main(int argc, char **argv) {
-    uint64_t target = 0, linger_ms = 0;
+    uint64_t target = 0, linger_ms = 0, delay_ms = 0;
     const char *name = NULL, *count = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-name") && i + 1 < argc) i++;
         else if (!strcmp(argv[i], "--target-cycles") && i + 1 < argc) target = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--linger-ms") && i + 1 < argc) linger_ms = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--delay-ms") && i + 1 < argc) delay_ms = strtoull(argv[++i], NULL, 0);
         else if (!name) name = argv[i];
         else count = argv[i];
     }
     if (!name || !count) {
-        fprintf(stderr, "usage: %s [-name guest=NAME] [--target-cycles C] [--linger-ms MS] MODE ITERATIONS\nmodes:", argv[0]);
+        fprintf(stderr, "usage: %s [-name guest=NAME] [--target-cycles C] [--linger-ms MS] [--delay-ms MS] MODE ITERATIONS\nmodes:", argv[0]);
         for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) fprintf(stderr, " %s", modes[i].name);
         fprintf(stderr, "\n");
         return 2;
@@ -182,6 +183,7 @@ int main(int argc, char **argv) {
     prctl(PR_SET_NAME, "CPU 0/KVM");
     struct vm v;
     vm_create(&v, m);
+    if (delay_ms) usleep(delay_ms * 1000);   /* let a tracer attach to this vCPU thread first */
     struct result res;
     run_once(&v, (uint32_t)iterations, &res);
     while (target && res.cycles < target && iterations * 2 <= 0xffffffffull) {

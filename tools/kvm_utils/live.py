@@ -1,0 +1,232 @@
+"""`exits`: live exit counts per reason, VM and vCPU from perf counters (counting mode).
+
+Counters are per vCPU thread (found in /proc, re-scanned every interval so new VMs and
+vCPUs are picked up), or per CPU system-wide when no VM process is found or `--system`.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import os
+import sys
+import time
+from collections import Counter
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from tools.kvm_utils import procs
+from tools.kvm_utils.arch import SVM_EXIT_REASONS, USERSPACE_EXIT_REASONS, VMX_EXIT_REASONS, Vendor
+from tools.kvm_utils.errors import NotAvailable
+from tools.kvm_utils.record import host_vendor
+from tools.kvm_utils.sources import perf
+from tools.kvm_utils.sources.tracefs import available_kvm_events, tracefs_mounted, tracepoint_id
+
+log = logging.getLogger(__name__)
+
+#: kvm_userspace_exit reasons worth their own counter (the rest are rare)
+USER_REASONS = (2, 3, 5, 6, 8, 9, 10, 17, 24, 29, 30)
+#: tracepoints counted whole: what an exit did, also on hosts whose kvm_exit is silent (PVM)
+EVENT_COUNTERS = ("kvm_pio", "kvm_mmio", "kvm_fast_mmio", "kvm_msr", "kvm_cpuid", "kvm_hypercall",
+                  "kvm_emulate_insn")
+
+
+@dataclass(frozen=True)
+class Spec:
+    kind: str            # "exit" | "user" | "event"
+    label: str
+    tp_id: int
+    filter_expr: str | None
+
+
+@dataclass(frozen=True)
+class Target:
+    tid: int             # -1: system-wide on `cpu`
+    cpu: int
+    vm: str
+    vcpu: int | None
+    pid: int | None
+
+
+def counter_specs(tracefs: Path, vendor: Vendor | None) -> list[Spec]:
+    events = set(available_kvm_events(tracefs))
+    if "kvm_exit" not in events:
+        raise NotAvailable(f"tracepoint kvm:kvm_exit missing under {tracefs}/events/kvm: load kvm")
+    exit_id = tracepoint_id(tracefs, "kvm", "kvm_exit")
+    if vendor is Vendor.INTEL:
+        specs = [Spec("exit", n, exit_id, f"exit_reason=={c}") for c, n in VMX_EXIT_REASONS.items()]
+    elif vendor is Vendor.AMD:
+        specs = [Spec("exit", n, exit_id, f"exit_reason=={c}") for c, n in SVM_EXIT_REASONS.items()]
+    else:   # no vmx/svm flag (nested PVM): one unfiltered counter, reasons are unknowable
+        specs = [Spec("exit", "kvm_exit(all)", exit_id, None)]
+    if "kvm_userspace_exit" in events:
+        uid = tracepoint_id(tracefs, "kvm", "kvm_userspace_exit")
+        specs += [Spec("user", USERSPACE_EXIT_REASONS[c], uid, f"reason=={c} && errno>=0") for c in USER_REASONS]
+    specs += [Spec("event", e, tracepoint_id(tracefs, "kvm", e), None) for e in EVENT_COUNTERS if e in events]
+    return specs
+
+
+@dataclass
+class Counters:
+    specs: list[Spec]
+    fds: dict[tuple[Target, Spec], int] = field(default_factory=dict)
+    last: dict[tuple[Target, Spec], int] = field(default_factory=dict)
+    targets: list[Target] = field(default_factory=list)
+
+    def add_target(self, t: Target) -> bool:
+        opened = []
+        try:
+            for s in self.specs:
+                fd = perf.open_tracepoint(s.tp_id, t.tid, t.cpu, s.filter_expr)
+                opened.append(((t, s), fd))
+        except ProcessLookupError:      # the thread exited while we opened its counters
+            for _, fd in opened:
+                os.close(fd)
+            return False
+        except BaseException:
+            for _, fd in opened:
+                os.close(fd)
+            raise
+        for key, fd in opened:
+            self.fds[key] = fd
+            self.last[key] = 0
+        self.targets.append(t)
+        return True
+
+    def delta(self) -> Counter:
+        """Counts since the previous call, keyed by (target, spec)."""
+        out: Counter = Counter()
+        for key, fd in self.fds.items():
+            v = perf.read_count(fd)
+            out[key] = v - self.last[key]
+            self.last[key] = v
+        return out
+
+    def close(self) -> None:
+        for fd in self.fds.values():
+            os.close(fd)
+        self.fds.clear()
+
+
+def select_targets(args: argparse.Namespace, seen: set[int], proc: Path = Path("/proc")) -> list[Target]:
+    found = []
+    for p in procs.vm_processes(proc):
+        if args.pid and p.pid not in args.pid or args.guest and p.name not in args.guest:
+            continue
+        for tid, vcpu in sorted(p.vcpu_tids.items()):
+            if tid not in seen:
+                found.append(Target(tid, -1, p.name, vcpu, p.pid))
+    return found
+
+
+def run_exits(args: argparse.Namespace) -> int:
+    perf.raise_fd_limit()
+    with tracefs_mounted(args.tracefs) as root:
+        vendor = Vendor(v) if (v := host_vendor()) else None
+        counters = Counters(counter_specs(root, vendor))
+    system = getattr(args, "system", False)
+    seen: set[int] = set()
+    totals: Counter = Counter()
+    t0 = time.monotonic()
+    try:
+        targets = [] if system else select_targets(args, seen)
+        if not targets and not (args.pid or args.guest):
+            system = True
+            targets = [Target(-1, c, "(all)", None, None) for c in range(os.cpu_count() or 1)]
+        for t in targets:
+            if counters.add_target(t):
+                seen.add(t.tid)
+        log.info("event=counting targets=%d counters=%d vendor=%s", len(counters.targets),
+                 len(counters.fds), vendor)
+        deadline = None if args.duration is None else t0 + args.duration
+        try:
+            while deadline is None or time.monotonic() < deadline:
+                step = args.interval if deadline is None else min(args.interval, deadline - time.monotonic())
+                time.sleep(max(0.0, step))
+                d = counters.delta()
+                totals.update(d)
+                if not args.quiet and args.format == "table":
+                    print(interval_line(d, time.monotonic() - t0, step), flush=True)
+                if not system:
+                    for t in select_targets(args, seen):
+                        if counters.add_target(t):
+                            seen.add(t.tid)
+        except KeyboardInterrupt:
+            totals.update(counters.delta())
+    finally:
+        counters.close()
+    elapsed = time.monotonic() - t0
+    summary = summarize_counts(totals, elapsed, vendor, system)
+    sys.stdout.write(render_counts(summary, args.format))
+    return 0
+
+
+def interval_line(d: Counter, at: float, step: float) -> str:
+    by_label: Counter = Counter()
+    for (t, s), n in d.items():
+        if n:
+            by_label[(s.kind, s.label)] += n
+    exits = sum(n for (k, _), n in by_label.items() if k == "exit")
+    top = ", ".join(f"{lbl} {n}" for (k, lbl), n in by_label.most_common(6))
+    return f"[{at:7.1f}s] exits {exits} ({exits / step if step > 0 else 0:.0f}/s)  {top or 'idle'}"
+
+
+def summarize_counts(totals: Counter, elapsed: float, vendor: Vendor | None, system: bool) -> dict:
+    """Pure: counter totals -> the `exits` JSON document."""
+    rate = (lambda n: round(n / elapsed, 1)) if elapsed > 0 else (lambda n: 0.0)
+    exits: Counter = Counter()
+    user: Counter = Counter()
+    events: Counter = Counter()
+    vms: Counter = Counter()
+    vcpus: dict[int, list] = {}
+    for (t, s), n in totals.items():
+        {"exit": exits, "user": user, "event": events}[s.kind][s.label] += n
+        if t.tid >= 0:
+            row = vcpus.setdefault(t.tid, [t, 0, 0])
+            if s.kind == "exit":
+                row[1] += n
+                vms[(t.vm, t.pid)] += n
+            else:
+                row[2] += n
+    total = sum(exits.values())
+    ordered = lambda c: sorted(((k, n) for k, n in c.items() if n), key=lambda kv: (-kv[1], kv[0]))  # noqa: E731
+    return {
+        "mode": "perf-counting", "scope": "system" if system else "threads",
+        "vendor": vendor.value if vendor else None, "duration_s": round(elapsed, 3),
+        "total_exits": total,
+        "exits": [{"reason": r, "count": n, "pct": round(100 * n / total, 2) if total else 0.0, "rate": rate(n)}
+                  for r, n in ordered(exits)],
+        "userspace_exits": [{"reason": r, "count": n, "rate": rate(n)} for r, n in ordered(user)],
+        "events": [{"event": e, "count": n, "rate": rate(n)} for e, n in ordered(events)],
+        "vms": [{"vm": vm, "pid": pid, "count": n, "rate": rate(n)}
+                for (vm, pid), n in sorted(vms.items(), key=lambda kv: (-kv[1], kv[0][0]))],
+        "vcpus": [{"tid": tid, "vcpu": t.vcpu, "vm": t.vm, "count": ex, "events": ev}
+                  for tid, (t, ex, ev) in sorted(vcpus.items())],
+    }
+
+
+def render_counts(d: dict, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(d, indent=2) + "\n"
+    if fmt == "csv":
+        rows = ["section,key,count,rate"]
+        rows += [f"exit,{r['reason']},{r['count']},{r['rate']}" for r in d["exits"]]
+        rows += [f"userspace_exit,{r['reason']},{r['count']},{r['rate']}" for r in d["userspace_exits"]]
+        rows += [f"event,{r['event']},{r['count']},{r['rate']}" for r in d["events"]]
+        rows += [f"vm,{r['vm']},{r['count']},{r['rate']}" for r in d["vms"]]
+        rows += [f"vcpu,{r['tid']},{r['count']}," for r in d["vcpus"]]
+        return "\n".join(rows) + "\n"
+    out = [f"summary: {d['duration_s']:.1f} s, {d['total_exits']} exits, scope {d['scope']}, "
+           f"vendor {d['vendor'] or 'unknown (no vmx/svm flag)'}"]
+    for title, key, rows in (("reason", "reason", d["exits"]), ("userspace exit", "reason", d["userspace_exits"]),
+                             ("event", "event", d["events"]), ("vm", "vm", d["vms"])):
+        if rows:
+            w = max(len(title), *(len(str(r[key])) for r in rows))
+            out += ["", f"{title:<{w}}  {'count':>10}  {'rate/s':>10}"]
+            out += [f"{str(r[key]):<{w}}  {r['count']:>10}  {r['rate']:>10.1f}" for r in rows]
+    if d["vcpus"]:
+        out += ["", f"{'tid':>8}  {'vm':<16} {'vcpu':>4}  {'exits':>10}  {'events':>10}"]
+        out += [f"{r['tid']:>8}  {r['vm']:<16} {r['vcpu'] if r['vcpu'] is not None else '-':>4}  "
+                f"{r['count']:>10}  {r['events']:>10}" for r in d["vcpus"]]
+    return "\n".join(out) + "\n"
