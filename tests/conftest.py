@@ -61,6 +61,7 @@ def libvirtd(hugetlbfs_2m: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     state = tmp_path_factory.mktemp("libvirtd")
     ctl = str(REPO / "tools/libvirtd-ctl.sh")
     subprocess.run(["bash", ctl, "start", str(state)], check=True)
+    os.environ["HYB_LIBVIRTD_STATE"] = str(state)  # for tests that restart the libvirtd we started
     try:
         yield "qemu:///system"
     finally:

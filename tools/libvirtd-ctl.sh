@@ -5,6 +5,7 @@
 #   tools/libvirtd-ctl.sh start STATE_DIR   start what is not running; remember
 #                                           in STATE_DIR which daemons we started
 #   tools/libvirtd-ctl.sh stop STATE_DIR    stop only the daemons we started (by PID)
+#   tools/libvirtd-ctl.sh restart-libvirtd STATE_DIR   restart libvirtd if we started it
 #
 # Order matters (DESIGN.md): hugetlbfs must be mounted before libvirtd starts,
 # since libvirtd looks for hugetlbfs mounts only at start-up.
@@ -53,5 +54,20 @@ stop)
     rm -f "$f"
   done
   ;;
-*) echo "usage: $0 start|stop STATE_DIR" >&2; exit 2 ;;
+restart-libvirtd)
+  # Only a libvirtd we started (tests of hostd surviving a libvirtd restart).
+  f="$state/libvirtd.started"
+  [ -s "$f" ] || { echo "libvirtd-ctl: libvirtd was not started by us; not restarting it" >&2; exit 3; }
+  pid=$(cat "$f")
+  kill "$pid" 2>/dev/null || true
+  for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
+  rm -f "$f"
+  start_one libvirtd /usr/sbin/libvirtd /run/libvirtd.pid
+  for _ in $(seq 100); do
+    virsh -c qemu:///system version >/dev/null 2>&1 && exit 0
+    sleep 0.1
+  done
+  echo "libvirtd-ctl: libvirtd is not answering after restart" >&2; exit 1
+  ;;
+*) echo "usage: $0 start|stop|restart-libvirtd STATE_DIR" >&2; exit 2 ;;
 esac
