@@ -52,8 +52,11 @@ kp_prepare_pristine() {
   KP_DIR=$KP_CACHE_ROOT/$KP_VERSION
   KP_SRC=$KP_DIR/src
   mkdir -p "$KP_DIR"
+  exec 8>"$KP_DIR/.lock-src"
+  flock -w 3600 8 || kp_die "another run holds $KP_DIR/.lock-src"
   if git -C "$KP_SRC" rev-parse -q --verify refs/tags/pristine >/dev/null 2>&1; then
     kp_log "pristine tree $KP_SRC ($KP_PKG $KP_VERSION, cached)"
+    flock -u 8
     return
   fi
   local t0 tmp
@@ -69,6 +72,7 @@ kp_prepare_pristine() {
      && "${KP_GIT[@]}" commit -q -m "$KP_PKG $KP_VERSION pristine" \
      && "${KP_GIT[@]}" tag pristine) || kp_die "cannot commit the pristine tree in $KP_SRC"
   kp_log "pristine tree $KP_SRC ($KP_PKG $KP_VERSION, extracted and committed in $(kp_since "$t0") s)"
+  flock -u 8
 }
 
 # Patch file names of a series directory, in order ("series" file, # comments).
