@@ -87,3 +87,12 @@ def test_stale_instances_are_those_of_dead_pids(tmp_path: Path) -> None:
     for name in ("kvm-utils-1-aaaaaa", "kvm-utils-999999999-bbbbbb", "someone-else"):
         (inst / name).mkdir(parents=True)
     assert stale_instances(tmp_path) == [inst / "kvm-utils-999999999-bbbbbb"]   # pid 1 is alive
+
+
+def test_kprobe_detection_on_a_tree(tmp_path: Path) -> None:
+    """kprobe mode is detected from tracefs' kprobe_events (absent on this kernel)."""
+    from tools.kvm_utils.doctor import kprobes_available
+    assert kprobes_available(tmp_path).ok is False
+    (tmp_path / "kprobe_events").write_text("")
+    assert kprobes_available(tmp_path).ok is True
+    assert kprobes_available(None).ok is False

@@ -1,0 +1,46 @@
+"""Live: `kvm-utils bench` and `doctor` on this host's /dev/kvm (tiny real-mode guest)."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from conftest import REPO
+
+pytestmark = [pytest.mark.root, pytest.mark.integration]
+
+
+def test_bench_json_small_target(helper) -> None:
+    out = subprocess.run([sys.executable, "-m", "tools.kvm_utils", "bench", "--json", "--repeat", "1",
+                          "--target-cycles", str(1 << 24), "--tests", "pio_out_user,cpuid,hlt_user"],
+                         capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert out.returncode == 0, out.stderr + out.stdout
+    rows = {r["name"]: r for r in json.loads(out.stdout)}
+    assert set(rows) == {"nop_loop", "pio_out_user", "cpuid", "hlt_user"}
+    for name in ("pio_out_user", "cpuid", "hlt_user"):
+        r = rows[name]
+        assert r["error"] is None
+        assert r["iterations"] >= 1024 and r["iterations"] & (r["iterations"] - 1) == 0   # doubled
+        assert r["cycles_per_iter"] * r["iterations"] >= 1 << 24                          # reached target
+    assert rows["pio_out_user"]["userspace_exits_per_iter"] == 1.0
+    assert rows["hlt_user"]["userspace_exits_per_iter"] == 1.0
+    assert rows["cpuid"]["userspace_exits_per_iter"] == 0.0                               # in kernel
+
+
+def test_bench_rejects_unknown_test() -> None:
+    out = subprocess.run([sys.executable, "-m", "tools.kvm_utils", "bench", "--tests", "warp_drive"],
+                         capture_output=True, text=True, timeout=60, cwd=REPO)
+    assert out.returncode == 2 and "warp_drive" in out.stderr
+
+
+def test_doctor_reports_kprobes_and_tracepoints() -> None:
+    out = subprocess.run([sys.executable, "-m", "tools.kvm_utils", "doctor"], capture_output=True, text=True,
+                         timeout=120, cwd=REPO)
+    assert "kvm:kvm_exit" in out.stdout and "kprobes" in out.stdout
+    kprobe_line = next(ln for ln in out.stdout.splitlines() if " kprobes " in ln)
+    from tools.kvm_utils.sources.tracefs import find_tracefs
+    has = (find_tracefs() / "kprobe_events").exists()
+    assert kprobe_line.startswith("ok") == has
