@@ -28,8 +28,9 @@ log = logging.getLogger(__name__)
 #: kvm_userspace_exit reasons worth their own counter (the rest are rare)
 USER_REASONS = (2, 3, 5, 6, 8, 9, 10, 17, 24, 29, 30)
 #: tracepoints counted whole: what an exit did, also on hosts whose kvm_exit is silent (PVM)
-EVENT_COUNTERS = ("kvm_pio", "kvm_mmio", "kvm_fast_mmio", "kvm_msr", "kvm_cpuid", "kvm_hypercall",
-                  "kvm_emulate_insn")
+#: (not kvm_emulate_insn: on a software hypervisor it fires per guest instruction and
+#: counting it costs ~10 % of the exit rate, measured with bench/kvm_utils_overhead.py)
+EVENT_COUNTERS = ("kvm_pio", "kvm_mmio", "kvm_fast_mmio", "kvm_msr", "kvm_cpuid", "kvm_hypercall")
 
 
 @dataclass(frozen=True)
