@@ -42,8 +42,9 @@ Policy, decision by decision (each one shows in the golden files):
 - VFs: ``<interface type='hostdev' managed='yes'>`` with the spec's MAC and VLAN
   (the tx rate is set on the PF through netlink, not in XML).
 - Serial console on a pty (``virsh console`` works) logged to
-  ``<console_dir>/<name>/console.log`` (``console_dir`` = ``<state_dir>/vms``); no USB, no balloon (hugepage RAM is
-  not given back by ballooning), a virtio RNG; ACPI/APIC on.
+  ``<console_dir>/<name>/console.log`` (``console_dir`` is ``<state_dir>/vms``);
+  no USB, no balloon (hugepage RAM is not given back by ballooning), a virtio
+  RNG; ACPI/APIC on.
 """
 
 from __future__ import annotations
