@@ -54,21 +54,26 @@ def record(trace_root: Path, output: Path, duration: float | None, buffer_kb: in
         with os.fdopen(fd, "w") as body, tracefs.instance(trace_root, list(KVM_EVENTS), buffer_kb) as inst:
             header.events = inst.events
             stop_at = None if duration is None else t0 + duration
-            try:
-                for line in inst.pipe_lines(stop_at, should_stop):
-                    m = _TID.search(line)
-                    if m and int(m.group(1)) not in seen:   # name a thread while it is alive
-                        tid = int(m.group(1))
-                        seen.add(tid)
-                        info = procs.thread_info(proc, tid)
-                        if info is not None:
-                            threads.setdefault(tid, info)
-                    elif m is None and (m := _LOST.search(line)):
-                        lost += int(m.group(1))
-                    body.write(line + "\n")
-                    lines += 1
-            except KeyboardInterrupt:
-                log.info("event=record_interrupted lines=%d", lines)
+            stopping: list[bool] = []
+            lines_in = inst.pipe_lines(stop_at, lambda: bool(stopping) or should_stop())
+            while True:
+                try:
+                    for line in lines_in:
+                        m = _TID.search(line)
+                        if m and int(m.group(1)) not in seen:   # name a thread while it is alive
+                            tid = int(m.group(1))
+                            seen.add(tid)
+                            info = procs.thread_info(proc, tid)
+                            if info is not None:
+                                threads.setdefault(tid, info)
+                        elif m is None and (m := _LOST.search(line)):
+                            lost += int(m.group(1))
+                        body.write(line + "\n")
+                        lines += 1
+                    break
+                except KeyboardInterrupt:      # raised while writing: resume, the reader drains
+                    log.info("event=record_interrupted lines=%d", lines)
+                    stopping.append(True)
         header.duration_s = round(time.monotonic() - t0, 3)
         header.lost_events = lost
         # threads seen at the start or the end: vCPUs created during the run are named too

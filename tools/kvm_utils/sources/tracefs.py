@@ -81,16 +81,21 @@ class Instance:
     events: list[str]
 
     def pipe_lines(self, stop_at: float | None, should_stop=lambda: False) -> Iterator[str]:
-        """Lines from this instance's trace_pipe until `stop_at` (monotonic) or should_stop()."""
+        """Lines from this instance's trace_pipe until `stop_at` (monotonic) or should_stop().
+
+        Stopping (also by Ctrl-C while waiting) switches tracing off and drains the buffer,
+        so events that happened before the stop are never lost.
+        """
         fd = os.open(self.path / "trace_pipe", os.O_RDONLY | os.O_NONBLOCK)
         buf = b""
         try:
             while not should_stop() and (stop_at is None or time.monotonic() < stop_at):
                 timeout = 0.2 if stop_at is None else max(0.0, min(0.2, stop_at - time.monotonic()))
-                ready, _, _ = select.select([fd], [], [], timeout)
-                if not ready:
-                    continue
-                chunk = _read(fd)
+                try:
+                    ready, _, _ = select.select([fd], [], [], timeout)
+                    chunk = _read(fd) if ready else b""
+                except KeyboardInterrupt:   # Ctrl-C/SIGTERM: stop, but keep what is buffered
+                    break
                 buf += chunk
                 *lines, buf = buf.split(b"\n")
                 for line in lines:
