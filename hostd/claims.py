@@ -190,6 +190,8 @@ def pick_cpus(free: list[int], siblings: dict[int, tuple[int, ...]], count: int)
     VM does not share a core with another VM when it can be avoided."""
     if count > len(free):
         return None
+    if count == 0:
+        return []
     free_set = set(free)
     whole, partial = [], []
     seen: set[int] = set()

@@ -27,6 +27,7 @@ EPILOG = """examples:
   hostd carve --policy policy.toml --dry-run
   hostd carve --policy policy.toml     apply; the journal lets uncarve restore
   hostd uncarve                        put the host back as it was
+  hostd image add smoke --kernel vmlinuz --initrd initrd.img --cmdline "console=ttyS0"
   hostd --config /etc/hostd/hostd.toml serve
 """
 
@@ -60,6 +61,19 @@ def build_parser() -> argparse.ArgumentParser:
 
     s = sub.add_parser("serve", help="run the daemon: gRPC API (api/hostd.proto) over libvirt")
     s.add_argument("--ready-file", type=Path, help="write 'PID PORT' here once serving (tests, units)")
+
+    im = sub.add_parser("image", help="the guest image store VMs name (hostd/images.py)")
+    isub = im.add_subparsers(dest="image_cmd", required=True)
+    ia = isub.add_parser("add", help="register an image (files are checksummed, not copied)")
+    ia.add_argument("name")
+    ia.add_argument("--version", default="1")
+    ia.add_argument("--kernel", type=Path, help="direct kernel boot: vmlinuz")
+    ia.add_argument("--initrd", type=Path)
+    ia.add_argument("--cmdline", default="")
+    ia.add_argument("--disk", type=Path, help="a root disk image instead of a kernel")
+    ia.add_argument("--format", default="raw", choices=["raw", "qcow2"])
+    ia.add_argument("--profile", action="append", default=[], help="tuning profile it supports")
+    isub.add_parser("list", help="the registered images")
 
     u = sub.add_parser("uncarve", help="undo every recorded carve step, newest first")
     u.add_argument("--dry-run", action="store_true")

@@ -38,7 +38,7 @@ class BadTopology(HostdError):
 def run(args: argparse.Namespace, console: Console) -> int:
     cfg = load_config(args.config)
     return {"discover": _discover, "plan": _plan, "carve": _carve,
-            "uncarve": _uncarve, "serve": _serve}[args.cmd](args, cfg, console)
+            "uncarve": _uncarve, "serve": _serve, "image": _image}[args.cmd](args, cfg, console)
 
 
 def _policy(args: argparse.Namespace, cfg: HostdConfig, *, required: bool) -> Policy | None:
@@ -155,3 +155,22 @@ def _serve(args, cfg, console) -> int:
     from hostd.server import serve
 
     return serve(cfg, ready_file=args.ready_file)
+
+
+def _image(args, cfg, console) -> int:
+    from hostd.images import ImageStore
+
+    store = ImageStore(cfg.image_dir)
+    if args.image_cmd == "list":
+        for name in store.names():
+            img = store.get(name)
+            console.print(f"{img.name} {img.version} {img.kind} {' '.join(sorted(img.files))}",
+                          highlight=False, markup=False)
+        return 0
+    files = {k: v for k, v in (("kernel", args.kernel), ("initrd", args.initrd), ("disk", args.disk))
+             if v is not None}
+    kind = "disk" if args.disk else "kernel"
+    img = store.add(args.name, args.version, kind, files, cmdline=args.cmdline, fmt=args.format,
+                    profiles=tuple(args.profile))
+    console.print(f"image {img.name} {img.version} ({kind}) in {cfg.image_dir}", highlight=False, markup=False)
+    return 0

@@ -48,6 +48,19 @@ class HostdConfig(BaseSettings):
     watchdog_s: float = 2.0
     # Prometheus text endpoint (host:port); empty = off.
     metrics_listen: str = "127.0.0.1:9743"
+    # The scheduler this host registers with (empty = standalone, no registration).
+    scheduler_url: str = ""
+    # File holding the bearer token with the scheduler's "host" scope.
+    scheduler_token_file: Path | None = None
+    # CA for the scheduler's HTTPS certificate (default: the system store).
+    scheduler_ca: Path | None = None
+    # host:port the scheduler dials for gRPC (default: this hostname and listen's port).
+    advertise_address: str = ""
+    # Name in the scheduler (default: hostname), rack and labels for placement.
+    host_name: str = ""
+    rack: str = ""
+    labels: dict[str, str] = {}
+    heartbeat_s: float = 10.0
 
 
 def load_config(path: Path | None) -> HostdConfig:

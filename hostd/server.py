@@ -34,6 +34,7 @@ from hostd.images import Image, ImageStore
 from hostd.ledger import Ledger
 from hostd.metadata import NS, VmMetadata
 from hostd.metrics import Metrics
+from hostd.register import Registrar, registration
 from hostd.runtime import LibvirtHost
 from hostd.service import HostdService
 from hostd.vms import VmManager
@@ -64,9 +65,12 @@ class Daemon:
     server: grpc.Server
     port: int
     stop_event: threading.Event
+    registrar: Registrar | None = None
 
     def stop(self, grace_s: float = 5.0) -> None:
         self.stop_event.set()
+        if self.registrar:
+            self.registrar.stop()
         self.server.stop(grace_s).wait()
         self.libvirt.close()
         self.manager.ledger.close()
@@ -236,7 +240,27 @@ def start(cfg: HostdConfig) -> Daemon:
         start_http_server(int(mport), addr=host.strip("[]") or "0.0.0.0", registry=metrics.registry)
     log.info("hostd serving listen=%s port=%d tls=%s virt_type=%s vms=%d", cfg.listen, port,
              creds is not None, cfg.virt_type, len(manager.list()))
-    return Daemon(cfg, topo, layout, manager, lv, server, port, stop_event)
+    registrar = _registrar(cfg, topo, layout, manager, port)
+    return Daemon(cfg, topo, layout, manager, lv, server, port, stop_event, registrar)
+
+
+def _registrar(cfg: HostdConfig, topo: Topology, layout: Layout, manager: VmManager,
+               port: int) -> Registrar | None:
+    if not cfg.scheduler_url:
+        return None
+    if cfg.scheduler_token_file is None:
+        raise ConfigError("registration needs a token with the host scope", field="scheduler_token_file")
+    try:
+        token = cfg.scheduler_token_file.read_text().strip()
+    except OSError as e:
+        raise ConfigError(f"{e.filename}: {e.strerror}", field="scheduler_token_file") from None
+    name = cfg.host_name or topo.host.hostname or socket.gethostname()
+    body = registration(topo, layout, name=name, address=cfg.advertise_address or f"{name}:{port}",
+                        rack=cfg.rack, labels=dict(cfg.labels),
+                        min_rate={p.name: manager.min_rate_supported(p.name) for p in layout.pfs})
+    r = Registrar(cfg.scheduler_url, token, body, interval_s=cfg.heartbeat_s, ca=cfg.scheduler_ca)
+    r.start()
+    return r
 
 
 def _reconcile(manager: VmManager, metrics: Metrics) -> None:

@@ -108,6 +108,10 @@ def test_preferred_cpus_are_taken_where_free_and_must_be_vm_cpus():
     req = VmRequest("r", "vm", vcpus=2, memory_mib=2, hugepage_size_kb=2048, node=0, prefer_cpus=(11, 3))
     got = claim(LAYOUT, SIBLINGS, Usage(), req)
     assert isinstance(got, Claim) and got.vcpu_pins == (11, 3)
+    # Every CPU preferred and free: nothing left to pick (the last free CPUs of a node).
+    last = claim(LAYOUT, SIBLINGS, Usage(cpus=frozenset(set(LAYOUT.vm_cpus) - {3})),
+                 VmRequest("r", "vm", 1, 2, 2048, 0, prefer_cpus=(3,)))
+    assert isinstance(last, Claim) and last.vcpu_pins == (3,)
     got = claim(LAYOUT, SIBLINGS, Usage(cpus=frozenset({11})), req)
     assert isinstance(got, Claim) and 3 in got.vcpu_pins and 11 not in got.vcpu_pins
     bad = claim(LAYOUT, SIBLINGS, Usage(), VmRequest("r", "vm", 1, 2, 2048, 0, prefer_cpus=(0,)))

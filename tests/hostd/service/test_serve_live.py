@@ -24,6 +24,7 @@ from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
 from hostd.images import ImageStore
 from hostd.vms import CRASH_POINTS
+from procs import Hostd, grpc_stub
 
 pytestmark = [pytest.mark.root, pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[3]
@@ -44,40 +45,6 @@ allow = ["{disk}"]
 default_bytes_sec = 104857600
 default_iops = 5000
 """
-
-
-class Hostd:
-    """One `hostd serve` process; stopped by PID, never by name."""
-
-    def __init__(self, cfg: Path, env: dict[str, str], log: Path):
-        self.cfg, self.env, self.log = cfg, env, log
-        self.proc: subprocess.Popen | None = None
-        self.port = 0
-
-    def start(self, **extra_env: str) -> "Hostd":
-        ready = self.cfg.parent / "ready"
-        ready.unlink(missing_ok=True)
-        self.proc = subprocess.Popen(
-            [sys.executable, "-m", "hostd.cli", "--config", str(self.cfg), "serve", "--ready-file", str(ready)],
-            cwd=REPO, env=self.env | extra_env, stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
-        deadline = time.monotonic() + 60
-        while time.monotonic() < deadline:
-            if ready.exists() and ready.read_text().strip():
-                self.port = int(ready.read_text().split()[1])
-                return self
-            if self.proc.poll() is not None:
-                raise AssertionError(f"hostd exited {self.proc.returncode}:\n{self.log.read_text()[-3000:]}")
-            time.sleep(0.1)
-        raise AssertionError("hostd did not become ready:\n" + self.log.read_text()[-3000:])
-
-    def stop(self) -> None:
-        if self.proc and self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-            try:
-                self.proc.wait(15)
-            except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
 
 
 @pytest.fixture
@@ -112,11 +79,7 @@ libvirt_uri = "{libvirtd}"
 
 
 def stub_for(h: Hostd, certs: Path) -> tuple[pb_grpc.HostdStub, grpc.Channel]:
-    creds = grpc.ssl_channel_credentials((certs / "ca.crt").read_bytes(),
-                                         (certs / "scheduler.key").read_bytes(),
-                                         (certs / "scheduler.crt").read_bytes())
-    ch = grpc.secure_channel(f"localhost:{h.port}", creds)
-    return pb_grpc.HostdStub(ch), ch
+    return grpc_stub(h.port, certs)
 
 
 def create_req(disk: str, rid: str = "req-1") -> pb.CreateVMRequest:
@@ -134,7 +97,7 @@ def domains() -> list[str]:
         c.close()
 
 
-def wait_console(state: Path, marker: str, timeout: float = 90) -> str:
+def wait_console(state: Path, marker: str, timeout: float = 300) -> str:
     log = state / "vms" / "hyb-test-serve" / "console.log"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:

@@ -1,0 +1,93 @@
+"""hostd -> scheduler: register this host (layout, SMT siblings, PF capabilities,
+disk classes) and send heartbeats, so the scheduler's inventory is what hostd
+carved. Runs on its own thread in `hostd serve`; the scheduler being away never
+stops hostd from serving the VMs it has.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+from pathlib import Path
+
+import httpx
+
+from hostd.carve.layout import Layout
+from hostd.discover.model import Topology
+
+log = logging.getLogger(__name__)
+
+
+def disk_class(topo: Topology, name: str) -> str:
+    d = next((d for d in topo.disks if d.name == name), None)
+    if d is None:
+        return "unknown"
+    if name.startswith("nvme"):
+        return "nvme"
+    if name.startswith("loop"):
+        return "loop"
+    return "hdd" if d.rotational else "ssd"
+
+
+def registration(topo: Topology, layout: Layout, *, name: str, address: str, rack: str,
+                 labels: dict[str, str], min_rate: dict[str, bool]) -> dict:
+    return {
+        "name": name, "address": address, "rack": rack, "labels": labels,
+        "layout": layout.to_dict(),
+        "cpu_siblings": {str(c.id): list(c.siblings) for c in topo.cpus if len(c.siblings) > 1},
+        "pf_min_rate": min_rate,
+        "disk_classes": {d.name: disk_class(topo, d.name) for d in layout.disks},
+    }
+
+
+class Registrar:
+    """Register once, then heartbeat every ``interval_s``; re-register when the
+    scheduler has forgotten this host (404) or after it was unreachable."""
+
+    def __init__(self, url: str, token: str, body: dict, *, interval_s: float,
+                 ca: Path | None = None):
+        self.url = url.rstrip("/")
+        self.body = body
+        self.interval_s = interval_s
+        self.client = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=10,
+                                   verify=str(ca) if ca else True)
+        self.registered = False
+        self._stop = threading.Event()
+
+    def register(self) -> None:
+        r = self.client.post(f"{self.url}/v1/hosts", json=self.body)
+        if r.status_code not in (200, 201):
+            raise RuntimeError(f"scheduler refused registration: {r.status_code} {r.text[:300]}")
+        self.registered = True
+        log.info("registered with scheduler url=%s host=%s status=%d", self.url, self.body["name"],
+                 r.status_code)
+
+    def beat(self) -> None:
+        if not self.registered:
+            self.register()
+            return
+        r = self.client.post(f"{self.url}/v1/hosts/{self.body['name']}/heartbeat")
+        if r.status_code == 404:
+            self.registered = False
+            self.register()
+        elif r.status_code != 200:
+            raise RuntimeError(f"heartbeat refused: {r.status_code} {r.text[:300]}")
+
+    def run(self) -> None:
+        while True:
+            try:
+                self.beat()
+            except (httpx.HTTPError, RuntimeError) as e:
+                self.registered = False
+                log.warning("scheduler registration url=%s error=%s", self.url, e)
+            if self._stop.wait(self.interval_s):
+                return
+
+    def start(self) -> threading.Thread:
+        t = threading.Thread(target=self.run, name="registrar", daemon=True)
+        t.start()
+        return t
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.client.close()
