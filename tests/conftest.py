@@ -61,12 +61,21 @@ def libvirtd(hugetlbfs_2m: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     state = tmp_path_factory.mktemp("libvirtd")
     ctl = str(REPO / "tools/libvirtd-ctl.sh")
     subprocess.run(["bash", ctl, "start", str(state)], check=True)
-    os.environ["HYB_LIBVIRTD_STATE"] = str(state)  # for tests that restart the libvirtd we started
+    _LIBVIRTD_STATE.append(state)  # for tests that restart the libvirtd we started
     try:
         yield "qemu:///system"
     finally:
         _destroy_test_domains()
         subprocess.run(["bash", ctl, "stop", str(state)], check=False)
+
+
+_LIBVIRTD_STATE: list[Path] = []
+
+
+@pytest.fixture
+def libvirtd_state(libvirtd: str) -> Path:
+    """tools/libvirtd-ctl.sh's state dir of this session (which daemons it started)."""
+    return _LIBVIRTD_STATE[-1]
 
 
 def _destroy_test_domains() -> None:

@@ -6,10 +6,7 @@ with a known number of exits) and assert on what this kernel's tracepoints repor
 
 from __future__ import annotations
 
-import os
 import subprocess
-import sys
-import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -65,36 +62,3 @@ def no_leftover_instances(tracefs_root: Path) -> Iterator[None]:
         from tools.kvm_utils.sources.tracefs import remove_instance
         remove_instance(p)
     assert not left, f"ftrace instances left behind: {left}"
-
-
-def kvm_utils_popen(*args: str) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "tools.kvm_utils", *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-
-
-def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        if predicate():
-            return
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
-
-def instance_of(tracefs_root: Path, pid: int) -> Path | None:
-    for p in (tracefs_root / "instances").iterdir():
-        if p.name.startswith(f"kvm-utils-{pid}-") and (p / "tracing_on").read_text().strip() == "1":
-            return p
-    return None
-
-
-def stop(proc: subprocess.Popen, sig: int = 2, timeout: float = 30) -> tuple[str, str]:
-    """Signal a process we started (by PID) and collect its output; SIGKILL if it hangs."""
-    if proc.poll() is None:
-        os.kill(proc.pid, sig)
-    try:
-        return proc.communicate(timeout=timeout)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"pid {proc.pid} ignored signal {sig}: {err}")

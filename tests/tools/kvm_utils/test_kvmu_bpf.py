@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from conftest import kvm_utils_popen, stop, wait_for
+from kvmu_helpers import kvm_utils_popen, stop, wait_for
 from tools.kvm_utils.bench import helper_argv
 from tools.kvm_utils.render.json import to_dict
 from tools.kvm_utils.sources.bpf import bucket_bounds, parse_output, script, to_summary

@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from conftest import REPO
+from kvmu_helpers import REPO
 
 pytestmark = [pytest.mark.root, pytest.mark.integration]
 

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, kvm_utils_popen, stop
+from kvmu_helpers import REPO, kvm_utils_popen, stop
 from tools.kvm_utils.bench import helper_argv
 
 pytestmark = [pytest.mark.root, pytest.mark.integration]

@@ -14,7 +14,7 @@ import sys
 
 import pytest
 
-from conftest import REPO, instance_of, kvm_utils_popen, stop, wait_for
+from kvmu_helpers import REPO, instance_dirs, instance_of, kvm_utils_popen, stop, wait_for
 from tools.kvm_utils.report import summarize_lines
 from tools.kvm_utils.render.json import to_dict
 
@@ -38,7 +38,7 @@ def record_while(tracefs_root, tmp_path, runs):
     finally:
         _, err = stop(proc, signal.SIGINT)
     assert proc.returncode == 0, err
-    assert instance_of(tracefs_root, proc.pid) is None
+    assert instance_dirs(tracefs_root, proc.pid) == []
     return path, results
 
 
@@ -86,7 +86,7 @@ def test_record_sigterm_still_writes_file_and_removes_instance(helper, kvm_event
         g = guest(helper, "pio_out", 7)
     finally:
         stop(proc, signal.SIGTERM)
-    assert instance_of(tracefs_root, proc.pid) is None
+    assert instance_dirs(tracefs_root, proc.pid) == []
     assert only_pid(path, g["pid"])["pio"][0]["count"] == 7
 
 
