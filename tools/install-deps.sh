@@ -11,7 +11,7 @@ PKGS=(
   mmdebstrap umockdev
   postgresql
   cpio xz-utils
-  python3-venv python3-dev gcc make util-linux procps iproute2 e2fsprogs openssl
+  python3-venv python3-dev gcc make util-linux procps iproute2 e2fsprogs openssl curl
 )
 
 missing=()
