@@ -58,7 +58,7 @@ say "hostd plan"
 "${HOSTD[@]}" plan --virt-type qemu --policy "$STATE/policy.toml"
 
 say "stand-in for the resident IO service, then hostd carve"
-$PY -m tools.io_service_standin --dir "$STATE" &
+$PY -m tools.io_service_standin --dir "$STATE" --tag hyb-io-standin &
 PIDS+=($!)
 sleep 0.5
 echo "stand-in pid ${PIDS[0]}, CPUs before: $(grep Cpus_allowed_list /proc/${PIDS[0]}/status | cut -f2)"
@@ -144,7 +144,7 @@ DOM="demo-web-${VM_ID:0:8}"
 for _ in $(seq 180); do grep -q HYB-SMOKE-OK "$STATE/vms/$DOM/console.log" 2>/dev/null && break; sleep 1; done
 echo "guest console: $(grep HYB-SMOKE-OK "$STATE/vms/$DOM/console.log" || echo 'no marker yet')"
 echo "virsh vcpupin:"; virsh -c qemu:///system vcpupin "$DOM" | sed 's/^/  /'
-echo "virsh blkdeviotune (vda):"; virsh -c qemu:///system blkdeviotune "$DOM" vda | grep -E 'total_(bytes|iops)_sec ' | sed 's/^/  /'
+echo "virsh blkdeviotune (vda):"; virsh -c qemu:///system blkdeviotune "$DOM" vda | grep -E '^total_(bytes|iops)_sec *:' | sed 's/^/  /'
 
 say "kvm-utils: vm-exit profile"
 echo "The guest above runs under QEMU TCG (this machine's /dev/kvm cannot boot Linux), so it makes"

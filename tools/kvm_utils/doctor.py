@@ -10,7 +10,9 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from tools.kvm_utils.record import host_vendor
-from tools.kvm_utils.sources.tracefs import available_kvm_events, find_tracefs, stale_instances
+from tools.kvm_utils.errors import NotAvailable
+from tools.kvm_utils.sources.tracefs import (available_kvm_events, find_tracefs, stale_instances,
+                                             tracefs_mounted)
 
 
 @dataclass(frozen=True)
@@ -40,8 +42,23 @@ def run_checks(explicit_tracefs: Path | None = None) -> list[Check]:
                         vendor or "no vmx/svm CPU flag (nested or software hypervisor such as PVM): "
                         "kvm_exit reasons cannot be named, kvm_exit may never fire", required=False))
     tracefs = explicit_tracefs or find_tracefs()
+    if tracefs is None and os.geteuid() == 0:
+        # Not mounted: check what the other commands will see once they mount it.
+        try:
+            with tracefs_mounted() as t:
+                checks.append(Check("tracefs", True, f"not mounted; kvm-utils mounts it at {t} "
+                                    "while it runs (checked)"))
+                return checks + _tracefs_checks(t)
+        except NotAvailable as e:
+            checks.append(Check("tracefs", False, str(e)))
+            return checks + _tracefs_checks(None)
     checks.append(Check("tracefs", tracefs is not None, str(tracefs) if tracefs else
                         "not mounted: mount -t tracefs nodev /sys/kernel/tracing (kvm-utils mounts it itself)"))
+    return checks + _tracefs_checks(tracefs)
+
+
+def _tracefs_checks(tracefs: Path | None) -> list[Check]:
+    checks: list[Check] = []
     events = available_kvm_events(tracefs) if tracefs else []
     for ev in ("kvm_exit", "kvm_entry", "kvm_msr", "kvm_pio", "kvm_mmio", "kvm_fast_mmio", "kvm_userspace_exit"):
         checks.append(Check(f"kvm:{ev}", ev in events, "tracepoint present" if ev in events else
