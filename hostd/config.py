@@ -41,6 +41,8 @@ class HostdConfig(BaseSettings):
     libvirt_uri: str = "qemu:///system"
     # Guest images a VM may name (hostd/images.py).
     image_dir: Path = Path("/var/lib/hostd/images")
+    # Guest tuning profiles a VM may name (guestimages/profiles/*.toml).
+    profiles_dir: Path = Path(__file__).resolve().parents[1] / "guestimages" / "profiles"
     # <memoryBacking><locked/>: keep guest RAM unswappable. Needs RLIMIT_MEMLOCK
     # for QEMU under libvirtd; off where the host cannot grant it (README).
     lock_guest_memory: bool = True

@@ -45,6 +45,8 @@ class Image:
     format: str = "raw"
     profiles: tuple[str, ...] = ()  # tuning profiles this image supports (guestimages/)
     labels: dict[str, str] = field(default_factory=dict)
+    # What the guest kernel can do (hostd/guest_profiles.py ImageCaps): nohlt_list, haltpoll...
+    capabilities: dict[str, bool] = field(default_factory=dict)
 
 
 def sha256_file(path: Path) -> str:
@@ -62,7 +64,8 @@ class ImageStore:
         self._lock = threading.Lock()
 
     def add(self, name: str, version: str, kind: str, files: dict[str, Path], *,
-            cmdline: str = "", fmt: str = "raw", profiles: tuple[str, ...] = ()) -> Image:
+            cmdline: str = "", fmt: str = "raw", profiles: tuple[str, ...] = (),
+            capabilities: dict[str, bool] | None = None) -> Image:
         if not _NAME_RE.match(name):
             raise BadImage("use 1-64 of a-z, 0-9, '_', '.', '-'", field="image.name")
         need = {"kernel": {"kernel"}, "disk": {"disk"}}.get(kind)
@@ -74,7 +77,8 @@ class ImageStore:
             if not p.is_file():
                 raise BadImage(f"{p} is not a file", field=f"image.files.{role}")
         img = Image(name, version, kind, {r: str(p.resolve()) for r, p in files.items()},
-                    {r: sha256_file(p) for r, p in files.items()}, cmdline, fmt, profiles)
+                    {r: sha256_file(p) for r, p in files.items()}, cmdline, fmt, profiles,
+                    capabilities=dict(capabilities or {}))
         d = self.root / name
         d.mkdir(parents=True, exist_ok=True)
         tmp = d / "manifest.json.tmp"

@@ -9,6 +9,7 @@ survived; VMs keep running under QEMU meanwhile).
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import os
 import signal
@@ -122,15 +123,29 @@ def _disk_check(cfg: HostdConfig, policy: Policy):
 
 def _renderer(cfg: HostdConfig, topo: Topology):
     from hostd.domain.designer import HostFacts, design_domain
+    from hostd.guest_profiles import cmdline_for_vm
 
     facts = HostFacts(virt_type=cfg.virt_type, lock_memory=cfg.lock_guest_memory,
                       console_dir=cfg.state_dir / "vms", root=cfg.root,
                       siblings={c.id: c.siblings for c in topo.cpus},
                       vf_pci={(n.name, v.index): v.pci for n in topo.nics for v in n.vfs})
 
+    profiles = _profiles(cfg)
+
     def render(md: VmMetadata, image: Image) -> str:
+        if md.spec.profile and image.kind == "kernel":
+            manifest = {"name": image.name, "cmdline": image.cmdline,
+                        "profiles": list(image.profiles) or None, "capabilities": image.capabilities}
+            image = dataclasses.replace(image, cmdline=cmdline_for_vm(
+                profiles, manifest, md.spec.profile, vcpus=md.spec.vcpus))
         return design_domain(md, image, facts).to_xml()
     return render
+
+
+def _profiles(cfg: HostdConfig) -> dict:
+    from hostd.guest_profiles import load_profiles
+
+    return load_profiles(cfg.profiles_dir) if cfg.profiles_dir.is_dir() else {}
 
 
 def _credentials(cfg: HostdConfig) -> grpc.ServerCredentials | None:
@@ -162,7 +177,8 @@ def start(cfg: HostdConfig) -> Daemon:
         ledger=Ledger(cfg.state_dir / "ledger.db"), libvirt=lv, images=ImageStore(cfg.image_dir),
         render=_renderer(cfg, topo), disk_check=_disk_check(cfg, policy), vf_rates=vf_rates,
         pf_drivers={n.name: n.driver for n in topo.nics},
-        vf_pci={(n.name, v.index): v.pci for n in topo.nics for v in n.vfs})
+        vf_pci={(n.name, v.index): v.pci for n in topo.nics for v in n.vfs},
+        profiles=frozenset(_profiles(cfg)))
 
     def on_connect(conn: libvirt.virConnect) -> None:
         def lifecycle(_conn, dom, event, detail, _opaque):

@@ -80,7 +80,8 @@ class VmManager:
                  libvirt: LibvirtHost, images: ImageStore, render: Render,
                  disk_check: DiskCheck, vf_rates: VfRates | None = None,
                  pf_drivers: dict[str, str | None] | None = None,
-                 vf_pci: dict[tuple[str, int], str] | None = None):
+                 vf_pci: dict[tuple[str, int], str] | None = None,
+                 profiles: frozenset[str] | None = None):
         self.layout = layout
         self.siblings = siblings
         self.ledger = ledger
@@ -91,6 +92,7 @@ class VmManager:
         self.vf_rates = vf_rates
         self.pf_drivers = pf_drivers or {}
         self.vf_pci = vf_pci or {}
+        self.profiles = profiles  # None: any (no profile store configured)
         self._lock = threading.RLock()
         self._watchers: list[Callable[[VmEvent], None]] = []
         self.generation = 0
@@ -136,6 +138,9 @@ class VmManager:
             if any(r.name == spec.name for r in self.ledger.list()):
                 raise Conflict(f"a VM named {spec.name!r} exists", field="name")
             image = self.images.get(spec.image)
+            if spec.profile and self.profiles is not None and spec.profile not in self.profiles:
+                raise Refused(f"no tuning profile {spec.profile!r} (known: {', '.join(sorted(self.profiles))})",
+                              field="profile")
             if spec.profile and image.profiles and spec.profile not in image.profiles:
                 raise Refused(f"image {image.name} has profiles {list(image.profiles)}", field="profile")
             self._check_spec(spec)

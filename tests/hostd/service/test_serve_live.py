@@ -8,6 +8,7 @@ elsewhere), no full-guest KVM (virt_type qemu)."""
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import subprocess
@@ -112,10 +113,16 @@ def test_serve_boots_a_pinned_hugepage_guest_with_throttled_disk(hostd_env):
     try:
         health = stub.Health(pb.HealthRequest(), timeout=10)
         assert health.libvirt == "connected" and health.virt_type == "qemu"
-        vm = stub.CreateVM(create_req(hostd_env["disk"]), timeout=120)
+        req = create_req(hostd_env["disk"])
+        req.profile = "online"  # guestimages/profiles/online.toml: cmdline rendered by hostd
+        vm = stub.CreateVM(req, timeout=120)
         assert vm.state == pb.VM_STATE_RUNNING and list(vm.vcpu_pins) == [1]
-        out = wait_console(hostd_env["state"], "HYB-SMOKE-OK")
+        out = wait_console(hostd_env["state"], "HYB-GUEST-REPORT")
         assert "cpus=1" in out and "disks=vda" in out
+        report = json.loads(out.split("HYB-GUEST-REPORT ", 1)[1].splitlines()[0])
+        for param in ("hyb.profile=online", "hyb.irq_cpus=0", "clocksource=tsc", "tsc=reliable",
+                      "irqaffinity=0"):
+            assert param in report["cmdline"].split(), report["cmdline"]
         c = libvirt.open("qemu:///system")
         try:
             dom = c.lookupByName("hyb-test-serve")

@@ -235,3 +235,12 @@ def test_reconcile_rolls_back_adopts_and_releases(env):
     assert m2.get(orphan.vm_id).claim == orphan.claim
     assert manager().reconcile() == []  # converged
     assert kept.vm_id in {r.vm_id for r in m2.list()}
+
+
+def test_unknown_profile_is_refused_before_any_claim(env):
+    manager, lv, _busy, rates = env
+    m = manager(profiles=frozenset({"online", "baseline"}))
+    with pytest.raises(Refused) as e:
+        m.create(spec(profile="turbo"))
+    assert e.value.field == "profile" and "baseline, online" in e.value.detail
+    assert ours(lv) == [] and m.ledger.list() == [] and rates.calls == []
