@@ -65,7 +65,10 @@ def build_parser() -> argparse.ArgumentParser:
     im = sub.add_parser("image", help="the guest image store VMs name (hostd/images.py)")
     isub = im.add_subparsers(dest="image_cmd", required=True)
     ia = isub.add_parser("add", help="register an image (files are checksummed, not copied)")
-    ia.add_argument("name")
+    ia.add_argument("name", nargs="?", help="image name (default: the manifest's, with --from)")
+    ia.add_argument("--from", dest="from_dir", type=Path,
+                    help="a built guestimages/ output dir: its manifest.json gives files, cmdline, "
+                         "profiles and kernel capabilities")
     ia.add_argument("--version", default="1")
     ia.add_argument("--kernel", type=Path, help="direct kernel boot: vmlinuz")
     ia.add_argument("--initrd", type=Path)

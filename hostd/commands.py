@@ -167,6 +167,21 @@ def _image(args, cfg, console) -> int:
             console.print(f"{img.name} {img.version} {img.kind} {' '.join(sorted(img.files))}",
                           highlight=False, markup=False)
         return 0
+    if args.from_dir:
+        from hostd.guest_profiles import image_store_args
+
+        try:
+            manifest = json.loads((args.from_dir / "manifest.json").read_text())
+        except (OSError, json.JSONDecodeError) as e:
+            raise BadTopology(f"cannot read its manifest.json: {e}", field="--from") from None
+        kw = image_store_args(manifest, args.from_dir)
+        kw["name"] = args.name or kw["name"]
+        img = store.add(kw.pop("name"), kw.pop("version") or args.version, kw.pop("kind"), kw.pop("files"), **kw)
+        console.print(f"image {img.name} {img.version} ({img.kind}) in {cfg.image_dir}", highlight=False,
+                      markup=False)
+        return 0
+    if not args.name:
+        raise BadTopology("give a name (or --from DIR)", field="name")
     files = {k: v for k, v in (("kernel", args.kernel), ("initrd", args.initrd), ("disk", args.disk))
              if v is not None}
     kind = "disk" if args.disk else "kernel"

@@ -358,4 +358,5 @@ def image_store_args(manifest: Mapping[str, Any], directory: Path) -> dict[str, 
     return {"name": manifest["name"], "version": str(manifest.get("version", "")), "kind": manifest["kind"],
             "files": {r: Path(directory) / files[r] for r in roles},
             "cmdline": str(manifest.get("cmdline", "")), "fmt": "raw",
-            "profiles": tuple(manifest.get("profiles", ()))}
+            "profiles": tuple(manifest.get("profiles", ())),
+            "capabilities": {k: v for k, v in (manifest.get("capabilities") or {}).items() if isinstance(v, bool)}}

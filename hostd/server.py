@@ -14,6 +14,8 @@ import logging
 import os
 import signal
 import socket
+import stat
+import subprocess
 import threading
 from concurrent import futures
 from dataclasses import dataclass
@@ -31,7 +33,7 @@ from hostd.carve.policy import Policy, PolicyError, load_policy
 from hostd.config import ConfigError, HostdConfig
 from hostd.discover.model import Topology
 from hostd.errors import HostdError
-from hostd.images import Image, ImageStore
+from hostd.images import BadImage, Image, ImageStore
 from hostd.ledger import Ledger
 from hostd.metadata import NS, VmMetadata
 from hostd.metrics import Metrics
@@ -133,13 +135,55 @@ def _renderer(cfg: HostdConfig, topo: Topology):
     profiles = _profiles(cfg)
 
     def render(md: VmMetadata, image: Image) -> str:
-        if md.spec.profile and image.kind == "kernel":
+        if "disk" in image.files:
+            overlay = root_overlay(cfg, md.spec.name, image)
+            image = dataclasses.replace(image, files=image.files | {"disk": str(overlay)}, format="qcow2")
+        if md.spec.profile and "kernel" in image.files:
             manifest = {"name": image.name, "cmdline": image.cmdline,
                         "profiles": list(image.profiles) or None, "capabilities": image.capabilities}
             image = dataclasses.replace(image, cmdline=cmdline_for_vm(
                 profiles, manifest, md.spec.profile, vcpus=md.spec.vcpus))
         return design_domain(md, image, facts).to_xml()
     return render
+
+
+def root_overlay(cfg: HostdConfig, name: str, image: Image) -> Path:
+    """A per-VM qcow2 overlay on the image's root disk: VMs never share a writable
+    root, and the image stays pristine. Removed with the VM (release_files)."""
+    d = cfg.state_dir / "vms" / name
+    d.mkdir(parents=True, exist_ok=True)
+    blocked = unreachable_for_qemu(d)
+    if blocked is not None:
+        raise BadImage(f"QEMU cannot reach {d}: {blocked} is not traversable by other users "
+                       "(chmod o+x, or move state_dir)", field="state_dir")
+    overlay = d / "root.qcow2"
+    overlay.unlink(missing_ok=True)  # a leftover of a create that died: start clean
+    r = subprocess.run(["qemu-img", "create", "-q", "-f", "qcow2", "-b", image.files["disk"],
+                        "-F", image.format, str(overlay)], capture_output=True, text=True)
+    if r.returncode != 0:
+        raise BadImage(f"{image.name}: qemu-img could not make the root overlay: {r.stderr.strip()}",
+                       field="image")
+    return overlay
+
+
+def unreachable_for_qemu(path: Path) -> Path | None:
+    """The first ancestor of ``path`` that QEMU (an unprivileged user under libvirt)
+    cannot traverse, or None. libvirt chowns a disk file to the QEMU user but never
+    its directories, so a root overlay under a 0700 directory cannot be opened."""
+    p = path.resolve()
+    for d in [p, *p.parents]:
+        try:
+            if not d.stat().st_mode & stat.S_IXOTH:
+                return d
+        except FileNotFoundError:
+            continue
+    return None
+
+
+def _release_files(cfg: HostdConfig):
+    def release(name: str) -> None:
+        (cfg.state_dir / "vms" / name / "root.qcow2").unlink(missing_ok=True)
+    return release
 
 
 def _profiles(cfg: HostdConfig) -> dict:
@@ -178,7 +222,7 @@ def start(cfg: HostdConfig) -> Daemon:
         render=_renderer(cfg, topo), disk_check=_disk_check(cfg, policy), vf_rates=vf_rates,
         pf_drivers={n.name: n.driver for n in topo.nics},
         vf_pci={(n.name, v.index): v.pci for n in topo.nics for v in n.vfs},
-        profiles=frozenset(_profiles(cfg)))
+        profiles=frozenset(_profiles(cfg)), release_files=_release_files(cfg))
 
     def on_connect(conn: libvirt.virConnect) -> None:
         def lifecycle(_conn, dom, event, detail, _opaque):
@@ -234,6 +278,9 @@ def start(cfg: HostdConfig) -> Daemon:
             lv_state = f"not connected: {e}"
             problems.append(lv_state)
         problems += [f"host: {w}" for w in topo.host.warnings]
+        blocked = unreachable_for_qemu(cfg.state_dir)
+        if blocked is not None:
+            problems.append(f"state_dir: QEMU cannot traverse {blocked}; VMs with a root disk image will fail")
         vms = manager.list()
         failed = [r.name for r in vms if r.state == "failed"]
         if failed:

@@ -81,7 +81,8 @@ class VmManager:
                  disk_check: DiskCheck, vf_rates: VfRates | None = None,
                  pf_drivers: dict[str, str | None] | None = None,
                  vf_pci: dict[tuple[str, int], str] | None = None,
-                 profiles: frozenset[str] | None = None):
+                 profiles: frozenset[str] | None = None,
+                 release_files: Callable[[str], None] | None = None):
         self.layout = layout
         self.siblings = siblings
         self.ledger = ledger
@@ -93,6 +94,7 @@ class VmManager:
         self.pf_drivers = pf_drivers or {}
         self.vf_pci = vf_pci or {}
         self.profiles = profiles  # None: any (no profile store configured)
+        self.release_files = release_files  # per-VM files (root disk overlay) by VM name
         self._lock = threading.RLock()
         self._watchers: list[Callable[[VmEvent], None]] = []
         self.generation = 0
@@ -165,7 +167,7 @@ class VmManager:
                 self._crash("started")
             except Exception as e:
                 log.error("create failed vm=%s name=%s error=%s; rolling back", vm_id, spec.name, e)
-                self._teardown(vm_id, got)
+                self._teardown(vm_id, got, spec.name)
                 self.emit(vm_id, "failed", str(e))
                 if isinstance(e, HostdError):
                     raise
@@ -229,7 +231,7 @@ class VmManager:
             except OSError as e:
                 log.error("cannot reset VF rate pf=%s vf=%d error=%s", v.pf, v.index, e)
 
-    def _teardown(self, vm_id: str, c: Claim) -> None:
+    def _teardown(self, vm_id: str, c: Claim, name: str) -> None:
         """Undo every side effect of a VM and release its claim; each step runs
         even if an earlier one failed."""
         try:
@@ -237,6 +239,11 @@ class VmManager:
         except HostdError as e:
             log.error("teardown: domain %s: %s", vm_id, e)
         self._reset_vf_rates(c)
+        if self.release_files:
+            try:
+                self.release_files(name)
+            except OSError as e:
+                log.error("teardown: files of %s: %s", name, e)
         with self.ledger.tx() as db:
             self.ledger.release(db, vm_id)
         self.generation += 1
@@ -264,7 +271,7 @@ class VmManager:
                     self.libvirt.shutdown(vm_id, grace_s)
                 except DomainError as e:
                     log.warning("shutdown vm=%s: %s; destroying", vm_id, e)
-            self._teardown(vm_id, rec.claim)
+            self._teardown(vm_id, rec.claim, rec.name)
             self.emit(vm_id, "deleted")
             log.info("deleted vm=%s name=%s", vm_id, rec.name)
 
@@ -382,7 +389,7 @@ class VmManager:
             for rec in self.ledger.list():
                 dom = domains.pop(rec.vm_id, None)
                 if rec.state in ("creating", "deleting"):
-                    self._teardown(rec.vm_id, rec.claim)
+                    self._teardown(rec.vm_id, rec.claim, rec.name)
                     actions.append(f"rolled back {rec.state} vm {rec.vm_id} ({rec.name})")
                     self.emit(rec.vm_id, "failed" if rec.state == "creating" else "deleted",
                               "hostd restarted during " + rec.state)

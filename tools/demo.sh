@@ -14,6 +14,7 @@ REPO=$(pwd)
 PY=.venv/bin/python
 HOSTD=(.venv/bin/hostd)
 STATE=$(mktemp -d /tmp/hyb-demo.XXXXXX)
+chmod 0755 "$STATE"   # QEMU (libvirt-qemu) must reach VM files under hostd's state dir
 PIDS=()
 LOOP=""
 CARVED=""

@@ -97,8 +97,10 @@ class HostFacts:
 
 @dataclass(frozen=True)
 class Boot:
-    """How the guest boots: a kernel (+initrd, cmdline), or a root disk image
-    (a per-VM file: the caller makes the copy or overlay)."""
+    """How the guest boots: a kernel (+initrd, cmdline), a root disk image with its
+    own bootloader, or both (direct kernel boot of a root filesystem image, as the
+    guestimages/ online image does). The root disk is a per-VM file: the caller
+    makes the copy or overlay (hostd: a qcow2 overlay per VM)."""
 
     kernel: str | None = None
     initrd: str | None = None
@@ -108,10 +110,11 @@ class Boot:
 
     @classmethod
     def from_image(cls, image: Image) -> "Boot":
+        kernel = dict(kernel=image.files.get("kernel"), initrd=image.files.get("initrd"),
+                      cmdline=(image.cmdline or None) if "kernel" in image.files else None)
         if image.kind == "kernel":
-            return cls(kernel=image.files["kernel"], initrd=image.files.get("initrd"),
-                       cmdline=image.cmdline or None)
-        return cls(disk=image.files["disk"], disk_format=image.format)
+            return cls(**kernel)
+        return cls(disk=image.files["disk"], disk_format=image.format, **kernel)
 
 
 def _refuse(field_: str, reason: str) -> DomainDesignError:
@@ -271,8 +274,10 @@ def _check_inputs(spec: VmSpec, claim: Claim, boot: Boot, host: HostFacts) -> No
 
 
 def _check_boot(boot: Boot) -> None:
-    if bool(boot.kernel) == bool(boot.disk):
-        raise _refuse("image", "boot from exactly one of a kernel or a root disk")
+    if not boot.kernel and not boot.disk:
+        raise _refuse("image", "needs a kernel, a root disk, or both")
+    if (boot.initrd or boot.cmdline) and not boot.kernel:
+        raise _refuse("image.kernel", "an initrd or cmdline needs a kernel")
     for name in ("kernel", "initrd", "disk"):
         p = getattr(boot, name)
         if p is not None and not os.path.isabs(p):

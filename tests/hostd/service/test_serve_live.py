@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
+import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -29,6 +31,7 @@ from procs import Hostd, grpc_stub
 pytestmark = [pytest.mark.root, pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[3]
 GUEST_PAGES = 128  # 256 MiB in 2 MiB pages: the smallest the smoke kernel boots in
+POOL_PAGES = 256  # the carve's pool: room for the online image's 512 MiB
 
 POLICY = """
 [io_service]
@@ -49,18 +52,22 @@ default_iops = 5000
 
 @pytest.fixture
 def hostd_env(tmp_path: Path, libvirtd: str, smoke_guest, hugepages_2m, loop_disk: Path) -> Iterator[dict]:
-    hugepages_2m(GUEST_PAGES)
+    hugepages_2m(POOL_PAGES)
     certs = tmp_path / "tls"
     subprocess.run(["bash", str(REPO / "tools/make-dev-ca.sh"), str(certs)], check=True, capture_output=True)
     ImageStore(tmp_path / "images").add("smoke", "1", "kernel",
                                         {"kernel": smoke_guest["kernel"], "initrd": smoke_guest["initrd"]},
                                         cmdline="console=ttyS0 panic=-1")
     disk = loop_disk.name
-    (tmp_path / "policy.toml").write_text(POLICY.format(pages=GUEST_PAGES, disk=disk))
+    (tmp_path / "policy.toml").write_text(POLICY.format(pages=POOL_PAGES, disk=disk))
     cfg = tmp_path / "hostd.toml"
+    # The state dir must be traversable by QEMU's user (root disk overlays live there);
+    # pytest's own tmp dirs are 0700.
+    state = Path(tempfile.mkdtemp(prefix="hyb-test-state-", dir="/var/tmp"))
+    state.chmod(0o755)
     cfg.write_text(f"""virt_type = "qemu"
 policy = "{tmp_path / 'policy.toml'}"
-state_dir = "{tmp_path / 'state'}"
+state_dir = "{state}"
 image_dir = "{tmp_path / 'images'}"
 listen = "127.0.0.1:0"
 metrics_listen = ""
@@ -73,9 +80,10 @@ libvirt_uri = "{libvirtd}"
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOSTD_")}
     h = Hostd(cfg, env, tmp_path / "hostd.log")
     try:
-        yield {"hostd": h, "certs": certs, "disk": disk, "state": tmp_path / "state"}
+        yield {"hostd": h, "certs": certs, "disk": disk, "state": state, "images": tmp_path / "images"}
     finally:
         h.stop()
+        shutil.rmtree(state, ignore_errors=True)
 
 
 def stub_for(h: Hostd, certs: Path) -> tuple[pb_grpc.HostdStub, grpc.Channel]:
@@ -140,6 +148,7 @@ def test_serve_boots_a_pinned_hugepage_guest_with_throttled_disk(hostd_env):
             c.close()
         inv = stub.GetInventory(pb.GetInventoryRequest(), timeout=10)
         assert list(inv.nodes[0].used_cpus) == [1] and inv.nodes[0].hugepages[0].used == GUEST_PAGES
+        assert inv.nodes[0].hugepages[0].total == POOL_PAGES
         # hostd restarts; the VM keeps running and is still hostd's.
         h.stop()
         assert domains() == ["hyb-test-serve"]
@@ -252,4 +261,42 @@ def test_libvirt_events_and_libvirtd_restart(hostd_env, libvirtd_state):
         assert domains() == []
     finally:
         stream.cancel()
+        ch.close()
+
+
+def test_serve_boots_the_online_image_on_a_per_vm_root_overlay(hostd_env):
+    """The guestimages/ online image (Debian 12 + systemd, built once and cached; a cold
+    build takes ~2.5 min): direct kernel boot of its root filesystem through a per-VM
+    qcow2 overlay, tuned by the `online` profile; the guest's own report proves the
+    profile took effect, and the overlay goes away with the VM."""
+    from hostd.guest_profiles import image_store_args
+
+    out = Path("/var/cache/hybrid-kvm/online")
+    subprocess.run(["bash", str(REPO / "guestimages/online/build.sh"), str(out)], check=True,
+                   capture_output=True, timeout=1800)
+    manifest = json.loads((out / "manifest.json").read_text())
+    kw = image_store_args(manifest, out)
+    ImageStore(hostd_env["images"]).add(kw.pop("name"), kw.pop("version"), kw.pop("kind"),
+                                                         kw.pop("files"), **kw)
+    base_sum = subprocess.run(["sha256sum", str(out / "online.raw")], capture_output=True, text=True).stdout
+    h: Hostd = hostd_env["hostd"].start()
+    stub, ch = stub_for(h, hostd_env["certs"])
+    try:
+        req = pb.CreateVMRequest(request_id="req-online", name="hyb-test-serve", vcpus=1, memory_mib=512,
+                                 image="online", profile="online")
+        vm = stub.CreateVM(req, timeout=180)
+        assert vm.state == pb.VM_STATE_RUNNING
+        overlay = hostd_env["state"] / "vms" / "hyb-test-serve" / "root.qcow2"
+        info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", "-U", str(overlay)],
+                                         capture_output=True, text=True, check=True).stdout)
+        assert info["format"] == "qcow2" and info["backing-filename"] == str(out / "online.raw")
+        log = wait_console(hostd_env["state"], "HYB-GUEST-REPORT", timeout=400)
+        report = json.loads(log.split("HYB-GUEST-REPORT ", 1)[1].splitlines()[0])
+        cmdline = report["cmdline"].split()
+        assert "root=/dev/vda" in cmdline and "hyb.profile=online" in cmdline and "clocksource=tsc" in cmdline
+        stub.DeleteVM(pb.DeleteVMRequest(vm_id=vm.vm_id), timeout=60)
+        assert not overlay.exists() and domains() == []
+        after = subprocess.run(["sha256sum", str(out / "online.raw")], capture_output=True, text=True).stdout
+        assert after == base_sum  # the image itself was never written
+    finally:
         ch.close()
