@@ -63,6 +63,16 @@ class Store:
                 yield s
 
     @contextmanager
+    def snapshot(self) -> Iterator[Session]:
+        """A read transaction whose statements all see one snapshot (SQLite's read
+        transactions already do; PostgreSQL needs REPEATABLE READ)."""
+        with self._sessions() as s:
+            if not self.sqlite:
+                s.connection(execution_options={"isolation_level": "REPEATABLE READ"})
+            with _tx(s):
+                yield s
+
+    @contextmanager
     def read(self) -> Iterator[Session]:
         with self._sessions() as s, _tx(s):
             yield s

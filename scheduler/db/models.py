@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -28,8 +28,21 @@ class Host(Base):
     generation: Mapped[int] = mapped_column(Integer, default=1)  # bumps on every claim/release
     admin_state: Mapped[str] = mapped_column(String(16), default="active")
     last_heartbeat: Mapped[float] = mapped_column(Float, default=0.0)
+    # Fleet-wide change feed: stamped from one counter on every change the placement index
+    # must see (usage, layout, admin state, back from down); readers ask "seq > last seen".
+    seq: Mapped[int] = mapped_column(BigInteger, default=0, index=True)
     created: Mapped[float] = mapped_column(Float)
     updated: Mapped[float] = mapped_column(Float)
+
+
+class Fleet(Base):
+    """One row: the change counter on SQLite (writers are serialised there, so it is
+    gapless and in commit order). PostgreSQL stamps with transaction ids instead."""
+
+    __tablename__ = "fleet"
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True)
+    seq: Mapped[int] = mapped_column(BigInteger, default=0)
 
 
 class Vm(Base):

@@ -5,7 +5,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select, update
+from sqlalchemy import select, text, update
 from sqlalchemy.orm import Session
 
 from hostd.carve.layout import Layout
@@ -55,7 +55,8 @@ def list_hosts(*, session: Session, rack: str | None = None) -> Sequence[Host]:
 
 def upsert_host(*, session: Session, name: str, address: str, rack: str, labels: dict[str, str],
                 layout: dict[str, Any], siblings: dict[str, list[int]], pf_min_rate: dict[str, bool],
-                disk_classes: dict[str, str], now: float) -> tuple[Host, bool]:
+                disk_classes: dict[str, str], now: float,
+                heartbeat_timeout_s: float = float("inf")) -> tuple[Host, bool]:
     """Register or re-register; returns (host, created). A changed layout bumps
     ``layout_rev`` and the generation; allocations are kept (hostd is the truth)."""
     parse_layout(layout)  # refuse a bad layout before touching anything
@@ -64,7 +65,7 @@ def upsert_host(*, session: Session, name: str, address: str, rack: str, labels:
                   pf_min_rate=pf_min_rate, disk_classes=disk_classes)
     if h is None:
         h = Host(name=name, layout_rev=1, usage=Usage().to_dict(), generation=1, admin_state="active",
-                 last_heartbeat=now, created=now, updated=now, **fields)
+                 last_heartbeat=now, created=now, updated=now, seq=next_seq(session), **fields)
         session.add(h)
         session.flush()
         return h, True
@@ -74,14 +75,19 @@ def upsert_host(*, session: Session, name: str, address: str, rack: str, labels:
             setattr(h, k, v)
         h.layout_rev += 1
         h.generation += 1
+        h.seq = next_seq(session)
+    elif now - h.last_heartbeat > heartbeat_timeout_s:
+        h.seq = next_seq(session)  # back from down: the index must see it
     h.last_heartbeat = now
     h.updated = now
     session.flush()
     return h, False
 
 
-def heartbeat(*, session: Session, name: str, now: float) -> Host:
+def heartbeat(*, session: Session, name: str, now: float, heartbeat_timeout_s: float = float("inf")) -> Host:
     h = get_host(session=session, name=name)
+    if now - h.last_heartbeat > heartbeat_timeout_s:
+        h.seq = next_seq(session)  # back from down: the index must see it
     h.last_heartbeat = now
     session.flush()
     return h
@@ -90,7 +96,8 @@ def heartbeat(*, session: Session, name: str, now: float) -> Host:
 def set_admin_state(*, session: Session, name: str, state: str, now: float) -> Host:
     h = get_host(session=session, name=name)
     h.admin_state = state
-    h.generation += 1  # the placement cache must see it
+    h.generation += 1
+    h.seq = next_seq(session)  # the placement index must see it
     h.updated = now
     session.flush()
     return h
@@ -100,5 +107,75 @@ def bump_usage(*, session: Session, name: str, seen_generation: int, usage: Usag
     """Write the host's new usage iff nobody changed it since ``seen_generation``.
     False = lost the race (0 rows): the caller rolls back and retries."""
     res = session.execute(update(Host).where(Host.name == name, Host.generation == seen_generation)
-                          .values(usage=usage.to_dict(), generation=seen_generation + 1, updated=now))
+                          .values(usage=usage.to_dict(), generation=seen_generation + 1, updated=now,
+                                  seq=next_seq(session)))
     return res.rowcount == 1
+
+
+def next_seq(session: Session) -> int:
+    """The change stamp of this write transaction. SQLite: the ``fleet`` counter row
+    (writers are serialised, so stamps appear in commit order without gaps). PostgreSQL:
+    the transaction's own 64-bit id (no shared row, nothing held to commit); readers ask
+    for ``seq >= xmin`` of their previous snapshot, which covers transactions that were
+    still in flight then (``changed_since``)."""
+    if _pg(session):
+        return session.execute(text("SELECT pg_current_xact_id()::text::bigint")).scalar_one()
+    return session.execute(text("UPDATE fleet SET seq = seq + 1 WHERE id = 1 RETURNING seq")).scalar_one()
+
+
+def _pg(session: Session) -> bool:
+    return session.bind.dialect.name == "postgresql"  # type: ignore[union-attr]
+
+
+def feed_position(*, session: Session) -> int:
+    """Where the next ``changed_since`` starts, taken in the same snapshot as the read
+    that precedes it (the session must be a snapshot: SQLite read tx, PostgreSQL
+    REPEATABLE READ): PostgreSQL's oldest in-flight transaction id, else the counter."""
+    if _pg(session):
+        return session.execute(text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")).scalar_one()
+    return session.execute(text("SELECT seq FROM fleet WHERE id = 1")).scalar_one() + 1
+
+
+CLAIM_COLUMNS = (Host.name, Host.generation, Host.usage, Host.layout_rev, Host.admin_state,
+                 Host.last_heartbeat, Host.rack)
+
+
+def claim_row(*, session: Session, name: str, lock: bool) -> Any:
+    """The columns a claim needs (not the layout), row-locked on PostgreSQL when ``lock``:
+    concurrent claims on the same host then queue for a moment instead of losing the
+    generation race (which stays the guard)."""
+    q = select(*CLAIM_COLUMNS).where(Host.name == name)
+    if lock and session.bind.dialect.name == "postgresql":  # type: ignore[union-attr]
+        q = q.with_for_update()
+    row = session.execute(q).one_or_none()
+    if row is None:
+        raise HostNotFound(f"no host {name!r}", field="name")
+    return row
+
+
+def changed_since(*, session: Session, position: int) -> Sequence[Any]:
+    """Hosts stamped at or after ``position`` (from ``feed_position`` of the previous read)."""
+    return session.execute(select(*CLAIM_COLUMNS).where(Host.seq >= position)).all()
+
+
+def fleet_state(*, session: Session) -> Sequence[Any]:
+    """Every host's (name, generation, layout_rev, admin_state, last_heartbeat, seq): the
+    index's periodic full pass (heartbeats do not stamp seq; hosts may be deleted)."""
+    return session.execute(select(Host.name, Host.generation, Host.layout_rev, Host.admin_state,
+                                  Host.last_heartbeat, Host.seq)).all()
+
+
+def usages(*, session: Session, names: Sequence[str]) -> dict[str, tuple[int, dict[str, Any]]]:
+    out: dict[str, tuple[int, dict[str, Any]]] = {}
+    for i in range(0, len(names), 500):
+        for name, gen, u in session.execute(select(Host.name, Host.generation, Host.usage)
+                                            .where(Host.name.in_(names[i:i + 500]))):
+            out[name] = (gen, u)
+    return out
+
+
+def hosts_by_name(*, session: Session, names: Sequence[str]) -> list[Host]:
+    out: list[Host] = []
+    for i in range(0, len(names), 500):
+        out += session.scalars(select(Host).where(Host.name.in_(names[i:i + 500]))).all()
+    return out

@@ -1,7 +1,8 @@
-"""Claim: fit on the in-memory index, then one write transaction per attempt that
-re-reads the host row, re-checks the allocation against the fresh usage, and bumps the
-host generation (``UPDATE ... WHERE generation = :seen``). A lost race (0 rows, or
-the re-check fails) moves to the next candidate, then re-fits; bounded by
+"""Claim: walk the free-capacity index (service/index.py) for a few candidates, then one
+short write transaction per attempt that reads the host row (row-locked on PostgreSQL),
+re-checks the allocation against the fresh usage (re-fitting that host if the index was
+stale), and bumps the host generation (``UPDATE ... WHERE generation = :seen``). A lost
+race (0 rows, or the host no longer fits) moves to the next candidate, then re-walks; bounded by
 ``claim_retries`` -> 409 ``hyb.concurrent_update``. Unlike Nova, the claim *is* the
 placement decision: nothing is decided that is not also durably claimed.
 
@@ -55,11 +56,17 @@ class Placer:
         hosts, racks = vm_repo.group_members(session=s, group=aff.group)
         return (hosts, racks) if aff.scope == "rack" else (hosts, frozenset())
 
+    def _avoid_now(self, aff: Affinity) -> tuple[frozenset[str], frozenset[str]]:
+        if not aff.group:
+            return frozenset(), frozenset()
+        with self.store.read() as s:
+            return self._avoid(s, aff)
+
     def preview(self, want: VmWant, aff: Affinity, *, exclude: frozenset[str] = frozenset(),
                 limit: int | None = None) -> FitResult:
-        with self.store.read() as s:
-            views = self.cache.views(s, now=self.clock())
-            avoid_h, avoid_r = self._avoid(s, aff)
+        """The dry run: every host examined, every rejection explained (a full scan)."""
+        views = self.cache.views(self.store, now=self.clock())
+        avoid_h, avoid_r = self._avoid_now(aff)
         t = time.perf_counter()
         res = fit_vm([v for v in views if v.res.name not in exclude], want, avoid_hosts=avoid_h,
                      avoid_racks=avoid_r, limit=limit or self.candidates, explain=True)
@@ -74,19 +81,16 @@ class Placer:
         t0 = time.perf_counter()
         lost = 0
         for _round in range(self.retries):
-            with self.store.read() as s:
-                views = self.cache.views(s, now=self.clock())
-                avoid_h, avoid_r = self._avoid(s, aff)
+            self.cache.refresh(self.store, now=self.clock())
+            avoid_h, avoid_r = self._avoid_now(aff)
             t = time.perf_counter()
-            res = fit_vm([v for v in views if v.res.name not in exclude], want, avoid_hosts=avoid_h,
-                         avoid_racks=avoid_r, limit=self.candidates)
+            res, counts = self.cache.walk(want, avoid_hosts=avoid_h, avoid_racks=avoid_r, skip=exclude,
+                                          limit=self.candidates)
             if self.metrics:
                 self.metrics.fit_seconds.observe(time.perf_counter() - t)
             if not res.candidates:
-                full = fit_vm([v for v in views if v.res.name not in exclude], want, avoid_hosts=avoid_h,
-                              avoid_racks=avoid_r, limit=1, explain=True)
-                self._count("no_valid_host", full)
-                raise NoValidHost(f"no host fits: {full.summary()}", extra={"rejections": full.counts})
+                self._count("no_valid_host", counts)
+                raise NoValidHost(f"no host fits: {summary(counts)}", extra={"rejections": counts})
             for cand in res.candidates:
                 try:
                     vm = self._claim_on(cand, want, aff, write_vm)
@@ -95,40 +99,54 @@ class Placer:
                     if self.metrics:
                         self.metrics.claim_conflicts.inc()
                     continue
-                if vm is not None:
-                    if self.metrics:
-                        self.metrics.placements.labels("claimed").inc()
-                        self.metrics.claim_seconds.observe(time.perf_counter() - t0)
-                    return vm
+                if self.metrics:
+                    self.metrics.placements.labels("claimed").inc()
+                    self.metrics.claim_seconds.observe(time.perf_counter() - t0)
+                return vm
         if self.metrics:
             self.metrics.placements.labels("conflict").inc()
         raise ConcurrentUpdate(f"lost {lost} claim races in {self.retries} rounds; retry the request")
 
     def _claim_on(self, cand: Candidate, want: VmWant, aff: Affinity,
-                  write_vm: Callable[[Session, str, Allocation], Vm]) -> Vm | None:
+                  write_vm: Callable[[Session, str, Allocation], Vm]) -> Vm:
+        """One short write transaction: lock/read the host row (not its layout), re-check
+        (or re-fit this host when the index was stale), bump the generation, record the VM.
+        Whatever fresh state was read is taught to the index, won or lost."""
         now = self.clock()
-        with self.store.write() as s:
-            if aff.group and s.bind.dialect.name == "postgresql":  # type: ignore[union-attr]
-                # Serialise members of one group (SQLite's BEGIN IMMEDIATE already does).
-                s.execute(text("SELECT pg_advisory_xact_lock(hashtext(:g))"), {"g": aff.group})
-            h = host_repo.get_host(session=s, name=cand.host)
-            state = host_repo.effective_state(h, now=now, heartbeat_timeout_s=self.cache.timeout)
-            if state != "active":
-                raise _Lost()
-            avoid_h, avoid_r = self._avoid(s, aff)
-            if h.name in avoid_h or (h.rack and h.rack in avoid_r):
-                raise _Lost()
-            usage = Usage.from_dict(h.usage)
-            res = self.cache.res(s, h)
-            alloc: Allocation | Any = cand.alloc
-            if check_allocation(res, usage, alloc):
-                alloc = fit_host(HostView(res, usage), want)  # the index was stale: re-fit this host
-                if not isinstance(alloc, Allocation):
+        seen: tuple[Any, Usage, int] | None = None  # (row, usage, generation after)
+        try:
+            with self.store.write() as s:
+                if aff.group and s.bind.dialect.name == "postgresql":  # type: ignore[union-attr]
+                    # Serialise members of one group (SQLite's BEGIN IMMEDIATE already does).
+                    s.execute(text("SELECT pg_advisory_xact_lock(hashtext(:g))"), {"g": aff.group})
+                row = host_repo.claim_row(session=s, name=cand.host, lock=True)
+                usage = Usage.from_dict(row.usage)
+                seen = (row, usage, row.generation)
+                if host_repo.effective_state(row, now=now, heartbeat_timeout_s=self.cache.timeout) != "active":
                     raise _Lost()
-            if not host_repo.bump_usage(session=s, name=h.name, seen_generation=h.generation,
-                                        usage=usage.plus(alloc), now=now):
-                raise _Lost()
-            return write_vm(s, h.name, alloc)
+                if aff.group:
+                    avoid_h, avoid_r = self._avoid(s, aff)
+                    if row.name in avoid_h or (row.rack and row.rack in avoid_r):
+                        raise _Lost()
+                res = self.cache.res(s, row)
+                alloc: Allocation | Any = cand.alloc
+                if check_allocation(res, usage, alloc):
+                    alloc = fit_host(HostView(res, usage), want)  # the index was stale: re-fit this host
+                    if not isinstance(alloc, Allocation):
+                        raise _Lost()
+                new = usage.plus(alloc)
+                if not host_repo.bump_usage(session=s, name=row.name, seen_generation=row.generation,
+                                            usage=new, now=now):
+                    seen = None  # someone else moved it: the feed will tell
+                    raise _Lost()
+                vm = write_vm(s, row.name, alloc)
+            seen = (row, new, row.generation + 1)  # committed
+            return vm
+        finally:
+            if seen is not None:
+                row, u, gen = seen
+                self.cache.learn(row.name, generation=gen, layout_rev=row.layout_rev, usage=u,
+                                 admin_state=row.admin_state, last_heartbeat=row.last_heartbeat, now=now)
 
     def release(self, s: Session, vm: Vm) -> None:
         """Give back ``vm``'s allocation inside the caller's write transaction."""
@@ -144,9 +162,15 @@ class Placer:
             s.expire(h)
         raise ConcurrentUpdate(f"could not release {vm.id} on {vm.host}")
 
-    def _count(self, outcome: str, res: FitResult) -> None:
+    def _count(self, outcome: str, counts: dict[str, int]) -> None:
         if not self.metrics:
             return
         self.metrics.placements.labels(outcome).inc()
-        for r, n in res.counts.items():
+        for r, n in counts.items():
             self.metrics.rejections.labels(r).inc(n)
+
+
+def summary(counts: dict[str, int]) -> str:
+    if not counts:
+        return "no hosts"
+    return ", ".join(f"{n} host(s) short of {r}" for r, n in counts.items())

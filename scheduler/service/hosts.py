@@ -34,7 +34,7 @@ class HostService:
             h, created = host_repo.upsert_host(
                 session=s, name=body.name, address=body.address, rack=body.rack, labels=body.labels,
                 layout=body.layout, siblings=body.cpu_siblings, pf_min_rate=body.pf_min_rate,
-                disk_classes=body.disk_classes, now=now)
+                disk_classes=body.disk_classes, now=now, heartbeat_timeout_s=self.timeout)
             vm_repo.audit(session=s, principal=actor, action="host.register" if created else "host.update",
                           target=h.name, now=now, detail={"address": h.address, "layout_rev": h.layout_rev})
             out = self._public(s, h, now)
@@ -44,7 +44,7 @@ class HostService:
     def heartbeat(self, name: str) -> HostPublic:
         now = self.clock()
         with self.store.write() as s:
-            h = host_repo.heartbeat(session=s, name=name, now=now)
+            h = host_repo.heartbeat(session=s, name=name, now=now, heartbeat_timeout_s=self.timeout)
             return self._public(s, h, now)
 
     def set_state(self, name: str, state: str, *, actor: str) -> HostPublic:

@@ -1,90 +1,163 @@
-"""The placement index: every host's resources and usage, kept in memory per scheduler
-instance and refreshed by generation. One light query per placement reads
-(name, generation, layout_rev, state, heartbeat) of all hosts; only hosts whose
-generation moved have their usage re-read, only hosts whose layout changed are re-parsed.
-The DB stays the truth: a claim re-checks the host row inside its transaction."""
+"""The placement index of one scheduler instance, kept fresh from the database.
+
+The DB stays the truth (a claim re-checks the host row inside its transaction); the
+index only has to be fresh enough that claims rarely re-fit. Three ways in:
+
+- ``learn()``: this instance's own claims and releases, applied right after commit;
+- incremental refresh before a placement (at most every ``refresh_interval_s``): one
+  indexed query for hosts whose change stamp ``seq`` is at or after the feed position
+  of the previous read (``repo.hosts.changed_since``) — O(changed hosts), not O(fleet);
+- a full pass every ``full_refresh_s`` (and on first use): every host's generation,
+  admin state and heartbeat in one narrow query, usage and layouts re-read only where
+  they moved. Heartbeats do not stamp ``seq`` (that would make every heartbeat a feed
+  event), so "down" is judged here, against the heartbeat of the last full pass.
+"""
 
 from __future__ import annotations
 
+import logging
 import threading
-from dataclasses import dataclass
+import time
+from collections.abc import Callable, Sequence
+from typing import Any
 
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
+from scheduler.db.engine import Store
 from scheduler.db.models import Host
-from scheduler.fit import HostView
-from scheduler.repo.hosts import host_res
+from scheduler.fit import FitResult, HostView, VmWant
+from scheduler.repo import hosts as host_repo
 from scheduler.resources import HostRes, Usage
+from scheduler.service.index import FleetIndex
 
-
-@dataclass
-class _Entry:
-    generation: int
-    layout_rev: int
-    state: str
-    view: HostView
+log = logging.getLogger(__name__)
 
 
 class HostCache:
-    def __init__(self, *, heartbeat_timeout_s: float):
+    def __init__(self, *, heartbeat_timeout_s: float, refresh_interval_s: float = 0.0,
+                 full_refresh_s: float | None = None, monotonic: Callable[[], float] = time.monotonic):
         self.timeout = heartbeat_timeout_s
-        self._lock = threading.Lock()
+        self.refresh_interval_s = refresh_interval_s
+        self.full_refresh_s = full_refresh_s if full_refresh_s is not None else min(10.0, heartbeat_timeout_s / 4)
+        self.monotonic = monotonic
+        self.index = FleetIndex()
+        self._lock = threading.Lock()  # the index and the maps below
+        self._refreshing = threading.Lock()  # one refresher at a time; others use the index as is
         self._res: dict[str, tuple[int, HostRes]] = {}
-        self._entries: dict[str, _Entry] = {}
+        self._meta: dict[str, tuple[str, float]] = {}  # name -> (admin_state, last_heartbeat)
+        self._position: int | None = None  # feed position; None = no full pass yet
+        self._last_full = self._last_inc = float("-inf")
 
-    def views(self, session: Session, *, now: float) -> list[HostView]:
-        rows = session.execute(select(Host.name, Host.generation, Host.layout_rev, Host.admin_state,
-                                      Host.last_heartbeat)).all()
-        with self._lock:
-            entries = dict(self._entries)
-            res = dict(self._res)
-        stale_usage, stale_res = [], []
-        for name, gen, rev, _st, _hb in rows:
-            e = entries.get(name)
-            if e is None or e.generation != gen:
-                stale_usage.append(name)
-            if name not in res or res[name][0] != rev:
-                stale_res.append(name)
-        for chunk in _chunks(stale_res, 500):
-            for h in session.scalars(select(Host).where(Host.name.in_(chunk))):
-                res[h.name] = (h.layout_rev, host_res(h))
-        usages: dict[str, tuple[int, Usage]] = {}
-        for chunk in _chunks(stale_usage, 500):
-            for name, gen, u in session.execute(select(Host.name, Host.generation, Host.usage)
-                                                .where(Host.name.in_(chunk))):
-                usages[name] = (gen, Usage.from_dict(u))
-        out: list[HostView] = []
-        fresh: dict[str, _Entry] = {}
-        for name, gen, rev, admin, hb in rows:
-            state = "down" if now - hb > self.timeout else admin
-            e = entries.get(name)
-            if name in usages:
-                gen, usage = usages[name]
-            elif e is not None:
-                usage = e.view.usage
-            else:  # deleted and re-added between the two queries: skip this round
-                continue
-            if e is None or e.generation != gen or e.state != state or e.layout_rev != res[name][0]:
-                e = _Entry(gen, res[name][0], state, HostView(res[name][1], usage, state == "active", state))
-            fresh[name] = e
-            out.append(e.view)
-        with self._lock:
-            self._entries = fresh
-            self._res = {k: v for k, v in res.items() if k in fresh}
-        return out
+    # ------------------------------------------------------------ refresh
 
-    def res(self, session: Session, host: Host) -> HostRes:
+    def refresh(self, store: Store, *, now: float, full: bool = False) -> None:
+        first = self._position is None
+        if not self._refreshing.acquire(blocking=first or full):
+            return  # another thread is refreshing right now: good enough
+        try:
+            mono = self.monotonic()
+            if full or self._position is None or mono - self._last_full >= self.full_refresh_s:
+                self._full(store, now=now)
+                self._last_full = self._last_inc = mono
+            elif mono - self._last_inc >= self.refresh_interval_s:
+                self._incremental(store, now=now)
+                self._last_inc = mono
+        finally:
+            self._refreshing.release()
+
+    def _incremental(self, store: Store, *, now: float) -> None:
+        assert self._position is not None
+        with store.snapshot() as s:
+            rows = host_repo.changed_since(session=s, position=self._position)
+            position = host_repo.feed_position(session=s)
+            if rows:
+                self._load_res(s, [r.name for r in rows if self._res_stale(r.name, r.layout_rev)])
+        with self._lock:
+            for r in rows:
+                self._meta[r.name] = (r.admin_state, r.last_heartbeat)
+                self._apply(r.name, r.generation, r.layout_rev, Usage.from_dict(r.usage), now=now)
+            self._position = position
+
+    def _full(self, store: Store, *, now: float) -> None:
+        entries = self.index.entries
+        with self._lock:
+            known = {n: e.generation for n, e in entries.items()}
+        with store.snapshot() as s:
+            rows = host_repo.fleet_state(session=s)
+            position = host_repo.feed_position(session=s)
+            stale = [r.name for r in rows if known.get(r.name) != r.generation]
+            usages = host_repo.usages(session=s, names=stale) if stale else {}
+            self._load_res(s, [r.name for r in rows if self._res_stale(r.name, r.layout_rev)])
+        names = {r.name for r in rows}
+        with self._lock:
+            for name in [n for n in list(entries) if n not in names]:
+                self.index.remove(name)
+                self._res.pop(name, None)
+                self._meta.pop(name, None)
+            for r in rows:
+                self._meta[r.name] = (r.admin_state, r.last_heartbeat)
+                if r.name in usages:
+                    gen, u = usages[r.name]
+                    self._apply(r.name, gen, r.layout_rev, Usage.from_dict(u), now=now)
+                elif r.name in entries:  # usage unchanged; state or heartbeat may have
+                    e = entries[r.name]
+                    self._apply(r.name, e.generation, r.layout_rev, e.view.usage, now=now)
+            self._position = position
+        log.debug("index full pass hosts=%d re-read=%d", len(rows), len(stale))
+
+    def _res_stale(self, name: str, rev: int) -> bool:
+        got = self._res.get(name)
+        return got is None or got[0] != rev
+
+    def _load_res(self, s: Session, names: Sequence[str]) -> None:
+        for h in host_repo.hosts_by_name(session=s, names=list(names)):
+            r = host_repo.host_res(h)
+            with self._lock:
+                self._res[h.name] = (h.layout_rev, r)
+
+    def _apply(self, name: str, generation: int, rev: int, usage: Usage, *, now: float) -> None:
+        """Caller holds the lock. Re-index ``name`` unless nothing it depends on changed."""
+        res = self._res.get(name)
+        if res is None or res[0] != rev:
+            return  # layout not loaded (deleted and re-added between reads): next pass
+        admin, hb = self._meta.get(name, ("active", now))
+        state = "down" if now - hb > self.timeout else admin
+        e = self.index.entries.get(name)
+        if e is not None:
+            if generation < e.generation:
+                return  # older than what we know (our own claim was learnt first)
+            if (generation == e.generation and rev == e.layout_rev and state == e.view.state):
+                return
+        self.index.put(HostView(res[1], usage, state == "active", state), generation=generation, layout_rev=rev)
+
+    def learn(self, name: str, *, generation: int, layout_rev: int, usage: Usage, admin_state: str,
+              last_heartbeat: float, now: float) -> None:
+        """What this instance just committed (claim or release) goes straight in."""
+        with self._lock:
+            self._meta[name] = (admin_state, last_heartbeat)
+            self._apply(name, generation, layout_rev, usage, now=now)
+
+    # ------------------------------------------------------------ queries
+
+    def walk(self, want: VmWant, *, avoid_hosts: frozenset[str], avoid_racks: frozenset[str],
+             skip: frozenset[str], limit: int) -> tuple[FitResult, dict[str, int]]:
+        with self._lock:
+            return self.index.walk(want, avoid_hosts=avoid_hosts, avoid_racks=avoid_racks, skip=skip, limit=limit)
+
+    def views(self, store: Store, *, now: float) -> list[HostView]:
+        """Every host as the index sees it (the dry run's full scan)."""
+        self.refresh(store, now=now)
+        with self._lock:
+            return self.index.views()
+
+    def res(self, session: Session, host: Host | Any) -> HostRes:
+        """The resources of ``host`` (a Host or a claim row with name + layout_rev)."""
         with self._lock:
             got = self._res.get(host.name)
         if got and got[0] == host.layout_rev:
             return got[1]
-        r = host_res(host)
+        h = host if isinstance(host, Host) else host_repo.get_host(session=session, name=host.name)
+        r = host_repo.host_res(h)
         with self._lock:
-            self._res[host.name] = (host.layout_rev, r)
+            self._res[h.name] = (h.layout_rev, r)
         return r
-
-
-def _chunks(xs: list[str], n: int):  # type: ignore[no-untyped-def]
-    for i in range(0, len(xs), n):
-        yield xs[i:i + n]

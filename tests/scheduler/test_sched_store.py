@@ -35,7 +35,7 @@ def test_migrations_up_down_up(db_url):
     store = Store.from_url(db_url)
     try:
         upgrade(store.engine)
-        assert current(store.engine) == "0002"
+        assert current(store.engine) == "0003"
         assert {"hosts", "vms", "audit"} <= set(inspect(store.engine).get_table_names())
         downgrade(store.engine, "0001")
         assert "audit" not in inspect(store.engine).get_table_names()
@@ -43,7 +43,7 @@ def test_migrations_up_down_up(db_url):
         assert "hosts" not in inspect(store.engine).get_table_names()
         out = subprocess.run([sys.executable, "-m", "scheduler.cli", "db", "upgrade", "--url", db_url],
                              capture_output=True, text=True, cwd=REPO, check=True)
-        assert out.stdout.strip() == "0002"
+        assert out.stdout.strip() == "0003"
     finally:
         store.dispose()
 
@@ -162,16 +162,16 @@ def test_stale_index_refits_and_stale_generation_loses(db_url):
     from sched_helpers import make_client
     from scheduler.fit import VmWant
     from scheduler.repo.hosts import bump_usage
-    from scheduler.errors import ConcurrentUpdate
+    from scheduler.errors import ConcurrentUpdate, NoValidHost
     from scheduler.service.claims import Affinity
     one = Shape("one", nodes=1, cores_per_node=3, smt=1, io_cores_per_node=1, host_cores=0,
                 pages_2m_per_node=64, vfs_per_node=0, disks_per_node=0)
     with make_client(db_url) as a, make_client(db_url) as b:
         assert a.post("/v1/hosts", json=host_body("h1", one), headers=HOST).status_code == 201
         pa, pb_ = a.app.state.placer, b.app.state.placer
-        with pb_.store.read() as s:
-            frozen = pb_.cache.views(s, now=pb_.clock())
-        pb_.cache.views = lambda s, now: frozen  # b's index never refreshes: always stale
+        pb_.cache.refresh(pb_.store, now=pb_.clock())
+        pb_.cache.refresh = lambda *a, **k: None  # b's index never refreshes: always stale
+        pb_.cache.learn = lambda *a, **k: None  # ... and never learns from its own claims
         rows = []
 
         def write(tag):
@@ -184,6 +184,10 @@ def test_stale_index_refits_and_stale_generation_loses(db_url):
         assert rows == [("a", (1,)), ("b", (2,))]
         with pytest.raises(ConcurrentUpdate):
             pb_.claim(VmWant(1, 2), Affinity(), write("c"))  # full: the re-fit fails everywhere
+        # a's index follows the change feed: it knows the host is full and says why
+        with pytest.raises(NoValidHost) as e:
+            pa.claim(VmWant(1, 2), Affinity(), write("d"))
+        assert e.value.extra["rejections"] == {"vcpus": 1}
         with pa.store.write() as s:
             gen = s.get(Host, "h1").generation
             assert not bump_usage(session=s, name="h1", seen_generation=gen - 1, usage=Usage(), now=0)
