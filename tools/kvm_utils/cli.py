@@ -24,6 +24,9 @@ EPILOG = """examples:
   kvm-utils report --input run.kvmu      report a recording ...
   kvm-utils report --input trace.txt     ... or any ftrace text / `trace-cmd report` output
   kvm-utils bench --json                 exit-path microbenchmarks on this host's /dev/kvm
+  kvm-utils diagnose 10                  known pathologies (acpi_pm clock, TSC_DEADLINE/IPI storms,
+                                         vPMU sampling, HLT wake-ups, RAM faults) -> advice + evidence
+  kvm-utils diagnose --vm web1 --input run.kvmu --format json    ... of a recording / ftrace text
 """
 
 
@@ -73,6 +76,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-cycles", type=int, default=1 << 30,
                    help="double iterations until a run takes this many TSC cycles")
     p.add_argument("--repeat", type=int, default=3, help="runs per test; the fastest counts")
+
+    p = sub.add_parser("diagnose", help="turn known exit pathologies into advice, with the evidence")
+    p.add_argument("duration", type=float, nargs="?", default=None, help="seconds live (default: until Ctrl-C)")
+    p.add_argument("--input", "-i", type=Path, default=None,
+                   help="diagnose a record file / ftrace text instead of the live host")
+    p.add_argument("--vm", default=None, help="only this VM (QEMU -name guest=NAME)")
+    p.add_argument("--engine", choices=("auto", "bpf", "ftrace"), default="auto",
+                   help="live source: bpftrace in-kernel counts (default when installed) or an ftrace instance")
+    p.add_argument("--format", choices=("table", "json"), default="table")
 
     sub.add_parser("doctor", help="check tracefs, kvm tracepoints, perf, BPF, kprobes; say how to fix")
     return ap

@@ -66,6 +66,16 @@ def _bench(args: argparse.Namespace) -> int:
     return 0 if all(r.error is None for r in results) else 1
 
 
+def _diagnose(args: argparse.Namespace) -> int:
+    from tools.kvm_utils.diagnose import rules, run as diag
+    if args.input is not None:
+        ev = diag.evidence_from_file(args.input)
+    else:
+        ev = diag.evidence_live(args.engine, args.tracefs, args.duration)
+    sys.stdout.write(diag.render(rules.diagnose(ev, vm=args.vm), args.format))
+    return 0
+
+
 def _doctor(args: argparse.Namespace) -> int:
     from tools.kvm_utils import doctor
     checks = doctor.run_checks(args.tracefs)
@@ -74,4 +84,4 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"record": _record, "exits": _exits, "latency": _bpf, "msr": _bpf, "io": _bpf,
-             "bench": _bench, "doctor": _doctor}
+             "bench": _bench, "doctor": _doctor, "diagnose": _diagnose}

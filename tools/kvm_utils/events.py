@@ -65,4 +65,15 @@ class UserspaceExit:
     reason: str          # "IO", "HLT", "MMIO", ... ; "restart"/"error" for errno cases
 
 
-Event = Exit | Entry | Msr | Pio | Mmio | UserspaceExit
+@dataclass(frozen=True)
+class Wakeup:
+    """kvm_vcpu_wakeup: a halted vCPU woke up (`waited`: it slept; else halt-polling caught it)."""
+
+    tid: int
+    ts_ns: int
+    ns: int
+    waited: bool
+    valid: bool
+
+
+Event = Exit | Entry | Msr | Pio | Mmio | UserspaceExit | Wakeup

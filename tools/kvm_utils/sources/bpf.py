@@ -17,6 +17,7 @@ import shutil
 import signal
 import subprocess
 import sys
+import time
 from collections import defaultdict
 from collections.abc import Iterable
 
@@ -161,19 +162,23 @@ def to_summary(maps: dict[str, dict[tuple[int, ...], int]], mode: str) -> Summar
                    source=f"bpftrace:{mode}", approx_percentiles=True)
 
 
-def run(mode: str, duration: float | None, pid: int | None = None, bpftrace: str = "bpftrace") -> Summary:
-    """Run the program until `duration` or Ctrl-C (forwarded as SIGINT), then summarise."""
+def run_script(program: str, ready_message: str, bpftrace: str = "bpftrace") -> tuple[str, float]:
+    """Run a bpftrace program (-f json) that prints `kvm-utils-ready` in BEGIN, until it exits
+    or Ctrl-C (forwarded as SIGINT: bpftrace then prints its maps). Returns (stdout, seconds
+    from ready to the end), printing `ready_message` to stderr once every probe is attached."""
     exe = shutil.which(bpftrace)
     if exe is None:
         raise NotAvailable("bpftrace not found: apt-get install bpftrace")
-    proc = subprocess.Popen([exe, "-f", "json", "-e", script(mode, duration, pid)],
+    proc = subprocess.Popen([exe, "-f", "json", "-e", program],
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     lines: list[str] = []
+    t_ready = None
     try:
         try:
             for line in proc.stdout:
-                if "kvm-utils-ready" in line:
-                    print("Tracing kvm exits in BPF... Hit Ctrl-C to end.", file=sys.stderr, flush=True)
+                if t_ready is None and "kvm-utils-ready" in line:
+                    t_ready = time.monotonic()
+                    print(ready_message, file=sys.stderr, flush=True)
                 lines.append(line)
         except KeyboardInterrupt:
             if proc.poll() is None:
@@ -185,9 +190,16 @@ def run(mode: str, duration: float | None, pid: int | None = None, bpftrace: str
         if proc.poll() is None:
             proc.kill()
             proc.wait()
+    elapsed = time.monotonic() - t_ready if t_ready is not None else 0.0
     out = "".join(lines)
     if proc.returncode not in (0, -signal.SIGINT) and "map" not in out:
         raise KvmUtilsError(f"bpftrace failed (exit {proc.returncode}): {_errors(err)}")
+    return out, elapsed
+
+
+def run(mode: str, duration: float | None, pid: int | None = None, bpftrace: str = "bpftrace") -> Summary:
+    """Run the program until `duration` or Ctrl-C, then summarise."""
+    out, _ = run_script(script(mode, duration, pid), "Tracing kvm exits in BPF... Hit Ctrl-C to end.", bpftrace)
     summary = to_summary(parse_output(out), mode)
     return name_threads(summary)
 

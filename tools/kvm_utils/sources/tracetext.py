@@ -19,7 +19,7 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 
 from tools.kvm_utils.arch import Vendor, exit_reason_name, unknown, vendor_of_reason_name
-from tools.kvm_utils.events import Entry, Event, Exit, Mmio, Msr, Pio, UserspaceExit
+from tools.kvm_utils.events import Entry, Event, Exit, Mmio, Msr, Pio, UserspaceExit, Wakeup
 
 _LINE = re.compile(
     r"^\s*(?P<task>.*?)-(?P<tid>\d+)\s+(?:\(\s*[\d-]+\)\s+)?\[(?P<cpu>\d+)\]\s+"
@@ -33,11 +33,12 @@ _PIO = re.compile(r"^pio_(read|write) at 0x([0-9a-f]+) size (\d+) count (\d+) va
 _MMIO = re.compile(r"^mmio (unsatisfied-read|read|write) len (\d+) gpa 0x([0-9a-f]+) val 0x([0-9a-f]+)")
 _FAST_MMIO = re.compile(r"^fast mmio at gpa 0x([0-9a-f]+)")
 _USER_EXIT = re.compile(r"^reason (\S+) \((-?\d+)\)")
+_WAKEUP = re.compile(r"^(wait|poll) time (-?\d+) ns, polling (valid|invalid)")
 _VCPU_TASK = re.compile(r"^CPU (\d+)/KVM$")
 _HEX_REASON = re.compile(r"^0x([0-9a-f]+)$")
 
 KVM_EVENTS = ("kvm_exit", "kvm_entry", "kvm_msr", "kvm_pio", "kvm_mmio", "kvm_fast_mmio",
-              "kvm_userspace_exit")
+              "kvm_userspace_exit", "kvm_vcpu_wakeup")
 
 
 @dataclass(frozen=True)
@@ -107,6 +108,10 @@ def parse_body(event: str, body: str, tid: int, ts_ns: int, vendor: Vendor | Non
         m = _USER_EXIT.match(body)
         if m:
             return UserspaceExit(tid, ts_ns, m.group(1).removeprefix("KVM_EXIT_"))
+    elif event == "kvm_vcpu_wakeup":   # include/trace/events/kvm.h
+        m = _WAKEUP.match(body)
+        if m:
+            return Wakeup(tid, ts_ns, int(m.group(2)), m.group(1) == "wait", m.group(3) == "valid")
     return None
 
 

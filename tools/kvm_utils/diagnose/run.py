@@ -1,0 +1,146 @@
+"""`diagnose`: collect evidence (a file, or live with bpftrace / an ftrace instance), apply
+the rules, render the advice (`table` or `json`)."""
+
+from __future__ import annotations
+
+import json
+import logging
+import shutil
+import tempfile
+from collections.abc import Iterable
+from pathlib import Path
+
+from tools.kvm_utils import procs
+from tools.kvm_utils.aggregate import ThreadInfo
+from tools.kvm_utils.arch import Vendor
+from tools.kvm_utils.diagnose.evidence import Evidence, from_bpf_maps, from_events
+from tools.kvm_utils.diagnose.rules import Diagnosis
+from tools.kvm_utils.errors import KvmUtilsError
+from tools.kvm_utils.sources import bpf, recordfile
+from tools.kvm_utils.sources.tracetext import detect_vendor, parse_lines, vcpu_of_task
+
+log = logging.getLogger(__name__)
+
+#: in-kernel aggregation keyed by (pid, tid, ...): one map update per event, nothing per
+#: event in userspace. @ept[tid]: 1 = an EPT violation / NPF exit is open, 2 = it did MMIO.
+SCRIPT = """
+BEGIN { printf("kvm-utils-ready\\n"); }
+tracepoint:kvm:kvm_exit {
+  @x[pid, tid, (uint64)args->isa, (uint64)args->exit_reason] = count();
+  if ((args->isa == 1 && args->exit_reason == 48) || (args->isa == 2 && args->exit_reason == 0x400)) {
+    @ept[tid] = 1;
+  }
+}
+tracepoint:kvm:kvm_entry /@ept[tid]/ { if (@ept[tid] == 1) { @f[pid, tid] = count(); } delete(@ept[tid]); }
+tracepoint:kvm:kvm_mmio /@ept[tid]/ { @ept[tid] = 2; }
+tracepoint:kvm:kvm_fast_mmio /@ept[tid]/ { @ept[tid] = 2; }
+tracepoint:kvm:kvm_mmio /args->type != 0/ { @mm[pid, tid, args->gpa, (uint64)(args->type == 2)] = count(); }
+tracepoint:kvm:kvm_fast_mmio { @mm[pid, tid, args->gpa, (uint64)1] = count(); }
+tracepoint:kvm:kvm_msr { @m[pid, tid, (uint64)args->ecx, (uint64)args->write] = count(); }
+tracepoint:kvm:kvm_msr /args->ecx == 0x830 && args->write/ { @icr[pid, tid, args->data & 0xff] = count(); }
+tracepoint:kvm:kvm_pio { @p[pid, tid, (uint64)args->port, (uint64)args->rw] = count(); }
+tracepoint:kvm:kvm_userspace_exit { @u[pid, tid, (uint64)args->reason] = count(); }
+tracepoint:kvm:kvm_vcpu_wakeup { @w[pid, tid] = count(); }
+"""
+_END = "END { clear(@ept); }\n"
+
+
+def bpf_script(duration: float | None) -> str:
+    stop = "" if duration is None else f"interval:ms:{max(1, int(duration * 1000))} {{ exit(); }}\n"
+    return SCRIPT + stop + _END
+
+
+# ------------------------------------------------------------------------ from a file
+
+def evidence_from_lines(lines: Iterable[str], name: str = "-") -> Evidence:
+    """A kvm-utils record file or ftrace text -> Evidence. The window is the record's
+    duration when the header has one, else first to last kvm event timestamp."""
+    header, body = recordfile.split(lines)
+    body_lines = list(body)
+    threads: dict[int, ThreadInfo] = dict(header.threads) if header else {}
+    vendor = Vendor(header.vendor) if header and header.vendor else detect_vendor(body_lines)
+    parsed = list(parse_lines(body_lines, vendor))
+    for ln in parsed:
+        threads.setdefault(ln.tid, ThreadInfo(vcpu_of_task(ln.task), None))
+    if header is not None and header.duration_s:
+        duration = float(header.duration_s)
+        source = f"record {name}"
+    else:
+        source = f"ftrace text {name}"
+        duration = (parsed[-1].ts_ns - parsed[0].ts_ns) / 1e9 if len(parsed) > 1 else 0.0
+    return from_events((ln.event for ln in parsed), duration, threads, source)
+
+
+def evidence_from_file(path: Path) -> Evidence:
+    if not path.is_file():
+        raise KvmUtilsError(f"--input {path}: no such file")
+    with open(path, encoding="utf-8", errors="replace") as f:
+        return evidence_from_lines(f, path.name)
+
+
+# ------------------------------------------------------------------------ live
+
+def _threads_now(proc: Path) -> dict[int, ThreadInfo]:
+    return procs.thread_map(procs.vm_processes(proc))
+
+
+def evidence_live_bpf(duration: float | None, proc: Path = Path("/proc")) -> Evidence:
+    before = _threads_now(proc)
+    out, elapsed = bpf.run_script(bpf_script(duration),
+                                  "Diagnosing kvm events in BPF... Hit Ctrl-C to end." if duration is None
+                                  else f"Diagnosing kvm events in BPF for {duration:g} s...")
+    threads = {**before, **_threads_now(proc)}   # threads alive at the start or the end
+    return from_bpf_maps(bpf.parse_output(out), elapsed, threads)
+
+
+def evidence_live_ftrace(tracefs: Path | None, duration: float | None) -> Evidence:
+    """Fallback without bpftrace: every event through a private ftrace instance (costlier)."""
+    import sys
+
+    from tools.kvm_utils.record import record
+    from tools.kvm_utils.sources.tracefs import tracefs_mounted
+    with tempfile.TemporaryDirectory(prefix="kvmu-diag-") as d, tracefs_mounted(tracefs) as root:
+        print("Diagnosing kvm events through ftrace" + (f" for {duration:g} s..." if duration else
+                                                        "... Hit Ctrl-C to end."), file=sys.stderr, flush=True)
+        res = record(root, Path(d) / "diag.kvmu", duration)
+        ev = evidence_from_file(res.path)
+    ev.source = "ftrace"
+    return ev
+
+
+def evidence_live(engine: str, tracefs: Path | None, duration: float | None) -> Evidence:
+    if engine == "bpf" or (engine == "auto" and shutil.which("bpftrace")):
+        return evidence_live_bpf(duration)
+    return evidence_live_ftrace(tracefs, duration)
+
+
+# ------------------------------------------------------------------------ output
+
+def render(d: Diagnosis, fmt: str) -> str:
+    if fmt == "json":
+        return json.dumps(d.to_dict(), indent=2) + "\n"
+    out = [f"diagnose: {d.duration_s:.2f} s of kvm events from {d.source}"]
+    for vm in d.vms:
+        out.append(f"  VM {vm['vm']}: {vm['vcpu_threads']} vCPU thread(s), {vm['exits']} exits "
+                   f"({vm['exit_rate_per_s']:,.1f}/s), {vm['access_events']} PIO/MMIO/MSR/userspace-exit events")
+    if not d.vms:
+        out.append("  no VM activity seen (no kvm events): nothing to diagnose")
+    out.append("")
+    if not d.findings:
+        out.append("no known pathology found" + (" (in what could be evaluated, see below)" if d.not_evaluated else ""))
+    for i, f in enumerate(d.findings, 1):
+        out.append(f"[{i}] {f.vm}: {f.title}  ({f.rule})")
+        out += [f"    evidence: {line}" if j == 0 else f"              {line}" for j, line in enumerate(f.evidence)]
+        out += _wrap("    advice:   ", f.advice)
+        out += _wrap("    fix:      ", f.fix)
+        out.append("")
+    if d.not_evaluated:
+        rules = ", ".join(n["rule"] for n in d.not_evaluated)
+        out += ["", f"not evaluated: {rules}: {d.not_evaluated[0]['why']}"]
+    return "\n".join(out).rstrip() + "\n"
+
+
+def _wrap(prefix: str, text: str, width: int = 100) -> list[str]:
+    import textwrap
+    return textwrap.wrap(text, width, initial_indent=prefix, subsequent_indent=" " * len(prefix),
+                         break_on_hyphens=False) or [prefix]
