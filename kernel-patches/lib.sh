@@ -75,26 +75,39 @@ kp_prepare_pristine() {
   flock -u 8
 }
 
-# Patch file names of a series directory, in order ("series" file, # comments).
+# KP_PATCHES=(patch file names of series dir $1, in order): its "series" file,
+# one name per line, # comments. Runs in the calling shell so a bad entry exits.
 kp_series() {
   local dir=$1 p
   [ -f "$dir/series" ] || kp_die "$dir/series missing (one patch file name per line, in order)"
+  KP_PATCHES=()
   while read -r p; do
     p=${p%%#*}; p=${p//[[:space:]]/}
     [ -n "$p" ] || continue
     [ -f "$dir/$p" ] || kp_die "$dir/series lists $p, which does not exist"
-    echo "$p"
+    KP_PATCHES+=("$p")
   done < "$dir/series"
+  [ ${#KP_PATCHES[@]} -gt 0 ] || kp_die "$dir/series lists no patches"
 }
 
 # Reset worktree $1 to pristine and git-am the series in $2 onto it.
+# Files that come out with the same content as before the reset get their old
+# mtime back, so make rebuilds only what the series change really touches
+# (include/linux/cpu.h alone is behind hundreds of objects).
 kp_apply_series() {
-  local tree=$1 dir=$2 p
-  (cd "$tree" && { "${KP_GIT[@]}" am --abort >/dev/null 2>&1 || true; } \
-     && "${KP_GIT[@]}" checkout -q -f --detach pristine && "${KP_GIT[@]}" clean -q -f -d -x) \
+  local tree=$1 dir=$2 p f old keep
+  kp_series "$dir"
+  (cd "$tree" && { "${KP_GIT[@]}" am --abort >/dev/null 2>&1 || true; })
+  old=$(git -C "$tree" rev-parse -q --verify HEAD || true)
+  keep=$KP_LOGDIR/mtimes
+  rm -rf "$keep"; mkdir -p "$keep"
+  if [ -n "$old" ]; then
+    git -C "$tree" diff --name-only pristine "$old" | while read -r f; do
+      if [ -f "$tree/$f" ]; then mkdir -p "$keep/$(dirname "$f")"; touch -r "$tree/$f" "$keep/$f"; fi
+    done
+  fi
+  (cd "$tree" && "${KP_GIT[@]}" checkout -q -f --detach pristine && "${KP_GIT[@]}" clean -q -f -d -x) \
      || kp_die "cannot reset $tree to pristine"
-  mapfile -t KP_PATCHES < <(kp_series "$dir")
-  [ ${#KP_PATCHES[@]} -gt 0 ] || kp_die "$dir/series lists no patches"
   for p in "${KP_PATCHES[@]}"; do
     if ! (cd "$tree" && "${KP_GIT[@]}" am -q "$dir/$p") >"$KP_LOGDIR/am.log" 2>&1; then
       cat "$KP_LOGDIR/am.log" >&2
@@ -103,6 +116,13 @@ kp_apply_series() {
     fi
     kp_log "applied $p"
   done
+  if [ -n "$old" ]; then
+    (cd "$keep" && find . -type f -printf '%P\n') | while read -r f; do
+      if [ -f "$tree/$f" ] && git -C "$tree" diff --quiet "$old" HEAD -- "$f"; then
+        touch -r "$keep/$f" "$tree/$f"
+      fi
+    done
+  fi
 }
 
 # Configure O=dir $2 of tree $1 for a KVM guest, plus optional fragments ($3...),

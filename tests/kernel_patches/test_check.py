@@ -112,3 +112,14 @@ def test_patch_that_does_not_apply_fails(tmp_path: Path) -> None:
     out = res.stdout + res.stderr
     assert res.returncode == 1, out
     assert re.search(r"FAILED: patch 0002-\S+ does not apply", res.stderr), out
+
+
+def test_series_naming_a_missing_patch_fails(tmp_path: Path) -> None:
+    dst = tmp_path / "series"
+    shutil.copytree(SERIES, dst)
+    with (dst / "series").open("a") as f:
+        f.write("0003-not-there.patch\n")
+    res = run_check(dst)
+    assert res.returncode == 1, res.stdout + res.stderr
+    assert "lists 0003-not-there.patch, which does not exist" in res.stderr
+    assert "check: applied" not in res.stdout
