@@ -67,7 +67,8 @@ def helper_path(build: bool = True) -> Path:
 
 
 def helper_argv(mode: str, iterations: int, *, name: str | None = None, target_cycles: int | None = None,
-                linger_ms: int = 0, delay_ms: int = 0) -> list[str]:
+                linger_ms: int = 0, delay_ms: int = 0, port: int | None = None,
+                wait_stdin: bool = False) -> list[str]:
     argv = [str(helper_path())]
     if name:
         argv += ["-name", f"guest={name}"]
@@ -77,6 +78,10 @@ def helper_argv(mode: str, iterations: int, *, name: str | None = None, target_c
         argv += ["--linger-ms", str(linger_ms)]
     if delay_ms:
         argv += ["--delay-ms", str(delay_ms)]
+    if port is not None:
+        argv += ["--port", hex(port)]
+    if wait_stdin:
+        argv += ["--wait-stdin"]
     return argv + [mode, str(iterations)]
 
 

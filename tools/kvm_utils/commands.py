@@ -50,7 +50,9 @@ def _exits(args: argparse.Namespace) -> int:
 
 def _bpf(args: argparse.Namespace) -> int:
     from tools.kvm_utils.sources import bpf
-    summary = bpf.run(args.cmd, args.duration, pid=args.pid)
+    from tools.kvm_utils.sources.tracefs import tracefs_mounted
+    with tracefs_mounted(args.tracefs):      # bpftrace resolves tracepoints through tracefs
+        summary = bpf.run(args.cmd, args.duration, pid=args.pid)
     sys.stdout.write(render(summary, args.format))
     return 0
 
@@ -72,6 +74,9 @@ def _diagnose(args: argparse.Namespace) -> int:
         ev = diag.evidence_from_file(args.input)
     else:
         ev = diag.evidence_live(args.engine, args.tracefs, args.duration)
+    if args.vm and args.vm not in ev.vms():
+        print(f"diagnose: VM {args.vm!r} showed no kvm activity (seen: {', '.join(ev.vms()) or 'none'})",
+              file=sys.stderr)
     sys.stdout.write(diag.render(rules.diagnose(ev, vm=args.vm), args.format))
     return 0
 

@@ -39,8 +39,9 @@ def host_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
 
 
 def record(trace_root: Path, output: Path, duration: float | None, buffer_kb: int = 8192,
-           proc: Path = Path("/proc"), should_stop=lambda: False) -> RecordResult:
-    """Record until `duration` seconds pass, `should_stop()` or Ctrl-C; the file is complete either way."""
+           proc: Path = Path("/proc"), should_stop=lambda: False, on_ready=lambda: None) -> RecordResult:
+    """Record until `duration` seconds pass, `should_stop()` or Ctrl-C; the file is complete either way.
+    `on_ready()` is called once tracing is on (every event from then on is recorded)."""
     threads = procs.thread_map(procs.vm_processes(proc))
     header = recordfile.Header(kernel=platform.release(), vendor=host_vendor(), started=time.time(),
                                events=list(KVM_EVENTS))
@@ -53,6 +54,7 @@ def record(trace_root: Path, output: Path, duration: float | None, buffer_kb: in
     try:
         with os.fdopen(fd, "w") as body, tracefs.instance(trace_root, list(KVM_EVENTS), buffer_kb) as inst:
             header.events = inst.events
+            on_ready()
             stop_at = None if duration is None else t0 + duration
             stopping: list[bool] = []
             lines_in = inst.pipe_lines(stop_at, lambda: bool(stopping) or should_stop())

@@ -57,3 +57,47 @@ def stop(proc: subprocess.Popen, sig: int = 2, timeout: float = 30) -> tuple[str
         proc.kill()
         out, err = proc.communicate()
         raise AssertionError(f"pid {proc.pid} ignored signal {sig}: {err}")
+
+
+def start_guest(argv: list[str]) -> subprocess.Popen:
+    """Start the bench helper with --wait-stdin and wait for its "ready" line: the VM and its
+    vCPU thread exist, nothing has run yet. It runs when `go()` writes a line to stdin."""
+    g = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = g.stderr.readline()
+    if not line.startswith("ready"):
+        g.kill()
+        g.wait()
+        raise AssertionError(f"bench helper did not get ready: {line!r} {g.stderr.read()}")
+    return g
+
+
+def go(g: subprocess.Popen) -> dict:
+    """Let a --wait-stdin helper run; its result line. It stays alive until `finish(g)`."""
+    import json
+    g.stdin.write("go\n")
+    g.stdin.flush()
+    return json.loads(g.stdout.readline())
+
+
+def finish(*procs: subprocess.Popen) -> None:
+    """Close stdin of / kill the processes we started (by PID), whatever state they are in."""
+    for p in procs:
+        if p is None:
+            continue
+        try:
+            if p.stdin:
+                p.stdin.close()
+            p.wait(timeout=10)
+        except (subprocess.TimeoutExpired, OSError, ValueError):
+            p.kill()
+            p.wait()
+
+
+def wait_line(proc: subprocess.Popen, marker: str, stream: str = "stderr") -> list[str]:
+    """Read `proc`'s stream until a line containing `marker` (readiness); the lines read."""
+    seen = []
+    for line in getattr(proc, stream):
+        seen.append(line)
+        if marker in line:
+            return seen
+    raise AssertionError(f"pid {proc.pid} ended before {marker!r}: {''.join(seen)}")

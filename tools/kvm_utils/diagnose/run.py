@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
+import re
 import shutil
 import tempfile
 from collections.abc import Iterable
@@ -24,7 +25,7 @@ log = logging.getLogger(__name__)
 #: in-kernel aggregation keyed by (pid, tid, ...): one map update per event, nothing per
 #: event in userspace. @ept[tid]: 1 = an EPT violation / NPF exit is open, 2 = it did MMIO.
 SCRIPT = """
-BEGIN { printf("kvm-utils-ready\\n"); }
+BEGIN { @t0 = nsecs; printf("kvm-utils-ready\\n"); }
 tracepoint:kvm:kvm_exit {
   @x[pid, tid, (uint64)args->isa, (uint64)args->exit_reason] = count();
   if ((args->isa == 1 && args->exit_reason == 48) || (args->isa == 2 && args->exit_reason == 0x400)) {
@@ -42,11 +43,15 @@ tracepoint:kvm:kvm_pio { @p[pid, tid, (uint64)args->port, (uint64)args->rw] = co
 tracepoint:kvm:kvm_userspace_exit { @u[pid, tid, (uint64)args->reason] = count(); }
 tracepoint:kvm:kvm_vcpu_wakeup { @w[pid, tid] = count(); }
 """
-_END = "END { clear(@ept); }\n"
+# the window ends when the interval fires (or, on Ctrl-C, at END: detaching takes a while)
+_STAMP = 'printf("kvm-utils-elapsed-ns %lld\\n", nsecs - @t0);'
+_END = "END { " + _STAMP + " clear(@t0); clear(@ept); }\n"
+_ELAPSED = re.compile(r"kvm-utils-elapsed-ns (\d+)")
 
 
 def bpf_script(duration: float | None) -> str:
-    stop = "" if duration is None else f"interval:ms:{max(1, int(duration * 1000))} {{ exit(); }}\n"
+    stop = "" if duration is None else (f"interval:ms:{max(1, int(duration * 1000))} {{ "
+                                        f"{_STAMP} exit(); }}\n")
     return SCRIPT + stop + _END
 
 
@@ -90,7 +95,8 @@ def evidence_live_bpf(duration: float | None, proc: Path = Path("/proc")) -> Evi
                                   "Diagnosing kvm events in BPF... Hit Ctrl-C to end." if duration is None
                                   else f"Diagnosing kvm events in BPF for {duration:g} s...")
     threads = {**before, **_threads_now(proc)}   # threads alive at the start or the end
-    return from_bpf_maps(bpf.parse_output(out), elapsed, threads)
+    m = _ELAPSED.search(out)     # the window as the kernel saw it (without bpftrace's teardown)
+    return from_bpf_maps(bpf.parse_output(out), int(m.group(1)) / 1e9 if m else elapsed, threads)
 
 
 def evidence_live_ftrace(tracefs: Path | None, duration: float | None) -> Evidence:
@@ -100,17 +106,22 @@ def evidence_live_ftrace(tracefs: Path | None, duration: float | None) -> Eviden
     from tools.kvm_utils.record import record
     from tools.kvm_utils.sources.tracefs import tracefs_mounted
     with tempfile.TemporaryDirectory(prefix="kvmu-diag-") as d, tracefs_mounted(tracefs) as root:
-        print("Diagnosing kvm events through ftrace" + (f" for {duration:g} s..." if duration else
-                                                        "... Hit Ctrl-C to end."), file=sys.stderr, flush=True)
-        res = record(root, Path(d) / "diag.kvmu", duration)
+        msg = "Diagnosing kvm events through ftrace" + (f" for {duration:g} s..." if duration else
+                                                        "... Hit Ctrl-C to end.")
+        res = record(root, Path(d) / "diag.kvmu", duration,
+                     on_ready=lambda: print(msg, file=sys.stderr, flush=True))
         ev = evidence_from_file(res.path)
+        if res.lost_events:
+            log.warning("event=diagnose_lost_events n=%d", res.lost_events)
     ev.source = "ftrace"
     return ev
 
 
 def evidence_live(engine: str, tracefs: Path | None, duration: float | None) -> Evidence:
+    from tools.kvm_utils.sources.tracefs import tracefs_mounted
     if engine == "bpf" or (engine == "auto" and shutil.which("bpftrace")):
-        return evidence_live_bpf(duration)
+        with tracefs_mounted(tracefs):      # bpftrace resolves tracepoints through tracefs
+            return evidence_live_bpf(duration)
     return evidence_live_ftrace(tracefs, duration)
 
 

@@ -14,7 +14,15 @@
  * No VMCALL mode: in a real-mode guest on a host without VMX/SVM (PVM) the instruction is
  * injected back as #UD and the guest, which has no IVT, never reaches the done port.
  *
- * usage: kvm-exit-bench [-name guest=NAME] [--target-cycles C] [--linger-ms MS] [--delay-ms MS] MODE ITERATIONS
+ * pio_in_port reads a 32-bit value from --port P (default 0x608, the q35 ACPI PM timer: what
+ * a guest whose clocksource fell back to acpi_pm does on every clock read).
+ *
+ * --wait-stdin: after creating the VM, print "ready" to stderr and wait for a line on stdin
+ * before running; after printing the result, stay alive until stdin reaches EOF. Tests use
+ * it to start tracing first and to keep /proc naming the VM until they are done.
+ *
+ * usage: kvm-exit-bench [-name guest=NAME] [--target-cycles C] [--linger-ms MS] [--delay-ms MS]
+ *                       [--port P] [--wait-stdin] MODE ITERATIONS
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -51,6 +59,7 @@
 GUEST(nop, "nop")
 GUEST(pio_out, "out %al, $0x10")
 GUEST(pio_in, "in $0x10, %al")
+GUEST(pio_in_port, "in (%dx), %eax")         /* 32-bit IN from --port (in %dx) */
 GUEST(pio_kernel, "in $0x21, %al")          /* PIC mask register: in-kernel irqchip */
 GUEST(mmio_write, "movb %al, (%bx)")
 GUEST(mmio_read, "movb (%bx), %al")
@@ -67,7 +76,7 @@ struct mode {
 
 #define MODE(n, irq) {#n, g_##n, g_##n##_end, irq}
 static const struct mode modes[] = {
-    MODE(nop, 0), MODE(pio_out, 0), MODE(pio_in, 0), MODE(pio_kernel, 1),
+    MODE(nop, 0), MODE(pio_out, 0), MODE(pio_in, 0), MODE(pio_in_port, 0), MODE(pio_kernel, 1),
     MODE(mmio_write, 0), MODE(mmio_read, 0), MODE(cpuid, 0), MODE(hlt, 0),
     MODE(rdmsr, 0), MODE(wrmsr, 1),
 };
@@ -78,6 +87,8 @@ static const char *exit_names[] = {
     "DCR", "NMI", "INTERNAL_ERROR",
 };
 #define NNAMES (sizeof(exit_names) / sizeof(exit_names[0]))
+
+static uint16_t port_arg = 0x608;
 
 static void die(const char *what) {
     printf("{\"error\": \"%s: %s\"}\n", what, strerror(errno));
@@ -117,7 +128,7 @@ static void vcpu_reset(struct vm *v, uint32_t iterations) {
     s.cs.base = 0; s.cs.selector = 0;
     s.ds.base = 0; s.ds.selector = 0;
     if (ioctl(v->vcpu, KVM_SET_SREGS, &s) < 0) die("KVM_SET_SREGS");
-    struct kvm_regs r = {.rip = CODE_GPA, .rflags = 2, .rsi = iterations};
+    struct kvm_regs r = {.rip = CODE_GPA, .rflags = 2, .rsi = iterations, .rdx = port_arg};
     if (ioctl(v->vcpu, KVM_SET_REGS, &r) < 0) die("KVM_SET_REGS");
 }
 
@@ -158,17 +169,21 @@ static void run_once(struct vm *v, uint32_t iterations, struct result *res) {
 
 int main(int argc, char **argv) {
     uint64_t target = 0, linger_ms = 0, delay_ms = 0;
+    int wait_stdin = 0;
     const char *name = NULL, *count = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-name") && i + 1 < argc) i++;
         else if (!strcmp(argv[i], "--target-cycles") && i + 1 < argc) target = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--linger-ms") && i + 1 < argc) linger_ms = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--delay-ms") && i + 1 < argc) delay_ms = strtoull(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--port") && i + 1 < argc) port_arg = (uint16_t)strtoul(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--wait-stdin")) wait_stdin = 1;
         else if (!name) name = argv[i];
         else count = argv[i];
     }
     if (!name || !count) {
-        fprintf(stderr, "usage: %s [-name guest=NAME] [--target-cycles C] [--linger-ms MS] [--delay-ms MS] MODE ITERATIONS\nmodes:", argv[0]);
+        fprintf(stderr, "usage: %s [-name guest=NAME] [--target-cycles C] [--linger-ms MS] [--delay-ms MS] "
+                "[--port P] [--wait-stdin] MODE ITERATIONS\nmodes:", argv[0]);
         for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) fprintf(stderr, " %s", modes[i].name);
         fprintf(stderr, "\n");
         return 2;
@@ -184,6 +199,11 @@ int main(int argc, char **argv) {
     struct vm v;
     vm_create(&v, m);
     if (delay_ms) usleep(delay_ms * 1000);   /* let a tracer attach to this vCPU thread first */
+    char go[64];
+    if (wait_stdin) {
+        fprintf(stderr, "ready pid %d\n", getpid());
+        if (read(0, go, sizeof(go)) <= 0) return 5;   /* stdin closed: the tracer gave up */
+    }
     struct result res;
     run_once(&v, (uint32_t)iterations, &res);
     while (target && res.cycles < target && iterations * 2 <= 0xffffffffull) {
@@ -204,5 +224,6 @@ int main(int argc, char **argv) {
     printf("}}\n");
     fflush(stdout);
     if (linger_ms) usleep(linger_ms * 1000);   /* stay visible in /proc for tracers */
+    while (wait_stdin && read(0, go, sizeof(go)) > 0) {}
     return 0;
 }
