@@ -146,7 +146,7 @@ kp_configure() {
   kp_run "$KP_LOGDIR/config.log" "make defconfig kvm_guest.config ${extra[*]}" \
     nice -n 10 make -C "$tree" O="$out" defconfig kvm_guest.config "${extra[@]}"
   rm -f "${extra[@]/#/$tree/kernel/configs/}"
-  kp_log "guest config: make defconfig kvm_guest.config ${extra[*]} ($(kp_since "$t0") s)"
+  kp_log "guest config: make defconfig kvm_guest.config${extra[*]:+ ${extra[*]}} ($(kp_since "$t0") s)"
   t0=$(kp_now)
   kp_run "$KP_LOGDIR/prepare.log" "make prepare" \
     nice -n 10 make -C "$tree" O="$out" -j"$KP_JOBS" prepare
