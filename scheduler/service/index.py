@@ -3,10 +3,11 @@
 Pure and in memory (no IO, no clock). Every schedulable host sits in one group keyed by
 its total free dedicated CPUs ``f`` (the pack/spread order) and a small *capacity key*:
 
-    (pools, max free CPUs on one node, q(max free 2 MiB pages on one node),
-     q(max free 1 GiB pages on one node), min(4, max free local VFs), min(4, max free local disks))
+    (pools, max free CPUs on one node, max free GiB of 2 MiB pages on one node (floor),
+     max free 1 GiB pages on one node, min(4, max free local VFs), min(4, max free local disks))
 
-where ``q`` is a monotone quarter-octave quantisation. A request turns into the same
+(whole GiB: exact for the usual whole-GiB requests, and monotone, which is all the
+certainty argument below needs). A request turns into the same
 tuple of needs; a group qualifies when every component covers the need. That is a
 necessary condition for ``fit_host`` (all of a non-spanned VM lives on one node), so the
 walk — groups in ``f`` order, names ascending inside, merged across qualifying keys —
@@ -37,59 +38,80 @@ CAP = 4  # VF and disk counts in the key saturate here (requests rarely ask for 
 _POOL_BIT = {2048: 1, 1048576: 2}
 
 
-def quantize(x: int) -> int:
-    """Monotone (x >= y implies quantize(x) >= quantize(y)), ~19 % steps above 8."""
-    if x < 8:
-        return max(x, 0)
-    b = x.bit_length()
-    return (b << 2) | ((x >> (b - 3)) & 3)
+def quantize(pages_2m: int) -> int:
+    """Whole GiB of 2 MiB pages, floored: monotone (x >= y implies quantize(x) >= quantize(y))."""
+    return max(pages_2m, 0) // 512
 
 
-Key = tuple[int, int, int, int, int, int]
+NodeKey = tuple[int, int, int, int, int]  # free CPUs, GiB of 2 MiB pages, 1 GiB pages, VFs, disks
+Key = tuple[int, tuple[NodeKey, ...]]  # (pools bitmask, one NodeKey per node)
+Need = tuple[int, NodeKey, bool]  # (pool bit, per-node needs, memory need is exact in the key's units)
+_RESOURCE = ("vcpus", "memory", "vfs", "disks")
 
 
 def capacity_key(h: HostView) -> Key:
     res, u = h.res, h.usage
     free_vf = {p.name: sum(1 for s in p.slots if (p.name, s) not in u.vfs) for p in res.pfs}
-    pools = m = p2 = p1 = vfs = disks = 0
+    pools = 0
+    nodes = []
     for n in res.nodes:
         t2, t1 = n.pages(2048), n.pages(1048576)
         pools |= (1 if t2 else 0) | (2 if t1 else 0)
-        m = max(m, h.free_by_node[n.node])
-        p2 = max(p2, t2 - u.pages.get((n.node, 2048), 0))
-        p1 = max(p1, t1 - u.pages.get((n.node, 1048576), 0))
-        vfs = max(vfs, sum(free_vf[p.name] for p in res.pfs if p.node is None or p.node == n.node))
-        disks = max(disks, sum(1 for d in res.disks
-                               if (d.node is None or d.node == n.node) and d.name not in u.disks))
-    return (pools, m, quantize(p2), quantize(p1), min(vfs, CAP), min(disks, CAP))
+        vfs = sum(free_vf[p.name] for p in res.pfs if p.node is None or p.node == n.node)
+        disks = sum(1 for d in res.disks if (d.node is None or d.node == n.node) and d.name not in u.disks)
+        nodes.append((h.free_by_node[n.node], quantize(t2 - u.pages.get((n.node, 2048), 0)),
+                      max(t1 - u.pages.get((n.node, 1048576), 0), 0), min(vfs, CAP), min(disks, CAP)))
+    return pools, tuple(nodes)
 
 
-def need_key(want: VmWant) -> Key:
-    return (_POOL_BIT.get(want.page_size_kb, 0), want.vcpus,
-            quantize(want.pages) if want.page_size_kb == 2048 else 0,
-            quantize(want.pages) if want.page_size_kb == 1048576 else 0,
+def need_key(want: VmWant) -> Need:
+    two = want.page_size_kb == 2048
+    node = (want.vcpus, quantize(want.pages) if two else 0, 0 if two else want.pages,
             min(len(want.vfs), CAP), min(len(want.disks), CAP))
+    return _POOL_BIT.get(want.page_size_kb, 0), node, not two or want.pages % 512 == 0
 
 
-def qualifies(key: Key, need: Key, span: bool) -> bool:
+def _covers(n: NodeKey, w: NodeKey) -> bool:
+    return n[0] >= w[0] and n[1] >= w[1] and n[2] >= w[2] and n[3] >= w[3] and n[4] >= w[4]
+
+
+def qualifies(key: Key, need: Need, span: bool) -> bool:
     if not key[0] & need[0]:
         return False
     if span:  # CPUs/pages may come from several nodes: only the total (the group's f) bounds it
         return True
-    return (key[1] >= need[1] and key[2] >= need[2] and key[3] >= need[3] and key[4] >= need[4]
-            and key[5] >= need[5])
+    return any(_covers(n, need[1]) for n in key[1])
 
 
-def certain_reason(key: Key, need: Key) -> str | None:
+def certain_reason(key: Key, need: Need) -> str | None:
     """The resource ``fit_host`` names for every host of a non-qualifying group, or None
-    when only fitting each host tells (no labels/anti-affinity; not spanned)."""
+    when only fitting each host tells (no labels/anti-affinity; not spanned). Per node the
+    first short component decides, as in ``fit_host``; it is certain when every earlier
+    component certainly passed (CPUs are exact; memory is exact for whole-GiB requests;
+    a VF count that suffices may still lack bandwidth)."""
     if not key[0] & need[0]:
         return "page_size"
-    if key[1] < need[1]:
-        return "vcpus"
-    if key[2] < need[2] or key[3] < need[3]:
-        return "memory"
-    return None
+    w, exact_mem = need[1], need[2]
+    worst = 0
+    for n in key[1]:
+        if n[0] < w[0]:
+            order = 0
+        elif n[1] < w[1] or n[2] < w[2]:
+            order = 1
+        elif n[3] < w[3] and exact_mem:
+            order = 2
+        elif n[4] < w[4] and exact_mem and not w[3]:
+            order = 3
+        else:
+            return None
+        worst = max(worst, order)
+    return _RESOURCE[worst]
+
+
+def _join(a: Key, b: Key) -> Key:
+    """One-node key covering every node of both (a necessary condition for either)."""
+    nodes = a[1] + b[1]
+    return a[0] | b[0], (tuple(max(n[i] for n in nodes) for i in range(5)),)  # type: ignore[return-value]
 
 
 @dataclass
@@ -108,6 +130,7 @@ class FleetIndex:
         self.entries: dict[str, Entry] = {}
         self._groups: dict[int, dict[Key, list[str]]] = {}
         self._fs: list[int] = []  # sorted f values that have groups
+        self._top: dict[int, Key | None] = {}  # per f: componentwise max of its keys (None = recompute)
         self._why: dict[tuple[VmWant, str], tuple[int, str]] = {}  # memoised per host generation
 
     def __len__(self) -> int:
@@ -125,6 +148,8 @@ class FleetIndex:
                 g = self._groups[e.f] = {}
                 insort(self._fs, e.f)
             insort(g.setdefault(e.key, []), view.res.name)
+            if e.f in self._top and self._top[e.f] is not None:
+                self._top[e.f] = _join(self._top[e.f], e.key)  # type: ignore[arg-type]
         self.entries[view.res.name] = e
 
     def remove(self, name: str) -> None:
@@ -136,8 +161,10 @@ class FleetIndex:
         del names[bisect_left(names, name)]
         if not names:
             del g[e.key]
+            self._top[e.f] = None
             if not g:
                 del self._groups[e.f]
+                self._top.pop(e.f, None)
                 del self._fs[bisect_left(self._fs, e.f)]
 
     def views(self) -> list[HostView]:
@@ -162,6 +189,15 @@ class FleetIndex:
         cands: list[Candidate] = []
         rejs: list[Rejection] = []
         for f in list(self._order(want)):
+            top = self._top.get(f)
+            if top is None:
+                keys = iter(self._groups[f])
+                top = _join(next(keys), (0, ()))
+                for k in keys:
+                    top = _join(top, k)
+                self._top[f] = top
+            if not qualifies(top, need, span):  # no key of this f can qualify
+                continue
             lists = [names for key, names in self._groups[f].items() if qualifies(key, need, span)]
             if not lists:
                 continue
@@ -192,7 +228,7 @@ class FleetIndex:
             for key, names in groups.items():
                 if f >= want.vcpus and qualifies(key, need, False):
                     continue  # walked: counted from the walk
-                why = "vcpus" if f < want.vcpus and key[0] & need[0] else certain_reason(key, need)
+                why = certain_reason(key, need)
                 if why is not None:
                     c[why] += len(names)
                     continue

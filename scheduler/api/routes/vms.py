@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from typing import Annotated, Literal
 
 from fastapi import APIRouter, BackgroundTasks, Header, Query, Request, Response
@@ -69,7 +70,9 @@ def create_vm(body: VmCreate, request: Request, response: Response, background: 
     if not idempotency_key:
         from scheduler.errors import InvalidRequest
         raise InvalidRequest("required: a retry with the same key returns the same VM", field="Idempotency-Key")
+    t = time.perf_counter()
     vm, replay = svc.create(body, tenant=tenant or body.tenant or "default", key=idempotency_key, actor=p.name)
+    response.headers["Server-Timing"] = f"claim;dur={(time.perf_counter() - t) * 1e3:.3f}"
     response.headers["Location"] = f"/v1/vms/{vm.id}"
     if replay:
         response.status_code = 200

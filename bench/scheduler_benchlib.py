@@ -1,0 +1,323 @@
+"""Shared parts of bench/placement.py: the fleet and the request trace (deterministic),
+a small keep-alive HTTP/1.1 load generator (asyncio, so the client costs little CPU on a
+2-CPU machine), a throwaway PostgreSQL on loopback (stopped by PID), the offline
+first-fit-decreasing bound, and the overcommit/ledger check."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import pwd
+import random
+import shutil
+import signal
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Awaitable, Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from scheduler.fit import DiskWant, HostView, VfWant, VmWant, fit_host
+from scheduler.resources import Allocation, HostRes, Usage, host_from_layout
+from scheduler.shapes import Shape, make_layout
+
+# Storage hosts: most cores belong to the resident IO service, hugepage pools are a slice
+# of RAM (the rest is page cache), a few VFs and spare NVMe per node.
+SHAPES = (
+    Shape("oss-1s-16c-smt-4vf", nodes=1, cores_per_node=16, io_cores_per_node=9, host_cores=1,
+          pages_2m_per_node=12288, vfs_per_node=4, pf_mbps=25000, disks_per_node=1),
+    Shape("oss-1s-12c-smt-2vf", nodes=1, cores_per_node=12, io_cores_per_node=7, host_cores=1,
+          pages_2m_per_node=8192, vfs_per_node=2, pf_mbps=10000, disks_per_node=0),
+    Shape("oss-2s-16c-smt-4vf-1g", nodes=2, cores_per_node=16, io_cores_per_node=11, host_cores=1,
+          pages_2m_per_node=6144, pages_1g_per_node=16, vfs_per_node=4, pf_mbps=25000, disks_per_node=1),
+    Shape("oss-1s-8c-nosmt-0vf", nodes=1, cores_per_node=8, smt=1, io_cores_per_node=3, host_cores=1,
+          pages_2m_per_node=4096, vfs_per_node=0, disks_per_node=0),
+)
+# (weight, vcpus, memory GiB, page size kB, VFs, NVMe disks): online-service VMs
+MIX = ((25, 2, 4, 2048, 0, 0), (20, 4, 8, 2048, 1, 0), (15, 4, 8, 2048, 0, 0), (15, 8, 16, 2048, 1, 1),
+       (10, 6, 12, 2048, 0, 0), (5, 8, 16, 1048576, 1, 0), (5, 12, 24, 2048, 0, 0), (5, 1, 2, 2048, 0, 0))
+
+
+@dataclass(frozen=True)
+class Req:
+    i: int
+    want: VmWant
+
+    def body(self) -> dict[str, Any]:
+        w = self.want
+        return {"name": f"vm-{self.i}", "vcpus": w.vcpus, "memory_mib": w.memory_mib, "image": "online",
+                "page_size_kb": w.page_size_kb,
+                "vfs": [{"max_tx_rate_mbps": v.max_tx_rate_mbps, "min_tx_rate_mbps": v.min_tx_rate_mbps}
+                        for v in w.vfs],
+                "disks": [{"class": d.cls, "iotune": {"total_bytes_sec": d.bytes_sec, "total_iops_sec": d.iops}}
+                          for d in w.disks]}
+
+
+def fleet(n: int) -> list[tuple[str, Shape, str]]:
+    """(name, shape, rack) for n hosts; shapes interleaved, 40 hosts per rack."""
+    return [(f"oss-{i:05d}", SHAPES[(i * 7 + i // 11) % len(SHAPES)], f"r{i // 40:04d}") for i in range(n)]
+
+
+def trace(n: int, seed: int = 11) -> list[Req]:
+    rnd = random.Random(seed)
+    weights = [m[0] for m in MIX]
+    out = []
+    for i in range(n):
+        _, v, gib, size, vfs, disks = rnd.choices(MIX, weights)[0]
+        out.append(Req(i, VmWant(v, gib * 1024, size,
+                                 vfs=tuple(VfWant(max_tx_rate_mbps=2000, min_tx_rate_mbps=1000) for _ in range(vfs)),
+                                 disks=tuple(DiskWant(cls="nvme", bytes_sec=200_000_000, iops=20_000)
+                                             for _ in range(disks)))))
+    return out
+
+
+def host_res(name: str, shape: Shape, rack: str) -> HostRes:
+    layout, sib = make_layout(shape)
+    return host_from_layout(name, layout, siblings=sib, rack=rack)
+
+
+def register_body(name: str, shape: Shape, rack: str) -> dict[str, Any]:
+    layout, sib = make_layout(shape)
+    return {"name": name, "address": f"{name}:7443", "rack": rack, "labels": {"shape": shape.name},
+            "layout": json.loads(layout.to_json()), "cpu_siblings": {str(k): list(v) for k, v in sib.items()}}
+
+
+def ffd_bound(hosts: list[HostRes], reqs: list[Req]) -> int:
+    """Offline first-fit decreasing: requests by (vCPUs, memory) descending, each into the
+    first host (by name) that fits it. Per request shape, hosts before the last first-fit
+    never fit again (capacity only shrinks), so the scan resumes there."""
+    views = [HostView(h) for h in sorted(hosts, key=lambda h: h.name)]
+    start: dict[VmWant, int] = {}
+    placed = 0
+    for r in sorted(reqs, key=lambda r: (-r.want.vcpus, -r.want.memory_mib, r.i)):
+        i = start.get(r.want, 0)
+        while i < len(views):
+            a = fit_host(views[i], r.want)
+            if isinstance(a, Allocation):
+                views[i] = HostView(views[i].res, views[i].usage.plus(a))
+                placed += 1
+                break
+            i += 1
+        start[r.want] = i
+    return placed
+
+
+def overcommit(res: dict[str, HostRes], usage: dict[str, Usage], allocs: dict[str, list[Allocation]]) -> list[str]:
+    """Every way a host could be overcommitted, and ledger != sum of live allocations."""
+    bad: list[str] = []
+    for name, r in res.items():
+        al = allocs.get(name, [])
+        cpus = [c for a in al for c in a.cpus]
+        if len(cpus) != len(set(cpus)):
+            bad.append(f"{name}: a CPU is booked twice")
+        total = Usage.of(al)
+        if usage.get(name, Usage()) != total:
+            bad.append(f"{name}: ledger != sum of allocations")
+        for n in r.nodes:
+            if len(total.cpus & n.cpus) > len(n.cpus):
+                bad.append(f"{name}: node {n.node} CPUs")
+            for size, count in n.hugepages:
+                if total.pages.get((n.node, size), 0) > count:
+                    bad.append(f"{name}: node {n.node} {size} kB pages")
+        if not total.cpus <= set().union(*(n.cpus for n in r.nodes)):
+            bad.append(f"{name}: a CPU outside the VM CPUs")
+        for p in r.pfs:
+            if total.reserved_mbps.get(p.name, 0) > p.bandwidth_mbps:
+                bad.append(f"{name}: {p.name} tx budget")
+        vfs = [(v.pf, v.index) for a in al for v in a.vfs]
+        disks = [d.name for a in al for d in a.disks]
+        if len(vfs) != len(set(vfs)) or len(disks) != len(set(disks)):
+            bad.append(f"{name}: a VF or disk is booked twice")
+    return bad
+
+
+# ---------------------------------------------------------------- HTTP load generator
+
+
+@dataclass
+class Reply:
+    status: int
+    headers: dict[str, str]
+    body: bytes
+
+    def json(self) -> Any:
+        return json.loads(self.body) if self.body else None
+
+
+class Conn:
+    """One keep-alive HTTP/1.1 connection (Content-Length bodies only: both servers send them)."""
+
+    def __init__(self, host: str, port: int):
+        self.host, self.port = host, port
+        self.r: asyncio.StreamReader | None = None
+        self.w: asyncio.StreamWriter | None = None
+
+    async def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Reply:
+        data = b"" if body is None else json.dumps(body).encode()
+        head = [f"{method} {path} HTTP/1.1", f"Host: {self.host}:{self.port}", f"Content-Length: {len(data)}"]
+        if body is not None:
+            head.append("Content-Type: application/json")
+        head += [f"{k}: {v}" for k, v in (headers or {}).items()]
+        for attempt in (0, 1):
+            if self.w is None:
+                self.r, self.w = await asyncio.open_connection(self.host, self.port)
+            try:
+                self.w.write(("\r\n".join(head) + "\r\n\r\n").encode() + data)
+                raw = await self.r.readuntil(b"\r\n\r\n")  # type: ignore[union-attr]
+                break
+            except (ConnectionError, asyncio.IncompleteReadError):
+                self.close()
+                if attempt:
+                    raise
+        lines = raw.decode("latin-1").split("\r\n")
+        status = int(lines[0].split()[1])
+        hdrs = {k.strip().lower(): v.strip() for k, _, v in (ln.partition(":") for ln in lines[1:] if ln)}
+        n = int(hdrs.get("content-length", "0"))
+        payload = await self.r.readexactly(n) if n else b""  # type: ignore[union-attr]
+        if hdrs.get("connection", "").lower() == "close":
+            self.close()
+        return Reply(status, hdrs, payload)
+
+    def close(self) -> None:
+        if self.w is not None:
+            self.w.close()
+        self.r = self.w = None
+
+
+async def run_clients(n: int, bases: list[tuple[str, int]], items: list[Any],
+                      one: Callable[[Conn, Any], Awaitable[Any]]) -> list[Any]:
+    """``n`` concurrent clients take items in order from one queue; client k talks to
+    ``bases[k % len(bases)]`` over its own keep-alive connection."""
+    it = iter(enumerate(items))
+    out: list[Any] = [None] * len(items)
+
+    async def client(k: int) -> None:
+        c = Conn(*bases[k % len(bases)])
+        try:
+            for i, item in it:
+                out[i] = await one(c, item)
+        finally:
+            c.close()
+    await asyncio.gather(*(client(k) for k in range(n)))
+    return out
+
+
+def percentile(xs: list[float], p: float) -> float:
+    if not xs:
+        return float("nan")
+    s = sorted(xs)
+    return s[min(len(s) - 1, int(len(s) * p))]
+
+
+# ---------------------------------------------------------------- processes
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_http(port: int, path: str, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
+    import http.client
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError(f"server exited ({proc.returncode}): {log.read_text()[-3000:]}")
+        try:
+            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
+            c.request("GET", path)
+            if c.getresponse().status < 500:
+                return
+        except OSError:
+            pass
+        time.sleep(0.2)
+    raise RuntimeError(f"server not ready on {port}: {log.read_text()[-3000:]}")
+
+
+def stop(procs: list[subprocess.Popen]) -> None:
+    """Stop what we started, by PID (each runs in its own session: its workers go too)."""
+    for p in procs:
+        if p.poll() is None:
+            os.killpg(p.pid, signal.SIGTERM)
+    for p in procs:
+        try:
+            p.wait(15)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            p.wait()
+
+
+PG_BIN = Path("/usr/lib/postgresql/15/bin")
+
+
+@contextmanager
+def postgres(settings: dict[str, str]) -> Iterator[tuple[str, int]]:
+    """A throwaway PostgreSQL 15 on loopback (as the tests start it); yields (user, port)."""
+    if not (PG_BIN / "postgres").exists():
+        raise RuntimeError(f"PostgreSQL 15 not installed ({PG_BIN}/postgres missing)")
+    user = "postgres" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
+    pw = pwd.getpwnam(user)
+    base = Path(tempfile.mkdtemp(prefix="hyb-bench-pg-"))
+    os.chown(base, pw.pw_uid, pw.pw_gid)
+    as_user: dict[str, Any] = {"user": pw.pw_uid, "group": pw.pw_gid} if os.geteuid() == 0 else {}
+    proc = None
+    try:
+        subprocess.run([str(PG_BIN / "initdb"), "-D", str(base / "data"), "-U", "postgres", "--auth=trust",
+                        "-E", "UTF8", "--no-sync"], check=True, capture_output=True, cwd=base, **as_user)
+        port = free_port()
+        opts = [x for k, v in settings.items() for x in ("-c", f"{k}={v}")]
+        proc = subprocess.Popen([str(PG_BIN / "postgres"), "-D", str(base / "data"), "-p", str(port),
+                                 "-h", "127.0.0.1", "-k", str(base), "-c", "max_connections=400", *opts],
+                                stdout=open(base / "pg.log", "wb"), stderr=subprocess.STDOUT, cwd=base,
+                                start_new_session=True, **as_user)
+        import psycopg
+        deadline = time.monotonic() + 30
+        while True:
+            try:
+                psycopg.connect(f"host=127.0.0.1 port={port} user=postgres dbname=postgres", connect_timeout=2).close()
+                break
+            except psycopg.OperationalError:
+                if proc.poll() is not None or time.monotonic() > deadline:
+                    raise RuntimeError("PostgreSQL did not start: " + (base / "pg.log").read_text()[-2000:])
+                time.sleep(0.2)
+        yield "postgres", port
+    finally:
+        if proc is not None and proc.poll() is None:
+            proc.send_signal(signal.SIGINT)  # fast shutdown, by PID
+            try:
+                proc.wait(20)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait()
+        shutil.rmtree(base, ignore_errors=True)
+
+
+def create_database(port: int, name: str) -> None:
+    import psycopg
+    with psycopg.connect(f"host=127.0.0.1 port={port} user=postgres dbname=postgres", autocommit=True) as c:
+        c.execute(f"CREATE DATABASE {name}")
+
+
+@dataclass
+class Result:
+    label: str
+    placed: int = 0
+    rejected: int = 0  # capacity (507 / no candidates)
+    conflicts: int = 0  # gave up after lost races (409)
+    errors: dict[str, int] = field(default_factory=dict)
+    seconds: float = 0.0
+    lat: list[float] = field(default_factory=list)  # client-observed, per request
+    server: list[float] = field(default_factory=list)  # server-side claim time (ours)
+    before_first_reject: int = 0
+    overcommit: list[str] | None = None
+    note: str = ""
+
+    @property
+    def rate(self) -> float:
+        return (self.placed + self.rejected) / self.seconds if self.seconds else 0.0
