@@ -17,6 +17,8 @@ EPILOG = """examples:
   kvm-utils doctor                       what works on this host, and how to fix what does not
   kvm-utils exits 10                     exit counts per reason/VM/vCPU, 1 s interval, 10 s
   kvm-utils exits -p 4242 -i 5           one QEMU process, 5 s interval, until Ctrl-C
+  kvm-utils top                          full-screen live view per VM and reason (r/t/n sort, q quits)
+  kvm-utils top --once -i 5 --sort total one 5 s frame as text (also what a pipe gets)
   kvm-utils latency 10 --format json     exit-handling time per reason, aggregated in BPF
   kvm-utils msr 10                       which MSRs exit, how often, how long
   kvm-utils io 10                        PIO ports and MMIO GPAs (incl. kvm_fast_mmio)
@@ -61,6 +63,16 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no interval lines, summary only")
     p.add_argument("--system", action="store_true", help="per-CPU system-wide counters (no per-VM split)")
     _add_format(p)
+
+    p = sub.add_parser("top", help="live full-screen view per VM and per reason/event (keys r/t/n sort, q quits)")
+    p.add_argument("duration", type=float, nargs="?", default=None, help="seconds (default: until q / Ctrl-C)")
+    p.add_argument("-i", "--interval", type=float, default=1.0)
+    p.add_argument("-p", "--pid", type=int, action="append", help="only these VM processes")
+    p.add_argument("-g", "--guest", action="append", help="only these VM names")
+    p.add_argument("--system", action="store_true", help="per-CPU system-wide counters (no per-VM split)")
+    p.add_argument("--sort", choices=("rate", "total", "name"), default="rate")
+    p.add_argument("--once", action="store_true",
+                   help="count one interval, print one frame and exit (the default when stdout is not a terminal)")
 
     for name, what in (("latency", "exit-handling time per reason"),
                        ("msr", "MSR accesses per MSR and direction, with exit-handling time"),

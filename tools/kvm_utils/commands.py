@@ -48,6 +48,11 @@ def _exits(args: argparse.Namespace) -> int:
     return run_exits(args)
 
 
+def _top(args: argparse.Namespace) -> int:
+    from tools.kvm_utils.top import run_top
+    return run_top(args)
+
+
 def _bpf(args: argparse.Namespace) -> int:
     from tools.kvm_utils.sources import bpf
     from tools.kvm_utils.sources.tracefs import tracefs_mounted
@@ -89,4 +94,4 @@ def _doctor(args: argparse.Namespace) -> int:
 
 
 _COMMANDS = {"record": _record, "exits": _exits, "latency": _bpf, "msr": _bpf, "io": _bpf,
-             "bench": _bench, "doctor": _doctor, "diagnose": _diagnose}
+             "bench": _bench, "doctor": _doctor, "diagnose": _diagnose, "top": _top}

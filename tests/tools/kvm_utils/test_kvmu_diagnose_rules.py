@@ -96,5 +96,5 @@ def test_no_exits_means_not_evaluated() -> None:
 
 def test_bpf_script_stops_after_duration() -> None:
     s = bpf_script(2.5)
-    assert "interval:ms:2500 { exit(); }" in s and "kvm-utils-ready" in s
+    assert "interval:ms:2500 {" in s and "exit(); }" in s and "kvm-utils-ready" in s
     assert "interval" not in bpf_script(None)

@@ -1,0 +1,36 @@
+"""Live: `kvm-utils top --once` (non-interactive: one frame) counts the tiny guest exactly.
+
+The guest is created first and waits on stdin; top says when its counters are open; then
+the guest runs 3000 userspace PIO writes (+1 for its done port) inside top's interval.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from kvmu_helpers import finish, go, kvm_utils_popen, start_guest, wait_line
+from tools.kvm_utils.bench import helper_argv
+
+pytestmark = [pytest.mark.root, pytest.mark.integration]
+
+
+def test_top_once_prints_one_frame(helper, kvm_events) -> None:
+    if "kvm_pio" not in kvm_events:
+        pytest.skip("kvm_pio tracepoint missing")
+    g = top = None
+    try:
+        g = start_guest(helper_argv("pio_out", 3000, name="kvmu-top", wait_stdin=True))
+        top = kvm_utils_popen("top", "--once", "-i", "6", "-g", "kvmu-top", "--sort", "total")
+        wait_line(top, "counting 1 vCPU threads")
+        res = go(g)
+        out, err = top.communicate(timeout=60)
+    finally:
+        finish(g, top)
+    assert res["userspace_exits"] == {"IO": 3000}
+    assert top.returncode == 0, err
+    assert "\x1b[" not in out and out.count("kvm-utils top") == 1          # one plain frame
+    assert "sort: total" in out and "scope threads" in out
+    vm_line = next(ln for ln in out.splitlines() if ln.strip().startswith("kvmu-top"))
+    assert "6,002" in vm_line and f"pid {g.pid}, 1 vCPU thread(s)" in vm_line   # kvm_pio + IO exits
+    pio_line = next(ln for ln in out.splitlines() if ln.split()[:2] == ["event", "kvm_pio"])
+    assert pio_line.split()[-1] == "3,001"
