@@ -23,6 +23,8 @@ from tools.kvm_utils.errors import KvmUtilsError, NotAvailable
 log = logging.getLogger(__name__)
 
 HELPER_SRC = Path(__file__).parent / "helper" / "kvm_exit_bench.c"
+GUEST_SRC = Path(__file__).parent / "helper" / "kvm_guest_bench.c"
+GUEST_TESTS = ("rdtsc", "cpuid", "clock_gettime", "pio_in", "mmio_read")
 
 #: test name -> (helper mode, what the exit goes through)
 TESTS: dict[str, tuple[str, str]] = {
@@ -43,6 +45,61 @@ def cache_dir() -> Path:
     return Path(base) / "kvm-utils"
 
 
+def _compile(src: Path, exe: Path, extra: list[str]) -> Path:
+    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
+    if cc is None:
+        raise NotAvailable("building the bench helpers needs a C compiler: apt-get install gcc")
+    exe.parent.mkdir(parents=True, exist_ok=True)
+    tmp = exe.with_name(f".{exe.name}.tmp{os.getpid()}")
+    r = subprocess.run([cc, "-O2", "-Wall", *extra, "-o", str(tmp), str(src)], capture_output=True, text=True)
+    if r.returncode != 0:
+        tmp.unlink(missing_ok=True)
+        hint = " (static linking needs libc6-dev's libc.a)" if "-static" in extra else ""
+        raise KvmUtilsError(f"compiling {src} failed{hint}:\n{r.stderr}")
+    tmp.rename(exe)
+    log.info("event=helper_built path=%s", exe)
+    return exe
+
+
+def guest_bench_path(output: Path | None = None) -> Path:
+    """The static in-guest benchmark (built with `cc -static` when missing or to `output`)."""
+    digest = hashlib.sha256(GUEST_SRC.read_bytes()).hexdigest()[:12]
+    cached = cache_dir() / f"kvm-guest-bench-{digest}"
+    if not cached.exists():
+        _compile(GUEST_SRC, cached, ["-static"])
+    if output is None:
+        return cached
+    shutil.copy2(cached, output)
+    return output
+
+
+def run_guest_bench(exe: Path, tests: list[str] | None, target_cycles: int, repeat: int) -> dict[str, Any]:
+    """Run the in-guest benchmark here (inside a VM, or as a smoke check on a host)."""
+    argv = [str(exe), "--target-cycles", str(target_cycles), "--repeat", str(repeat)]
+    if tests:
+        bad = [t for t in tests if t not in GUEST_TESTS]
+        if bad:
+            raise KvmUtilsError(f"--tests: unknown {','.join(bad)} for --guest (known: {','.join(GUEST_TESTS)})")
+        argv += ["--tests", ",".join(tests)]
+    r = subprocess.run(argv, capture_output=True, text=True, timeout=600)
+    try:
+        return json.loads(r.stdout)
+    except json.JSONDecodeError:
+        raise KvmUtilsError(f"{exe}: exit {r.returncode}, no result ({r.stderr.strip()})") from None
+
+
+def format_guest(d: dict[str, Any]) -> str:
+    lines = [f"in VM: {d['in_vm']} ({d['hypervisor'] or '-'}), clocksource {d['clocksource'] or '?'}, "
+             f"TSC ~{d['tsc_khz'] / 1e6:.3f} GHz, port {d['port']}, MMIO {d['mmio_gpa']}",
+             f"{'test':<16} {'iterations':>10} {'cycles/iter':>12} {'ns/iter':>10}"]
+    for r in d["results"]:
+        if "error" in r:
+            lines.append(f"{r['name']:<16} error: {r['error']}")
+        else:
+            lines.append(f"{r['name']:<16} {r['iterations']:>10} {r['cycles_per_iter']:>12.1f} {r['ns_per_iter']:>10.1f}")
+    return "\n".join(lines)
+
+
 def helper_path(build: bool = True) -> Path:
     """The compiled helper ($KVM_UTILS_HELPER overrides); built with `cc` when missing."""
     env = os.environ.get("KVM_UTILS_HELPER")
@@ -52,18 +109,7 @@ def helper_path(build: bool = True) -> Path:
     exe = cache_dir() / f"kvm-exit-bench-{digest}"
     if exe.exists() or not build:
         return exe
-    cc = shutil.which(os.environ.get("CC", "cc")) or shutil.which("gcc")
-    if cc is None:
-        raise NotAvailable("building the bench helper needs a C compiler: apt-get install gcc")
-    exe.parent.mkdir(parents=True, exist_ok=True)
-    tmp = exe.with_suffix(f".tmp{os.getpid()}")
-    r = subprocess.run([cc, "-O2", "-Wall", "-o", str(tmp), str(HELPER_SRC)], capture_output=True, text=True)
-    if r.returncode != 0:
-        tmp.unlink(missing_ok=True)
-        raise KvmUtilsError(f"compiling {HELPER_SRC} failed:\n{r.stderr}")
-    tmp.rename(exe)
-    log.info("event=helper_built path=%s", exe)
-    return exe
+    return _compile(HELPER_SRC, exe, [])
 
 
 def helper_argv(mode: str, iterations: int, *, name: str | None = None, target_cycles: int | None = None,

@@ -26,6 +26,7 @@ EPILOG = """examples:
   kvm-utils report --input run.kvmu      report a recording ...
   kvm-utils report --input trace.txt     ... or any ftrace text / `trace-cmd report` output
   kvm-utils bench --json                 exit-path microbenchmarks on this host's /dev/kvm
+  kvm-utils bench --guest -o kgb         static in-guest benchmark: scp kgb vm:; ssh vm sudo ./kgb
   kvm-utils diagnose 10                  known pathologies (acpi_pm clock, TSC_DEADLINE/IPI storms,
                                          vPMU sampling, HLT wake-ups, RAM faults) -> advice + evidence
   kvm-utils diagnose --vm web1 --input run.kvmu --format json    ... of a recording / ftrace text
@@ -88,6 +89,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--target-cycles", type=int, default=1 << 30,
                    help="double iterations until a run takes this many TSC cycles")
     p.add_argument("--repeat", type=int, default=3, help="runs per test; the fastest counts")
+    p.add_argument("--guest", action="store_true",
+                   help="build the static in-guest benchmark (cpuid, PIO, MMIO, rdtsc, clock_gettime) to copy into a VM")
+    p.add_argument("-o", "--output", type=Path, default=None, help="with --guest: where to put the binary")
+    p.add_argument("--run", action="store_true",
+                   help="with --guest: also run it here (inside a VM; on a host as a smoke check)")
 
     p = sub.add_parser("diagnose", help="turn known exit pathologies into advice, with the evidence")
     p.add_argument("duration", type=float, nargs="?", default=None, help="seconds live (default: until Ctrl-C)")
