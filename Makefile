@@ -8,7 +8,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test deps sysdeps venv stubs clean test-unit
+.PHONY: demo test deps sysdeps venv stubs clean test-unit kernel-build
 
 sysdeps:
 	@bash tools/install-deps.sh
@@ -38,6 +38,10 @@ test: deps
 
 test-unit: venv stubs
 	@$(VPY) -m pytest -q -m "not integration" tests
+
+# Opt-in (35 min on 2 CPUs): build the nohlt_list guest kernel and boot-test it.
+kernel-build: deps
+	@HYB_KERNEL_BUILD=1 $(VPY) -m pytest -q tests/kernel_patches
 
 clean:
 	rm -rf $(VENV) build *.egg-info $(PROTO_OUT) api/hostd_pb2.pyi

@@ -83,6 +83,7 @@ libvirt_uri = "{libvirtd}"
         yield {"hostd": h, "certs": certs, "disk": disk, "state": state, "images": tmp_path / "images"}
     finally:
         h.stop()
+        _destroy_leftovers()  # a failed test must not leave a domain the next hostd adopts
         shutil.rmtree(state, ignore_errors=True)
 
 
@@ -97,6 +98,19 @@ def create_req(disk: str, rid: str = "req-1") -> pb.CreateVMRequest:
         disks=[pb.DiskRequest(disk=disk, iotune=pb.IoTune(total_bytes_sec=8 * 2**20, total_iops_sec=400))])
 
 
+def _destroy_leftovers() -> None:
+    c = libvirt.open("qemu:///system")
+    try:
+        for d in c.listAllDomains():
+            if d.name().startswith("hyb-test-"):
+                if d.isActive():
+                    d.destroy()
+                if d.isPersistent():
+                    d.undefine()
+    finally:
+        c.close()
+
+
 def domains() -> list[str]:
     c = libvirt.open("qemu:///system")
     try:
@@ -106,13 +120,25 @@ def domains() -> list[str]:
 
 
 def wait_console(state: Path, marker: str, timeout: float = 300) -> str:
+    """The console log once it holds a *complete* line starting with ``marker``
+    (virtlogd writes bytes as they come: a line can be read half-written)."""
     log = state / "vms" / "hyb-test-serve" / "console.log"
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        if log.exists() and marker in log.read_text(errors="replace"):
-            return log.read_text(errors="replace")
+        text = log.read_text(errors="replace") if log.exists() else ""
+        if any(marker in line and line.endswith("\n") for line in text.splitlines(keepends=True)):
+            return text
         time.sleep(0.5)
     raise AssertionError(f"no {marker} in {log}:\n" + (log.read_text(errors="replace")[-2000:] if log.exists() else "(none)"))
+
+
+def console_json(text: str, marker: str) -> dict:
+    """The JSON object printed after ``marker`` on its own (complete) line."""
+    for line in text.splitlines(keepends=True):
+        if marker + "{" in line and line.endswith("\n"):
+            return json.loads(line.split(marker, 1)[1].strip())
+    raise AssertionError(f"no complete {marker!r} line in: "
+                         f"{[ln for ln in text.splitlines(keepends=True) if marker.strip() in ln]}")
 
 
 def test_serve_boots_a_pinned_hugepage_guest_with_throttled_disk(hostd_env):
@@ -125,9 +151,9 @@ def test_serve_boots_a_pinned_hugepage_guest_with_throttled_disk(hostd_env):
         req.profile = "online"  # guestimages/profiles/online.toml: cmdline rendered by hostd
         vm = stub.CreateVM(req, timeout=120)
         assert vm.state == pb.VM_STATE_RUNNING and list(vm.vcpu_pins) == [1]
-        out = wait_console(hostd_env["state"], "HYB-GUEST-REPORT")
+        out = wait_console(hostd_env["state"], "HYB-GUEST-REPORT {")
         assert "cpus=1" in out and "disks=vda" in out
-        report = json.loads(out.split("HYB-GUEST-REPORT ", 1)[1].splitlines()[0])
+        report = console_json(out, "HYB-GUEST-REPORT ")
         for param in ("hyb.profile=online", "hyb.irq_cpus=0", "clocksource=tsc", "tsc=reliable",
                       "irqaffinity=0"):
             assert param in report["cmdline"].split(), report["cmdline"]
@@ -290,8 +316,8 @@ def test_serve_boots_the_online_image_on_a_per_vm_root_overlay(hostd_env):
         info = json.loads(subprocess.run(["qemu-img", "info", "--output=json", "-U", str(overlay)],
                                          capture_output=True, text=True, check=True).stdout)
         assert info["format"] == "qcow2" and info["backing-filename"] == str(out / "online.raw")
-        log = wait_console(hostd_env["state"], "HYB-GUEST-REPORT", timeout=400)
-        report = json.loads(log.split("HYB-GUEST-REPORT ", 1)[1].splitlines()[0])
+        log = wait_console(hostd_env["state"], "HYB-GUEST-REPORT {", timeout=400)
+        report = console_json(log, "HYB-GUEST-REPORT ")
         cmdline = report["cmdline"].split()
         assert "root=/dev/vda" in cmdline and "hyb.profile=online" in cmdline and "clocksource=tsc" in cmdline
         stub.DeleteVM(pb.DeleteVMRequest(vm_id=vm.vm_id), timeout=60)
