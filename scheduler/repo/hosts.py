@@ -5,7 +5,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import select, text, update
+from functools import cache
+
+from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.orm import Session
 
 from hostd.carve.layout import Layout
@@ -106,10 +108,28 @@ def set_admin_state(*, session: Session, name: str, state: str, now: float) -> H
 def bump_usage(*, session: Session, name: str, seen_generation: int, usage: Usage, now: float) -> bool:
     """Write the host's new usage iff nobody changed it since ``seen_generation``.
     False = lost the race (0 rows): the caller rolls back and retries."""
-    res = session.execute(update(Host).where(Host.name == name, Host.generation == seen_generation)
-                          .values(usage=usage.to_dict(), generation=seen_generation + 1, updated=now,
-                                  seq=next_seq(session)))
+    seq = next_seq(session)
+    res = session.connection().execute(_stmts().bump, {"n": name, "seen": seen_generation, "u": usage.to_dict(),
+                                                       "g": seen_generation + 1, "t": now, "seq": seq})
     return res.rowcount == 1
+
+
+@cache
+def _stmts():  # type: ignore[no-untyped-def]
+    """The claim path's statements, built once (constructing SQLAlchemy expressions per
+    call cost more than running them)."""
+    from types import SimpleNamespace
+    row = select(*CLAIM_COLUMNS).where(Host.name == bindparam("n"))
+    return SimpleNamespace(
+        bump=update(Host).where(Host.name == bindparam("n"), Host.generation == bindparam("seen"))
+        .values(usage=bindparam("u", type_=Host.usage.type), generation=bindparam("g"), updated=bindparam("t"),
+                seq=bindparam("seq")),
+        row=row, row_locked=row.with_for_update(),
+        pg_seq=text("SELECT pg_current_xact_id()::text::bigint"),
+        lite_seq=text("UPDATE fleet SET seq = seq + 1 WHERE id = 1 RETURNING seq"),
+        pg_pos=text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"),
+        lite_pos=text("SELECT seq FROM fleet WHERE id = 1"),
+        changed=select(*CLAIM_COLUMNS).where(Host.seq >= bindparam("p")))
 
 
 def next_seq(session: Session) -> int:
@@ -118,9 +138,8 @@ def next_seq(session: Session) -> int:
     the transaction's own 64-bit id (no shared row, nothing held to commit); readers ask
     for ``seq >= xmin`` of their previous snapshot, which covers transactions that were
     still in flight then (``changed_since``)."""
-    if _pg(session):
-        return session.execute(text("SELECT pg_current_xact_id()::text::bigint")).scalar_one()
-    return session.execute(text("UPDATE fleet SET seq = seq + 1 WHERE id = 1 RETURNING seq")).scalar_one()
+    st = _stmts()
+    return session.connection().execute(st.pg_seq if _pg(session) else st.lite_seq).scalar_one()
 
 
 def _pg(session: Session) -> bool:
@@ -131,9 +150,10 @@ def feed_position(*, session: Session) -> int:
     """Where the next ``changed_since`` starts, taken in the same snapshot as the read
     that precedes it (the session must be a snapshot: SQLite read tx, PostgreSQL
     REPEATABLE READ): PostgreSQL's oldest in-flight transaction id, else the counter."""
+    st = _stmts()
     if _pg(session):
-        return session.execute(text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint")).scalar_one()
-    return session.execute(text("SELECT seq FROM fleet WHERE id = 1")).scalar_one() + 1
+        return session.connection().execute(st.pg_pos).scalar_one()
+    return session.connection().execute(st.lite_pos).scalar_one() + 1
 
 
 CLAIM_COLUMNS = (Host.name, Host.generation, Host.usage, Host.layout_rev, Host.admin_state,
@@ -144,10 +164,8 @@ def claim_row(*, session: Session, name: str, lock: bool) -> Any:
     """The columns a claim needs (not the layout), row-locked on PostgreSQL when ``lock``:
     concurrent claims on the same host then queue for a moment instead of losing the
     generation race (which stays the guard)."""
-    q = select(*CLAIM_COLUMNS).where(Host.name == name)
-    if lock and session.bind.dialect.name == "postgresql":  # type: ignore[union-attr]
-        q = q.with_for_update()
-    row = session.execute(q).one_or_none()
+    st = _stmts()
+    row = session.connection().execute(st.row_locked if lock and _pg(session) else st.row, {"n": name}).one_or_none()
     if row is None:
         raise HostNotFound(f"no host {name!r}", field="name")
     return row
@@ -155,7 +173,7 @@ def claim_row(*, session: Session, name: str, lock: bool) -> Any:
 
 def changed_since(*, session: Session, position: int) -> Sequence[Any]:
     """Hosts stamped at or after ``position`` (from ``feed_position`` of the previous read)."""
-    return session.execute(select(*CLAIM_COLUMNS).where(Host.seq >= position)).all()
+    return session.connection().execute(_stmts().changed, {"p": position}).all()
 
 
 def fleet_state(*, session: Session) -> Sequence[Any]:

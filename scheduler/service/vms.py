@@ -103,8 +103,7 @@ class VmService:
                     request=req, host=host, allocation=alloc.to_dict(), status="pending", reason="",
                     hostd_vm_id="", affinity_group=body.anti_affinity.group if body.anti_affinity else "",
                     attempts=0, created=now, updated=now)
-            s.add(vm)
-            s.flush()  # the unique (tenant, key) constraint fires here, inside the claim
+            vm_repo.insert_vm(session=s, vm=vm)  # the unique (tenant, key) constraint fires here
             vm_repo.audit(session=s, principal=actor, action="vm.create", target=vm_id, now=now,
                           detail={"host": host, "nodes": list(alloc.nodes), "cpus": list(alloc.cpus)})
             return vm

@@ -1,0 +1,235 @@
+"""Placement bench, one command (claim path only, dispatch off):
+
+  .venv/bin/python bench/placement.py [--hosts 10000 --requests 20000 --clients 32]
+                                      [--stores sqlite,pg] [--replicas 2] [--no-openstack]
+
+For each store (SQLite file; PostgreSQL 15 started here on loopback, stopped by PID):
+  1. start --replicas `scheduler serve` processes on the store (stateless replicas);
+  2. register --hosts storage hosts of mixed shapes through POST /v1/hosts;
+  3. send --requests mixed VM requests (POST /v1/vms, Idempotency-Key) from --clients
+     concurrent keep-alive clients, in trace order, spread over the replicas;
+  4. check the ledger in the database: no CPU/page/VF/disk/tx budget booked twice, each
+     host's usage equal to the sum of its live allocations (zero overcommit).
+Then the same fleet and trace against OpenStack Placement on the same database engine
+(bench/scheduler_osplacement.py), the named baseline.
+
+Printed: placements/s (VMs placed per second of the run), requests/s, client-observed
+p50/p99 latency (with --clients closed-loop clients this includes queueing: by Little's
+law mean latency = clients / throughput), our server-side claim time p50/p99 (the
+Server-Timing header: fit on the index + the claim transaction), packing quality = VMs
+placed before the first capacity rejection / VMs an offline first-fit-decreasing places
+from the same trace, overcommit, and the ratios against Placement.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
+
+from scheduler_benchlib import (Conn, Req, Result, create_database, fleet, ffd_bound, free_port,  # noqa: E402
+                                host_res, overcommit, percentile, postgres, register_body, run_clients,
+                                stop, trace, wait_http)
+
+TOKENS = {"bench-admin": ["admin"], "bench-host": ["host"], "bench-tenant": ["tenant:bench"]}
+PG_SETTINGS = {"synchronous_commit": "off", "shared_buffers": "256MB"}
+
+
+def _config(tmp: Path, url: str, pool: int) -> Path:
+    toks = "".join(f'[[auth.tokens]]\nname = "{k}"\nsha256 = "{hashlib.sha256(k.encode()).hexdigest()}"\n'
+                   f'scopes = {json.dumps(v)}\n' for k, v in TOKENS.items())
+    cfg = tmp / "scheduler.toml"
+    cfg.write_text(f'log_level = "WARNING"\n[db]\nurl = "{url}"\npool_size = {pool}\nupgrade_on_start = false\n'
+                   f'[dispatch]\nenabled = false\n[reconcile]\ninterval_s = 0\n'
+                   f'[placement]\nheartbeat_timeout_s = 1000000\nclaim_retries = 16\n{toks}')
+    return cfg
+
+
+def _auth(token: str, **extra: str) -> dict[str, str]:
+    return {"Authorization": f"Bearer {token}", **extra}
+
+
+def run_ours(label: str, url: str, hosts: list, reqs: list[Req], *, clients: int, replicas: int,
+             tmp: Path) -> Result:
+    from scheduler.db.engine import Store
+    from scheduler.db.migrate import upgrade
+    store = Store.from_url(url)
+    upgrade(store.engine)
+    cfg = _config(tmp, url, pool=max(4, clients // replicas + 2))
+    ports = [free_port() for _ in range(replicas)]
+    procs: list[subprocess.Popen] = []
+    out = Result(label)
+    try:
+        for i, port in enumerate(ports):
+            log = tmp / f"{label}-{i}.log"
+            procs.append(subprocess.Popen([sys.executable, "-m", "scheduler.cli", "serve", "--config", str(cfg),
+                                           "--port", str(port)], cwd=REPO, stdout=open(log, "wb"),
+                                          stderr=subprocess.STDOUT, start_new_session=True))
+        for i, port in enumerate(ports):
+            wait_http(port, "/healthz", procs[i], tmp / f"{label}-{i}.log")
+        bases = [("127.0.0.1", p) for p in ports]
+
+        async def register(c: Conn, h: tuple) -> int:
+            r = await c.request("POST", "/v1/hosts", register_body(*h), _auth("bench-host"))
+            if r.status not in (200, 201):
+                raise RuntimeError(f"register {h[0]}: {r.status} {r.body[:300]!r}")
+            return r.status
+        t = time.perf_counter()
+        asyncio.run(run_clients(clients, bases, hosts, register))
+        print(f"  [{label}] registered {len(hosts)} hosts through the API in {time.perf_counter() - t:.1f} s",
+              flush=True)
+
+        async def warm(c: Conn, _: int) -> None:  # each replica builds its index before the clock starts
+            await c.request("POST", "/v1/vms?dry_run=true", reqs[0].body(), _auth("bench-tenant"))
+        asyncio.run(run_clients(replicas, bases, list(range(replicas)), warm))
+
+        async def place(c: Conn, r: Req) -> tuple[int, float, float, str]:
+            t0 = time.perf_counter()
+            rep = await c.request("POST", "/v1/vms", r.body(), _auth("bench-tenant", **{"Idempotency-Key": f"b-{r.i}"}))
+            dt = time.perf_counter() - t0
+            st = rep.headers.get("server-timing", "")
+            srv = float(st.split("dur=")[1]) / 1e3 if "dur=" in st else float("nan")
+            code = "" if rep.status == 202 else (rep.json() or {}).get("error", {}).get("code", str(rep.status))
+            return rep.status, dt, srv, code
+        t = time.perf_counter()
+        got = asyncio.run(run_clients(clients, bases, reqs, place))
+        out.seconds = time.perf_counter() - t
+        first = min((i for i, g in enumerate(got) if g[0] == 507), default=len(got))
+        for i, (status, dt, srv, code) in enumerate(got):
+            out.lat.append(dt)
+            if status == 202:
+                out.placed += 1
+                out.server.append(srv)
+                out.before_first_reject += i < first
+            elif status == 507:
+                out.rejected += 1
+            elif status == 409:
+                out.conflicts += 1
+            else:
+                out.errors[code] = out.errors.get(code, 0) + 1
+    finally:
+        stop(procs)
+    out.overcommit = ledger(store)
+    store.dispose()
+    return out
+
+
+def ledger(store) -> list[str]:  # type: ignore[no-untyped-def]
+    from sqlalchemy import select
+
+    from scheduler.db.models import LIVE, Host, Vm
+    from scheduler.repo.hosts import host_res as res_of
+    from scheduler.resources import Allocation, Usage
+    with store.read() as s:
+        hosts = s.scalars(select(Host)).all()
+        res = {h.name: res_of(h) for h in hosts}
+        usage = {h.name: Usage.from_dict(h.usage) for h in hosts}
+        allocs: dict[str, list] = {}
+        for host, a in s.execute(select(Vm.host, Vm.allocation).where(Vm.status.in_(LIVE))):
+            allocs.setdefault(host, []).append(Allocation.from_dict(a))
+    return overcommit(res, usage, allocs)
+
+
+def report(rows: list[Result], ffd: int, baseline: Result | None) -> None:
+    print()
+    print(f"{'run':<28} {'placed/s':>9} {'req/s':>7} {'p50 ms':>7} {'p99 ms':>7} {'srv p50':>8} {'srv p99':>8} "
+          f"{'placed':>7} {'507':>6} {'409':>5} {'other':>6} {'quality':>8}  overcommit")
+    for r in rows:
+        srv = [x for x in r.server if x == x]
+        other = sum(r.errors.values())
+        oc = "n/a" if r.overcommit is None else ("none" if not r.overcommit else f"{len(r.overcommit)} PROBLEMS")
+        print(f"{r.label:<28} {r.placed / r.seconds if r.seconds else 0:>9.0f} {r.rate:>7.0f} "
+              f"{percentile(r.lat, .5) * 1e3:>7.1f} {percentile(r.lat, .99) * 1e3:>7.1f} "
+              f"{percentile(srv, .5) * 1e3 if srv else float('nan'):>8.2f} "
+              f"{percentile(srv, .99) * 1e3 if srv else float('nan'):>8.2f} "
+              f"{r.placed:>7} {r.rejected:>6} {r.conflicts:>5} {other:>6} {r.before_first_reject / ffd:>8.3f}  {oc}")
+        if r.errors:
+            print(f"{'':<28} other answers: {r.errors}")
+        if r.overcommit:
+            print(f"{'':<28} first problems: {r.overcommit[:5]}")
+        if r.note:
+            print(f"{'':<28} {r.note}")
+    print(f"\npacking quality = VMs placed before the first capacity rejection / {ffd} placed by offline "
+          f"first-fit-decreasing on the same trace")
+    if baseline is None:
+        return
+    for r in rows:
+        if r is baseline or not r.seconds or "placement" in r.label or baseline.label.split()[-1] not in r.label:
+            continue
+        print(f"ratio {r.label} / {baseline.label}: placements/s x{(r.placed / r.seconds) / (baseline.placed / baseline.seconds):.1f}, "
+              f"p50 latency x{percentile(baseline.lat, .5) / percentile(r.lat, .5):.1f} lower, "
+              f"p99 latency x{percentile(baseline.lat, .99) / percentile(r.lat, .99):.1f} lower")
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--hosts", type=int, default=10000)
+    p.add_argument("--requests", type=int, default=20000)
+    p.add_argument("--clients", type=int, default=32)
+    p.add_argument("--replicas", type=int, default=2, help="scheduler serve processes (stateless replicas)")
+    p.add_argument("--stores", default="sqlite,pg", help="comma list of sqlite, pg")
+    p.add_argument("--no-openstack", action="store_true", help="skip the OpenStack Placement baseline")
+    p.add_argument("--placement-venv", default="/var/cache/hybrid-kvm/placement-venv")
+    a = p.parse_args()
+    hosts, reqs = fleet(a.hosts), trace(a.requests)
+    t = time.perf_counter()
+    ffd = ffd_bound([host_res(*h) for h in hosts], reqs)
+    print(f"fleet: {a.hosts} hosts ({', '.join(sorted({h[1].name for h in hosts}))}); trace: {a.requests} "
+          f"requests; {a.clients} clients; offline FFD places {ffd} ({time.perf_counter() - t:.1f} s)", flush=True)
+    stores = [s.strip() for s in a.stores.split(",") if s.strip()]
+    rows: list[Result] = []
+    base: dict[str, Result] = {}
+    with tempfile.TemporaryDirectory(prefix="hyb-bench-") as d:
+        tmp = Path(d)
+        for st in stores:
+            if st == "sqlite":
+                rows.append(run_ours("hybrid-kvm sqlite", f"sqlite:///{tmp}/sched.db", hosts, reqs,
+                                     clients=a.clients, replicas=a.replicas, tmp=tmp))
+                if not a.no_openstack:
+                    base["sqlite"] = run_openstack("sqlite", None, hosts, reqs, a, tmp)
+                    rows.append(base["sqlite"])
+            elif st == "pg":
+                with postgres(PG_SETTINGS) as (_user, port):
+                    create_database(port, "sched")
+                    rows.append(run_ours("hybrid-kvm pg", f"postgresql://postgres@127.0.0.1:{port}/sched",
+                                         hosts, reqs, clients=a.clients, replicas=a.replicas, tmp=tmp))
+                    if not a.no_openstack:
+                        create_database(port, "placement")
+                        base["pg"] = run_openstack("pg", port, hosts, reqs, a, tmp)
+                        rows.append(base["pg"])
+            else:
+                p.error(f"unknown store {st!r}")
+            report_partial = [r for r in rows]
+            report(report_partial, ffd, None)
+    print("\n=== all runs ===")
+    report(rows, ffd, None)
+    for st, b in base.items():
+        if b.seconds and b.placed:
+            report([r for r in rows if r.label.endswith(st) and r is not b] + [b], ffd, b)
+    return 0 if all(not r.overcommit for r in rows) else 1
+
+
+def run_openstack(store: str, pg_port: int | None, hosts: list, reqs: list[Req], a: argparse.Namespace,
+                  tmp: Path) -> Result:
+    from scheduler_osplacement import run_placement
+    try:
+        return run_placement(store, pg_port, hosts, reqs, clients=a.clients, workers=a.replicas,
+                             venv=Path(a.placement_venv), tmp=tmp)
+    except Exception as e:  # noqa: BLE001 - the reason is the result
+        r = Result(f"openstack-placement {store}")
+        r.note = f"NOT MEASURED: {type(e).__name__}: {str(e)[-1500:]}"
+        return r
+
+
+if __name__ == "__main__":
+    sys.exit(main())
