@@ -111,18 +111,13 @@ class Ledger:
                claim: Claim, spec: dict, state: str = "creating") -> None:
         """Insert a VM and its claim rows; primary keys refuse any double booking."""
         now = time.time()
-        try:
+        with _conflicts():
             db.execute("INSERT INTO vms VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
                        (vm_id, request_id, name, state, "", claim.node, claim.size_kb, claim.pages,
                         json.dumps(claim.to_dict()), json.dumps(spec), now, now))
             db.executemany("INSERT INTO cpu_claims VALUES (?,?)",
                            [(c, vm_id) for c in claim.dedicated_cpus])
-            db.executemany("INSERT INTO vf_claims VALUES (?,?,?,?)",
-                           [(v.pf, v.index, v.min_tx_rate_mbps, vm_id) for v in claim.vfs])
-            db.executemany("INSERT INTO disk_claims VALUES (?,?,?,?)",
-                           [(d.name, d.bytes_sec, d.iops, vm_id) for d in claim.disks])
-        except sqlite3.IntegrityError as e:
-            raise LedgerConflict(f"claim conflicts with the ledger: {e}", field="claim") from None
+            _insert_rates(db, vm_id, claim)
 
     def update_claim(self, db: sqlite3.Connection, vm_id: str, claim: Claim, spec: dict) -> None:
         """Replace a VM's claim rows (same CPUs/VFs/disks, new rates and budgets)."""
@@ -130,13 +125,8 @@ class Ledger:
                    (json.dumps(claim.to_dict()), json.dumps(spec), time.time(), vm_id))
         db.execute("DELETE FROM vf_claims WHERE vm_id=?", (vm_id,))
         db.execute("DELETE FROM disk_claims WHERE vm_id=?", (vm_id,))
-        try:
-            db.executemany("INSERT INTO vf_claims VALUES (?,?,?,?)",
-                           [(v.pf, v.index, v.min_tx_rate_mbps, vm_id) for v in claim.vfs])
-            db.executemany("INSERT INTO disk_claims VALUES (?,?,?,?)",
-                           [(d.name, d.bytes_sec, d.iops, vm_id) for d in claim.disks])
-        except sqlite3.IntegrityError as e:
-            raise LedgerConflict(f"claim conflicts with the ledger: {e}", field="claim") from None
+        with _conflicts():
+            _insert_rates(db, vm_id, claim)
 
     def set_state(self, vm_id: str, state: str, reason: str = "") -> None:
         with self.tx() as db:
@@ -153,6 +143,22 @@ class Ledger:
 
     def list(self) -> list[VmRecord]:
         return [_record(r) for r in self._db.execute("SELECT * FROM vms ORDER BY created")]
+
+
+@contextmanager
+def _conflicts() -> Iterator[None]:
+    try:
+        yield
+    except sqlite3.IntegrityError as e:
+        raise LedgerConflict(f"claim conflicts with the ledger: {e}", field="claim") from None
+
+
+def _insert_rates(db: sqlite3.Connection, vm_id: str, claim: Claim) -> None:
+    """The VF and disk rows of a claim (with the rates and budgets they hold)."""
+    db.executemany("INSERT INTO vf_claims VALUES (?,?,?,?)",
+                   [(v.pf, v.index, v.min_tx_rate_mbps, vm_id) for v in claim.vfs])
+    db.executemany("INSERT INTO disk_claims VALUES (?,?,?,?)",
+                   [(d.name, d.bytes_sec, d.iops, vm_id) for d in claim.disks])
 
 
 def _record(row: tuple) -> VmRecord:

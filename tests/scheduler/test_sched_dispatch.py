@@ -5,79 +5,22 @@ ledgers, the same construction as tests/hostd/service/test_grpc_service.py."""
 from __future__ import annotations
 
 import json
-import subprocess
-from concurrent import futures
 from pathlib import Path
 
-import grpc
 import pytest
 
 from api import hostd_pb2 as pb
-from api import hostd_pb2_grpc as pb_grpc
-from hostd.carve.layout import (DiskBudget, HugepageTarget, IoServiceTarget, Layout, NodeLayout,
-                                PfLayout, VfSlot)
-from hostd.images import ImageStore
-from hostd.ledger import Ledger
-from hostd.metadata import NS, VmMetadata
-from hostd.runtime import LibvirtHost
-from hostd.service import HostdService
-from hostd.vms import VmManager
+from hostd_inproc import LAYOUT, dev_certs, start_hostd
 from sched_helpers import ADM, HOST, TA, make_client, vm_body
 from scheduler.config import DispatchConfig
 from scheduler.dispatch import HostdClients
 from scheduler.reconcile import reconcile_all
 from scheduler.config import ReconcileConfig
 
-REPO = Path(__file__).resolve().parents[2]
-LAYOUT = Layout(
-    nodes=(NodeLayout(0, (0,), (1,), (2, 3), (HugepageTarget(2048, 256),)),),
-    pfs=(PfLayout("ens1f0", "0000:3b:00.0", 0, 2, 10000, (VfSlot(0, 0, 0), VfSlot(1, 0, 0))),),
-    disks=(DiskBudget("nvme0n1", "nvme-eui.01", 0, 10**12, 10**9, 10**5),),
-    io_service=IoServiceTarget("none", ""), vm_cgroup="machine", reboot_required=())
-
-
-class Rates:
-    def __init__(self):
-        self.rates = {}
-
-    def get_rate(self, pf, vf):
-        return self.rates.get((pf, vf), (0, 0))
-
-    def set_rate(self, pf, vf, mx, mn):
-        self.rates[(pf, vf)] = (mx, mn)
-
-
-def render(md: VmMetadata, image) -> str:
-    return (f"<domain type='test'><name>{md.spec.name}</name><uuid>{md.vm_id}</uuid>"
-            f"<metadata>{md.to_xml()}</metadata><memory unit='MiB'>{md.spec.memory_mib}</memory>"
-            f"<vcpu>{md.spec.vcpus}</vcpu><os><type arch='x86_64'>hvm</type></os></domain>")
-
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("ca")
-    subprocess.run(["bash", str(REPO / "tools/make-dev-ca.sh"), str(d)], check=True, capture_output=True)
-    return d
-
-
-def start_hostd(tmp: Path, certs: Path, name: str, *, with_image: bool = True):  # type: ignore[no-untyped-def]
-    (tmp / "vmlinuz").write_bytes(b"k")
-    images = ImageStore(tmp / "images")
-    if with_image:
-        images.add("smoke", "1", "kernel", {"kernel": tmp / "vmlinuz"})
-    lv = LibvirtHost("test:///default", NS)
-    m = VmManager(layout=LAYOUT, siblings={}, ledger=Ledger(tmp / "l.db"), libvirt=lv, images=images,
-                  render=render, disk_check=lambda n: [], vf_rates=Rates(), pf_drivers={"ens1f0": "ice"},
-                  vf_pci={("ens1f0", 0): "0000:3b:02.0", ("ens1f0", 1): "0000:3b:02.1"})
-    server = grpc.server(futures.ThreadPoolExecutor(4))
-    pb_grpc.add_HostdServicer_to_server(HostdService(m, host=name, layout_json=LAYOUT.to_json(None),
-                                                     health=lambda: pb.HealthResponse(ok=True)), server)
-    creds = grpc.ssl_server_credentials([((certs / "hostd.key").read_bytes(), (certs / "hostd.crt").read_bytes())],
-                                        root_certificates=(certs / "ca.crt").read_bytes(),
-                                        require_client_auth=True)
-    port = server.add_secure_port("127.0.0.1:0", creds)
-    server.start()
-    return server, port, m, lv
+    return dev_certs(tmp_path_factory.mktemp("ca"))
 
 
 @pytest.fixture
@@ -88,26 +31,19 @@ def cluster(tmp_path: Path, certs: Path):  # type: ignore[no-untyped-def]
         for name, img in (("h1", False), ("h2", True)):
             d = tmp_path / name
             d.mkdir()
-            started.append((name,) + start_hostd(d, certs, name, with_image=img))
+            started.append((name, start_hostd(d, certs, name, with_image=img, workers=4)))
         clients = HostdClients(DispatchConfig(ca=str(certs / "ca.crt"), cert=str(certs / "scheduler.crt"),
                                               key=str(certs / "scheduler.key"), timeout_s=10, max_attempts=3))
         with make_client(f"sqlite:///{tmp_path}/s.db", hostd=clients, dispatch={"enabled": True}) as api:
-            for name, _srv, port, _m, _lv in started:
-                body = {"name": name, "address": f"localhost:{port}", "layout": json.loads(LAYOUT.to_json()),
+            for name, h in started:
+                body = {"name": name, "address": f"localhost:{h.port}", "layout": json.loads(LAYOUT.to_json()),
                         "rack": name}
                 assert api.post("/v1/hosts", json=body, headers=HOST).status_code == 201
-            yield api, clients, {n: m for n, _s, _p, m, _l in started}
+            yield api, clients, {n: h.manager for n, h in started}
         clients.close()
     finally:
-        for _n, srv, _p, m, lv in started:
-            srv.stop(0).wait()
-            for dom in lv.conn().listAllDomains():
-                if dom.name().startswith("t-"):
-                    if dom.isActive():
-                        dom.destroy()
-                    dom.undefine()
-            m.ledger.close()
-            lv.close()
+        for _n, h in started:
+            h.stop("t-")
 
 
 def test_create_fails_over_to_next_host_then_runs_and_delete_frees(cluster):

@@ -4,9 +4,7 @@ path with libvirtd + QEMU is in tests/hostd/service/test_serve_live.py."""
 
 from __future__ import annotations
 
-import subprocess
 import threading
-from concurrent import futures
 from pathlib import Path
 
 import grpc
@@ -14,64 +12,17 @@ import pytest
 
 from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
-from hostd.carve.layout import (DiskBudget, HugepageTarget, IoServiceTarget, Layout, NodeLayout,
-                                PfLayout, VfSlot)
-from hostd.images import ImageStore
-from hostd.ledger import Ledger
-from hostd.metadata import NS, VmMetadata
-from hostd.runtime import LibvirtHost
-from hostd.service import HostdService
-from hostd.vms import VmManager
-
-REPO = Path(__file__).resolve().parents[3]
-LAYOUT = Layout(
-    nodes=(NodeLayout(0, (0,), (1,), (2, 3), (HugepageTarget(2048, 256),)),),
-    pfs=(PfLayout("ens1f0", "0000:3b:00.0", 0, 2, 10000, (VfSlot(0, 0, 0), VfSlot(1, 0, 0))),),
-    disks=(DiskBudget("nvme0n1", "nvme-eui.01", 0, 10**12, 10**9, 10**5),),
-    io_service=IoServiceTarget("none", ""), vm_cgroup="machine", reboot_required=())
-
-
-class Rates:
-    def __init__(self):
-        self.rates = {}
-
-    def get_rate(self, pf, vf):
-        return self.rates.get((pf, vf), (0, 0))
-
-    def set_rate(self, pf, vf, mx, mn):
-        self.rates[(pf, vf)] = (mx, mn)
-
-
-def render(md: VmMetadata, image) -> str:
-    return (f"<domain type='test'><name>{md.spec.name}</name><uuid>{md.vm_id}</uuid>"
-            f"<metadata>{md.to_xml()}</metadata><memory unit='MiB'>{md.spec.memory_mib}</memory>"
-            f"<vcpu>{md.spec.vcpus}</vcpu><os><type arch='x86_64'>hvm</type></os></domain>")
+from hostd_inproc import dev_certs, start_hostd
 
 
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory) -> Path:
-    d = tmp_path_factory.mktemp("ca")
-    subprocess.run(["bash", str(REPO / "tools/make-dev-ca.sh"), str(d)], check=True, capture_output=True)
-    return d
+    return dev_certs(tmp_path_factory.mktemp("ca"))
 
 
 @pytest.fixture
 def api(tmp_path: Path, certs: Path):
-    (tmp_path / "vmlinuz").write_bytes(b"k")
-    images = ImageStore(tmp_path / "images")
-    images.add("smoke", "1", "kernel", {"kernel": tmp_path / "vmlinuz"})
-    lv = LibvirtHost("test:///default", NS)
-    m = VmManager(layout=LAYOUT, siblings={}, ledger=Ledger(tmp_path / "l.db"), libvirt=lv,
-                  images=images, render=render, disk_check=lambda n: [], vf_rates=Rates(),
-                  pf_drivers={"ens1f0": "ice"}, vf_pci={("ens1f0", 0): "0000:3b:02.0"})
-    server = grpc.server(futures.ThreadPoolExecutor(8))
-    pb_grpc.add_HostdServicer_to_server(HostdService(m, host="h1", layout_json=LAYOUT.to_json(None),
-                                                     health=lambda: pb.HealthResponse(ok=True)), server)
-    creds = grpc.ssl_server_credentials([((certs / "hostd.key").read_bytes(), (certs / "hostd.crt").read_bytes())],
-                                        root_certificates=(certs / "ca.crt").read_bytes(),
-                                        require_client_auth=True)
-    port = server.add_secure_port("127.0.0.1:0", creds)
-    server.start()
+    h = start_hostd(tmp_path, certs, "h1")
 
     def channel(client_cert: bool = True) -> grpc.Channel:
         kw = {}
@@ -79,18 +30,11 @@ def api(tmp_path: Path, certs: Path):
             kw = {"private_key": (certs / "scheduler.key").read_bytes(),
                   "certificate_chain": (certs / "scheduler.crt").read_bytes()}
         c = grpc.ssl_channel_credentials((certs / "ca.crt").read_bytes(), **kw)
-        return grpc.secure_channel(f"localhost:{port}", c)
+        return grpc.secure_channel(f"localhost:{h.port}", c)
     ch = channel()
-    yield pb_grpc.HostdStub(ch), channel, m
+    yield pb_grpc.HostdStub(ch), channel, h.manager
     ch.close()
-    server.stop(0).wait()
-    for d in lv.conn().listAllDomains():
-        if d.name().startswith("g-"):
-            if d.isActive():
-                d.destroy()
-            d.undefine()
-    m.ledger.close()
-    lv.close()
+    h.stop("g-")
 
 
 def req(name="g-1", rid="r-1", **kw) -> pb.CreateVMRequest:
