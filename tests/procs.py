@@ -3,6 +3,7 @@ SIGKILL), never by name, and always in a finally."""
 
 from __future__ import annotations
 
+import json
 import signal
 import socket
 import subprocess
@@ -31,6 +32,27 @@ def grpc_stub(port: int, certs: Path) -> tuple[pb_grpc.HostdStub, grpc.Channel]:
                                          (certs / "scheduler.crt").read_bytes())
     ch = grpc.secure_channel(f"localhost:{port}", creds)
     return pb_grpc.HostdStub(ch), ch
+
+
+def write_hostd_config(path: Path, *, policy: Path, state: Path, images: Path, certs: Path,
+                       libvirt_uri: str, listen: str = "127.0.0.1:0", **extra: object) -> Path:
+    """A hostd.toml for tests: TCG guests, mTLS from the dev CA, no metrics port,
+    no <locked/> (this sandbox refuses RLIMIT_MEMLOCK); ``extra`` adds keys."""
+    keys: dict[str, object] = {
+        "virt_type": "qemu", "policy": str(policy), "state_dir": str(state), "image_dir": str(images),
+        "listen": listen, "metrics_listen": "", "tls_cert": str(certs / "hostd.crt"),
+        "tls_key": str(certs / "hostd.key"), "tls_ca": str(certs / "ca.crt"),
+        "lock_guest_memory": False, "libvirt_uri": libvirt_uri, **extra}
+    path.write_text("".join(f"{k} = {_toml(v)}\n" for k, v in keys.items()))
+    return path
+
+
+def _toml(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    return json.dumps(str(v))  # a JSON string is a valid TOML basic string
 
 
 class Daemon:

@@ -19,7 +19,7 @@ import libvirt
 import pytest
 
 from hostd.images import ImageStore
-from procs import Hostd, Scheduler, free_port
+from procs import Hostd, Scheduler, free_port, write_hostd_config
 
 pytestmark = [pytest.mark.root, pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
@@ -77,24 +77,11 @@ default_bytes_sec = 104857600
 default_iops = 5000
 """)
     (tmp_path / "token").write_text(HOST_TOKEN)
-    (tmp_path / "hostd.toml").write_text(f"""virt_type = "qemu"
-policy = "{tmp_path / 'policy.toml'}"
-state_dir = "{tmp_path / 'state'}"
-image_dir = "{tmp_path / 'images'}"
-listen = "127.0.0.1:{hport}"
-metrics_listen = ""
-tls_cert = "{certs / 'hostd.crt'}"
-tls_key = "{certs / 'hostd.key'}"
-tls_ca = "{certs / 'ca.crt'}"
-lock_guest_memory = false
-libvirt_uri = "{libvirtd}"
-scheduler_url = "http://127.0.0.1:{sport}"
-scheduler_token_file = "{tmp_path / 'token'}"
-host_name = "e2e-host"
-advertise_address = "localhost:{hport}"
-heartbeat_s = 1
-rack = "r1"
-""")
+    write_hostd_config(tmp_path / "hostd.toml", policy=tmp_path / "policy.toml", state=tmp_path / "state",
+                       images=tmp_path / "images", certs=certs, libvirt_uri=libvirtd,
+                       listen=f"127.0.0.1:{hport}", scheduler_url=f"http://127.0.0.1:{sport}",
+                       scheduler_token_file=tmp_path / "token", host_name="e2e-host",
+                       advertise_address=f"localhost:{hport}", heartbeat_s=1, rack="r1")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOSTD_", "HYB_SCHED_"))}
     sched = Scheduler(tmp_path / "scheduler.toml", sport, env, tmp_path / "scheduler.log")
     hostd = Hostd(tmp_path / "hostd.toml", env, tmp_path / "hostd.log")

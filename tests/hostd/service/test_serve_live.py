@@ -26,7 +26,7 @@ from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
 from hostd.images import ImageStore
 from hostd.vms import CRASH_POINTS
-from procs import Hostd, grpc_stub
+from procs import Hostd, grpc_stub, write_hostd_config
 
 pytestmark = [pytest.mark.root, pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[3]
@@ -65,18 +65,8 @@ def hostd_env(tmp_path: Path, libvirtd: str, smoke_guest, hugepages_2m, loop_dis
     # pytest's own tmp dirs are 0700.
     state = Path(tempfile.mkdtemp(prefix="hyb-test-state-", dir="/var/tmp"))
     state.chmod(0o755)
-    cfg.write_text(f"""virt_type = "qemu"
-policy = "{tmp_path / 'policy.toml'}"
-state_dir = "{state}"
-image_dir = "{tmp_path / 'images'}"
-listen = "127.0.0.1:0"
-metrics_listen = ""
-tls_cert = "{certs / 'hostd.crt'}"
-tls_key = "{certs / 'hostd.key'}"
-tls_ca = "{certs / 'ca.crt'}"
-lock_guest_memory = false
-libvirt_uri = "{libvirtd}"
-""")
+    write_hostd_config(cfg, policy=tmp_path / "policy.toml", state=state, images=tmp_path / "images",
+                       certs=certs, libvirt_uri=libvirtd)
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOSTD_")}
     h = Hostd(cfg, env, tmp_path / "hostd.log")
     try:
