@@ -63,6 +63,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-g", "--guest", action="append", help="only these VM names")
     p.add_argument("-q", "--quiet", action="store_true", help="no interval lines, summary only")
     p.add_argument("--system", action="store_true", help="per-CPU system-wide counters (no per-VM split)")
+    p.add_argument("--user-reasons", action="store_true",
+                   help="split userspace exits by reason (11 filtered counters instead of 1: costlier per exit)")
     _add_format(p)
 
     p = sub.add_parser("top", help="live full-screen view per VM and per reason/event (keys r/t/n sort, q quits)")
@@ -72,6 +74,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-g", "--guest", action="append", help="only these VM names")
     p.add_argument("--system", action="store_true", help="per-CPU system-wide counters (no per-VM split)")
     p.add_argument("--sort", choices=("rate", "total", "name"), default="rate")
+    p.add_argument("--user-reasons", action="store_true", help="split userspace exits by reason (costlier)")
     p.add_argument("--once", action="store_true",
                    help="count one interval, print one frame and exit (the default when stdout is not a terminal)")
 

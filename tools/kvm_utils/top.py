@@ -128,7 +128,7 @@ def run_top(args: argparse.Namespace) -> int:
     perf.raise_fd_limit()
     with tracefs_mounted(args.tracefs) as root:
         vendor = Vendor(v) if (v := host_vendor()) else None
-        counters = live.Counters(live.counter_specs(root, vendor))
+        counters = live.Counters(live.counter_specs(root, vendor, args.user_reasons))
     once = args.once or not sys.stdout.isatty()
     sort = args.sort
     seen: set[int] = set()

@@ -26,7 +26,7 @@ def test_exits_per_vm_and_vcpu_exact(helper, kvm_events) -> None:
                          stdout=subprocess.PIPE, text=True)
     try:
         out = subprocess.run([sys.executable, "-m", "tools.kvm_utils", "exits", "-g", "kvmu-exits", "-i", "0.5",
-                              "--format", "json", "5"], capture_output=True, text=True, timeout=60, cwd=REPO)
+                              "--user-reasons", "--format", "json", "5"], capture_output=True, text=True, timeout=60, cwd=REPO)
         gout, _ = g.communicate(timeout=60)
     finally:
         if g.poll() is None:
