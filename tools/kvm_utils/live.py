@@ -69,7 +69,7 @@ def counter_specs(tracefs: Path, vendor: Vendor | None, user_reasons: bool = Fal
         if user_reasons:
             specs += [Spec("user", USERSPACE_EXIT_REASONS[c], uid, f"reason=={c} && errno>=0") for c in USER_REASONS]
         else:
-            specs.append(Spec("user", "all", uid, None))
+            specs.append(Spec("user", "ALL", uid, None))
     specs += [Spec("event", e, tracepoint_id(tracefs, "kvm", e), None) for e in EVENT_COUNTERS if e in events]
     return specs
 

@@ -84,7 +84,8 @@ def frame(delta: Counter, totals: Counter, step: float, elapsed: float, sort: st
             if t.tid >= 0:
                 tids.add(t.tid)
             if src is delta and n:
-                vm_top.setdefault(t.vm, Counter())[s.label] += n
+                label = f"userspace {s.label}" if s.kind == "user" else s.label
+                vm_top.setdefault(t.vm, Counter())[label] += n
     reasons = [Row(label, kind, round(per(lab_d[(kind, label)]), 1), lab_t[(kind, label)])
                for (kind, label) in lab_t if lab_t[(kind, label)]]
     vms = []

@@ -34,5 +34,5 @@ def test_top_once_prints_one_frame(helper, kvm_events) -> None:
     assert "6,002" in vm_line and f"pid {g.pid}, 1 vCPU thread(s)" in vm_line   # kvm_pio + IO exits
     pio_line = next(ln for ln in out.splitlines() if ln.split()[:2] == ["event", "kvm_pio"])
     assert pio_line.split()[-1] == "3,001"
-    user_line = next(ln for ln in out.splitlines() if ln.split()[:2] == ["user", "all"])    # one counter
+    user_line = next(ln for ln in out.splitlines() if ln.split()[:2] == ["user", "ALL"])    # one counter
     assert user_line.split()[-1] == "3,001"

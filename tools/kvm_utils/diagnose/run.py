@@ -8,6 +8,7 @@ import logging
 import re
 import shutil
 import tempfile
+import threading
 from collections.abc import Iterable
 from pathlib import Path
 
@@ -89,12 +90,36 @@ def _threads_now(proc: Path) -> dict[int, ThreadInfo]:
     return procs.thread_map(procs.vm_processes(proc))
 
 
+class _ThreadNamer:
+    """Names vCPU threads from /proc once a second while tracing runs, so VMs that start and
+    stop inside the window are still named (bpftrace only reports pid/tid at the end)."""
+
+    def __init__(self, proc: Path, every: float = 1.0) -> None:
+        self.proc, self.every = proc, every
+        self.threads: dict[int, ThreadInfo] = _threads_now(proc)
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._loop, name="kvmu-namer", daemon=True)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.every):
+            self.threads.update(_threads_now(self.proc))
+
+    def __enter__(self) -> _ThreadNamer:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._stop.set()
+        self._thread.join()
+        self.threads.update(_threads_now(self.proc))
+
+
 def evidence_live_bpf(duration: float | None, proc: Path = Path("/proc")) -> Evidence:
-    before = _threads_now(proc)
-    out, elapsed = bpf.run_script(bpf_script(duration),
-                                  "Diagnosing kvm events in BPF... Hit Ctrl-C to end." if duration is None
-                                  else f"Diagnosing kvm events in BPF for {duration:g} s...")
-    threads = {**before, **_threads_now(proc)}   # threads alive at the start or the end
+    with _ThreadNamer(proc) as namer:
+        out, elapsed = bpf.run_script(bpf_script(duration),
+                                      "Diagnosing kvm events in BPF... Hit Ctrl-C to end." if duration is None
+                                      else f"Diagnosing kvm events in BPF for {duration:g} s...")
+    threads = namer.threads
     m = _ELAPSED.search(out)     # the window as the kernel saw it (without bpftrace's teardown)
     return from_bpf_maps(bpf.parse_output(out), int(m.group(1)) / 1e9 if m else elapsed, threads)
 
