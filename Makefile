@@ -8,7 +8,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test deps sysdeps venv stubs clean test-unit kernel-build
+.PHONY: demo test deps sysdeps venv stubs clean test-unit kernel-build images
 
 sysdeps:
 	@bash tools/install-deps.sh
@@ -38,6 +38,11 @@ test: deps
 
 test-unit: venv stubs
 	@$(VPY) -m pytest -q -m "not integration" tests
+
+# Guest images (cached under /var/cache/hybrid-kvm; `make test` builds them too).
+images: sysdeps
+	@bash guestimages/smoke/build.sh /var/cache/hybrid-kvm/smoke
+	@bash guestimages/online/build.sh /var/cache/hybrid-kvm/online
 
 # Opt-in (35 min on 2 CPUs): build the nohlt_list guest kernel and boot-test it.
 kernel-build: deps

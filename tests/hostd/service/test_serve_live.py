@@ -164,6 +164,9 @@ def test_serve_boots_a_pinned_hugepage_guest_with_throttled_disk(hostd_env):
             c.close()
         inv = stub.GetInventory(pb.GetInventoryRequest(), timeout=10)
         assert list(inv.nodes[0].used_cpus) == [1] and inv.nodes[0].hugepages[0].used == GUEST_PAGES
+        pool = Path("/sys/devices/system/node/node0/hugepages/hugepages-2048kB")
+        in_use = int((pool / "nr_hugepages").read_text()) - int((pool / "free_hugepages").read_text())
+        assert in_use >= GUEST_PAGES  # the guest's RAM really is in the pool (libvirt preallocates)
         assert inv.nodes[0].hugepages[0].total == POOL_PAGES
         # hostd restarts; the VM keeps running and is still hostd's.
         h.stop()
