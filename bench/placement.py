@@ -37,7 +37,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from scheduler_benchlib import (Conn, Req, Result, create_database, fleet, ffd_bound, free_port,  # noqa: E402
+from scheduler_benchlib import (Conn, Req, Result, class_ceiling, create_database, fleet, ffd_bound, free_port,  # noqa: E402
                                 host_res, overcommit, percentile, postgres, register_body, run_clients,
                                 stop, trace, wait_http)
 
@@ -187,8 +187,11 @@ def main() -> int:
     hosts, reqs = fleet(a.hosts), trace(a.requests)
     t = time.perf_counter()
     ffd = ffd_bound([host_res(*h) for h in hosts], reqs)
+    ceiling, why = class_ceiling(hosts, reqs)
     print(f"fleet: {a.hosts} hosts ({', '.join(sorted({h[1].name for h in hosts}))}); trace: {a.requests} "
-          f"requests; {a.clients} clients; offline FFD places {ffd} ({time.perf_counter() - t:.1f} s)", flush=True)
+          f"requests; {a.clients} clients; offline FFD places {ffd} ({time.perf_counter() - t:.1f} s)\n"
+          f"ceiling: request {ceiling} takes the demand for {why}: "
+          f"no scheduler gets further, quality <= {min(ceiling, ffd) / ffd:.3f}", flush=True)
     stores = [s.strip() for s in a.stores.split(",") if s.strip()]
     rows: list[Result] = []
     base: dict[str, Result] = {}

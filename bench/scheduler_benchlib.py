@@ -107,6 +107,58 @@ def ffd_bound(hosts: list[HostRes], reqs: list[Req]) -> int:
     return placed
 
 
+def _fill(h: HostView, want: VmWant, cap: int = 64) -> tuple[HostView, int]:
+    n = 0
+    while n < cap and isinstance(a := fit_host(h, want), Allocation):
+        h, n = HostView(h.res, h.usage.plus(a)), n + 1
+    return h, n
+
+
+def _describe(w: VmWant) -> str:
+    return (f"{w.vcpus} vCPU/{w.memory_mib // 1024} GiB{' 1G' if w.page_size_kb != 2048 else ''}"
+            f"{' +VF' * len(w.vfs)}{' +NVMe' * len(w.disks)}")
+
+
+def class_ceiling(hosts: list[tuple[str, Shape, str]], reqs: list[Req]) -> tuple[int, str]:
+    """How far into the trace any scheduler could get before its first capacity
+    rejection, estimated from supply and demand: for every request class (identical
+    requests) and every pair of classes, the most VMs of that set one empty host of each
+    shape holds (greedy fill, trying every split of a pair), summed over the fleet; the
+    trace cannot be served past the first request that takes a set's demand above its
+    supply. Returns (requests before it, which set). Packing quality cannot exceed about
+    this / FFD; it shows when a trace, not the scheduler, sets the first rejection."""
+    shapes = {shape for _n, shape, _r in hosts}
+    count = {sh: sum(1 for h in hosts if h[1] == sh) for sh in shapes}
+    classes = sorted({r.want for r in reqs}, key=lambda w: (w.vcpus, w.memory_mib, w.page_size_kb, len(w.vfs)))
+    sets: list[tuple[VmWant, ...]] = [(c,) for c in classes] + [
+        (a, b) for i, a in enumerate(classes) for b in classes[i + 1:]]
+    supply: dict[tuple[VmWant, ...], int] = {}
+    for st in sets:
+        total = 0
+        for sh in shapes:
+            empty = HostView(host_res("x", sh, ""))
+            if len(st) == 1:
+                best = _fill(empty, st[0])[1]
+            else:
+                best, h = 0, empty
+                for k in range(65):  # k of the first class, then as many of the second as fit
+                    best = max(best, k + _fill(h, st[1])[1])
+                    a = fit_host(h, st[0])
+                    if not isinstance(a, Allocation):
+                        break
+                    h = HostView(h.res, h.usage.plus(a))
+            total += best * count[sh]
+        supply[st] = total
+    demand = {st: 0 for st in sets}
+    member: dict[VmWant, list[tuple[VmWant, ...]]] = {c: [st for st in sets if c in st] for c in classes}
+    for i, r in enumerate(reqs):
+        for st in member[r.want]:
+            demand[st] += 1
+            if demand[st] > supply[st]:
+                return i, f"{' or '.join(_describe(w) for w in st)}: the fleet holds {supply[st]}"
+    return len(reqs), "every class and pair fits the fleet"
+
+
 def overcommit(res: dict[str, HostRes], usage: dict[str, Usage], allocs: dict[str, list[Allocation]]) -> list[str]:
     """Every way a host could be overcommitted, and ledger != sum of live allocations."""
     bad: list[str] = []

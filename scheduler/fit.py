@@ -11,8 +11,14 @@ Rules:
 - CPUs only from the layout's ``vm_cpus`` (IO-service and host CPUs are not in the
   model at all); whole SMT cores first, the odd remainder from already-split cores so
   whole cores stay whole for the next VM;
-- ``pack`` fills the busiest host (fewest free CPUs) that fits, ``spread`` the emptiest;
-  inside a host the same rule picks the node;
+- ``pack`` is best fit on the NUMA node: hosts in order of their *hole*
+  (``HostView.hole``), the fewest free CPUs on a node that could take the VM (its
+  capacity key covers the request, see ``HostView.node_keys``). A VM fills the fullest
+  node it fits and big empty nodes stay whole for big VMs (ordering by a host's total
+  free CPUs put small VMs on the only 12-CPU nodes while two-node hosts looked emptier;
+  scheduler/README.md has the measured packing quality). ``spread`` takes the host with
+  the most free CPUs; spanned requests order by the host's total free CPUs under both
+  policies. Inside a host, ``pack`` tries the ranked node first, ``spread`` the emptiest;
 - anti-affinity: the caller passes the hosts and racks holding the group's members.
 
 Hosts are walked in score order, so with ``explain=False`` the walk stops after
@@ -30,6 +36,7 @@ from functools import cached_property
 from scheduler.resources import Allocation, DiskAlloc, DiskRes, HostRes, NodeRes, Usage, VfAlloc
 
 PAGE_SIZES_KB = (2048, 1048576)
+CAP = 4  # VF and disk counts in a node key saturate here (requests rarely ask for more)
 POLICIES = ("pack", "spread")
 # Check order on a node; a host's rejection names the resource its best node was short of.
 _ORDER = {"vcpus": 0, "memory": 1, "vfs": 2, "disks": 3}
@@ -92,6 +99,26 @@ def validate(want: VmWant) -> list[tuple[str, str]]:
     return bad
 
 
+def quantize(pages_2m: int) -> int:
+    """Whole GiB of 2 MiB pages, floored: monotone (x >= y implies quantize(x) >= quantize(y))."""
+    return max(pages_2m, 0) // 512
+
+
+NodeKey = tuple[int, int, int, int, int]  # free CPUs, GiB of free 2 MiB pages, free 1 GiB pages, VFs, disks
+
+
+def need_of(want: VmWant) -> NodeKey:
+    """The request in node-key units (a node whose key does not cover this cannot take it)."""
+    two = want.page_size_kb == 2048
+    return (want.vcpus, quantize(want.pages) if two else 0, 0 if two else want.pages,
+            min(len(want.vfs), CAP), min(len(want.disks), CAP))
+
+
+def covers(n: NodeKey, w: NodeKey) -> bool:
+    return n[0] >= w[0] and n[1] >= w[1] and n[2] >= w[2] and n[3] >= w[3] and n[4] >= w[4]
+
+
+
 @dataclass(frozen=True)
 class HostView:
     """One host as the fit sees it: resources, what is used, and whether it takes VMs."""
@@ -108,6 +135,35 @@ class HostView:
     @cached_property
     def free_cpus(self) -> int:
         return sum(self.free_by_node.values())
+
+    @cached_property
+    def node_keys(self) -> tuple[NodeKey, ...]:
+        """Per node (in ``res.nodes`` order): what is free there, in coarse units. A
+        necessary condition for a one-node fit; the index groups hosts by these."""
+        res, u = self.res, self.usage
+        free_vf = {p.name: sum(1 for s in p.slots if (p.name, s) not in u.vfs) for p in res.pfs}
+        out = []
+        for n in res.nodes:
+            vfs = sum(free_vf[p.name] for p in res.pfs if p.node is None or p.node == n.node)
+            disks = sum(1 for d in res.disks if (d.node is None or d.node == n.node) and d.name not in u.disks)
+            out.append((self.free_by_node[n.node], quantize(n.pages(2048) - u.pages.get((n.node, 2048), 0)),
+                        max(n.pages(1048576) - u.pages.get((n.node, 1048576), 0), 0), min(vfs, CAP),
+                        min(disks, CAP)))
+        return tuple(out)
+
+    def hole(self, need: NodeKey) -> int | None:
+        """Free CPUs of the fullest node whose key covers ``need`` (None: no node does)."""
+        return min((k[0] for k in self.node_keys if covers(k, need)), default=None)
+
+
+def order_key(h: HostView, want: VmWant, need: NodeKey) -> tuple:
+    """Where ``h`` comes in the walk for ``want`` (ties by host name)."""
+    if want.allow_span_nodes:
+        return (h.free_cpus if want.policy == "pack" else -h.free_cpus, h.res.name)
+    if want.policy == "pack":
+        hole = h.hole(need)
+        return (1 << 30 if hole is None else hole, h.res.name)
+    return (-h.free_cpus, h.res.name)
 
 
 @dataclass(frozen=True)
@@ -156,8 +212,8 @@ def fit_vm(hosts: Iterable[HostView], want: VmWant, *, avoid_hosts: frozenset[st
            avoid_racks: frozenset[str] = frozenset(), limit: int = 1,
            explain: bool = False) -> FitResult:
     """Rank hosts for ``want``. Returns at most ``limit`` candidates, best first."""
-    sign = 1 if want.policy == "pack" else -1
-    order = sorted(hosts, key=lambda h: (sign * h.free_cpus, h.res.name))
+    need = need_of(want)
+    order = sorted(hosts, key=lambda h: order_key(h, want, need))
     cands: list[Candidate] = []
     rejs: list[Rejection] = []
     examined = 0
@@ -169,7 +225,7 @@ def fit_vm(hosts: Iterable[HostView], want: VmWant, *, avoid_hosts: frozenset[st
         if isinstance(got, Rejection):
             rejs.append(got)
         elif len(cands) < limit:
-            cands.append(Candidate(h.res.name, got, (sign * (h.free_cpus - want.vcpus), h.res.name)))
+            cands.append(Candidate(h.res.name, got, order_key(h, want, need)))
     return FitResult(tuple(cands), tuple(rejs), examined)
 
 
@@ -193,8 +249,12 @@ def fit_host(h: HostView, want: VmWant, *, avoid_hosts: frozenset[str] = frozens
     if biggest < want.vcpus:  # cheap pre-filter from cached counts
         where = "in total" if want.allow_span_nodes else "on its best node"
         return Rejection(name, "vcpus", f"{biggest} free dedicated CPUs {where}, {want.vcpus} needed")
-    sign = 1 if want.policy == "pack" else -1
-    nodes = sorted(h.res.nodes, key=lambda n: (sign * h.free_by_node[n.node], n.node))
+    if want.policy == "pack":  # the node ``order_key`` ranked the host by, then the others
+        need = need_of(want)
+        keys = dict(zip((n.node for n in h.res.nodes), h.node_keys))
+        nodes = sorted(h.res.nodes, key=lambda n: (not covers(keys[n.node], need), h.free_by_node[n.node], n.node))
+    else:
+        nodes = sorted(h.res.nodes, key=lambda n: (-h.free_by_node[n.node], n.node))
     shorts: list[tuple[int, str, str]] = []
     for n in nodes:
         try:

@@ -1,19 +1,26 @@
 """The free-capacity index: which hosts could take a VM, found without scanning the fleet.
 
-Pure and in memory (no IO, no clock). Every schedulable host sits in one group keyed by
-its total free dedicated CPUs ``f`` (the pack/spread order) and a small *capacity key*:
+Pure and in memory (no IO, no clock). Every schedulable host has a *capacity key*: its
+hugepage pools and, per NUMA node, a ``NodeKey`` (``fit.HostView.node_keys``):
 
-    (pools, max free CPUs on one node, max free GiB of 2 MiB pages on one node (floor),
-     max free 1 GiB pages on one node, min(4, max free local VFs), min(4, max free local disks))
+    (free CPUs, free GiB of 2 MiB pages (floor), free 1 GiB pages,
+     min(4, free local VFs), min(4, free local disks))
 
 (whole GiB: exact for the usual whole-GiB requests, and monotone, which is all the
-certainty argument below needs). A request turns into the same
-tuple of needs; a group qualifies when every component covers the need. That is a
-necessary condition for ``fit_host`` (all of a non-spanned VM lives on one node), so the
-walk — groups in ``f`` order, names ascending inside, merged across qualifying keys —
-visits exactly the hosts ``fit_vm`` would accept, in ``fit_vm``'s order, and returns the
-same candidates (a property test checks it against the full scan). A request typically
-examines a handful of hosts; groups are few (hosts of one shape and fill share a key).
+certainty argument below needs). A request turns into the same tuple of needs
+(``fit.need_of``); a node *covers* it when every component does. That is a necessary
+condition for ``fit_host`` (all of a non-spanned VM lives on one node). Two views:
+
+- ``pack`` (the default, best fit on the node): every node of every host sits in a group
+  keyed by its free CPUs ``x`` and its NodeKey. The walk visits ``x`` ascending from the
+  request's vCPUs, merges the names of the covering groups, and meets each host first at
+  its *hole* (``HostView.hole``), which is exactly ``fit_vm``'s order for pack.
+- ``spread`` and spanned requests: hosts grouped by total free CPUs ``f`` and the whole
+  capacity key, ``f`` descending (spread) or ascending (spanned pack).
+
+Either walk returns exactly ``fit_vm``'s candidates (a property test checks it against
+the full scan on random fleets). A request typically examines a handful of hosts; groups
+are few (hosts of one shape and fill share a key).
 
 When nothing fits, rejections are still counted per resource as ``fit_vm(explain=True)``
 would count them, without fitting every host: a non-qualifying group's reason is certain
@@ -32,47 +39,27 @@ from collections import Counter
 from collections.abc import Iterator
 from dataclasses import dataclass
 
-from scheduler.fit import Candidate, FitResult, HostView, Rejection, VmWant, fit_host, fit_vm
+from scheduler.fit import (CAP, Candidate, FitResult, HostView, NodeKey, Rejection, VmWant, covers, fit_host,
+                           fit_vm, need_of, order_key, quantize)
 
-CAP = 4  # VF and disk counts in the key saturate here (requests rarely ask for more)
+__all__ = ["CAP", "FleetIndex", "quantize"]
+
 _POOL_BIT = {2048: 1, 1048576: 2}
-
-
-def quantize(pages_2m: int) -> int:
-    """Whole GiB of 2 MiB pages, floored: monotone (x >= y implies quantize(x) >= quantize(y))."""
-    return max(pages_2m, 0) // 512
-
-
-NodeKey = tuple[int, int, int, int, int]  # free CPUs, GiB of 2 MiB pages, 1 GiB pages, VFs, disks
 Key = tuple[int, tuple[NodeKey, ...]]  # (pools bitmask, one NodeKey per node)
 Need = tuple[int, NodeKey, bool]  # (pool bit, per-node needs, memory need is exact in the key's units)
 _RESOURCE = ("vcpus", "memory", "vfs", "disks")
 
 
 def capacity_key(h: HostView) -> Key:
-    res, u = h.res, h.usage
-    free_vf = {p.name: sum(1 for s in p.slots if (p.name, s) not in u.vfs) for p in res.pfs}
     pools = 0
-    nodes = []
-    for n in res.nodes:
-        t2, t1 = n.pages(2048), n.pages(1048576)
-        pools |= (1 if t2 else 0) | (2 if t1 else 0)
-        vfs = sum(free_vf[p.name] for p in res.pfs if p.node is None or p.node == n.node)
-        disks = sum(1 for d in res.disks if (d.node is None or d.node == n.node) and d.name not in u.disks)
-        nodes.append((h.free_by_node[n.node], quantize(t2 - u.pages.get((n.node, 2048), 0)),
-                      max(t1 - u.pages.get((n.node, 1048576), 0), 0), min(vfs, CAP), min(disks, CAP)))
-    return pools, tuple(nodes)
+    for n in h.res.nodes:
+        pools |= (1 if n.pages(2048) else 0) | (2 if n.pages(1048576) else 0)
+    return pools, h.node_keys
 
 
 def need_key(want: VmWant) -> Need:
-    two = want.page_size_kb == 2048
-    node = (want.vcpus, quantize(want.pages) if two else 0, 0 if two else want.pages,
-            min(len(want.vfs), CAP), min(len(want.disks), CAP))
-    return _POOL_BIT.get(want.page_size_kb, 0), node, not two or want.pages % 512 == 0
-
-
-def _covers(n: NodeKey, w: NodeKey) -> bool:
-    return n[0] >= w[0] and n[1] >= w[1] and n[2] >= w[2] and n[3] >= w[3] and n[4] >= w[4]
+    return (_POOL_BIT.get(want.page_size_kb, 0), need_of(want),
+            want.page_size_kb != 2048 or want.pages % 512 == 0)
 
 
 def qualifies(key: Key, need: Need, span: bool) -> bool:
@@ -80,7 +67,7 @@ def qualifies(key: Key, need: Need, span: bool) -> bool:
         return False
     if span:  # CPUs/pages may come from several nodes: only the total (the group's f) bounds it
         return True
-    return any(_covers(n, need[1]) for n in key[1])
+    return any(covers(n, need[1]) for n in key[1])
 
 
 def certain_reason(key: Key, need: Need) -> str | None:
@@ -121,6 +108,7 @@ class Entry:
     layout_rev: int
     f: int = 0
     key: Key | None = None  # None: not schedulable (not in any group)
+    nodes: frozenset[NodeKey] = frozenset()  # its distinct node keys (the pack groups it is in)
 
 
 class FleetIndex:
@@ -132,6 +120,9 @@ class FleetIndex:
         self._fs: list[int] = []  # sorted f values that have groups
         self._top: dict[int, Key | None] = {}  # per f: componentwise max of its keys (None = recompute)
         self._why: dict[tuple[VmWant, str], tuple[int, str]] = {}  # memoised per host generation
+        self._by_x: dict[int, dict[NodeKey, list[str]]] = {}  # pack: node free CPUs -> node key -> hosts
+        self._xs: list[int] = []  # sorted x values that have groups
+        self._xtop: dict[int, NodeKey | None] = {}  # per x: componentwise max of its node keys
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -150,12 +141,33 @@ class FleetIndex:
             insort(g.setdefault(e.key, []), view.res.name)
             if e.f in self._top and self._top[e.f] is not None:
                 self._top[e.f] = _join(self._top[e.f], e.key)  # type: ignore[arg-type]
+            e.nodes = frozenset(e.key[1])
+            for nk in e.nodes:
+                gx = self._by_x.get(nk[0])
+                if gx is None:
+                    gx = self._by_x[nk[0]] = {}
+                    insort(self._xs, nk[0])
+                    self._xtop[nk[0]] = nk
+                elif (top := self._xtop.get(nk[0])) is not None:  # None: stale, recomputed on use
+                    self._xtop[nk[0]] = tuple(max(a, b) for a, b in zip(top, nk))  # type: ignore[assignment]
+                insort(gx.setdefault(nk, []), view.res.name)
         self.entries[view.res.name] = e
 
     def remove(self, name: str) -> None:
         e = self.entries.pop(name, None)
         if e is None or e.key is None:
             return
+        for nk in e.nodes:
+            gx = self._by_x[nk[0]]
+            names = gx[nk]
+            del names[bisect_left(names, name)]
+            if not names:
+                del gx[nk]
+                self._xtop[nk[0]] = None
+                if not gx:
+                    del self._by_x[nk[0]]
+                    self._xtop.pop(nk[0], None)
+                    del self._xs[bisect_left(self._xs, nk[0])]
         g = self._groups[e.f]
         names = g[e.key]
         del names[bisect_left(names, name)]
@@ -174,7 +186,7 @@ class FleetIndex:
 
     def _order(self, want: VmWant) -> Iterator[int]:
         i = bisect_left(self._fs, want.vcpus)  # f < vcpus can never fit
-        if want.policy == "pack":
+        if want.policy == "pack":  # spanned pack (one-node pack walks the nodes)
             yield from self._fs[i:]
         else:
             yield from reversed(self._fs[i:])
@@ -185,9 +197,46 @@ class FleetIndex:
         """The first ``limit`` candidates in ``fit_vm`` order, the rejections of the hosts
         examined, and (only when there is no candidate) all rejections counted per resource."""
         need, span = need_key(want), want.allow_span_nodes
-        sign = 1 if want.policy == "pack" else -1
         cands: list[Candidate] = []
         rejs: list[Rejection] = []
+        for name in (self._pack_order(need) if want.policy == "pack" and not span
+                     else self._host_order(want, need, span)):
+            if name in skip:
+                continue
+            view = self.entries[name].view
+            got = fit_host(view, want, avoid_hosts=avoid_hosts, avoid_racks=avoid_racks)
+            if isinstance(got, Rejection):
+                rejs.append(got)
+                continue
+            cands.append(Candidate(name, got, order_key(view, want, need[1])))
+            if len(cands) >= limit:
+                return FitResult(tuple(cands), tuple(rejs), len(cands) + len(rejs)), {}
+        res = FitResult(tuple(cands), tuple(rejs), len(cands) + len(rejs))
+        if cands:
+            return res, {}
+        return res, self._count(want, res, avoid_hosts, avoid_racks, skip)
+
+    def _pack_order(self, need: Need) -> Iterator[str]:
+        """Hosts in (hole, name) order: node groups by free CPUs ascending; a host is met
+        first at its fullest covering node, later meetings (other nodes) are skipped."""
+        w = need[1]
+        seen: set[str] = set()
+        for x in self._xs[bisect_left(self._xs, w[0]):]:
+            top = self._xtop.get(x)
+            if top is None:
+                keys = list(self._by_x[x])
+                top = tuple(max(k[i] for k in keys) for i in range(5))  # type: ignore[assignment]
+                self._xtop[x] = top
+            if not covers(top, w):  # type: ignore[arg-type]
+                continue
+            lists = [names for nk, names in self._by_x[x].items() if covers(nk, w)]
+            for name in (heapq.merge(*lists) if len(lists) > 1 else list(lists[0]) if lists else ()):
+                if name not in seen:
+                    seen.add(name)
+                    if self.entries[name].key[0] & need[0]:  # type: ignore[index]  # has the pool
+                        yield name
+
+    def _host_order(self, want: VmWant, need: Need, span: bool) -> Iterator[str]:
         for f in list(self._order(want)):
             top = self._top.get(f)
             if top is None:
@@ -199,22 +248,8 @@ class FleetIndex:
             if not qualifies(top, need, span):  # no key of this f can qualify
                 continue
             lists = [names for key, names in self._groups[f].items() if qualifies(key, need, span)]
-            if not lists:
-                continue
-            for name in (heapq.merge(*lists) if len(lists) > 1 else list(lists[0])):
-                if name in skip:
-                    continue
-                got = fit_host(self.entries[name].view, want, avoid_hosts=avoid_hosts, avoid_racks=avoid_racks)
-                if isinstance(got, Rejection):
-                    rejs.append(got)
-                    continue
-                cands.append(Candidate(name, got, (sign * (f - want.vcpus), name)))
-                if len(cands) >= limit:
-                    return FitResult(tuple(cands), tuple(rejs), len(cands) + len(rejs)), {}
-        res = FitResult(tuple(cands), tuple(rejs), len(cands) + len(rejs))
-        if cands:
-            return res, {}
-        return res, self._count(want, res, avoid_hosts, avoid_racks, skip)
+            if lists:
+                yield from (heapq.merge(*lists) if len(lists) > 1 else list(lists[0]))
 
     def _count(self, want: VmWant, walked: FitResult, avoid_hosts: frozenset[str],
                avoid_racks: frozenset[str], skip: frozenset[str]) -> dict[str, int]:

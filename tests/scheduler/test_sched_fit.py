@@ -115,6 +115,25 @@ def test_pack_fills_busy_host_spread_the_empty_one():
     assert fit_vm([b, a], VmWant(2, 1024)).candidates[0].host == "a"
 
 
+def test_pack_is_best_fit_on_the_node_keeping_big_nodes_whole():
+    """A one-node host with a 12-CPU hole and a two-node host with two 8-CPU holes (more
+    free CPUs in total): a small VM goes into an 8-CPU hole, so the 12-vCPU VM that comes
+    next still fits. Ordering by the host's total free CPUs (the first version) put the
+    small VM on the one-node host and the big VM found no home."""
+    one = host("a-one", Shape("one", nodes=1, cores_per_node=8, io_cores_per_node=1, host_cores=1,
+                              pages_2m_per_node=16384, vfs_per_node=0, disks_per_node=0))
+    two = host("b-two", Shape("two", nodes=2, cores_per_node=6, io_cores_per_node=1, host_cores=1,
+                              pages_2m_per_node=16384, vfs_per_node=0, disks_per_node=0))
+    assert one.free_cpus == 12 and two.free_cpus == 18 and max(two.free_by_node.values()) == 10
+    small = fit_vm([one, two], VmWant(2, 2048))
+    assert small.candidates[0].host == "b-two"
+    assert small.candidates[0].alloc.nodes == (0,)  # node 0 has the 8-CPU hole (host CPUs live there)
+    two = HostView(two.res, two.usage.plus(small.candidates[0].alloc))
+    assert fit_vm([one, two], VmWant(12, 2048)).candidates[0].host == "a-one"
+    # spread still goes for the emptiest host
+    assert fit_vm([one, two], VmWant(2, 2048, policy="spread")).candidates[0].host == "b-two"
+
+
 def test_state_labels_anti_affinity_and_counts():
     hs = [host("a", rack="r1", disk="nvme"), host("b", rack="r1"), host("c", rack="r2", disk="nvme"),
           HostView(host("d").res, Usage(), schedulable=False, state="cordoned")]
