@@ -38,6 +38,7 @@ class PlacementConfig(BaseModel):
     default_policy: str = "pack"
     candidates: int = 3  # hosts ranked per attempt; also bounds dispatch retries to other hosts
     claim_retries: int = 16  # lost generation races before 409 hyb.concurrent_update
+    claim_batch: int = 64  # most create requests claimed in one write transaction by the claim thread
     heartbeat_timeout_s: float = 60.0  # a host silent this long is "down"
     index_refresh_ms: float = 2.0  # at most this stale w.r.t. other replicas before a placement
     index_full_refresh_s: float = 0.0  # full pass of the index (heartbeats, deletions); 0 = min(10, timeout/4)

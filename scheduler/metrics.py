@@ -19,6 +19,8 @@ class Metrics:
                                      registry=r, buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .5))
         self.claim_seconds = Histogram("hyb_sched_claim_seconds", "Fit + claim transaction(s)",
                                        registry=r, buckets=(.001, .0025, .005, .01, .02, .05, .1, .25, 1))
+        self.claim_batch = Histogram("hyb_sched_claim_batch_size", "Requests claimed per write transaction",
+                                     registry=r, buckets=(1, 2, 4, 8, 16, 32, 64))
         self.dispatch = Counter("hyb_sched_dispatch_total", "hostd CreateVM calls by outcome",
                                 ["outcome"], registry=r)
         self.reconcile_repairs = Counter("hyb_sched_reconcile_repairs_total",

@@ -99,7 +99,11 @@ class Allocation:
     disks: tuple[DiskAlloc, ...] = ()
 
     def to_dict(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        """``dataclasses.asdict`` by hand (it deep-copies generically: slow on the claim path)."""
+        return {"nodes": list(self.nodes), "cpus": list(self.cpus), "pages": [list(p) for p in self.pages],
+                "vfs": [{"pf": v.pf, "index": v.index, "max_tx_rate_mbps": v.max_tx_rate_mbps,
+                         "min_tx_rate_mbps": v.min_tx_rate_mbps} for v in self.vfs],
+                "disks": [{"name": d.name, "bytes_sec": d.bytes_sec, "iops": d.iops} for d in self.disks]}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Allocation":

@@ -105,10 +105,12 @@ def set_admin_state(*, session: Session, name: str, state: str, now: float) -> H
     return h
 
 
-def bump_usage(*, session: Session, name: str, seen_generation: int, usage: Usage, now: float) -> bool:
+def bump_usage(*, session: Session, name: str, seen_generation: int, usage: Usage, now: float,
+               seq: int | None = None) -> bool:
     """Write the host's new usage iff nobody changed it since ``seen_generation``.
-    False = lost the race (0 rows): the caller rolls back and retries."""
-    seq = next_seq(session)
+    False = lost the race (0 rows): the caller rolls back and retries. ``seq``: this
+    transaction's change stamp when the caller already took one (a claim batch)."""
+    seq = next_seq(session) if seq is None else seq
     res = session.connection().execute(_stmts().bump, {"n": name, "seen": seen_generation, "u": usage.to_dict(),
                                                        "g": seen_generation + 1, "t": now, "seq": seq})
     return res.rowcount == 1
@@ -124,7 +126,7 @@ def _stmts():  # type: ignore[no-untyped-def]
         bump=update(Host).where(Host.name == bindparam("n"), Host.generation == bindparam("seen"))
         .values(usage=bindparam("u", type_=Host.usage.type), generation=bindparam("g"), updated=bindparam("t"),
                 seq=bindparam("seq")),
-        row=row, row_locked=row.with_for_update(),
+        row=row, row_locked=row.with_for_update(), row_skip_locked=row.with_for_update(skip_locked=True),
         pg_seq=text("SELECT pg_current_xact_id()::text::bigint"),
         lite_seq=text("UPDATE fleet SET seq = seq + 1 WHERE id = 1 RETURNING seq"),
         pg_pos=text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"),
@@ -160,13 +162,19 @@ CLAIM_COLUMNS = (Host.name, Host.generation, Host.usage, Host.layout_rev, Host.a
                  Host.last_heartbeat, Host.rack)
 
 
-def claim_row(*, session: Session, name: str, lock: bool) -> Any:
+def claim_row(*, session: Session, name: str, lock: bool, skip_locked: bool = False) -> Any:
     """The columns a claim needs (not the layout), row-locked on PostgreSQL when ``lock``:
     concurrent claims on the same host then queue for a moment instead of losing the
-    generation race (which stays the guard)."""
+    generation race (which stays the guard). ``skip_locked`` (a claim batch, which holds
+    several rows to its commit and must never wait on another replica's batch, or two
+    batches could deadlock): None when another transaction holds the row."""
     st = _stmts()
-    row = session.connection().execute(st.row_locked if lock and _pg(session) else st.row, {"n": name}).one_or_none()
+    pg = _pg(session)
+    stmt = (st.row_skip_locked if skip_locked else st.row_locked) if lock and pg else st.row
+    row = session.connection().execute(stmt, {"n": name}).one_or_none()
     if row is None:
+        if skip_locked and pg and session.connection().execute(st.row, {"n": name}).one_or_none() is not None:
+            return None
         raise HostNotFound(f"no host {name!r}", field="name")
     return row
 

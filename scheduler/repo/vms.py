@@ -48,6 +48,22 @@ def find_by_key(*, session: Session, tenant: str, key: str) -> Vm | None:
     return session.scalars(_by_key(), {"t": tenant, "k": key}).one_or_none()
 
 
+@cache
+def _by_keys():  # type: ignore[no-untyped-def]
+    # both columns constrained: the unique (tenant, idempotency_key) index serves it
+    return select(Vm).where(Vm.tenant.in_(bindparam("ts", expanding=True)),
+                            Vm.idempotency_key.in_(bindparam("ks", expanding=True)))
+
+
+def find_by_keys(*, session: Session, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Vm]:
+    """(tenant, key) -> VM for the keys already used (one query for a claim batch)."""
+    if not keys:
+        return {}
+    want = set(keys)
+    rows = session.scalars(_by_keys(), {"ts": sorted({t for t, _ in keys}), "ks": sorted({k for _, k in keys})}).all()
+    return {(v.tenant, v.idempotency_key): v for v in rows if (v.tenant, v.idempotency_key) in want}
+
+
 def list_vms(*, session: Session, tenant: str | None = None, host: str | None = None,
              status: str | None = None, name: str | None = None, limit: int = 1000,
              after: str = "") -> Sequence[Vm]:

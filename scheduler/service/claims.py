@@ -6,6 +6,15 @@ race (0 rows, or the host no longer fits) moves to the next candidate, then re-w
 ``claim_retries`` -> 409 ``hyb.concurrent_update``. Unlike Nova, the claim *is* the
 placement decision: nothing is decided that is not also durably claimed.
 
+Batches (``claim_many``, what the API's claim thread runs): the requests that queued
+while the previous batch ran are claimed in *one* write transaction, each against the
+index as the batch left it (the index learns every claim as it is made and is reloaded
+from the database if the batch rolls back). One commit, one change stamp and one
+writer-lock turn per batch instead of per claim; on PostgreSQL the batch takes host
+rows with ``FOR UPDATE SKIP LOCKED`` (a row another replica's batch holds is a lost race
+for this candidate, never a wait, so two batches cannot deadlock). Anti-affinity
+requests run alone (their group lock must not be held across a batch).
+
 Release is the mirror image: subtract the allocation, bump the generation."""
 
 from __future__ import annotations
@@ -42,6 +51,24 @@ class Affinity:
 
 class _Lost(Exception):
     pass
+
+
+@dataclass
+class ClaimJob:
+    """One request in a claim batch; ``claim_many`` fills ``vm`` or ``error``, or
+    ``before`` (the caller's hook, run in the batch transaction) fills ``done``."""
+
+    want: VmWant
+    aff: Affinity
+    write_vm: Callable[[Session, str, Allocation], Vm]
+    exclude: frozenset[str] = frozenset()
+    vm: Vm | None = None
+    error: BaseException | None = None
+    done: Any = None  # set by ``before``: nothing to claim (an idempotent replay)
+
+    @property
+    def settled(self) -> bool:
+        return self.vm is not None or self.error is not None or self.done is not None
 
 
 class FifoLock:
@@ -112,6 +139,115 @@ class Placer:
         VM in the same transaction. Raises NoValidHost or ConcurrentUpdate."""
         with self._serial:
             return self._claim(want, aff, write_vm, exclude)
+
+    def claim_many(self, jobs: list[ClaimJob],
+                   before: Callable[[Session, list[ClaimJob]], None] | None = None) -> None:
+        """Claim every job in one write transaction (see the module docstring). Each job
+        ends with ``vm``, ``error`` (NoValidHost, ConcurrentUpdate, ...) or ``done``.
+        If the batch transaction itself fails, the index is reloaded and each unsettled
+        job is claimed alone, as ``claim`` would."""
+        with self._serial:
+            t0 = time.perf_counter()
+            self.cache.refresh(self.store, now=self.clock())
+            touched: dict[str, tuple[Any, Usage, int]] = {}
+            try:
+                self._batch(jobs, before, touched)
+            except Exception as e:  # noqa: BLE001 - the batch rolled back: redo one by one
+                log.warning("claim batch of %d rolled back (%s: %s); claiming one by one",
+                            len(jobs), type(e).__name__, e)
+                self.cache.reload(self.store, list(touched), now=self.clock())
+                for j in jobs:
+                    j.vm = None if j.done is None else j.vm
+                    j.error = None
+                for j in jobs:
+                    if j.done is not None:
+                        continue
+                    try:
+                        j.vm = self._claim(j.want, j.aff, j.write_vm, j.exclude)
+                    except Exception as e1:  # noqa: BLE001 - handed to the request
+                        j.error = e1
+                return
+            for j in jobs:  # anti-affinity requests: alone, after the batch
+                if not j.settled:
+                    try:
+                        j.vm = self._claim(j.want, j.aff, j.write_vm, j.exclude)
+                    except Exception as e1:  # noqa: BLE001 - handed to the request
+                        j.error = e1
+            if self.metrics:
+                self.metrics.claim_batch.observe(len(jobs))
+                dt = time.perf_counter() - t0
+                for j in jobs:
+                    if j.vm is not None:
+                        self.metrics.claim_seconds.observe(dt)
+
+    def _batch(self, jobs: list[ClaimJob], before: Callable[[Session, list[ClaimJob]], None] | None,
+               touched: dict[str, tuple[Any, Usage, int]]) -> None:
+        now = self.clock()
+        with self.store.write() as s:
+            if before is not None:
+                before(s, jobs)
+            seq: int | None = None
+            for j in jobs:
+                if j.settled or j.aff.group:
+                    continue
+                if seq is None:
+                    seq = host_repo.next_seq(s)
+                try:
+                    j.vm = self._claim_in_batch(s, j, touched, seq, now)
+                except (NoValidHost, ConcurrentUpdate) as e:
+                    j.error = e
+
+    def _claim_in_batch(self, s: Session, j: ClaimJob, touched: dict[str, tuple[Any, Usage, int]],
+                        seq: int, now: float) -> Vm:
+        lost: set[str] = set()
+        for _round in range(self.retries):
+            res, counts = self.cache.walk(j.want, avoid_hosts=frozenset(), avoid_racks=frozenset(),
+                                          skip=j.exclude | lost, limit=self.candidates)
+            if not res.candidates:
+                if lost:
+                    break
+                self._count("no_valid_host", counts)
+                raise NoValidHost(f"no host fits: {summary(counts)}", extra={"rejections": counts})
+            for cand in res.candidates:
+                if cand.host in touched:
+                    row, usage, gen = touched[cand.host]  # held since this batch took it
+                else:
+                    row = host_repo.claim_row(session=s, name=cand.host, lock=True, skip_locked=True)
+                    if row is None:  # another replica's batch holds it: next candidate
+                        lost.add(cand.host)
+                        continue
+                    usage, gen = Usage.from_dict(row.usage), row.generation
+                if host_repo.effective_state(row, now=now, heartbeat_timeout_s=self.cache.timeout) != "active":
+                    lost.add(cand.host)
+                    continue
+                res_ = self.cache.res(s, row)
+                alloc: Allocation | Any = cand.alloc
+                if check_allocation(res_, usage, alloc):
+                    alloc = fit_host(HostView(res_, usage), j.want)  # the index was stale: re-fit
+                    if not isinstance(alloc, Allocation):
+                        touched.setdefault(cand.host, (row, usage, gen))
+                        self._teach(row, usage, gen, now)
+                        lost.add(cand.host)
+                        continue
+                new = usage.plus(alloc)
+                if not host_repo.bump_usage(session=s, name=row.name, seen_generation=gen, usage=new, now=now,
+                                            seq=seq):
+                    raise RuntimeError(f"host {row.name} changed under its row lock")  # rolls the batch back
+                vm = j.write_vm(s, row.name, alloc)
+                touched[row.name] = (row, new, gen + 1)
+                self._teach(row, new, gen + 1, now)
+                if self.metrics:
+                    self.metrics.placements.labels("claimed").inc()
+                return vm
+            if self.metrics:
+                self.metrics.claim_conflicts.inc(len(lost))
+        if self.metrics:
+            self.metrics.placements.labels("conflict").inc()
+        raise ConcurrentUpdate(f"lost {len(lost)} claim races in {self.retries} rounds; retry the request")
+
+    def _teach(self, row: Any, usage: Usage, generation: int, now: float) -> None:
+        self.cache.learn(row.name, generation=generation, layout_rev=row.layout_rev, usage=usage,
+                         admin_state=row.admin_state, last_heartbeat=row.last_heartbeat, now=now)
 
     def _claim(self, want: VmWant, aff: Affinity, write_vm: Callable[[Session, str, Allocation], Vm],
                exclude: frozenset[str]) -> Vm:

@@ -137,6 +137,25 @@ class HostCache:
             self._meta[name] = (admin_state, last_heartbeat)
             self._apply(name, generation, layout_rev, usage, now=now)
 
+    def reload(self, store: Store, names: Sequence[str], *, now: float) -> None:
+        """Put ``names`` back as the database has them, even over newer generations this
+        instance learnt (a claim batch that learnt as it went and then rolled back)."""
+        from scheduler.errors import HostNotFound
+        rows: dict[str, Any] = {}
+        with store.read() as s:
+            for n in names:
+                try:
+                    rows[n] = host_repo.claim_row(session=s, name=n, lock=False)
+                except HostNotFound:
+                    pass
+        with self._lock:
+            for name in names:
+                self.index.remove(name)
+                r = rows.get(name)
+                if r is not None:
+                    self._meta[name] = (r.admin_state, r.last_heartbeat)
+                    self._apply(name, r.generation, r.layout_rev, Usage.from_dict(r.usage), now=now)
+
     # ------------------------------------------------------------ queries
 
     def walk(self, want: VmWant, *, avoid_hosts: frozenset[str], avoid_racks: frozenset[str],

@@ -4,12 +4,14 @@ bounded), delete (hostd first, then release), live IO-limit changes within budge
 
 from __future__ import annotations
 
+import asyncio
 import hashlib
 import json
 import logging
 import time
 import uuid
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any, Protocol
 
 from sqlalchemy.exc import IntegrityError
@@ -25,7 +27,8 @@ from scheduler.repo import hosts as host_repo
 from scheduler.repo import vms as vm_repo
 from scheduler.resources import Allocation, DiskAlloc, Usage
 from scheduler.schemas.vms import IoTuneIn, VmCreate
-from scheduler.service.claims import Affinity, Placer
+from scheduler.service.claimq import ClaimQueue
+from scheduler.service.claims import Affinity, ClaimJob, Placer
 
 log = logging.getLogger(__name__)
 
@@ -72,10 +75,23 @@ def create_request(vm: Vm, alloc: Allocation) -> pb.CreateVMRequest:
         placement=placement, guest_numa=body.guest_numa, labels=labels)
 
 
+@dataclass(frozen=True)
+class CreateItem:
+    """A validated create request, ready to claim."""
+
+    body: VmCreate
+    tenant: str
+    key: str
+    actor: str
+    want: VmWant
+    req: dict[str, Any]
+    digest: str
+
+
 class VmService:
     def __init__(self, *, store: Store, placer: Placer, hostd: Hostd | None, default_policy: str,
                  max_attempts: int, metrics: Metrics | None = None,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, claim_batch: int = 64):
         self.store = store
         self.placer = placer
         self.hostd = hostd
@@ -83,41 +99,81 @@ class VmService:
         self.max_attempts = max(1, max_attempts)
         self.metrics = metrics
         self.clock = clock
+        self.claims = ClaimQueue(self.create_many, max_batch=claim_batch)
+
+    def close(self) -> None:
+        self.claims.close()
 
     # ------------------------------------------------------------ create
 
-    def create(self, body: VmCreate, *, tenant: str, key: str, actor: str) -> tuple[Vm, bool]:
-        """Returns (vm, replayed). Same key + same body = the same VM, never a second one."""
+    def prepare(self, body: VmCreate, *, tenant: str, key: str, actor: str) -> CreateItem:
+        """Validate (InvalidRequest names the field) before anything queues or claims."""
         want = want_of(body, self.default_policy)
         req = body.model_dump(mode="json", by_alias=True) | {"tenant": tenant}
-        digest = request_hash(req)
-        with self.store.read() as s:
-            prior = vm_repo.find_by_key(session=s, tenant=tenant, key=key)
-        if prior is not None:
-            return self._replay(prior, digest), True
+        return CreateItem(body, tenant, key, actor, want, req, request_hash(req))
+
+    def create(self, body: VmCreate, *, tenant: str, key: str, actor: str) -> tuple[Vm, bool]:
+        """Returns (vm, replayed). Same key + same body = the same VM, never a second one."""
+        got = self.create_many([self.prepare(body, tenant=tenant, key=key, actor=actor)])[0]
+        if isinstance(got, BaseException):
+            raise got
+        return got
+
+    async def create_async(self, body: VmCreate, *, tenant: str, key: str, actor: str) -> tuple[Vm, bool]:
+        """``create`` through the claim thread (batched with whatever else is queued)."""
+        item = self.prepare(body, tenant=tenant, key=key, actor=actor)
+        return await asyncio.wrap_future(self.claims.submit(item))
+
+    def create_many(self, items: list[CreateItem]) -> list[tuple[Vm, bool] | BaseException]:
+        """Claim ``items`` in one batch (``Placer.claim_many``): idempotent replays are
+        found in the batch transaction, each VM row is written with its claim."""
+        jobs = [ClaimJob(it.want, affinity_of(it.body), self._writer(it)) for it in items]
+
+        def replays(s: Session, js: list[ClaimJob]) -> None:
+            prior = vm_repo.find_by_keys(session=s, keys=[(it.tenant, it.key) for it in items])
+            for it, j in zip(items, js):
+                j.done = prior.get((it.tenant, it.key))
+        self.placer.claim_many(jobs, replays)
+        out: list[tuple[Vm, bool] | BaseException] = []
+        for it, j in zip(items, jobs):
+            try:
+                out.append(self._settle(it, j))
+            except Exception as e:  # noqa: BLE001 - handed to the request
+                out.append(e)
+        return out
+
+    def _settle(self, it: CreateItem, j: ClaimJob) -> tuple[Vm, bool]:
+        if j.done is not None:
+            return self._replay(j.done, it.digest), True
+        if isinstance(j.error, IntegrityError):  # a concurrent request with the same key won
+            with self.store.read() as s:
+                prior = vm_repo.find_by_key(session=s, tenant=it.tenant, key=it.key)
+            if prior is None:
+                raise j.error
+            return self._replay(prior, it.digest), True
+        if j.error is not None:
+            raise j.error
+        vm = j.vm
+        assert vm is not None
+        log.info("vm claimed vm=%s tenant=%s host=%s cpus=%s", vm.id, it.tenant, vm.host,
+                 vm.allocation["cpus"] if vm.allocation else [])
+        return vm, False
+
+    def _writer(self, it: CreateItem) -> Callable[[Session, str, Allocation], Vm]:
         vm_id = str(uuid.uuid4())
+        body = it.body
 
         def write_vm(s: Session, host: str, alloc: Allocation) -> Vm:
             now = self.clock()
-            vm = Vm(id=vm_id, tenant=tenant, name=body.name, idempotency_key=key, request_hash=digest,
-                    request=req, host=host, allocation=alloc.to_dict(), status="pending", reason="",
+            vm = Vm(id=vm_id, tenant=it.tenant, name=body.name, idempotency_key=it.key, request_hash=it.digest,
+                    request=it.req, host=host, allocation=alloc.to_dict(), status="pending", reason="",
                     hostd_vm_id="", affinity_group=body.anti_affinity.group if body.anti_affinity else "",
                     attempts=0, created=now, updated=now)
             vm_repo.insert_vm(session=s, vm=vm)  # the unique (tenant, key) constraint fires here
-            vm_repo.audit(session=s, principal=actor, action="vm.create", target=vm_id, now=now,
+            vm_repo.audit(session=s, principal=it.actor, action="vm.create", target=vm_id, now=now,
                           detail={"host": host, "nodes": list(alloc.nodes), "cpus": list(alloc.cpus)})
             return vm
-        try:
-            vm = self.placer.claim(want, affinity_of(body), write_vm)
-        except IntegrityError:  # a concurrent request with the same key won
-            with self.store.read() as s:
-                prior = vm_repo.find_by_key(session=s, tenant=tenant, key=key)
-            if prior is None:
-                raise
-            return self._replay(prior, digest), True
-        log.info("vm claimed vm=%s tenant=%s host=%s cpus=%s", vm.id, tenant, vm.host,
-                 vm.allocation["cpus"] if vm.allocation else [])
-        return vm, False
+        return write_vm
 
     @staticmethod
     def _replay(prior: Vm, digest: str) -> Vm:

@@ -47,9 +47,17 @@ def test_register_list_and_free_used(api):
     vm = r.json()
     assert vm["status"] == "pending" and vm["host"] == "h1" and vm["tenant"] == "a"
     assert vm["placement"]["nodes"] == [0] and sorted(vm["placement"]["cpus"]) == [2, 3, 10]
+    # the create path builds its JSON by hand; it must be what GET (through the models) says
+    assert api.get(f"/v1/vms/{vm['id']}", headers=TA).json() == vm
+    vf = create(api, "k-vf", vcpus=1, memory_mib=2048, vfs=[{"max_tx_rate_mbps": 100}],
+                disks=[{"class": "nvme", "iotune": {"total_bytes_sec": 10**6, "total_iops_sec": 100}}])
+    assert vf.status_code == 202, vf.text
+    assert vf.json()["placement"]["vfs"] and vf.json()["placement"]["disks"]
+    assert api.get(f"/v1/vms/{vf.json()['id']}", headers=TA).json() == vf.json()
+    assert api.delete(f"/v1/vms/{vf.json()['id']}", headers=TA).status_code == 204
     h = api.get("/v1/hosts/h1", headers=ADM).json()
     assert h["nodes"][0]["free_cpus"] == 1 and h["nodes"][0]["hugepages"][0]["used"] == 1024
-    assert h["vms"] == 1 and h["generation"] == 2
+    assert h["vms"] == 1 and h["generation"] == 4
     assert [x["name"] for x in api.get("/v1/hosts", headers=ADM).json()["items"]] == ["h1"]
 
 

@@ -1,0 +1,85 @@
+"""The process's claim thread: create requests queue here and are claimed in batches.
+
+Every claim in a process already ran one at a time (``Placer``'s FIFO lock; the store
+serialises writers anyway), but each on its own request thread: 32 threads passing the
+GIL and the lock around, one transaction and one commit per VM. Here the event loop hands
+each request to one thread, which takes everything that queued while it was busy (up to
+``max_batch``) and claims it in one transaction (``Placer.claim_many``). Under load the
+batch grows with the queue, so the per-commit cost is shared; with one request in flight
+a batch is that one request and nothing waits for company.
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import threading
+from collections.abc import Callable
+from concurrent.futures import Future
+from typing import Any
+
+log = logging.getLogger(__name__)
+
+_STOP = object()
+
+
+class ClaimQueue:
+    def __init__(self, run: Callable[[list[Any]], list[Any]], *, max_batch: int = 64, name: str = "claims"):
+        """``run(items)`` returns one result per item: a value, or an exception to raise
+        in that request."""
+        self._run = run
+        self._max = max(1, max_batch)
+        self._name = name
+        self._q: queue.SimpleQueue[tuple[Any, Future] | object] = queue.SimpleQueue()
+        self._thread: threading.Thread | None = None
+        self._start = threading.Lock()
+        self._closed = False
+
+    def submit(self, item: Any) -> Future:
+        if self._closed:
+            raise RuntimeError("the claim queue is closed")
+        fut: Future = Future()
+        self._q.put((item, fut))
+        if self._thread is None:
+            with self._start:
+                if self._thread is None:
+                    self._thread = threading.Thread(target=self._loop, name=self._name, daemon=True)
+                    self._thread.start()
+        return fut
+
+    def _loop(self) -> None:
+        while True:
+            first = self._q.get()
+            if first is _STOP:
+                return
+            batch = [first]
+            stop = False
+            while len(batch) < self._max:
+                try:
+                    nxt = self._q.get_nowait()
+                except queue.Empty:
+                    break
+                if nxt is _STOP:
+                    stop = True
+                    break
+                batch.append(nxt)
+            items = [b[0] for b in batch]  # type: ignore[index]
+            try:
+                results = self._run(items)
+            except BaseException as e:  # noqa: BLE001 - every request of the batch gets it
+                log.exception("claim batch failed")
+                results = [e] * len(items)
+            for (_, fut), r in zip(batch, results):  # type: ignore[misc]
+                if isinstance(r, BaseException):
+                    fut.set_exception(r)
+                else:
+                    fut.set_result(r)
+            if stop:
+                return
+
+    def close(self, timeout: float = 10) -> None:
+        """Finish what is queued, then stop the thread."""
+        self._closed = True
+        if self._thread is not None:
+            self._q.put(_STOP)
+            self._thread.join(timeout)
