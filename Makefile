@@ -1,5 +1,5 @@
 # Two entry points for a new user on Debian 12 (run as root):
-#   make demo   discover and carve this host (later: place and boot a real guest)
+#   make demo   carve this host, start scheduler + hostd, place and boot a real guest, profile its exits
 #   make test   the whole test suite (what .ci/run runs)
 # Both install what is missing first and are fast when everything is present.
 

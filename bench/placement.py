@@ -15,7 +15,9 @@ Then the same fleet and trace against OpenStack Placement on the same database e
 
 Printed: placements/s (VMs placed per second of the run), requests/s, client-observed
 p50/p99 latency (with --clients closed-loop clients this includes queueing: by Little's
-law mean latency = clients / throughput), our server-side claim time p50/p99 (the
+law mean latency = clients / throughput; with --rate R the requests arrive open-loop at R
+per second over the same --clients connections and latency counts from each request's
+due time, wrk2-style, so it shows service time plus any backlog), our server-side claim time p50/p99 (the
 Server-Timing header: fit on the index + the claim transaction), packing quality = VMs
 placed before the first capacity rejection / VMs an offline first-fit-decreasing places
 from the same trace, overcommit, and the ratios against Placement.
@@ -39,7 +41,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from scheduler_benchlib import (Conn, Req, Result, class_ceiling, create_database, fleet, ffd_bound, free_port,  # noqa: E402
                                 host_res, overcommit, percentile, postgres, register_body, run_clients,
-                                stop, trace, wait_http)
+                                run_open, stop, trace, wait_http)
 
 TOKENS = {"bench-admin": ["admin"], "bench-host": ["host"], "bench-tenant": ["tenant:bench"]}
 PG_SETTINGS = {"synchronous_commit": "off", "shared_buffers": "256MB"}
@@ -60,7 +62,7 @@ def _auth(token: str, **extra: str) -> dict[str, str]:
 
 
 def run_ours(label: str, url: str, hosts: list, reqs: list[Req], *, clients: int, replicas: int,
-             tmp: Path) -> Result:
+             tmp: Path, rate: float = 0.0) -> Result:
     from scheduler.db.engine import Store
     from scheduler.db.migrate import upgrade
     store = Store.from_url(url)
@@ -102,7 +104,12 @@ def run_ours(label: str, url: str, hosts: list, reqs: list[Req], *, clients: int
             code = "" if rep.status == 202 else (rep.json() or {}).get("error", {}).get("code", str(rep.status))
             return rep.status, dt, srv, code
         t = time.perf_counter()
-        got = asyncio.run(run_clients(clients, bases, reqs, place))
+        if rate:
+            timed = asyncio.run(run_open(rate, clients, bases, reqs, place))
+            got = [(g[0], lat, g[2], g[3]) for g, lat in timed]
+            out.note = f"open loop: {rate:.0f} requests/s offered over {clients} connections"
+        else:
+            got = asyncio.run(run_clients(clients, bases, reqs, place))
         out.seconds = time.perf_counter() - t
         first = min((i for i, g in enumerate(got) if g[0] == 507), default=len(got))
         for i, (status, dt, srv, code) in enumerate(got):
@@ -178,6 +185,8 @@ def main() -> int:
     p.add_argument("--requests", type=int, default=20000)
     p.add_argument("--clients", type=int, default=32)
     p.add_argument("--replicas", type=int, default=2, help="scheduler serve processes (stateless replicas)")
+    p.add_argument("--rate", type=float, default=0.0,
+                   help="open loop: offer this many requests/s (default: --clients closed-loop clients)")
     p.add_argument("--stores", default="sqlite,pg", help="comma list of sqlite, pg")
     p.add_argument("--no-openstack", action="store_true", help="skip the OpenStack Placement baseline")
     p.add_argument("--placement-venv", default="/var/cache/hybrid-kvm/placement-venv")
@@ -200,7 +209,7 @@ def main() -> int:
         for st in stores:
             if st == "sqlite":
                 rows.append(run_ours("hybrid-kvm sqlite", f"sqlite:///{tmp}/sched.db", hosts, reqs,
-                                     clients=a.clients, replicas=a.replicas, tmp=tmp))
+                                     clients=a.clients, replicas=a.replicas, tmp=tmp, rate=a.rate))
                 if not a.no_openstack:
                     base["sqlite"] = run_openstack("sqlite", None, hosts, reqs, a, tmp)
                     rows.append(base["sqlite"])
@@ -208,7 +217,8 @@ def main() -> int:
                 with postgres(PG_SETTINGS) as (_user, port):
                     create_database(port, "sched")
                     rows.append(run_ours("hybrid-kvm pg", f"postgresql://postgres@127.0.0.1:{port}/sched",
-                                         hosts, reqs, clients=a.clients, replicas=a.replicas, tmp=tmp))
+                                         hosts, reqs, clients=a.clients, replicas=a.replicas, tmp=tmp,
+                                         rate=a.rate))
                     if not a.no_openstack:
                         create_database(port, "placement")
                         base["pg"] = run_openstack("pg", port, hosts, reqs, a, tmp)

@@ -259,6 +259,38 @@ async def run_clients(n: int, bases: list[tuple[str, int]], items: list[Any],
     return out
 
 
+async def run_open(rate: float, n: int, bases: list[tuple[str, int]], items: list[Any],
+                   one: Callable[[Conn, Any], Awaitable[Any]]) -> list[tuple[Any, float]]:
+    """Open loop (wrk2-style): item i is due at ``i / rate`` seconds; it waits for one of
+    ``n`` keep-alive connections if all are busy. Returns (result, latency from the due
+    time), so a server that falls behind shows it in latency (no coordinated omission)."""
+    conns: asyncio.Queue[Conn] = asyncio.Queue()
+    for k in range(n):
+        conns.put_nowait(Conn(*bases[k % len(bases)]))
+    out: list[tuple[Any, float]] = [(None, 0.0)] * len(items)
+    loop = asyncio.get_running_loop()
+    t0 = loop.time()
+
+    async def fire(i: int, item: Any, due: float) -> None:
+        c = await conns.get()
+        try:
+            r = await one(c, item)
+        finally:
+            conns.put_nowait(c)
+        out[i] = (r, loop.time() - due)
+    tasks = []
+    for i, item in enumerate(items):
+        due = t0 + i / rate
+        delay = due - loop.time()
+        if delay > 0:
+            await asyncio.sleep(delay)
+        tasks.append(asyncio.ensure_future(fire(i, item, due)))
+    await asyncio.gather(*tasks)
+    while not conns.empty():
+        conns.get_nowait().close()
+    return out
+
+
 def percentile(xs: list[float], p: float) -> float:
     if not xs:
         return float("nan")

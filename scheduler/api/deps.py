@@ -31,7 +31,12 @@ class Principal:
         raise Forbidden(f"{self.name} lacks scope {' or '.join(any_of) or 'admin'}")
 
 
-def principal(request: Request) -> Principal:
+async def principal(request: Request) -> Principal:
+    """Async on purpose: a sync dependency runs in the thread pool, one hop per request."""
+    return principal_of(request)
+
+
+def principal_of(request: Request) -> Principal:
     auth = request.headers.get("authorization", "")
     scheme, _, token = auth.partition(" ")
     if scheme.lower() != "bearer" or not token:

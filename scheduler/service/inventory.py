@@ -15,6 +15,7 @@ index only has to be fresh enough that claims rarely re-fit. Three ways in:
 
 from __future__ import annotations
 
+import gc
 import logging
 import threading
 import time
@@ -59,6 +60,14 @@ class HostCache:
             if full or self._position is None or mono - self._last_full >= self.full_refresh_s:
                 self._full(store, now=now)
                 self._last_full = self._last_inc = mono
+                if first:
+                    # The fleet's resources (~150 objects per host) are now built and live
+                    # long: move them out of the cyclic GC's reach. Without this every
+                    # full collection walked them all, a 100-230 ms stop of the process at
+                    # 10,000 hosts, several times a minute under load (the bench's p99).
+                    # Refcounting still frees them; only cycles among them would leak,
+                    # and these are plain immutable values.
+                    gc.freeze()
             elif mono - self._last_inc >= self.refresh_interval_s:
                 self._incremental(store, now=now)
                 self._last_inc = mono
