@@ -116,6 +116,18 @@ def bump_usage(*, session: Session, name: str, seen_generation: int, usage: Usag
     return res.rowcount == 1
 
 
+def bump_many(*, session: Session, rows: Sequence[tuple[str, int, int, Usage]], now: float, seq: int) -> int:
+    """Several hosts' new usage in one executemany: (name, seen generation, new
+    generation, usage). Returns how many rows matched; fewer than given = lost races."""
+    if not rows:
+        return 0
+    params = [{"n": n, "seen": seen, "u": u.to_dict(), "g": g, "t": now, "seq": seq} for n, seen, g, u in rows]
+    conn = session.connection()
+    if conn.dialect.supports_sane_multi_rowcount:
+        return conn.execute(_stmts().bump, params).rowcount
+    return sum(conn.execute(_stmts().bump, p).rowcount for p in params)
+
+
 @cache
 def _stmts():  # type: ignore[no-untyped-def]
     """The claim path's statements, built once (constructing SQLAlchemy expressions per

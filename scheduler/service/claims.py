@@ -183,22 +183,29 @@ class Placer:
     def _batch(self, jobs: list[ClaimJob], before: Callable[[Session, list[ClaimJob]], None] | None,
                touched: dict[str, tuple[Any, Usage, int]]) -> None:
         now = self.clock()
+        read_gen: dict[str, int] = {}  # generation as this transaction read each host
         with self.store.write() as s:
             if before is not None:
                 before(s, jobs)
-            seq: int | None = None
+            vm_repo.defer_inserts(session=s)
             for j in jobs:
                 if j.settled or j.aff.group:
                     continue
-                if seq is None:
-                    seq = host_repo.next_seq(s)
                 try:
-                    j.vm = self._claim_in_batch(s, j, touched, seq, now)
+                    j.vm = self._claim_in_batch(s, j, touched, read_gen, now)
                 except (NoValidHost, ConcurrentUpdate) as e:
                     j.error = e
+            # The writes, once per batch: we hold every touched row (SQLite: the writer
+            # lock; PostgreSQL: the row locks), so nothing moved since we read it.
+            vm_repo.flush_inserts(session=s)
+            moved = [(n, read_gen[n], g, u) for n, (_row, u, g) in touched.items() if g != read_gen[n]]
+            if moved:
+                seq = host_repo.next_seq(s)
+                if host_repo.bump_many(session=s, rows=moved, now=now, seq=seq) != len(moved):
+                    raise RuntimeError("a host changed under its row lock")  # rolls the batch back
 
     def _claim_in_batch(self, s: Session, j: ClaimJob, touched: dict[str, tuple[Any, Usage, int]],
-                        seq: int, now: float) -> Vm:
+                        read_gen: dict[str, int], now: float) -> Vm:
         lost: set[str] = set()
         for _round in range(self.retries):
             res, counts = self.cache.walk(j.want, avoid_hosts=frozenset(), avoid_racks=frozenset(),
@@ -217,6 +224,7 @@ class Placer:
                         lost.add(cand.host)
                         continue
                     usage, gen = Usage.from_dict(row.usage), row.generation
+                    read_gen[row.name] = gen
                 if host_repo.effective_state(row, now=now, heartbeat_timeout_s=self.cache.timeout) != "active":
                     lost.add(cand.host)
                     continue
@@ -230,10 +238,7 @@ class Placer:
                         lost.add(cand.host)
                         continue
                 new = usage.plus(alloc)
-                if not host_repo.bump_usage(session=s, name=row.name, seen_generation=gen, usage=new, now=now,
-                                            seq=seq):
-                    raise RuntimeError(f"host {row.name} changed under its row lock")  # rolls the batch back
-                vm = j.write_vm(s, row.name, alloc)
+                vm = j.write_vm(s, row.name, alloc)  # rows collected, written at the batch's end
                 touched[row.name] = (row, new, gen + 1)
                 self._teach(row, new, gen + 1, now)
                 if self.metrics:
