@@ -148,7 +148,6 @@ class Placer:
         job is claimed alone, as ``claim`` would."""
         with self._serial:
             t0 = time.perf_counter()
-            self.cache.refresh(self.store, now=self.clock())
             touched: dict[str, tuple[Any, Usage, int]] = {}
             try:
                 self._batch(jobs, before, touched)
@@ -185,6 +184,9 @@ class Placer:
         now = self.clock()
         read_gen: dict[str, int] = {}  # generation as this transaction read each host
         with self.store.write() as s:
+            # Inside the write transaction (SQLite: holding the writer lock), so the index
+            # also has every batch another replica committed while this one waited.
+            self.cache.refresh(self.store, now=now, fresh=True)
             if before is not None:
                 before(s, jobs)
             vm_repo.defer_inserts(session=s)
