@@ -220,6 +220,12 @@ class Placer:
             for cand in res.candidates:
                 if cand.host in touched:
                     row, usage, gen = touched[cand.host]  # held since this batch took it
+                elif self.store.sqlite and (row := self.cache.row(cand.host)) is not None:
+                    # SQLite: this batch holds the writer lock and read the change feed
+                    # after taking it, so the index *is* the database for this host; the
+                    # generation guard of the batch's final UPDATE still checks it.
+                    usage, gen = row.usage, row.generation
+                    read_gen[row.name] = gen
                 else:
                     row = host_repo.claim_row(session=s, name=cand.host, lock=True, skip_locked=True)
                     if row is None:  # another replica's batch holds it: next candidate

@@ -8,6 +8,7 @@ import asyncio
 import hashlib
 import json
 import logging
+import os
 import time
 import uuid
 from collections.abc import Callable
@@ -127,7 +128,9 @@ class VmService:
     def create_many(self, items: list[CreateItem]) -> list[tuple[Vm, bool] | BaseException]:
         """Claim ``items`` in one batch (``Placer.claim_many``): idempotent replays are
         found in the batch transaction, each VM row is written with its claim."""
-        jobs = [ClaimJob(it.want, affinity_of(it.body), self._writer(it)) for it in items]
+        raw = os.urandom(16 * len(items))  # one getrandom() for the batch's VM ids
+        ids = [str(uuid.UUID(bytes=raw[16 * i:16 * i + 16], version=4)) for i in range(len(items))]
+        jobs = [ClaimJob(it.want, affinity_of(it.body), self._writer(it, vm_id)) for it, vm_id in zip(items, ids)]
 
         def replays(s: Session, js: list[ClaimJob]) -> None:
             prior = vm_repo.find_by_keys(session=s, keys=[(it.tenant, it.key) for it in items])
@@ -159,8 +162,7 @@ class VmService:
                  vm.allocation["cpus"] if vm.allocation else [])
         return vm, False
 
-    def _writer(self, it: CreateItem) -> Callable[[Session, str, Allocation], Vm]:
-        vm_id = str(uuid.uuid4())
+    def _writer(self, it: CreateItem, vm_id: str) -> Callable[[Session, str, Allocation], Vm]:
         body = it.body
 
         def write_vm(s: Session, host: str, alloc: Allocation) -> Vm:
