@@ -186,7 +186,7 @@ class Placer:
         with self.store.write() as s:
             # Inside the write transaction (SQLite: holding the writer lock), so the index
             # also has every batch another replica committed while this one waited.
-            self.cache.refresh(self.store, now=now, fresh=True)
+            self.cache.refresh(self.store, now=now, fresh=True, session=s)
             if before is not None:
                 before(s, jobs)
             vm_repo.defer_inserts(session=s)

@@ -20,6 +20,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from types import SimpleNamespace
 from typing import Any
 
@@ -53,10 +54,13 @@ class HostCache:
 
     # ------------------------------------------------------------ refresh
 
-    def refresh(self, store: Store, *, now: float, full: bool = False, fresh: bool = False) -> None:
+    def refresh(self, store: Store, *, now: float, full: bool = False, fresh: bool = False,
+                session: Session | None = None) -> None:
         """``fresh``: read the change feed now, whatever ``refresh_interval_s`` says (a claim
         batch that just took SQLite's writer lock: nobody else can write until it commits,
-        so after this read its index is exact and its claims cannot lose a race)."""
+        so after this read its index is exact and its claims cannot lose a race).
+        ``session``: read the feed in the caller's transaction instead of a snapshot of
+        its own (SQLite only, where the caller's write transaction is a snapshot anyway)."""
         first = self._position is None
         if not self._refreshing.acquire(blocking=first or full or fresh):
             return  # another thread is refreshing right now: good enough
@@ -67,7 +71,7 @@ class HostCache:
                 self._last_full = self._last_inc = mono
                 self._freeze()
             elif fresh or mono - self._last_inc >= self.refresh_interval_s:
-                self._incremental(store, now=now)
+                self._incremental(store, now=now, session=session if store.sqlite else None)
                 self._last_inc = mono
                 self._freeze()
         finally:
@@ -88,9 +92,9 @@ class HostCache:
             self._frozen_at = n
             log.info("index at %d hosts: long-lived objects frozen out of the cyclic GC", n)
 
-    def _incremental(self, store: Store, *, now: float) -> None:
+    def _incremental(self, store: Store, *, now: float, session: Session | None = None) -> None:
         assert self._position is not None
-        with store.snapshot() as s:
+        with (nullcontext(session) if session is not None else store.snapshot()) as s:
             rows = host_repo.changed_since(session=s, position=self._position)
             position = host_repo.feed_position(session=s)
             if rows:
