@@ -63,6 +63,11 @@ class ClaimQueue:
                     stop = True
                     break
                 batch.append(nxt)
+            # A request whose client went away (its future cancelled) is not claimed; the
+            # others can no longer be cancelled from here on.
+            batch = [b for b in batch if b[1].set_running_or_notify_cancel()]  # type: ignore[index]
+            if not batch:
+                continue
             items = [b[0] for b in batch]  # type: ignore[index]
             try:
                 results = self._run(items)

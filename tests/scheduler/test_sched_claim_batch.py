@@ -109,6 +109,17 @@ def test_claim_queue_answers_each_request_and_closes():
         futs[3].result(5)
     assert all(len(b) <= 4 for b in seen) and sorted(x for b in seen for x in b) == list(range(10))
     assert len(seen) < 10  # queued requests shared batches
+    # a request cancelled while queued (its client went away) is skipped, not claimed,
+    # and the thread lives on
+    gate.clear()
+    busy = q.submit(100)
+    time.sleep(0.05)  # the thread holds it, waiting on the gate
+    gone, after = q.submit(102), q.submit(104)
+    assert gone.cancel()
+    gate.set()
+    assert busy.result(5) == 1000 and after.result(5) == 1040 and gone.cancelled()
+    assert 102 not in [x for b in seen for x in b]
+    assert q.submit(106).result(5) == 1060
     q.close()
     with pytest.raises(RuntimeError):
         q.submit(1)
