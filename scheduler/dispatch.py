@@ -59,8 +59,10 @@ class HostdClients:
             if e.extra.get("grpc_code") != "NOT_FOUND":
                 raise
 
-    def update_io(self, address: str, vm_id: str, disks: list[pb.DiskRequest]) -> pb.VM:
-        return self._call(address, "UpdateIOLimits", pb.UpdateIOLimitsRequest(vm_id=vm_id, disks=disks))
+    def update_io(self, address: str, vm_id: str, disks: list[pb.DiskRequest],
+                  vfs: list[pb.VfRateUpdate] | None = None) -> pb.VM:
+        return self._call(address, "UpdateIOLimits", pb.UpdateIOLimitsRequest(vm_id=vm_id, disks=disks,
+                                                                              vfs=vfs or []))
 
     def list_vms(self, address: str) -> list[pb.VM]:
         return list(self._call(address, "ListVMs", pb.ListVMsRequest(), timeout=30).vms)

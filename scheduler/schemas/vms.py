@@ -123,7 +123,15 @@ class VmsPublic(BaseModel):
 
 class IoLimitsUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    disks: list[DiskIoUpdate] = Field(min_length=1, max_length=32)
+    disks: list[DiskIoUpdate] = Field(default_factory=list, max_length=32)
+    vfs: list[VfRateUpdate] = Field(default_factory=list, max_length=32)
+
+
+class VfRateUpdate(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    vf: int = Field(ge=0, le=63, description="the VF's position in the VM's placement.vfs")
+    max_tx_rate_mbps: int = Field(ge=0, le=10**6, description="0 = no cap")
+    min_tx_rate_mbps: int = Field(0, ge=0, le=10**6, description="a guarantee, reserved from the PF's tx budget")
 
 
 class DiskIoUpdate(BaseModel):

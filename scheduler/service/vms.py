@@ -21,12 +21,13 @@ from sqlalchemy.orm import Session
 from api import hostd_pb2 as pb
 from scheduler.db.engine import Store
 from scheduler.db.models import Vm
-from scheduler.errors import HostdFailed, IdempotencyMismatch, InvalidRequest, NoValidHost, VmBusy
+from scheduler.errors import (ConcurrentUpdate, HostdFailed, IdempotencyMismatch, InvalidRequest, NoValidHost,
+                              VmBusy)
 from scheduler.fit import DiskWant, VfWant, VmWant, validate
 from scheduler.metrics import Metrics
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import vms as vm_repo
-from scheduler.resources import Allocation, DiskAlloc, Usage
+from scheduler.resources import Allocation, DiskAlloc, Usage, VfAlloc
 from scheduler.schemas.vms import IoTuneIn, VmCreate
 from scheduler.service.claimq import ClaimQueue
 from scheduler.service.claims import Affinity, ClaimJob, Placer
@@ -37,7 +38,8 @@ log = logging.getLogger(__name__)
 class Hostd(Protocol):
     def create(self, address: str, req: pb.CreateVMRequest) -> pb.VM: ...
     def delete(self, address: str, vm_id: str, grace_seconds: int = 0) -> None: ...
-    def update_io(self, address: str, vm_id: str, disks: list[pb.DiskRequest]) -> pb.VM: ...
+    def update_io(self, address: str, vm_id: str, disks: list[pb.DiskRequest],
+                  vfs: list[pb.VfRateUpdate] | None = None) -> pb.VM: ...
 
 
 def want_of(body: VmCreate, default_policy: str) -> VmWant:
@@ -290,14 +292,61 @@ class VmService:
         log.info("vm deleted vm=%s host=%s", vm_id, vm.host)
 
     def update_io(self, vm_id: str, disks: list[tuple[str, IoTuneIn]], *, tenant: str | None,
-                  actor: str) -> Vm:
+                  actor: str, vfs: list[tuple[int, int, int]] | None = None) -> Vm:
+        """Live disk throttles and VF tx rates ((position in placement.vfs, max, min)).
+        Every field is checked first (InvalidRequest names it; nothing changes). A VF
+        min-rate change is reserved from the PF's tx budget before hostd is asked, and
+        given back if hostd refuses; disk limits are recorded after hostd applied them."""
+        vfs = vfs or []
+        if not disks and not vfs:
+            raise InvalidRequest("give disks or vfs to change", field="disks")
         with self.store.read() as s:
             vm = vm_repo.get_vm(session=s, vm_id=vm_id, tenant=tenant)
             if not vm.host or not vm.allocation:
-                raise VmBusy(f"the VM is {vm.status} and holds no disks", field="vm_id")
+                raise VmBusy(f"the VM is {vm.status} and holds no disks or VFs", field="vm_id")
             h = host_repo.get_host(session=s, name=vm.host)
             res = self.placer.cache.res(s, h)
         alloc = Allocation.from_dict(vm.allocation)
+        changes = self._disk_changes(alloc, res, disks)
+        rates, fields = self._vf_changes(alloc, res, vfs)
+        old = alloc
+        if rates:
+            self._reserve_vf_rates(vm_id, rates, fields)
+        if vm.status == "running" and vm.hostd_vm_id and self.hostd is not None:
+            try:
+                self.hostd.update_io(h.address, vm.hostd_vm_id,
+                                     [pb.DiskRequest(disk=n, iotune=pb.IoTune(**t.model_dump()))
+                                      for n, t in changes.items()],
+                                     [pb.VfRateUpdate(vf_pci=f"{alloc.vfs[i].pf}:{alloc.vfs[i].index}",
+                                                      max_tx_rate_mbps=mx, min_tx_rate_mbps=mn)
+                                      for i, (mx, mn) in rates.items()])
+            except Exception:
+                if rates:
+                    self._reserve_vf_rates(vm_id, {i: (v.max_tx_rate_mbps, v.min_tx_rate_mbps)
+                                                   for i, v in enumerate(old.vfs) if i in rates}, None)
+                raise
+        with self.store.write() as s:
+            row = vm_repo.get_vm(session=s, vm_id=vm_id)
+            a = Allocation.from_dict(row.allocation or {})
+            row.allocation = Allocation(a.nodes, a.cpus, a.pages, a.vfs, tuple(
+                DiskAlloc(d.name, changes[d.name].bytes_sec(), changes[d.name].iops()) if d.name in changes
+                else d for d in a.disks)).to_dict()
+            req = json.loads(json.dumps(row.request))
+            for d, ad in zip(req.get("disks", []), a.disks):
+                if ad.name in changes:
+                    d["iotune"] = changes[ad.name].model_dump()
+            for i, v in enumerate(req.get("vfs", [])):
+                if i in rates:
+                    v["max_tx_rate_mbps"], v["min_tx_rate_mbps"] = rates[i]
+            row.request, row.updated = req, self.clock()
+            vm_repo.audit(session=s, principal=actor, action="vm.update_io", target=vm_id, now=self.clock(),
+                          detail={**{n: t.model_dump() for n, t in changes.items()},
+                                  **{f"vfs[{i}]": {"max_tx_rate_mbps": mx, "min_tx_rate_mbps": mn}
+                                     for i, (mx, mn) in rates.items()}})
+            return row
+
+    @staticmethod
+    def _disk_changes(alloc: Allocation, res: Any, disks: list[tuple[str, IoTuneIn]]) -> dict[str, IoTuneIn]:
         mine = {d.name: d for d in alloc.disks}
         budgets = {d.name: d for d in res.disks} | {d.id: d for d in res.disks if d.id}
         changes: dict[str, IoTuneIn] = {}
@@ -313,21 +362,55 @@ class VmService:
                 raise InvalidRequest(f"must be at most {b.iops} ({b.name}'s budget)",
                                      field=f"disks[{i}].iotune.total_iops_sec")
             changes[b.name] = tune
-        if vm.status == "running" and vm.hostd_vm_id and self.hostd is not None:
-            self.hostd.update_io(h.address, vm.hostd_vm_id,
-                                 [pb.DiskRequest(disk=n, iotune=pb.IoTune(**t.model_dump()))
-                                  for n, t in changes.items()])
-        with self.store.write() as s:
-            row = vm_repo.get_vm(session=s, vm_id=vm_id)
-            a = Allocation.from_dict(row.allocation or {})
-            row.allocation = Allocation(a.nodes, a.cpus, a.pages, a.vfs, tuple(
-                DiskAlloc(d.name, changes[d.name].bytes_sec(), changes[d.name].iops()) if d.name in changes
-                else d for d in a.disks)).to_dict()
-            req = json.loads(json.dumps(row.request))
-            for d, ad in zip(req.get("disks", []), a.disks):
-                if ad.name in changes:
-                    d["iotune"] = changes[ad.name].model_dump()
-            row.request, row.updated = req, self.clock()
-            vm_repo.audit(session=s, principal=actor, action="vm.update_io", target=vm_id, now=self.clock(),
-                          detail={n: t.model_dump() for n, t in changes.items()})
-            return row
+        return changes
+
+    @staticmethod
+    def _vf_changes(alloc: Allocation, res: Any, vfs: list[tuple[int, int, int]]
+                    ) -> tuple[dict[int, tuple[int, int]], dict[int, str]]:
+        """Position in ``alloc.vfs`` -> (max, min), each checked against its PF (the tx
+        budget is checked where it is reserved, against fresh usage), and -> its field."""
+        pfs = {p.name: p for p in res.pfs}
+        out: dict[int, tuple[int, int]] = {}
+        fields: dict[int, str] = {}
+        for i, (pos, mx, mn) in enumerate(vfs):
+            if pos >= len(alloc.vfs):
+                raise InvalidRequest(f"the VM has {len(alloc.vfs)} VF(s)", field=f"vfs[{i}].vf")
+            if pos in out:
+                raise InvalidRequest("this VF is listed twice", field=f"vfs[{i}].vf")
+            pf = pfs.get(alloc.vfs[pos].pf)
+            if pf is not None and mx > pf.bandwidth_mbps:
+                raise InvalidRequest(f"above {pf.name}'s {pf.bandwidth_mbps} Mbit/s",
+                                     field=f"vfs[{i}].max_tx_rate_mbps")
+            if mx and mn > mx:
+                raise InvalidRequest("exceeds max_tx_rate_mbps", field=f"vfs[{i}].min_tx_rate_mbps")
+            if mn and pf is not None and not pf.min_rate_supported:
+                raise InvalidRequest(f"{pf.name} cannot guarantee a min tx rate", field=f"vfs[{i}].min_tx_rate_mbps")
+            out[pos] = (mx, mn)
+            fields[pos] = f"vfs[{i}].min_tx_rate_mbps"
+        return out, fields
+
+    def _reserve_vf_rates(self, vm_id: str, rates: dict[int, tuple[int, int]], fields: dict[int, str] | None) -> None:
+        """Set the VM's VF rates in its allocation and the host's reserved tx budget, in
+        one transaction under the host generation; InvalidRequest (naming ``fields``) if a
+        PF would go over. ``fields=None``: putting old rates back, no budget check."""
+        for _ in range(self.placer.retries):
+            with self.store.write() as s:
+                row = vm_repo.get_vm(session=s, vm_id=vm_id)
+                h = host_repo.get_host(session=s, name=row.host, lock=True)
+                res = self.placer.cache.res(s, h)
+                old = Allocation.from_dict(row.allocation or {})
+                new = Allocation(old.nodes, old.cpus, old.pages, tuple(
+                    VfAlloc(v.pf, v.index, *rates[i]) if i in rates else v for i, v in enumerate(old.vfs)),
+                    old.disks)
+                usage = Usage.from_dict(h.usage).minus(old).plus(new)
+                for p in res.pfs if fields is not None else ():
+                    if usage.reserved_mbps.get(p.name, 0) > p.bandwidth_mbps:
+                        pos = next(k for k in sorted(rates) if old.vfs[k].pf == p.name)
+                        left = p.bandwidth_mbps - Usage.from_dict(h.usage).minus(old).reserved_mbps.get(p.name, 0)
+                        raise InvalidRequest(f"{p.name} has {left} Mbit/s of min-rate budget left for this VM",
+                                             field=fields[pos])
+                if host_repo.bump_usage(session=s, name=h.name, seen_generation=h.generation, usage=usage,
+                                        now=self.clock()):
+                    row.allocation = new.to_dict()
+                    return
+        raise ConcurrentUpdate(f"could not reserve VF rates of {vm_id}: the host kept changing")

@@ -156,6 +156,26 @@ def test_delete_frees_everything_and_io_limits(api):
     r = api.patch(f"/v1/vms/{vm['id']}/io-limits", headers=TA,
                   json={"disks": [{"disk": "nvme1n1", "iotune": {"total_bytes_sec": 1}}]})
     assert r.status_code == 422 and r.json()["error"]["field"] == "disks[0].disk"
+    # VF tx rates: a higher guarantee is reserved from the PF's budget, or refused
+    pf = h["pfs"][0]
+    r = api.patch(f"/v1/vms/{vm['id']}/io-limits", headers=TA,
+                  json={"vfs": [{"vf": 0, "max_tx_rate_mbps": 8000, "min_tx_rate_mbps": 5000}]})
+    assert r.status_code == 200, r.text
+    assert r.json()["placement"]["vfs"][0] | {"pf": "", "index": 0} == {
+        "pf": "", "index": 0, "max_tx_rate_mbps": 8000, "min_tx_rate_mbps": 5000}
+    assert r.json()["request"]["vfs"][0]["min_tx_rate_mbps"] == 5000
+    assert api.get("/v1/hosts/h1", headers=ADM).json()["pfs"][0]["reserved_mbps"] == 5000
+    bad = [({"vfs": [{"vf": 1, "max_tx_rate_mbps": 1}]}, "vfs[0].vf"),
+           ({"vfs": [{"vf": 0, "max_tx_rate_mbps": 100, "min_tx_rate_mbps": 200}]}, "vfs[0].min_tx_rate_mbps"),
+           ({"vfs": [{"vf": 0, "max_tx_rate_mbps": 0, "min_tx_rate_mbps": pf["bandwidth_mbps"] + 1}]},
+            "vfs[0].min_tx_rate_mbps"),
+           ({"vfs": [{"vf": 0, "max_tx_rate_mbps": pf["bandwidth_mbps"] + 1}]}, "vfs[0].max_tx_rate_mbps"),
+           ({}, "disks")]
+    for body, field in bad:
+        r = api.patch(f"/v1/vms/{vm['id']}/io-limits", headers=TA, json=body)
+        assert r.status_code == 422 and r.json()["error"]["field"] == field, (body, r.text)
+    assert api.get("/v1/hosts/h1", headers=ADM).json()["pfs"][0]["reserved_mbps"] == 5000  # nothing changed
+    assert api.get(f"/v1/vms/{vm['id']}", headers=TA).json()["placement"]["vfs"][0]["min_tx_rate_mbps"] == 5000
     assert api.delete(f"/v1/vms/{vm['id']}", headers=TA).status_code == 204
     h = api.get("/v1/hosts/h1", headers=ADM).json()
     assert h["vms"] == 0 and h["pfs"][0]["reserved_mbps"] == 0 and not h["disks"][0]["used"]

@@ -69,6 +69,23 @@ def test_create_fails_over_to_next_host_then_runs_and_delete_frees(cluster):
                   json={"disks": [{"disk": "nvme0n1", "iotune": {"total_bytes_sec": 2 * 10**8}}]})
     assert r.status_code == 502 and "hyb.vm.refused [disks[0].disk]" in r.json()["error"]["message"]
     assert api.get(f"/v1/vms/{vm['id']}", headers=TA).json()["placement"]["disks"][0]["bytes_sec"] == 10**8
+    # a VF rate change: reserved centrally, then set by hostd (its netlink double records it)
+    vf = vm["placement"]["vfs"][0]
+    r = api.patch(f"/v1/vms/{vm['id']}/io-limits", headers=TA,
+                  json={"vfs": [{"vf": 0, "max_tx_rate_mbps": 3000, "min_tx_rate_mbps": 500}]})
+    assert r.status_code == 200, r.text
+    assert managers["h2"].vf_rates.get_rate(vf["pf"], vf["index"]) == (3000, 500)
+    assert api.get("/v1/hosts/h2", headers=ADM).json()["pfs"][0]["reserved_mbps"] == 500
+    # hostd fails to set the rate: 502, and the reservation made for it is given back
+
+    def broken(*_a):  # type: ignore[no-untyped-def]
+        raise OSError("netlink: Operation not supported")
+    managers["h2"].vf_rates.set_rate = broken
+    r = api.patch(f"/v1/vms/{vm['id']}/io-limits", headers=TA,
+                  json={"vfs": [{"vf": 0, "max_tx_rate_mbps": 3000, "min_tx_rate_mbps": 2000}]})
+    assert r.status_code == 502, r.text
+    assert api.get("/v1/hosts/h2", headers=ADM).json()["pfs"][0]["reserved_mbps"] == 500
+    assert api.get(f"/v1/vms/{vm['id']}", headers=TA).json()["placement"]["vfs"][0]["min_tx_rate_mbps"] == 500
     assert api.delete(f"/v1/vms/{vm['id']}", headers=TA).status_code == 204
     assert managers["h2"].ledger.list() == []
     h2 = api.get("/v1/hosts/h2", headers=ADM).json()

@@ -129,7 +129,9 @@ def delete_vm(vm_id: str, request: Request, p: CurrentPrincipal) -> Response:
 
 @router.patch("/{vm_id}/io-limits", response_model=VmPublic)
 def update_io_limits(vm_id: str, body: IoLimitsUpdate, request: Request, p: CurrentPrincipal) -> VmPublic:
-    """Live change of disk throttles (within each disk's IO budget)."""
+    """Live change of disk throttles (within each disk's IO budget) and VF tx rates (a
+    higher min rate is reserved from the PF's tx budget first; hostd applies both)."""
     vm = _svc(request).update_io(vm_id, [(d.disk, d.iotune) for d in body.disks], tenant=tenant_scope(p),
+                                 vfs=[(v.vf, v.max_tx_rate_mbps, v.min_tx_rate_mbps) for v in body.vfs],
                                  actor=p.name)
     return vm_out(vm)
