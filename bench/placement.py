@@ -44,7 +44,7 @@ from scheduler_benchlib import (Conn, Req, Result, class_ceiling, create_databas
                                 run_open, stop, trace, wait_http)
 
 TOKENS = {"bench-admin": ["admin"], "bench-host": ["host"], "bench-tenant": ["tenant:bench"]}
-PG_SETTINGS = {"synchronous_commit": "off", "shared_buffers": "256MB"}
+PG_SETTINGS = {"synchronous_commit": "off", "shared_buffers": "256MB", "max_connections": "400"}
 
 
 def _config(tmp: Path, url: str, pool: int) -> Path:

@@ -342,7 +342,9 @@ PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 @contextmanager
 def postgres(settings: dict[str, str]) -> Iterator[tuple[str, int]]:
-    """A throwaway PostgreSQL 15 on loopback (as the tests start it); yields (user, port)."""
+    """A throwaway PostgreSQL 15 on loopback, run as the `postgres` user (PostgreSQL
+    refuses root), stopped by PID even on failure; yields (user, port). ``settings`` are
+    its ``-c`` options. The scheduler tests' ``pg_server`` fixture uses it too."""
     if not (PG_BIN / "postgres").exists():
         raise RuntimeError(f"PostgreSQL 15 not installed ({PG_BIN}/postgres missing)")
     user = "postgres" if os.geteuid() == 0 else pwd.getpwuid(os.geteuid()).pw_name
@@ -357,7 +359,7 @@ def postgres(settings: dict[str, str]) -> Iterator[tuple[str, int]]:
         port = free_port()
         opts = [x for k, v in settings.items() for x in ("-c", f"{k}={v}")]
         proc = subprocess.Popen([str(PG_BIN / "postgres"), "-D", str(base / "data"), "-p", str(port),
-                                 "-h", "127.0.0.1", "-k", str(base), "-c", "max_connections=400", *opts],
+                                 "-h", "127.0.0.1", "-k", str(base), *opts],
                                 stdout=open(base / "pg.log", "wb"), stderr=subprocess.STDOUT, cwd=base,
                                 start_new_session=True, **as_user)
         import psycopg

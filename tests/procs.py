@@ -104,14 +104,19 @@ class Hostd(Daemon):
 
 
 class Scheduler(Daemon):
-    """`scheduler serve`; ready when /readyz answers 200."""
+    """`scheduler serve` on ``port`` (several may share one config); ready when /readyz
+    answers 200."""
 
     def __init__(self, cfg: Path, port: int, env: dict[str, str], log: Path):
-        super().__init__([sys.executable, "-m", "scheduler.cli", "serve", "--config", str(cfg)], env, log)
+        super().__init__([sys.executable, "-m", "scheduler.cli", "serve", "--config", str(cfg),
+                          "--port", str(port)], env, log)
         self.url = f"http://127.0.0.1:{port}"
 
     def start(self) -> "Scheduler":
         self.spawn()
+        return self.wait_ready()
+
+    def wait_ready(self) -> "Scheduler":
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:

@@ -5,11 +5,8 @@ PostgreSQL as integration), more requests than capacity."""
 from __future__ import annotations
 
 import os
-import signal
-import socket
 import subprocess
 import sys
-import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
@@ -18,6 +15,7 @@ import httpx
 import pytest
 from sqlalchemy import inspect
 
+from procs import Scheduler, free_port
 from sched_helpers import ADM, HOST, TA, host_body, token_config, vm_body
 from scheduler.db.engine import Store
 from scheduler.db.migrate import current, downgrade, upgrade
@@ -48,12 +46,6 @@ def test_migrations_up_down_up(db_url):
         store.dispose()
 
 
-def _port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
 def _config(tmp: Path, db_url: str) -> Path:
     toks = "\n".join(f'[[auth.tokens]]\nname = "{t["name"]}"\nsha256 = "{t["sha256"]}"\n'
                      f'scopes = {t["scopes"]!r}\n'.replace("'", '"') for t in token_config())
@@ -64,50 +56,17 @@ def _config(tmp: Path, db_url: str) -> Path:
     return cfg
 
 
-def _serve(cfg: Path, port: int, log: Path) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "scheduler.cli", "serve", "--config", str(cfg),
-                             "--port", str(port)], cwd=REPO, stdout=open(log, "wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True)
-
-
-def _wait_ready(port: int, proc: subprocess.Popen, log: Path) -> None:
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError(f"scheduler exited: {log.read_text()[-2000:]}")
-        try:
-            if httpx.get(f"http://127.0.0.1:{port}/readyz", timeout=1).status_code == 200:
-                return
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.2)
-    raise RuntimeError(f"scheduler not ready: {log.read_text()[-2000:]}")
-
-
-def _stop(procs: list[subprocess.Popen]) -> None:
-    for p in procs:
-        if p.poll() is None:
-            os.killpg(p.pid, signal.SIGTERM)
-    for p in procs:
-        try:
-            p.wait(10)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            p.wait()
-
-
 def test_64_clients_two_processes_never_overcommit(db_url, tmp_path):
     store = Store.from_url(db_url)
     upgrade(store.engine)  # before both processes start, so they do not race on the schema
     cfg = _config(tmp_path, db_url)
-    ports = [_port(), _port()]
-    procs: list[subprocess.Popen] = []
+    servers = [Scheduler(cfg, free_port(), dict(os.environ), tmp_path / f"s{i}.log") for i in range(2)]
     try:
-        for i, port in enumerate(ports):
-            procs.append(_serve(cfg, port, tmp_path / f"s{i}.log"))
-        for i, port in enumerate(ports):
-            _wait_ready(port, procs[i], tmp_path / f"s{i}.log")
-        base = [f"http://127.0.0.1:{p}" for p in ports]
+        for srv in servers:
+            srv.spawn()
+        for srv in servers:
+            srv.wait_ready()
+        base = [srv.url for srv in servers]
         for n in range(3):
             r = httpx.post(f"{base[0]}/v1/hosts", json=host_body(f"h{n}", TIGHT), headers=HOST)
             assert r.status_code == 201, r.text
@@ -146,7 +105,8 @@ def test_64_clients_two_processes_never_overcommit(db_url, tmp_path):
         listed = httpx.get(f"{base[1]}/v1/vms?limit=1000", headers=ADM).json()["items"]
         assert len(listed) == codes[202]
     finally:
-        _stop(procs)
+        for srv in servers:
+            srv.stop()
         store.dispose()
 
 
