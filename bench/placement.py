@@ -111,19 +111,8 @@ def run_ours(label: str, url: str, hosts: list, reqs: list[Req], *, clients: int
         else:
             got = asyncio.run(run_clients(clients, bases, reqs, place))
         out.seconds = time.perf_counter() - t
-        first = min((i for i, g in enumerate(got) if g[0] == 507), default=len(got))
-        for i, (status, dt, srv, code) in enumerate(got):
-            out.lat.append(dt)
-            if status == 202:
-                out.placed += 1
-                out.server.append(srv)
-                out.before_first_reject += i < first
-            elif status == 507:
-                out.rejected += 1
-            elif status == 409:
-                out.conflicts += 1
-            else:
-                out.errors[code] = out.errors.get(code, 0) + 1
+        out.tally([(status, dt, code) for status, dt, _srv, code in got])
+        out.server = [srv for status, _dt, srv, _code in got if status == 202]
     finally:
         stop(procs)
     out.overcommit = ledger(store)

@@ -404,6 +404,21 @@ class Result:
     overcommit: list[str] | None = None
     note: str = ""
 
+    def tally(self, answers: list[tuple[int, float, str]]) -> None:
+        """Count the run's answers, in trace order: (HTTP status, latency, error code)."""
+        first = min((i for i, a in enumerate(answers) if a[0] == 507), default=len(answers))
+        for i, (status, dt, code) in enumerate(answers):
+            self.lat.append(dt)
+            if status == 202:
+                self.placed += 1
+                self.before_first_reject += i < first
+            elif status == 507:
+                self.rejected += 1
+            elif status == 409:
+                self.conflicts += 1
+            else:
+                self.errors[code] = self.errors.get(code, 0) + 1
+
     @property
     def rate(self) -> float:
         return (self.placed + self.rejected) / self.seconds if self.seconds else 0.0

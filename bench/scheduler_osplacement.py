@@ -159,18 +159,7 @@ def run_placement(store: str, pg_port: int | None, hosts: list, reqs: list[Req],
         t = time.perf_counter()
         res = asyncio.run(run_clients(clients, bases, reqs, place))
         out.seconds = time.perf_counter() - t
-        first = min((i for i, g in enumerate(res) if g[0] == 507), default=len(res))
-        for i, (status, dt) in enumerate(res):
-            out.lat.append(dt)
-            if status == 202:
-                out.placed += 1
-                out.before_first_reject += i < first
-            elif status == 507:
-                out.rejected += 1
-            elif status == 409:
-                out.conflicts += 1
-            else:
-                out.errors[str(status)] = out.errors.get(str(status), 0) + 1
+        out.tally([(status, dt, str(status)) for status, dt in res])
         out.overcommit = _overcommit(url)
     finally:
         stop([proc])
