@@ -159,25 +159,24 @@ class Placer:
                     j.vm = None if j.done is None else j.vm
                     j.error = None
                 for j in jobs:
-                    if j.done is not None:
-                        continue
-                    try:
-                        j.vm = self._claim(j.want, j.aff, j.write_vm, j.exclude)
-                    except Exception as e1:  # noqa: BLE001 - handed to the request
-                        j.error = e1
+                    if j.done is None:
+                        self._claim_alone(j)
                 return
             for j in jobs:  # anti-affinity requests: alone, after the batch
                 if not j.settled:
-                    try:
-                        j.vm = self._claim(j.want, j.aff, j.write_vm, j.exclude)
-                    except Exception as e1:  # noqa: BLE001 - handed to the request
-                        j.error = e1
+                    self._claim_alone(j)
             if self.metrics:
                 self.metrics.claim_batch.observe(len(jobs))
                 dt = time.perf_counter() - t0
                 for j in jobs:
                     if j.vm is not None:
                         self.metrics.claim_seconds.observe(dt)
+
+    def _claim_alone(self, j: ClaimJob) -> None:
+        try:
+            j.vm = self._claim(j.want, j.aff, j.write_vm, j.exclude)
+        except Exception as e:  # noqa: BLE001 - handed to the request
+            j.error = e
 
     def _batch(self, jobs: list[ClaimJob], before: Callable[[Session, list[ClaimJob]], None] | None,
                touched: dict[str, tuple[Any, Usage, int]]) -> None:
@@ -236,15 +235,12 @@ class Placer:
                 if host_repo.effective_state(row, now=now, heartbeat_timeout_s=self.cache.timeout) != "active":
                     lost.add(cand.host)
                     continue
-                res_ = self.cache.res(s, row)
-                alloc: Allocation | Any = cand.alloc
-                if check_allocation(res_, usage, alloc):
-                    alloc = fit_host(HostView(res_, usage), j.want)  # the index was stale: re-fit
-                    if not isinstance(alloc, Allocation):
-                        touched.setdefault(cand.host, (row, usage, gen))
-                        self._teach(row, usage, gen, now)
-                        lost.add(cand.host)
-                        continue
+                alloc = self._allocation_on(s, row, usage, cand, j.want)
+                if alloc is None:
+                    touched.setdefault(cand.host, (row, usage, gen))
+                    self._teach(row, usage, gen, now)
+                    lost.add(cand.host)
+                    continue
                 new = usage.plus(alloc)
                 vm = j.write_vm(s, row.name, alloc)  # rows collected, written at the batch's end
                 touched[row.name] = (row, new, gen + 1)
@@ -257,6 +253,15 @@ class Placer:
         if self.metrics:
             self.metrics.placements.labels("conflict").inc()
         raise ConcurrentUpdate(f"lost {len(lost)} claim races in {self.retries} rounds; retry the request")
+
+    def _allocation_on(self, s: Session, row: Any, usage: Usage, cand: Candidate, want: VmWant) -> Allocation | None:
+        """The candidate's allocation if it still fits the host's fresh ``usage``, else a
+        re-fit of that host (the index was stale), else None."""
+        res = self.cache.res(s, row)
+        if not check_allocation(res, usage, cand.alloc):
+            return cand.alloc
+        alloc = fit_host(HostView(res, usage), want)
+        return alloc if isinstance(alloc, Allocation) else None
 
     def _teach(self, row: Any, usage: Usage, generation: int, now: float) -> None:
         self.cache.learn(row.name, generation=generation, layout_rev=row.layout_rev, usage=usage,
@@ -314,12 +319,9 @@ class Placer:
                     avoid_h, avoid_r = self._avoid(s, aff)
                     if row.name in avoid_h or (row.rack and row.rack in avoid_r):
                         raise _Lost()
-                res = self.cache.res(s, row)
-                alloc: Allocation | Any = cand.alloc
-                if check_allocation(res, usage, alloc):
-                    alloc = fit_host(HostView(res, usage), want)  # the index was stale: re-fit this host
-                    if not isinstance(alloc, Allocation):
-                        raise _Lost()
+                alloc = self._allocation_on(s, row, usage, cand, want)
+                if alloc is None:
+                    raise _Lost()
                 new = usage.plus(alloc)
                 if not host_repo.bump_usage(session=s, name=row.name, seen_generation=row.generation,
                                             usage=new, now=now):
@@ -330,9 +332,7 @@ class Placer:
             return vm
         finally:
             if seen is not None:
-                row, u, gen = seen
-                self.cache.learn(row.name, generation=gen, layout_rev=row.layout_rev, usage=u,
-                                 admin_state=row.admin_state, last_heartbeat=row.last_heartbeat, now=now)
+                self._teach(*seen, now)
 
     def release(self, s: Session, vm: Vm) -> None:
         """Give back ``vm``'s allocation inside the caller's write transaction."""
