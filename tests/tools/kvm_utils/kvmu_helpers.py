@@ -101,3 +101,21 @@ def wait_line(proc: subprocess.Popen, marker: str, stream: str = "stderr") -> li
         if marker in line:
             return seen
     raise AssertionError(f"pid {proc.pid} ended before {marker!r}: {''.join(seen)}")
+
+
+def attach_and_run(guest_argv: list[str], tool_args: list[str], ready: str,
+                   timeout: float) -> tuple[subprocess.Popen, dict, subprocess.Popen, str, str]:
+    """The live pattern: start the helper guest (waiting on stdin), start `kvm-utils
+    *tool_args`, wait for its `ready` line on stderr, let the guest run, collect the tool's
+    output. Both processes are finished (by PID) whatever happens. Returns (guest, guest
+    result, tool, tool stdout, tool stderr)."""
+    g = tool = None
+    try:
+        g = start_guest(guest_argv)
+        tool = kvm_utils_popen(*tool_args)
+        wait_line(tool, ready)
+        res = go(g)
+        out, err = tool.communicate(timeout=timeout)
+    finally:
+        finish(g, tool)
+    return g, res, tool, out, err

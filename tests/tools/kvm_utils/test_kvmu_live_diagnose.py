@@ -11,7 +11,7 @@ import json
 
 import pytest
 
-from kvmu_helpers import finish, go, kvm_utils_popen, start_guest, wait_line
+from kvmu_helpers import attach_and_run
 from tools.kvm_utils.bench import helper_argv
 
 pytestmark = [pytest.mark.root, pytest.mark.integration]
@@ -21,15 +21,9 @@ pytestmark = [pytest.mark.root, pytest.mark.integration]
 def test_diagnose_flags_acpi_pm_reads(helper, kvm_events, no_leftover_instances, engine) -> None:
     if "kvm_pio" not in kvm_events:
         pytest.skip("kvm_pio tracepoint missing")
-    g = diag = None
-    try:
-        g = start_guest(helper_argv("pio_in_port", 5000, name="kvmu-diag", port=0x608, wait_stdin=True))
-        diag = kvm_utils_popen("diagnose", "--engine", engine, "--vm", "kvmu-diag", "--format", "json", "6")
-        wait_line(diag, "Diagnosing")
-        res = go(g)
-        out, err = diag.communicate(timeout=120)
-    finally:
-        finish(g, diag)
+    _g, res, diag, out, err = attach_and_run(
+        helper_argv("pio_in_port", 5000, name="kvmu-diag", port=0x608, wait_stdin=True),
+        ["diagnose", "--engine", engine, "--vm", "kvmu-diag", "--format", "json", "6"], "Diagnosing", 120)
     assert res["userspace_exits"] == {"IO": 5000}
     assert diag.returncode == 0, err
     d = json.loads(out)

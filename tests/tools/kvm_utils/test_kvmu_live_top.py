@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from kvmu_helpers import finish, go, kvm_utils_popen, start_guest, wait_line
+from kvmu_helpers import attach_and_run
 from tools.kvm_utils.bench import helper_argv
 
 pytestmark = [pytest.mark.root, pytest.mark.integration]
@@ -17,15 +17,9 @@ pytestmark = [pytest.mark.root, pytest.mark.integration]
 def test_top_once_prints_one_frame(helper, kvm_events) -> None:
     if "kvm_pio" not in kvm_events:
         pytest.skip("kvm_pio tracepoint missing")
-    g = top = None
-    try:
-        g = start_guest(helper_argv("pio_out", 3000, name="kvmu-top", wait_stdin=True))
-        top = kvm_utils_popen("top", "--once", "-i", "6", "-g", "kvmu-top", "--sort", "total")
-        wait_line(top, "counting 1 vCPU threads")
-        res = go(g)
-        out, err = top.communicate(timeout=60)
-    finally:
-        finish(g, top)
+    g, res, top, out, err = attach_and_run(
+        helper_argv("pio_out", 3000, name="kvmu-top", wait_stdin=True),
+        ["top", "--once", "-i", "6", "-g", "kvmu-top", "--sort", "total"], "counting 1 vCPU threads", 60)
     assert res["userspace_exits"] == {"IO": 3000}
     assert top.returncode == 0, err
     assert "\x1b[" not in out and out.count("kvm-utils top") == 1          # one plain frame
