@@ -34,6 +34,38 @@ def grpc_stub(port: int, certs: Path) -> tuple[pb_grpc.HostdStub, grpc.Channel]:
     return pb_grpc.HostdStub(ch), ch
 
 
+POLICY = """
+[io_service]
+cpus = "0"
+{host}[[hugepages.pools]]
+size = "2M"
+count_per_node = {pages}
+[hugepages]
+io_floor_percent = 5
+[disks]
+allow = ["{disk}"]
+default_bytes_sec = 104857600
+default_iops = 5000
+"""
+
+
+def hostd_workdir(tmp: Path, smoke_guest: dict, *, pages: int, disk: str,
+                  host_cpus_per_node: int | None = None) -> Path:
+    """What a live hostd needs under ``tmp``: a dev CA and certificates (returned: the
+    ``tls`` dir), the smoke guest in ``images``, and ``policy.toml``: CPU 0 for the IO
+    service, ``pages`` 2 MiB pages, ``disk`` as the only allow-listed disk (100 MiB/s,
+    5000 IOPS by default)."""
+    certs = tmp / "tls"
+    subprocess.run(["bash", str(REPO / "tools/make-dev-ca.sh"), str(certs)], check=True, capture_output=True)
+    from hostd.images import ImageStore
+    ImageStore(tmp / "images").add("smoke", "1", "kernel",
+                                   {"kernel": smoke_guest["kernel"], "initrd": smoke_guest["initrd"]},
+                                   cmdline="console=ttyS0 panic=-1")
+    host = "" if host_cpus_per_node is None else f"[host]\ncpus_per_node = {host_cpus_per_node}\n"
+    (tmp / "policy.toml").write_text(POLICY.format(host=host, pages=pages, disk=disk))
+    return certs
+
+
 def write_hostd_config(path: Path, *, policy: Path, state: Path, images: Path, certs: Path,
                        libvirt_uri: str, listen: str = "127.0.0.1:0", **extra: object) -> Path:
     """A hostd.toml for tests: TCG guests, mTLS from the dev CA, no metrics port,

@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import subprocess
 import time
 from pathlib import Path
 
@@ -18,11 +17,9 @@ import httpx
 import libvirt
 import pytest
 
-from hostd.images import ImageStore
-from procs import Hostd, Scheduler, free_port, write_hostd_config
+from procs import Hostd, Scheduler, free_port, hostd_workdir, write_hostd_config
 
 pytestmark = [pytest.mark.root, pytest.mark.integration, pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[2]
 PAGES = 128
 ADMIN, HOST_TOKEN = "e2e-admin-token", "e2e-host-token"
 
@@ -34,11 +31,7 @@ def sha(t: str) -> str:
 @pytest.fixture
 def stack(tmp_path: Path, libvirtd: str, smoke_guest, hugepages_2m, loop_disk: Path):
     hugepages_2m(PAGES)
-    certs = tmp_path / "tls"
-    subprocess.run(["bash", str(REPO / "tools/make-dev-ca.sh"), str(certs)], check=True, capture_output=True)
-    ImageStore(tmp_path / "images").add("smoke", "1", "kernel",
-                                        {"kernel": smoke_guest["kernel"], "initrd": smoke_guest["initrd"]},
-                                        cmdline="console=ttyS0 panic=-1")
+    certs = hostd_workdir(tmp_path, smoke_guest, pages=PAGES, disk=loop_disk.name)
     sport, hport = free_port(), free_port()
     (tmp_path / "scheduler.toml").write_text(f"""
 log_level = "INFO"
@@ -63,19 +56,7 @@ name = "hostd"
 sha256 = "{sha(HOST_TOKEN)}"
 scopes = ["host"]
 """)
-    (tmp_path / "policy.toml").write_text(f"""
-[io_service]
-cpus = "0"
-[[hugepages.pools]]
-size = "2M"
-count_per_node = {PAGES}
-[hugepages]
-io_floor_percent = 5
-[disks]
-allow = ["{loop_disk.name}"]
-default_bytes_sec = 104857600
-default_iops = 5000
-""")
+
     (tmp_path / "token").write_text(HOST_TOKEN)
     write_hostd_config(tmp_path / "hostd.toml", policy=tmp_path / "policy.toml", state=tmp_path / "state",
                        images=tmp_path / "images", certs=certs, libvirt_uri=libvirtd,

@@ -26,40 +26,18 @@ from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
 from hostd.images import ImageStore
 from hostd.vms import CRASH_POINTS
-from procs import Hostd, grpc_stub, write_hostd_config
+from procs import Hostd, grpc_stub, hostd_workdir, write_hostd_config
 
 pytestmark = [pytest.mark.root, pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[3]
 GUEST_PAGES = 128  # 256 MiB in 2 MiB pages: the smallest the smoke kernel boots in
 POOL_PAGES = 256  # the carve's pool: room for the online image's 512 MiB
 
-POLICY = """
-[io_service]
-cpus = "0"
-[host]
-cpus_per_node = 0
-[[hugepages.pools]]
-size = "2M"
-count_per_node = {pages}
-[hugepages]
-io_floor_percent = 5
-[disks]
-allow = ["{disk}"]
-default_bytes_sec = 104857600
-default_iops = 5000
-"""
-
-
 @pytest.fixture
 def hostd_env(tmp_path: Path, libvirtd: str, smoke_guest, hugepages_2m, loop_disk: Path) -> Iterator[dict]:
     hugepages_2m(POOL_PAGES)
-    certs = tmp_path / "tls"
-    subprocess.run(["bash", str(REPO / "tools/make-dev-ca.sh"), str(certs)], check=True, capture_output=True)
-    ImageStore(tmp_path / "images").add("smoke", "1", "kernel",
-                                        {"kernel": smoke_guest["kernel"], "initrd": smoke_guest["initrd"]},
-                                        cmdline="console=ttyS0 panic=-1")
     disk = loop_disk.name
-    (tmp_path / "policy.toml").write_text(POLICY.format(pages=POOL_PAGES, disk=disk))
+    certs = hostd_workdir(tmp_path, smoke_guest, pages=POOL_PAGES, disk=disk, host_cpus_per_node=0)
     cfg = tmp_path / "hostd.toml"
     # The state dir must be traversable by QEMU's user (root disk overlays live there);
     # pytest's own tmp dirs are 0700.
