@@ -47,15 +47,18 @@ tracepoint:kvm:kvm_entry /@start[tid]/ {{
   @e_n[$i, $r] = count(); @e_sum[$i, $r] = sum($d); @e_min[$i, $r] = min($d); @e_max[$i, $r] = max($d);
   @e_ll[$i, $r, $k] = count();
   @t_n[tid] = count();
-  if (@akind[tid]) {{
+  {pairing}
+  delete(@start[tid]); delete(@reason[tid]); delete(@isa[tid]);
+}}
+"""
+
+# only with access probes (msr, io): bpftrace refuses a map that is read but never written
+_PAIRING = """if (@akind[tid]) {
     $a = @akind[tid]; $x = @akey[tid]; $w = @adir[tid];
     @a_sum[$a, $x, $w] = sum($d); @a_min[$a, $x, $w] = min($d); @a_max[$a, $x, $w] = max($d);
     @a_ll[$a, $x, $w, $k] = count(); @a_paired[$a, $x, $w] = count();
     delete(@akind[tid]); delete(@akey[tid]); delete(@adir[tid]);
-  }}
-  delete(@start[tid]); delete(@reason[tid]); delete(@isa[tid]);
-}}
-"""
+  }"""
 
 _ACCESS = {
     "msr": ["tracepoint:kvm:kvm_msr {{ {pid}@a_n[1, (uint64)args->ecx, (uint64)args->write] = count(); "
@@ -68,18 +71,21 @@ _ACCESS = {
            "@akind[tid] = 3; @akey[tid] = args->gpa; @adir[tid] = (uint64)1; }}"],
 }
 
-_END = "END { clear(@start); clear(@reason); clear(@isa); clear(@akind); clear(@akey); clear(@adir); }"
+_END = "END { clear(@start); clear(@reason); clear(@isa);%s }"
+_END_ACCESS = " clear(@akind); clear(@akey); clear(@adir);"
 
 
 def script(mode: str, duration: float | None, pid: int | None = None) -> str:
     """The bpftrace program for `latency`, `msr` or `io` (pid: only that VM process)."""
     guard = f"if (pid != {int(pid)}) {{ return; }} " if pid else ""
     # BEGIN fires once every probe is attached: the "ready" line means counting has started
-    parts = ['BEGIN { printf("kvm-utils-ready\\n"); }', _EXIT.format(pid=guard, bucket=_BUCKET)]
-    parts += [p.format(pid=guard) for p in _ACCESS.get(mode, [])]
+    access = _ACCESS.get(mode, [])
+    parts = ['BEGIN { printf("kvm-utils-ready\\n"); }',
+             _EXIT.format(pid=guard, bucket=_BUCKET, pairing=_PAIRING if access else "")]
+    parts += [p.format(pid=guard) for p in access]
     if duration is not None:
         parts.append(f"interval:ms:{max(1, int(duration * 1000))} {{ exit(); }}")
-    parts.append(_END)
+    parts.append(_END % (_END_ACCESS if access else ""))
     return "\n".join(parts) + "\n"
 
 
