@@ -114,7 +114,7 @@ def helper_path(build: bool = True) -> Path:
 
 def helper_argv(mode: str, iterations: int, *, name: str | None = None, target_cycles: int | None = None,
                 linger_ms: int = 0, delay_ms: int = 0, port: int | None = None,
-                wait_stdin: bool = False) -> list[str]:
+                wait_stdin: bool = False, repeat: bool = False) -> list[str]:
     argv = [str(helper_path())]
     if name:
         argv += ["-name", f"guest={name}"]
@@ -128,6 +128,8 @@ def helper_argv(mode: str, iterations: int, *, name: str | None = None, target_c
         argv += ["--port", hex(port)]
     if wait_stdin:
         argv += ["--wait-stdin"]
+    if repeat:
+        argv += ["--repeat"]
     return argv + [mode, str(iterations)]
 
 

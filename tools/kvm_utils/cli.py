@@ -64,7 +64,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("-q", "--quiet", action="store_true", help="no interval lines, summary only")
     p.add_argument("--system", action="store_true", help="per-CPU system-wide counters (no per-VM split)")
     p.add_argument("--user-reasons", action="store_true",
-                   help="split userspace exits by reason (11 filtered counters instead of 1: costlier per exit)")
+                   help="perf engine: split userspace exits by reason (11 filtered counters instead of 1: "
+                        "costlier per exit; the bpf engine always splits them)")
+    p.add_argument("--engine", choices=("auto", "perf", "bpf"), default="auto",
+                   help="perf: kvm_stat's filtered counters, one per exit reason; bpf: one bpftrace program "
+                        "whose cost does not grow with the number of reasons; auto (default): bpf on VMX/SVM "
+                        "hosts when bpftrace is installed, else perf")
     _add_format(p)
 
     p = sub.add_parser("top", help="live full-screen view per VM and per reason/event (keys r/t/n sort, q quits)")

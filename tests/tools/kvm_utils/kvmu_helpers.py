@@ -26,6 +26,16 @@ def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:
     raise AssertionError(f"timed out waiting for {what}")
 
 
+def stderr_has(proc: subprocess.Popen, acc: list[str], text: str) -> bool:
+    """Read one more stderr line of `proc` if there is one; has any line so far `text`?"""
+    import select
+    if proc.poll() is not None:
+        raise AssertionError(f"{proc.args} exited early: {proc.stderr.read()}")
+    if select.select([proc.stderr], [], [], 0.1)[0]:
+        acc.append(proc.stderr.readline())
+    return any(text in ln for ln in acc)
+
+
 def instance_dirs(tracefs_root: Path, pid: int) -> list[Path]:
     return [p for p in (tracefs_root / "instances").iterdir() if p.name.startswith(f"kvm-utils-{pid}-")]
 

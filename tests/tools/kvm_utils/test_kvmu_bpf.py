@@ -10,7 +10,7 @@ import subprocess
 
 import pytest
 
-from kvmu_helpers import kvm_utils_popen, stop, wait_for
+from kvmu_helpers import kvm_utils_popen, stderr_has, stop, wait_for
 from tools.kvm_utils.bench import helper_argv
 from tools.kvm_utils.render.json import to_dict
 from tools.kvm_utils.sources.bpf import bucket_bounds, parse_output, script, to_summary
@@ -106,7 +106,7 @@ def test_live_io_counts_exactly(helper, kvm_events) -> None:
     proc = kvm_utils_popen("io", "--format", "json")
     try:
         lines: list[str] = []
-        wait_for(lambda: _stderr_has(proc, lines, "Tracing kvm exits"), timeout=60, what="bpftrace attach")
+        wait_for(lambda: stderr_has(proc, lines, "Tracing kvm exits"), timeout=60, what="bpftrace attach")
         g = json.loads(subprocess.run(helper_argv("pio_out", 800, linger_ms=1000), capture_output=True,
                                       text=True, timeout=60).stdout)
         m = json.loads(subprocess.run(helper_argv("mmio_write", 40), capture_output=True, text=True,
@@ -120,11 +120,3 @@ def test_live_io_counts_exactly(helper, kvm_events) -> None:
     assert pio[("0xf1", "OUT")] >= 2          # one done-port write per guest run
     assert {(x["gpa"], x["dir"]): x["count"] for x in d["mmio"]}[("0x20000", "W")] == 40 == m["userspace_exits"]["MMIO"]
 
-
-def _stderr_has(proc: subprocess.Popen, acc: list[str], text: str) -> bool:
-    import select
-    if proc.poll() is not None:
-        raise AssertionError(f"kvm-utils io exited early: {proc.stderr.read()}")
-    if select.select([proc.stderr], [], [], 0.1)[0]:
-        acc.append(proc.stderr.readline())
-    return any(text in ln for ln in acc)

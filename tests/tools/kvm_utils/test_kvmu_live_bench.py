@@ -8,7 +8,8 @@ import sys
 
 import pytest
 
-from kvmu_helpers import REPO
+from kvmu_helpers import REPO, start_guest
+from tools.kvm_utils.bench import helper_argv
 
 pytestmark = [pytest.mark.root, pytest.mark.integration]
 
@@ -28,6 +29,25 @@ def test_bench_json_small_target(helper) -> None:
     assert rows["pio_out_user"]["userspace_exits_per_iter"] == 1.0
     assert rows["hlt_user"]["userspace_exits_per_iter"] == 1.0
     assert rows["cpuid"]["userspace_exits_per_iter"] == 0.0                               # in kernel
+
+
+def test_helper_repeat_runs_the_loop_again_in_one_vm(helper) -> None:
+    """--repeat (bench/kvm_utils_overhead.py's toggled measure): one result line per stdin
+    line, same VM (pid), exact exit counts each time, the thread's CPU time measured."""
+    g = start_guest(helper_argv("pio_out", 2000, repeat=True))
+    try:
+        outs = []
+        for _ in range(3):
+            g.stdin.write("go\n")
+            g.stdin.flush()
+            outs.append(json.loads(g.stdout.readline()))
+    finally:
+        g.stdin.close()
+        assert g.wait(timeout=30) == 0
+    assert len({o["pid"] for o in outs}) == 1
+    for o in outs:
+        assert o["userspace_exits"] == {"IO": 2000} and o["runs"] == 2000
+        assert 0 < o["cpu_ns"] <= o["ns"] * 1.05      # one thread's CPU time cannot exceed the wall time
 
 
 def test_bench_rejects_unknown_test() -> None:

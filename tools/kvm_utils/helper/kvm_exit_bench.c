@@ -20,9 +20,15 @@
  * --wait-stdin: after creating the VM, print "ready" to stderr and wait for a line on stdin
  * before running; after printing the result, stay alive until stdin reaches EOF. Tests use
  * it to start tracing first and to keep /proc naming the VM until they are done.
+ * --repeat (implies --wait-stdin): every further line on stdin runs the loop again in the
+ * same VM and prints another result line; bench/kvm_utils_overhead.py toggles tracing
+ * between runs without paying for VM creation each time.
+ *
+ * cpu_ns in the result is the vCPU thread's own CPU time during the loop (user + sys):
+ * unlike ns it does not count time the thread waited while preempted.
  *
  * usage: kvm-exit-bench [-name guest=NAME] [--target-cycles C] [--linger-ms MS] [--delay-ms MS]
- *                       [--port P] [--wait-stdin] MODE ITERATIONS
+ *                       [--port P] [--wait-stdin] [--repeat] MODE ITERATIONS
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -133,20 +139,22 @@ static void vcpu_reset(struct vm *v, uint32_t iterations) {
 }
 
 struct result {
-    uint64_t runs, cycles, ns, exits[NNAMES + 1];
+    uint64_t runs, cycles, ns, cpu_ns, exits[NNAMES + 1];
 };
 
-static uint64_t now_ns(void) {
+static uint64_t clock_ns(clockid_t clock) {
     struct timespec ts;
-    clock_gettime(CLOCK_MONOTONIC, &ts);
+    clock_gettime(clock, &ts);
     return (uint64_t)ts.tv_sec * 1000000000ull + ts.tv_nsec;
 }
+
+static uint64_t now_ns(void) { return clock_ns(CLOCK_MONOTONIC); }
 
 /* Run the guest loop once; returns 0 when the guest reached the done port. */
 static void run_once(struct vm *v, uint32_t iterations, struct result *res) {
     memset(res, 0, sizeof(*res));
     vcpu_reset(v, iterations);
-    uint64_t t0 = now_ns(), c0 = __rdtsc();
+    uint64_t t0 = now_ns(), c0 = __rdtsc(), u0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
     for (;;) {
         if (ioctl(v->vcpu, KVM_RUN, 0) < 0) {
             if (errno == EINTR) continue;
@@ -163,13 +171,30 @@ static void run_once(struct vm *v, uint32_t iterations, struct result *res) {
     }
     res->cycles = __rdtsc() - c0;
     res->ns = now_ns() - t0;
+    res->cpu_ns = clock_ns(CLOCK_THREAD_CPUTIME_ID) - u0;   /* this thread only, user + sys */
     res->exits[KVM_EXIT_IO]--;   /* the done signal is not part of the loop */
     res->runs--;
 }
 
+static void print_result(const struct mode *m, uint64_t iterations, const struct result *res, int khz) {
+    printf("{\"mode\": \"%s\", \"iterations\": %llu, \"runs\": %llu, \"tsc_cycles\": %llu, "
+           "\"ns\": %llu, \"cpu_ns\": %llu, \"tsc_khz\": %d, \"pid\": %d, \"userspace_exits\": {",
+           m->name, (unsigned long long)iterations, (unsigned long long)res->runs,
+           (unsigned long long)res->cycles, (unsigned long long)res->ns, (unsigned long long)res->cpu_ns,
+           khz, getpid());
+    const char *sep = "";
+    for (size_t i = 0; i <= NNAMES; i++) {
+        if (!res->exits[i]) continue;
+        printf("%s\"%s\": %llu", sep, i < NNAMES ? exit_names[i] : "OTHER", (unsigned long long)res->exits[i]);
+        sep = ", ";
+    }
+    printf("}}\n");
+    fflush(stdout);
+}
+
 int main(int argc, char **argv) {
     uint64_t target = 0, linger_ms = 0, delay_ms = 0;
-    int wait_stdin = 0;
+    int wait_stdin = 0, repeat = 0;
     const char *name = NULL, *count = NULL;
     for (int i = 1; i < argc; i++) {
         if (!strcmp(argv[i], "-name") && i + 1 < argc) i++;
@@ -178,12 +203,13 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--delay-ms") && i + 1 < argc) delay_ms = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--port") && i + 1 < argc) port_arg = (uint16_t)strtoul(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--wait-stdin")) wait_stdin = 1;
+        else if (!strcmp(argv[i], "--repeat")) repeat = wait_stdin = 1;
         else if (!name) name = argv[i];
         else count = argv[i];
     }
     if (!name || !count) {
         fprintf(stderr, "usage: %s [-name guest=NAME] [--target-cycles C] [--linger-ms MS] [--delay-ms MS] "
-                "[--port P] [--wait-stdin] MODE ITERATIONS\nmodes:", argv[0]);
+                "[--port P] [--wait-stdin] [--repeat] MODE ITERATIONS\nmodes:", argv[0]);
         for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) fprintf(stderr, " %s", modes[i].name);
         fprintf(stderr, "\n");
         return 2;
@@ -211,19 +237,12 @@ int main(int argc, char **argv) {
         run_once(&v, (uint32_t)iterations, &res);
     }
     int khz = ioctl(v.vcpu, KVM_GET_TSC_KHZ, 0);
-    printf("{\"mode\": \"%s\", \"iterations\": %llu, \"runs\": %llu, \"tsc_cycles\": %llu, "
-           "\"ns\": %llu, \"tsc_khz\": %d, \"pid\": %d, \"userspace_exits\": {",
-           m->name, (unsigned long long)iterations, (unsigned long long)res.runs,
-           (unsigned long long)res.cycles, (unsigned long long)res.ns, khz, getpid());
-    const char *sep = "";
-    for (size_t i = 0; i <= NNAMES; i++) {
-        if (!res.exits[i]) continue;
-        printf("%s\"%s\": %llu", sep, i < NNAMES ? exit_names[i] : "OTHER", (unsigned long long)res.exits[i]);
-        sep = ", ";
-    }
-    printf("}}\n");
-    fflush(stdout);
+    print_result(m, iterations, &res, khz);
     if (linger_ms) usleep(linger_ms * 1000);   /* stay visible in /proc for tracers */
-    while (wait_stdin && read(0, go, sizeof(go)) > 0) {}
+    while (wait_stdin && read(0, go, sizeof(go)) > 0) {
+        if (!repeat) continue;
+        run_once(&v, (uint32_t)iterations, &res);  /* same VM, same ITERATIONS, one result line per line */
+        print_result(m, iterations, &res, khz);
+    }
     return 0;
 }

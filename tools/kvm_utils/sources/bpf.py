@@ -168,15 +168,27 @@ def to_summary(maps: dict[str, dict[tuple[int, ...], int]], mode: str) -> Summar
                    source=f"bpftrace:{mode}", approx_percentiles=True)
 
 
+def spawn(program: str, bpftrace: str = "bpftrace") -> subprocess.Popen:
+    """bpftrace running `program` with JSON output. It gets SIGTERM if we die (even by
+    SIGKILL), so its probes never outlive us."""
+    exe = shutil.which(bpftrace)
+    if exe is None:
+        raise NotAvailable("bpftrace not found: apt-get install bpftrace")
+    return subprocess.Popen([exe, "-f", "json", "-e", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, preexec_fn=_die_with_parent)
+
+
+def _die_with_parent() -> None:
+    import ctypes
+    PR_SET_PDEATHSIG = 1
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+
+
 def run_script(program: str, ready_message: str, bpftrace: str = "bpftrace") -> tuple[str, float]:
     """Run a bpftrace program (-f json) that prints `kvm-utils-ready` in BEGIN, until it exits
     or Ctrl-C (forwarded as SIGINT: bpftrace then prints its maps). Returns (stdout, seconds
     from ready to the end), printing `ready_message` to stderr once every probe is attached."""
-    exe = shutil.which(bpftrace)
-    if exe is None:
-        raise NotAvailable("bpftrace not found: apt-get install bpftrace")
-    proc = subprocess.Popen([exe, "-f", "json", "-e", program],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = spawn(program, bpftrace)
     lines: list[str] = []
     t_ready = None
     try:

@@ -78,6 +78,13 @@ def open_tracepoint(tp_id: int, pid: int, cpu: int, filter_expr: str | None = No
     return fd
 
 
+def set_enabled(fd: int, on: bool) -> None:
+    """Start or stop counting. A stopped counter leaves the tracepoint's probe registered
+    (it returns at once: no counter on the CPU's list); only close() unregisters it, and
+    that waits for an RCU grace period per tracepoint."""
+    fcntl.ioctl(fd, PERF_EVENT_IOC_ENABLE if on else PERF_EVENT_IOC_DISABLE, 0)
+
+
 def read_count(fd: int) -> int:
     return struct.unpack("=Q", os.read(fd, 8))[0]
 
