@@ -266,8 +266,9 @@ def counters_toggled(specs: list, pairs: int, iterations: int) -> list[float]:
 def row(name: str, xs: list[float], ns: float | None, target: float | None, extra: str = "") -> dict:
     c, lo, hi = median_ci(xs)
     ns_txt = f"{ns:>+6.0f}ns" if ns is not None else " " * 8
-    print(f"{name:<28} {c:>+6.1f}% {ns_txt} [{lo:>+6.1f}, {hi:>+6.1f}]% {len(xs):>5}  "
-          f"{verdict(lo, hi, target):<26}{extra}")
+    # even [min, max] of n pairs holds the median with only 1 - 2^(1-n) probability
+    judged = verdict(lo, hi, target) if len(xs) >= 6 or target is None else "too few pairs to judge"
+    print(f"{name:<28} {c:>+6.1f}% {ns_txt} [{lo:>+6.1f}, {hi:>+6.1f}]% {len(xs):>5}  {judged:<26}{extra}")
     return {"cpu_pct": round(c, 2), "cpu_ci": [round(lo, 2), round(hi, 2)], "pairs": len(xs),
             **({"cpu_extra_ns": round(ns)} if ns is not None else {})}
 
