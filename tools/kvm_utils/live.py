@@ -194,8 +194,6 @@ def run_exits(args: argparse.Namespace) -> int:
 def run_exits_bpf(args: argparse.Namespace, vendor: Vendor | None) -> int:
     """The same counts from one bpftrace program: per reason, thread and event, any number
     of reasons for the cost of one map update per exit (sources/bpfcount.py)."""
-    import signal
-
     from tools.kvm_utils.sources import bpf, bpfcount
     pids: set[int] = set(args.pid or ())
     if args.guest:
@@ -210,7 +208,6 @@ def run_exits_bpf(args: argparse.Namespace, vendor: Vendor | None) -> int:
     target_of = bpfcount.thread_targets(Path("/proc"), lambda tid, vm, vcpu, pid: Target(tid, -1, vm, vcpu, pid))
     specs: dict[tuple[str, str], Spec] = {}
     spec = lambda kind, label: specs.setdefault((kind, label), Spec(kind, label, 0, None))  # noqa: E731
-    proc = bpf.spawn(bpfcount.count_script(events, args.interval, pids, args.duration))
     totals: Counter = Counter()
     maps: dict[str, dict] = {}
     t0 = t_last = None
@@ -219,40 +216,26 @@ def run_exits_bpf(args: argparse.Namespace, vendor: Vendor | None) -> int:
         nonlocal t0, t_last, maps
         if t0 is None and "kvm-utils-ready" in line:
             t0 = t_last = time.monotonic()
-            print("Counting kvm exits in BPF... Hit Ctrl-C to end.", file=sys.stderr, flush=True)
-            return
         rec = bpfcount.parse_record(line)
-        if rec == "tick" or rec is None:
-            if rec == "tick":
-                d = bpfcount.to_counts(maps, events, target_of, spec)
-                totals.update(d)
-                now = time.monotonic()
-                if not args.quiet and args.format == "table":
-                    print(interval_line(d, now - t0, now - t_last), flush=True)
-                t_last, maps = now, {}
-            return
-        name, values = rec
-        maps.setdefault(name, {}).update(values)
+        if rec == "tick":
+            d = bpfcount.to_counts(maps, events, target_of, spec)
+            totals.update(d)
+            now = time.monotonic()
+            if not args.quiet and args.format == "table":
+                print(interval_line(d, now - t0, now - t_last), flush=True)
+            t_last, maps = now, {}
+        elif rec is not None:
+            name, values = rec
+            maps.setdefault(name, {}).update(values)
 
-    try:
-        try:
-            for line in proc.stdout:
-                consume(line)
-        except KeyboardInterrupt:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGINT)     # bpftrace prints what its maps hold since the last tick
-            for line in proc.stdout:
-                consume(line)
-        proc.wait(timeout=60)
-        err = proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
+    rc, err, _ = bpf.stream(bpfcount.count_script(events, args.interval, pids, args.duration), consume,
+                            "Counting kvm exits in BPF... Hit Ctrl-C to end.")
     if t0 is None:
-        raise NotAvailable(f"bpftrace failed (exit {proc.returncode}): {err.strip()[-400:]}")
+        raise NotAvailable(f"bpftrace failed (exit {rc}): {err.strip()[-400:]}")
     totals.update(bpfcount.to_counts(maps, events, target_of, spec))
-    summary = summarize_counts(totals, time.monotonic() - t0, vendor, False, engine="bpf")
+    elapsed = time.monotonic() - t0      # counting stops at the duration; bpftrace's teardown is not counted
+    summary = summarize_counts(totals, min(elapsed, args.duration) if args.duration else elapsed, vendor, False,
+                               engine="bpf")
     sys.stdout.write(render_counts(summary, args.format))
     return 0
 
