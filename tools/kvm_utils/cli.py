@@ -80,6 +80,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--system", action="store_true", help="per-CPU system-wide counters (no per-VM split)")
     p.add_argument("--sort", choices=("rate", "total", "name"), default="rate")
     p.add_argument("--user-reasons", action="store_true", help="split userspace exits by reason (costlier)")
+    p.add_argument("--engine", choices=("auto", "perf", "bpf"), default="auto",
+                   help="as for `exits`: auto (default) counts in BPF on VMX/SVM hosts when bpftrace is installed")
     p.add_argument("--once", action="store_true",
                    help="count one interval, print one frame and exit (the default when stdout is not a terminal)")
 

@@ -119,9 +119,82 @@ class Counters:
             perf.set_enabled(fd, on)
 
     def close(self) -> None:
+        """Close every counter; a delta() after this returns nothing."""
         for fd in self.fds.values():
             os.close(fd)
         self.fds.clear()
+
+
+class BpfCounters:
+    """The Counters interface (add_target, delta, close) over one bpftrace counting program
+    (sources/bpfcount.py): every thread is seen without add_target, any number of reasons
+    for one map update per exit. The program prints and clears its maps every `flush_s`; a
+    reader thread adds each printed interval to what the next delta() returns. close()
+    stops bpftrace (SIGINT: it prints what is left) and waits for the last counts, which
+    one more delta() returns."""
+
+    def __init__(self, tracefs: Path, pids: set[int], flush_s: float = 0.25) -> None:
+        import threading
+
+        from tools.kvm_utils.sources import bpf, bpfcount
+        with tracefs_mounted(tracefs) as root:
+            have = set(available_kvm_events(root))
+        if "kvm_exit" not in have:
+            raise NotAvailable("tracepoint kvm:kvm_exit missing: load kvm")
+        self.events = [e for e in EVENT_COUNTERS if e in have]
+        self.targets: list[Target] = []
+        self.fds: dict = {}                  # no perf counters: for the callers' log lines
+        self._target_of = bpfcount.thread_targets(Path("/proc"), lambda tid, vm, vcpu, pid: Target(tid, -1, vm, vcpu, pid))
+        self._specs: dict[tuple[str, str], Spec] = {}
+        self._pending: Counter = Counter()
+        self._lock = threading.Lock()
+        self._ready = threading.Event()
+        self._proc = bpf.spawn(bpfcount.count_script(self.events, flush_s, pids))
+        self._reader = threading.Thread(target=self._read, name="kvmu-bpf-reader", daemon=True)
+        self._reader.start()
+        while not self._ready.wait(0.1):
+            if self._proc.poll() is not None:
+                self._reader.join(timeout=5)
+                raise NotAvailable(f"bpftrace failed (exit {self._proc.returncode}): "
+                                   f"{self._proc.stderr.read().strip()[-400:]}")
+
+    def _spec(self, kind: str, label: str) -> Spec:
+        return self._specs.setdefault((kind, label), Spec(kind, label, 0, None))
+
+    def _read(self) -> None:
+        from tools.kvm_utils.sources import bpfcount
+        maps: dict[str, dict] = {}
+        for line in self._proc.stdout:
+            if "kvm-utils-ready" in line:
+                self._ready.set()
+            rec = bpfcount.parse_record(line)
+            if rec == "tick":
+                counts, maps = bpfcount.to_counts(maps, self.events, self._target_of, self._spec), {}
+                with self._lock:
+                    self._pending.update(counts)
+            elif rec is not None:
+                maps.setdefault(rec[0], {}).update(rec[1])
+        with self._lock:                     # what bpftrace printed on its way out
+            self._pending.update(bpfcount.to_counts(maps, self.events, self._target_of, self._spec))
+
+    def add_target(self, t: Target) -> bool:
+        return False
+
+    def delta(self) -> Counter:
+        with self._lock:
+            d, self._pending = self._pending, Counter()
+        return d
+
+    def close(self) -> None:
+        import signal
+        if self._proc.poll() is None:
+            os.kill(self._proc.pid, signal.SIGINT)
+        try:
+            self._proc.wait(timeout=60)
+        except Exception:
+            self._proc.kill()
+            self._proc.wait()
+        self._reader.join(timeout=30)
 
 
 def select_targets(args: argparse.Namespace, seen: set[int], proc: Path = Path("/proc")) -> list[Target]:
@@ -145,22 +218,34 @@ def choose_engine(requested: str, vendor: Vendor | None, have_bpftrace: bool) ->
     return "bpf" if vendor is not None and have_bpftrace else "perf"
 
 
-def run_exits(args: argparse.Namespace) -> int:
+def open_counters(args: argparse.Namespace, vendor: Vendor | None) -> tuple[Counters | BpfCounters, str]:
+    """The counters `exits` and `top` read, for the engine `--engine` and this host call for."""
     import shutil
-    vendor = Vendor(v) if (v := host_vendor()) else None
     engine = choose_engine(getattr(args, "engine", "perf"), vendor, shutil.which("bpftrace") is not None)
     if engine == "bpf":
-        return run_exits_bpf(args, vendor)
+        pids: set[int] = set(args.pid or ())
+        if args.guest:
+            pids |= {p.pid for p in procs.vm_processes() if p.name in args.guest}
+            if not pids:
+                raise NotAvailable(f"no VM process named {', '.join(args.guest)} (guest=NAME in its command line)")
+        return BpfCounters(args.tracefs, pids), engine
     perf.raise_fd_limit()
     with tracefs_mounted(args.tracefs) as root:
-        counters = Counters(counter_specs(root, vendor, getattr(args, "user_reasons", False)))
-    system = getattr(args, "system", False)
+        return Counters(counter_specs(root, vendor, getattr(args, "user_reasons", False))), engine
+
+
+def run_exits(args: argparse.Namespace) -> int:
+    vendor = Vendor(v) if (v := host_vendor()) else None
+    counters, engine = open_counters(args, vendor)
+    if engine == "bpf":
+        print("Counting kvm exits in BPF... Hit Ctrl-C to end.", file=sys.stderr, flush=True)
+    system = getattr(args, "system", False) and engine == "perf"
     seen: set[int] = set()
     totals: Counter = Counter()
     t0 = time.monotonic()
     try:
-        targets = [] if system else select_targets(args, seen)
-        if not targets and not (args.pid or args.guest):
+        targets = [] if system or engine == "bpf" else select_targets(args, seen)
+        if not targets and not (args.pid or args.guest) and engine == "perf":
             system = True
             targets = [Target(-1, c, "(all)", None, None) for c in range(os.cpu_count() or 1)]
         for t in targets:
@@ -177,65 +262,18 @@ def run_exits(args: argparse.Namespace) -> int:
                 totals.update(d)
                 if not args.quiet and args.format == "table":
                     print(interval_line(d, time.monotonic() - t0, step), flush=True)
-                if not system:
+                if not system and engine == "perf":      # BPF sees new threads by itself
                     for t in select_targets(args, seen):
                         if counters.add_target(t):
                             seen.add(t.tid)
         except KeyboardInterrupt:
-            totals.update(counters.delta())
+            pass
+        totals.update(counters.delta())
     finally:
+        elapsed = time.monotonic() - t0
         counters.close()
-    elapsed = time.monotonic() - t0
-    summary = summarize_counts(totals, elapsed, vendor, system)
-    sys.stdout.write(render_counts(summary, args.format))
-    return 0
-
-
-def run_exits_bpf(args: argparse.Namespace, vendor: Vendor | None) -> int:
-    """The same counts from one bpftrace program: per reason, thread and event, any number
-    of reasons for the cost of one map update per exit (sources/bpfcount.py)."""
-    from tools.kvm_utils.sources import bpf, bpfcount
-    pids: set[int] = set(args.pid or ())
-    if args.guest:
-        pids |= {p.pid for p in procs.vm_processes() if p.name in args.guest}
-        if not pids:
-            raise NotAvailable(f"no VM process named {', '.join(args.guest)} (guest=NAME in its command line)")
-    with tracefs_mounted(args.tracefs) as root:
-        have = set(available_kvm_events(root))
-    if "kvm_exit" not in have:
-        raise NotAvailable("tracepoint kvm:kvm_exit missing: load kvm")
-    events = [e for e in EVENT_COUNTERS if e in have]
-    target_of = bpfcount.thread_targets(Path("/proc"), lambda tid, vm, vcpu, pid: Target(tid, -1, vm, vcpu, pid))
-    specs: dict[tuple[str, str], Spec] = {}
-    spec = lambda kind, label: specs.setdefault((kind, label), Spec(kind, label, 0, None))  # noqa: E731
-    totals: Counter = Counter()
-    maps: dict[str, dict] = {}
-    t0 = t_last = None
-
-    def consume(line: str) -> None:
-        nonlocal t0, t_last, maps
-        if t0 is None and "kvm-utils-ready" in line:
-            t0 = t_last = time.monotonic()
-        rec = bpfcount.parse_record(line)
-        if rec == "tick":
-            d = bpfcount.to_counts(maps, events, target_of, spec)
-            totals.update(d)
-            now = time.monotonic()
-            if not args.quiet and args.format == "table":
-                print(interval_line(d, now - t0, now - t_last), flush=True)
-            t_last, maps = now, {}
-        elif rec is not None:
-            name, values = rec
-            maps.setdefault(name, {}).update(values)
-
-    rc, err, _ = bpf.stream(bpfcount.count_script(events, args.interval, pids, args.duration), consume,
-                            "Counting kvm exits in BPF... Hit Ctrl-C to end.")
-    if t0 is None:
-        raise NotAvailable(f"bpftrace failed (exit {rc}): {err.strip()[-400:]}")
-    totals.update(bpfcount.to_counts(maps, events, target_of, spec))
-    elapsed = time.monotonic() - t0      # counting stops at the duration; bpftrace's teardown is not counted
-    summary = summarize_counts(totals, min(elapsed, args.duration) if args.duration else elapsed, vendor, False,
-                               engine="bpf")
+    totals.update(counters.delta())         # the BPF engine's last counts arrive on close
+    summary = summarize_counts(totals, elapsed, vendor, system, engine)
     sys.stdout.write(render_counts(summary, args.format))
     return 0
 

@@ -23,8 +23,6 @@ from collections.abc import Iterator
 from tools.kvm_utils import live
 from tools.kvm_utils.arch import Vendor
 from tools.kvm_utils.record import host_vendor
-from tools.kvm_utils.sources import perf
-from tools.kvm_utils.sources.tracefs import tracefs_mounted
 
 SORTS = ("rate", "total", "name")
 KEYS = {"r": "rate", "t": "total", "n": "name"}
@@ -126,26 +124,25 @@ def _wait_key(until: float, keys: bool) -> str | None:
 
 def run_top(args: argparse.Namespace) -> int:
     from tools.kvm_utils.render import tui
-    perf.raise_fd_limit()
-    with tracefs_mounted(args.tracefs) as root:
-        vendor = Vendor(v) if (v := host_vendor()) else None
-        counters = live.Counters(live.counter_specs(root, vendor, args.user_reasons))
+    vendor = Vendor(v) if (v := host_vendor()) else None
+    counters, engine = live.open_counters(args, vendor)
     once = args.once or not sys.stdout.isatty()
     sort = args.sort
     seen: set[int] = set()
     totals: Counter = Counter()
-    system = args.system
+    system = args.system and engine == "perf"
     try:
-        targets = [] if system else live.select_targets(args, seen)
-        if not targets and not (args.pid or args.guest):
+        targets = [] if system or engine == "bpf" else live.select_targets(args, seen)
+        if not targets and not (args.pid or args.guest) and engine == "perf":
             system = True
             targets = [live.Target(-1, c, "(all)", None, None) for c in range(os.cpu_count() or 1)]
         for t in targets:
             if counters.add_target(t):
                 seen.add(t.tid)
         scope = "system" if system else "threads"
-        print(f"kvm-utils top: counting {len(counters.targets)} {'CPUs' if system else 'vCPU threads'}, "
-              f"{len(counters.fds)} counters", file=sys.stderr, flush=True)
+        what = ("every thread in one BPF program" if engine == "bpf" else
+                f"{len(counters.targets)} {'CPUs' if system else 'vCPU threads'}, {len(counters.fds)} counters")
+        print(f"kvm-utils top: counting {what}", file=sys.stderr, flush=True)
         t0 = last = time.monotonic()
         if once:
             time.sleep(args.interval)
@@ -170,7 +167,7 @@ def run_top(args: argparse.Namespace) -> int:
                     totals.update(d)
                     now = time.monotonic()
                     step, last = now - last, now
-                    if not system:
+                    if not system and engine == "perf":
                         for t in live.select_targets(args, seen):
                             if counters.add_target(t):
                                 seen.add(t.tid)

@@ -30,3 +30,19 @@ def test_top_once_prints_one_frame(helper, kvm_events) -> None:
     assert pio_line.split()[-1] == "3,001"
     user_line = next(ln for ln in out.splitlines() if ln.split()[:2] == ["user", "ALL"])    # one counter
     assert user_line.split()[-1] == "3,001"
+
+
+def test_top_once_bpf_engine(helper, kvm_events) -> None:
+    """The same frame from the BPF engine: userspace exits split by reason at no extra cost."""
+    import shutil
+    if shutil.which("bpftrace") is None:
+        pytest.skip("bpftrace not installed")
+    g, res, top, out, err = attach_and_run(
+        helper_argv("pio_out", 3000, name="kvmu-topbpf", wait_stdin=True),
+        ["top", "--once", "--engine", "bpf", "-i", "6", "-g", "kvmu-topbpf", "--sort", "total"],
+        "in one BPF program", 60)
+    assert res["userspace_exits"] == {"IO": 3000}
+    assert top.returncode == 0, err
+    vm_line = next(ln for ln in out.splitlines() if ln.strip().startswith("kvmu-topbpf"))
+    assert "6,002" in vm_line and f"pid {g.pid}, 1 vCPU thread(s)" in vm_line
+    assert next(ln for ln in out.splitlines() if ln.split()[:2] == ["user", "IO"]).split()[-1] == "3,001"
