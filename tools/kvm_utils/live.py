@@ -128,8 +128,8 @@ class Counters:
 class BpfCounters:
     """The Counters interface (add_target, delta, close) over one bpftrace counting program
     (sources/bpfcount.py): every thread is seen without add_target, any number of reasons
-    for one map update per exit. The program prints and clears its maps every `flush_s`; a
-    reader thread adds each printed interval to what the next delta() returns. close()
+    for one map update per exit. The program prints its (cumulative) maps every `flush_s`;
+    a reader thread adds what changed to what the next delta() returns. close()
     stops bpftrace (SIGINT: it prints what is left) and waits for the last counts, which
     one more delta() returns."""
 
@@ -164,18 +164,22 @@ class BpfCounters:
     def _read(self) -> None:
         from tools.kvm_utils.sources import bpfcount
         maps: dict[str, dict] = {}
+        deltas = bpfcount.Deltas()
+
+        def publish() -> None:
+            counts = bpfcount.to_counts(deltas(maps), self.events, self._target_of, self._spec)
+            with self._lock:
+                self._pending.update(counts)
         for line in self._proc.stdout:
             if "kvm-utils-ready" in line:
                 self._ready.set()
             rec = bpfcount.parse_record(line)
             if rec == "tick":
-                counts, maps = bpfcount.to_counts(maps, self.events, self._target_of, self._spec), {}
-                with self._lock:
-                    self._pending.update(counts)
+                publish()
+                maps = {}
             elif rec is not None:
                 maps.setdefault(rec[0], {}).update(rec[1])
-        with self._lock:                     # what bpftrace printed on its way out
-            self._pending.update(bpfcount.to_counts(maps, self.events, self._target_of, self._spec))
+        publish()                            # what bpftrace printed on its way out
 
     def add_target(self, t: Target) -> bool:
         return False

@@ -14,7 +14,7 @@ from kvmu_helpers import finish, go, kvm_utils_popen, start_guest, stderr_has, s
 from tools.kvm_utils.arch import Vendor
 from tools.kvm_utils.bench import helper_argv
 from tools.kvm_utils.live import EVENT_COUNTERS, choose_engine
-from tools.kvm_utils.sources.bpfcount import count_script, parse_record, to_counts
+from tools.kvm_utils.sources.bpfcount import Deltas, count_script, parse_record, to_counts
 
 # bpftrace 0.17 -f json, one interval of the counting program: thread 4101 on a VMX host
 # (isa 1) with 5 EPT_MISCONFIG (49) and 2 MSR_WRITE (32); thread 4102 on an SVM host (isa 2)
@@ -38,6 +38,16 @@ def test_script_one_probe_per_tracepoint_and_pid_guard() -> None:
     assert "interval:ms:500 {" in s and "interval:ms:3000 { exit(); }" in s
     assert "filter" not in s and s.count("tracepoint:kvm:kvm_exit") == 1   # no per-reason probes
     assert "pid !=" not in count_script(["kvm_pio"], 1)
+    # bpftrace runs print() and clear() later in userspace: clearing lost counts in between
+    assert "clear(" not in s
+
+
+def test_cumulative_maps_to_interval_deltas() -> None:
+    d = Deltas()
+    assert d({"u": {(7, 2): 10}, "ev": {(7, 0): 10}}) == {"u": {(7, 2): 10}, "ev": {(7, 0): 10}}
+    assert d({"u": {(7, 2): 25, (8, 2): 1}, "ev": {(7, 0): 10}}) == {"u": {(7, 2): 15, (8, 2): 1}}
+    assert d({"u": {(7, 2): 25}}) == {}                  # nothing new; a key not printed keeps its value
+    assert d({"u": {(7, 2): 26, (8, 2): 1}}) == {"u": {(7, 2): 1}}
 
 
 def test_recorded_records_to_named_counts() -> None:
@@ -64,13 +74,15 @@ def test_live_bpf_engine_counts_exactly_per_vcpu(helper, kvm_events) -> None:
     import shutil
     if shutil.which("bpftrace") is None:
         pytest.skip("bpftrace not installed")
-    g = start_guest(helper_argv("pio_out", 900, name="kvmu-bpfcount", wait_stdin=True))
+    # 100,000 exits over several 0.25 s flushes of the program: an interval lost or counted
+    # twice between flushes would show (print+clear did: 226,441 of 200,000)
+    g = start_guest(helper_argv("pio_out", 100_000, name="kvmu-bpfcount", wait_stdin=True))
     proc = None
     try:
         proc = kvm_utils_popen("exits", "--engine", "bpf", "-g", "kvmu-bpfcount", "-i", "0.3", "--format", "json")
         lines: list[str] = []
         wait_for(lambda: stderr_has(proc, lines, "Counting kvm exits in BPF"), timeout=60, what="bpftrace attach")
-        assert go(g)["userspace_exits"] == {"IO": 900}
+        assert go(g)["userspace_exits"] == {"IO": 100_000}
         other = json.loads(__import__("subprocess").run(helper_argv("pio_out", 50), capture_output=True,
                                                         text=True, timeout=60).stdout)
         assert other["userspace_exits"] == {"IO": 50}          # another VM: the -g guard leaves it out
@@ -82,9 +94,10 @@ def test_live_bpf_engine_counts_exactly_per_vcpu(helper, kvm_events) -> None:
     assert proc.returncode == 0, err
     d = json.loads(out)
     assert d["mode"] == "bpf-counting"
-    assert {r["reason"]: r["count"] for r in d["userspace_exits"]} == {"IO": 901}     # loop + done port
-    assert {r["event"]: r["count"] for r in d["events"]}["kvm_pio"] == 901
-    assert [(v["tid"], v["vm"], v["vcpu"], v["events"]) for v in d["vcpus"]] == [(g.pid, "kvmu-bpfcount", 0, 1802)]
+    assert {r["reason"]: r["count"] for r in d["userspace_exits"]} == {"IO": 100_001}     # loop + done port
+    assert {r["event"]: r["count"] for r in d["events"]}["kvm_pio"] == 100_001
+    assert [(v["tid"], v["vm"], v["vcpu"], v["events"]) for v in d["vcpus"]] == \
+        [(g.pid, "kvmu-bpfcount", 0, 200_002)]
 
 
 def test_event_index_order_is_the_perf_engines() -> None:
