@@ -120,3 +120,43 @@ def test_live_io_counts_exactly(helper, kvm_events) -> None:
     assert pio[("0xf1", "OUT")] >= 2          # one done-port write per guest run
     assert {(x["gpa"], x["dir"]): x["count"] for x in d["mmio"]}[("0x20000", "W")] == 40 == m["userspace_exits"]["MMIO"]
 
+
+
+@pytest.mark.root
+@pytest.mark.integration
+def test_bpftrace_does_not_outlive_a_killed_kvm_utils(kvm_events) -> None:
+    """SIGKILL cannot be caught, so kvm-utils cannot detach its probes itself: bpftrace is
+    started with PR_SET_PDEATHSIG and stops (removing its probes) when its parent dies."""
+    import os
+    import time
+    from pathlib import Path
+    if shutil.which("bpftrace") is None:
+        pytest.skip("bpftrace not installed")
+    proc = kvm_utils_popen("io")
+    child = None
+    try:
+        lines: list[str] = []
+        wait_for(lambda: stderr_has(proc, lines, "Tracing kvm exits"), timeout=60, what="bpftrace attach")
+        kids = Path(f"/proc/{proc.pid}/task/{proc.pid}/children").read_text().split()
+        assert len(kids) == 1 and "bpftrace" in Path(f"/proc/{kids[0]}/comm").read_text()
+        child = int(kids[0])
+        os.kill(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=10)
+        deadline = time.monotonic() + 30
+        while time.monotonic() < deadline and _alive(child):
+            time.sleep(0.1)
+        assert not _alive(child), f"bpftrace {child} outlived its killed parent"
+    finally:
+        if proc.poll() is None:
+            stop(proc, signal.SIGKILL)
+        if child is not None and _alive(child):
+            os.kill(child, signal.SIGKILL)
+
+
+def _alive(pid: int) -> bool:
+    """Running (a zombie waiting for init to reap it has let go of its probes)."""
+    from pathlib import Path
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
