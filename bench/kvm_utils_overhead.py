@@ -20,7 +20,8 @@ The workload is the bench helper's userspace-PIO loop (one KVM_EXIT_IO per itera
 Why pairs: this machine is a shared 2-vCPU guest whose PIO loop alone varies by 15-50 %
 from one second to the next, far more than the 2 % to resolve, so modes are not compared
 with one baseline taken once. The result is the median over pairs of the per-pair ratio of
-the loop's own CPU time per exit (its thread's user + sys; time it spends preempted does not
+the loop's own CPU time per exit (user + sys: of the vCPU thread during the loop when toggled,
+of the helper process from wait4 in process pairs; time it spends preempted does not
 count), with a distribution-free 95 % confidence interval for that median (order statistics
 of the binomial). A target is "met" when the interval's upper end is below it, "exceeded"
 when its lower end is above it, "inconclusive" otherwise. Needs root.

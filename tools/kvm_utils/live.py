@@ -212,11 +212,38 @@ def select_targets(args: argparse.Namespace, seen: set[int], proc: Path = Path("
     return found
 
 
+def start_targets(counters: Counters | BpfCounters, args: argparse.Namespace, engine: str, seen: set[int]) -> bool:
+    """Open the first targets of `exits`/`top`; True when counting is per CPU (system-wide):
+    asked for, or no VM process found and none named. The BPF engine sees every thread by
+    itself (per-thread scope, no targets)."""
+    if engine == "bpf":
+        return False
+    system = getattr(args, "system", False)
+    targets = [] if system else select_targets(args, seen)
+    if not targets and not (args.pid or args.guest):
+        system = True
+        targets = [Target(-1, c, "(all)", None, None) for c in range(os.cpu_count() or 1)]
+    for t in targets:
+        if counters.add_target(t):
+            seen.add(t.tid)
+    return system
+
+
+def pick_up_new_threads(counters: Counters | BpfCounters, args: argparse.Namespace, engine: str, system: bool,
+                        seen: set[int]) -> None:
+    """Per-thread perf counting: counters for the vCPU threads that appeared since."""
+    if system or engine == "bpf":
+        return
+    for t in select_targets(args, seen):
+        if counters.add_target(t):
+            seen.add(t.tid)
+
+
 def choose_engine(requested: str, vendor: Vendor | None, have_bpftrace: bool) -> str:
     """`auto`: BPF where kvm_exit carries a reason table (VMX/SVM), because perf needs one
     filtered counter per reason there and every exit pays for every filter (~12 ns each,
-    measured: +8.5 % per exit for the 69 VMX reasons); perf elsewhere (a software
-    hypervisor's silent kvm_exit: two unfiltered counters per exit, +1 %)."""
+    measured: +8.9 % per exit for the 69 VMX reasons); perf elsewhere (a software
+    hypervisor's silent kvm_exit: two unfiltered counters per exit, +0.8 %)."""
     if requested != "auto":
         return requested
     return "bpf" if vendor is not None and have_bpftrace else "perf"
@@ -243,18 +270,12 @@ def run_exits(args: argparse.Namespace) -> int:
     counters, engine = open_counters(args, vendor)
     if engine == "bpf":
         print("Counting kvm exits in BPF... Hit Ctrl-C to end.", file=sys.stderr, flush=True)
-    system = getattr(args, "system", False) and engine == "perf"
     seen: set[int] = set()
     totals: Counter = Counter()
     t0 = time.monotonic()
+    system = False
     try:
-        targets = [] if system or engine == "bpf" else select_targets(args, seen)
-        if not targets and not (args.pid or args.guest) and engine == "perf":
-            system = True
-            targets = [Target(-1, c, "(all)", None, None) for c in range(os.cpu_count() or 1)]
-        for t in targets:
-            if counters.add_target(t):
-                seen.add(t.tid)
+        system = start_targets(counters, args, engine, seen)
         log.info("event=counting targets=%d counters=%d vendor=%s", len(counters.targets),
                  len(counters.fds), vendor)
         deadline = None if args.duration is None else t0 + args.duration
@@ -266,10 +287,7 @@ def run_exits(args: argparse.Namespace) -> int:
                 totals.update(d)
                 if not args.quiet and args.format == "table":
                     print(interval_line(d, time.monotonic() - t0, step), flush=True)
-                if not system and engine == "perf":      # BPF sees new threads by itself
-                    for t in select_targets(args, seen):
-                        if counters.add_target(t):
-                            seen.add(t.tid)
+                pick_up_new_threads(counters, args, engine, system, seen)
         except KeyboardInterrupt:
             pass
         totals.update(counters.delta())

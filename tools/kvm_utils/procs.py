@@ -80,14 +80,21 @@ def vm_of_pid(proc: Path, pid: int) -> str | None:
     return guest_name([a for a in raw.split("\0") if a]) if raw else None
 
 
+def tgid_of(proc: Path, tid: int) -> int | None:
+    """The process a live thread belongs to, None if the thread is gone."""
+    status = _read(proc / str(tid) / "status")
+    if status is None:
+        return None
+    return next((int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("Tgid:")), tid)
+
+
 def thread_info(proc: Path, tid: int) -> ThreadInfo | None:
     """(vCPU, VM) of one live thread, None if it is gone or is not a vCPU thread."""
     comm = _read(proc / str(tid) / "comm")
-    status = _read(proc / str(tid) / "status")
-    if comm is None or status is None:
+    tgid = tgid_of(proc, tid)
+    if comm is None or tgid is None:
         return None
     vcpu = vcpu_of_task(comm.strip())
     if vcpu is None:
         return None
-    tgid = next((int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("Tgid:")), tid)
     return ThreadInfo(vcpu, vm_of_pid(proc, tgid) or f"pid{tgid}")

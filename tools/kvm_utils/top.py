@@ -130,15 +130,8 @@ def run_top(args: argparse.Namespace) -> int:
     sort = args.sort
     seen: set[int] = set()
     totals: Counter = Counter()
-    system = args.system and engine == "perf"
     try:
-        targets = [] if system or engine == "bpf" else live.select_targets(args, seen)
-        if not targets and not (args.pid or args.guest) and engine == "perf":
-            system = True
-            targets = [live.Target(-1, c, "(all)", None, None) for c in range(os.cpu_count() or 1)]
-        for t in targets:
-            if counters.add_target(t):
-                seen.add(t.tid)
+        system = live.start_targets(counters, args, engine, seen)
         scope = "system" if system else "threads"
         what = ("every thread in one BPF program" if engine == "bpf" else
                 f"{len(counters.targets)} {'CPUs' if system else 'vCPU threads'}, {len(counters.fds)} counters")
@@ -167,10 +160,7 @@ def run_top(args: argparse.Namespace) -> int:
                     totals.update(d)
                     now = time.monotonic()
                     step, last = now - last, now
-                    if not system and engine == "perf":
-                        for t in live.select_targets(args, seen):
-                            if counters.add_target(t):
-                                seen.add(t.tid)
+                    live.pick_up_new_threads(counters, args, engine, system, seen)
                 screen.update(tui.render_frame(frame(d, totals, step, time.monotonic() - t0, sort, scope,
                                                      vendor and vendor.value)))
     except KeyboardInterrupt:

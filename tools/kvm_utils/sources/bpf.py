@@ -19,7 +19,7 @@ import subprocess
 import sys
 import time
 from collections import defaultdict
-from collections.abc import Callable, Iterable
+from collections.abc import Iterable
 
 from tools.kvm_utils.aggregate import AccessRow, Bucket, ReasonRow, Stats, Summary, VcpuRow, pct
 from tools.kvm_utils.arch import ISA_TO_VENDOR, exit_reason_name
@@ -184,47 +184,34 @@ def _die_with_parent() -> None:
     ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
 
 
-def stream(program: str, on_line: Callable[[str], None], ready_message: str,
-           bpftrace: str = "bpftrace") -> tuple[int, str, float | None]:
-    """Run a bpftrace program (-f json) that prints `kvm-utils-ready` in BEGIN until it exits
-    or Ctrl-C (forwarded as SIGINT: bpftrace then prints its maps), handing every stdout
-    line to `on_line` as it comes; `ready_message` goes to stderr once every probe is
-    attached. Returns (exit status, stderr, monotonic time it got ready or None)."""
+def run_script(program: str, ready_message: str, bpftrace: str = "bpftrace") -> tuple[str, float]:
+    """Run a bpftrace program (-f json) that prints `kvm-utils-ready` in BEGIN, until it exits
+    or Ctrl-C (forwarded as SIGINT: bpftrace then prints its maps). Returns (stdout, seconds
+    from ready to the end), printing `ready_message` to stderr once every probe is attached."""
     proc = spawn(program, bpftrace)
+    lines: list[str] = []
     t_ready = None
-
-    def feed(line: str) -> None:
-        nonlocal t_ready
-        if t_ready is None and "kvm-utils-ready" in line:
-            t_ready = time.monotonic()
-            print(ready_message, file=sys.stderr, flush=True)
-        on_line(line)
     try:
         try:
             for line in proc.stdout:
-                feed(line)
+                if t_ready is None and "kvm-utils-ready" in line:
+                    t_ready = time.monotonic()
+                    print(ready_message, file=sys.stderr, flush=True)
+                lines.append(line)
         except KeyboardInterrupt:
             if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGINT)
-            for line in proc.stdout:
-                feed(line)
+                os.kill(proc.pid, signal.SIGINT)     # bpftrace prints its maps on SIGINT
+            lines.extend(proc.stdout)
         proc.wait(timeout=60)
         err = proc.stderr.read()
     finally:
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    return proc.returncode, err, t_ready
-
-
-def run_script(program: str, ready_message: str, bpftrace: str = "bpftrace") -> tuple[str, float]:
-    """`stream` collecting the whole output. Returns (stdout, seconds from ready to the end)."""
-    lines: list[str] = []
-    rc, err, t_ready = stream(program, lines.append, ready_message, bpftrace)
     elapsed = time.monotonic() - t_ready if t_ready is not None else 0.0
     out = "".join(lines)
-    if rc not in (0, -signal.SIGINT) and "map" not in out:
-        raise KvmUtilsError(f"bpftrace failed (exit {rc}): {_errors(err)}")
+    if proc.returncode not in (0, -signal.SIGINT) and "map" not in out:
+        raise KvmUtilsError(f"bpftrace failed (exit {proc.returncode}): {_errors(err)}")
     return out, elapsed
 
 

@@ -3,17 +3,17 @@
 Why: kvm_stat's counting design (one perf counter per exit reason on kvm_exit, each with
 an `exit_reason==N` filter) makes every exit evaluate every filter. Measured here
 (bench/kvm_utils_overhead.py, counters toggled between loops of one VM): 69 filtered
-counters (the VMX table) add +8.5 % to a 10 us exit, 110 (SVM) +13 %: ~12 ns per filter
+counters (the VMX table) add +8.9 % to a 9.4 us exit, 110 (SVM) +13.2 %: ~12 ns per filter
 per exit, several times the 2 % target on a VMX host whose cheap exits take 1-2 us. Here
 one program per tracepoint keys a per-CPU hash map by (thread, isa, reason): the cost per
 exit is one map update whatever the number of reasons, and the per-vCPU split comes free.
 
 The program prints its maps every interval (`-f json` records on stdout, then a
 `kvm-utils-tick` line) and never clears them: bpftrace runs print() and clear() later, in
-userspace, so counts that land between the two were lost (measured: a 200,000-exit loop
-counted 226,441 IO exits and 199,974 kvm_pio with print+clear). The values are cumulative
-and `Deltas` turns them into per-interval counts; on Ctrl-C bpftrace prints them once more. Pure parts (program text,
-records -> counts) are separate from the process handling so both are unit-tested.
+userspace, and with print+clear a 200,000-exit loop counted 226,441 IO exits and 199,974
+kvm_pio. The values are cumulative and `Deltas` turns them into per-interval counts; on
+Ctrl-C bpftrace prints them once more. Pure parts (program text, records -> counts) are
+separate from the process handling (live.BpfCounters) so both are unit-tested.
 """
 
 from __future__ import annotations
@@ -25,13 +25,14 @@ from pathlib import Path
 
 from tools.kvm_utils.arch import ISA_TO_VENDOR, exit_reason_name, userspace_exit_name
 
-#: tracepoints counted whole, in the order of the event index in @ev (same set as perf mode)
+#: the printf line that ends one interval's map records
 TICK = "kvm-utils-tick"
 
 
 def count_script(events: Iterable[str], interval_s: float, pids: Iterable[int] = (),
                  duration: float | None = None) -> str:
-    """The counting program. `events`: kvm tracepoints counted whole (index = position);
+    """The counting program. `events`: kvm tracepoints counted whole (@ev's index is the
+    position in this list);
     `pids`: only these VM processes (empty: every thread)."""
     pids = sorted(set(int(p) for p in pids))
     guard = ("if (" + " && ".join(f"pid != {p}" for p in pids) + ") { return; } ") if pids else ""
@@ -101,21 +102,13 @@ def to_counts(maps: dict[str, dict[tuple[int, ...], int]], events: list[str],
 def thread_targets(proc: Path, make: Callable[[int, str, int | None, int | None], object]) -> Callable[[int], object]:
     """tid -> target, from /proc once per thread (vCPU index, VM name, process id); threads
     that are gone or are not vCPU threads still get a target of their own."""
-    from tools.kvm_utils.procs import thread_info
+    from tools.kvm_utils.procs import tgid_of, thread_info
     cache: dict[int, object] = {}
 
     def target_of(tid: int) -> object:
         if tid not in cache:
             info = thread_info(proc, tid)
-            tgid = _tgid(proc, tid)
-            cache[tid] = make(tid, (info.vm if info else None) or f"tid{tid}", info.vcpu if info else None, tgid)
+            cache[tid] = make(tid, (info.vm if info else None) or f"tid{tid}", info.vcpu if info else None,
+                              tgid_of(proc, tid))
         return cache[tid]
     return target_of
-
-
-def _tgid(proc: Path, tid: int) -> int | None:
-    try:
-        status = (proc / str(tid) / "status").read_text()
-    except OSError:
-        return None
-    return next((int(ln.split()[1]) for ln in status.splitlines() if ln.startswith("Tgid:")), None)
