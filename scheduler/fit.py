@@ -262,9 +262,8 @@ def fit_host(h: HostView, want: VmWant, *, avoid_hosts: frozenset[str] = frozens
         except _Short as s:
             shorts.append((_ORDER[s.resource], s.resource, f"node {n.node}: {s.reason}"))
     if want.allow_span_nodes and len(nodes) > 1:
-        span = sorted(h.res.nodes, key=lambda n: (-h.free_by_node[n.node], n.node))
         try:
-            return _fit_nodes(h, tuple(span), want)
+            return _fit_span(h, want)
         except _Short as s:
             shorts.append((_ORDER[s.resource], s.resource, f"nodes spanned: {s.reason}"))
     best = max(shorts, key=lambda t: t[0])  # the node that got furthest names the resource
@@ -272,37 +271,103 @@ def fit_host(h: HostView, want: VmWant, *, avoid_hosts: frozenset[str] = frozens
     return Rejection(name, best[1], "; ".join(msgs))
 
 
-# ---------------------------------------------------------------- one node (or a span)
+# ---------------------------------------------------------------- one node, or a span
 
 
 def _fit_nodes(h: HostView, nodes: Sequence[NodeRes], want: VmWant) -> Allocation:
-    """Raise _Short naming the first resource the node set lacks, else the allocation.
-    With several nodes (spanning) CPUs and pages come from them in the given order."""
+    """Raise _Short naming the first resource the node lacks, else the allocation."""
+    (n,) = nodes
     u = h.usage
-    cpus: list[int] = []
-    for n in nodes:
-        if len(cpus) < want.vcpus:
-            cpus += pick_cpus(n, u.cpus, want.vcpus - len(cpus))
+    cpus = pick_cpus(n, u.cpus, want.vcpus)
     if len(cpus) < want.vcpus:
-        free = sum(h.free_by_node[n.node] for n in nodes)
-        raise _Short("vcpus", f"{free} free dedicated CPUs, {want.vcpus} needed")
+        raise _Short("vcpus", f"{h.free_by_node[n.node]} free dedicated CPUs, {want.vcpus} needed")
     size, need = want.page_size_kb, want.pages
-    pages: list[tuple[int, int, int]] = []
-    free_pages = 0
-    for n in nodes:
-        free = n.pages(size) - u.pages.get((n.node, size), 0)
-        free_pages += max(free, 0)
-        take = min(max(free, 0), need - sum(p[2] for p in pages))
-        if take:
-            pages.append((n.node, size, take))
-    if sum(p[2] for p in pages) < need:
-        raise _Short("memory", f"{free_pages} free {size} kB pages, {need} needed")
-    ids = {n.node for n in nodes}
-    used_nodes = tuple(sorted({n.node for n in nodes if any(c in n.cpus for c in cpus)}
-                              | {p[0] for p in pages}))
-    vfs = _pick_vfs(h, ids, want)
-    disks = _pick_disks(h, ids, want)
-    return Allocation(used_nodes, tuple(cpus), tuple(pages), vfs, disks)
+    free = max(n.pages(size) - u.pages.get((n.node, size), 0), 0)
+    if free < need:
+        raise _Short("memory", f"{free} free {size} kB pages, {need} needed")
+    ids = {n.node}
+    return Allocation((n.node,), tuple(cpus), ((n.node, size, need),), _pick_vfs(h, ids, want),
+                      _pick_disks(h, ids, want))
+
+
+def _fit_span(h: HostView, want: VmWant) -> Allocation:
+    """A VM over several nodes: one guest NUMA cell per host node it uses, and every
+    cell gets vCPUs *and* memory from its own node (hostd binds each cell's memory to
+    its node with ``<memnode>``; a cell without a vCPU or without pages is refused).
+
+    Nodes come in order of free CPUs (then free pages), fewest that cover both the
+    vCPUs and the pages. vCPUs fill the nodes in that order (each at least one), so as
+    few cores split as possible; memory follows the vCPUs: each cell gets pages in
+    proportion to its vCPUs, as far as its node has them, the rest on the other cells
+    (``apportion``). VFs and disks must be local to one of the nodes used."""
+    u, size, need = h.usage, want.page_size_kb, want.pages
+    free_pages = {n.node: max(n.pages(size) - u.pages.get((n.node, size), 0), 0) for n in h.res.nodes}
+    usable = sorted((n for n in h.res.nodes if h.free_by_node[n.node] and free_pages[n.node]),
+                    key=lambda n: (-h.free_by_node[n.node], -free_pages[n.node], n.node))
+    chosen: list[NodeRes] = []
+    have_cpus = have_pages = 0
+    for n in usable:
+        if have_cpus >= want.vcpus and have_pages >= need:
+            break
+        chosen.append(n)
+        have_cpus += h.free_by_node[n.node]
+        have_pages += free_pages[n.node]
+    if have_cpus < want.vcpus:
+        raise _Short("vcpus", f"{have_cpus} free dedicated CPUs on nodes with free {size} kB pages, "
+                              f"{want.vcpus} needed")
+    if have_pages < need:
+        raise _Short("memory", f"{have_pages} free {size} kB pages on nodes with free CPUs, {need} needed")
+    k = len(chosen)
+    if k > want.vcpus:
+        raise _Short("vcpus", f"needs {k} nodes for its memory but has {want.vcpus} vCPU(s): "
+                              "every guest NUMA cell needs a vCPU")
+    if k > need:
+        raise _Short("memory", f"needs {k} nodes for its vCPUs but has {need} {size} kB page(s): "
+                               "every guest NUMA cell needs memory")
+    per_cpu = [1] * k
+    left = want.vcpus - k
+    for i, n in enumerate(chosen):  # fill in order: the fewest cores split
+        extra = min(left, h.free_by_node[n.node] - 1)
+        per_cpu[i] += extra
+        left -= extra
+    per_page = apportion(need, per_cpu, [free_pages[n.node] for n in chosen])
+    cpus: list[int] = []
+    for n, c in zip(chosen, per_cpu):
+        cpus += pick_cpus(n, u.cpus, c)
+    ids = {n.node for n in chosen}
+    return Allocation(tuple(n.node for n in chosen), tuple(cpus),
+                      tuple((n.node, size, p) for n, p in zip(chosen, per_page)),
+                      _pick_vfs(h, ids, want), _pick_disks(h, ids, want), tuple(per_cpu))
+
+
+def apportion(total: int, weights: Sequence[int], caps: Sequence[int]) -> list[int]:
+    """Split ``total`` into one part per weight: each part at least 1 and at most its cap,
+    as close to proportional to the weights as the caps allow (parts that hit their cap
+    hand the rest to the others; ties go to the larger weight, then the earlier part).
+    Needs ``len(weights) <= total <= sum(caps)`` and every cap >= 1."""
+    k = len(weights)
+    if not (k <= total <= sum(caps)) or min(caps, default=1) < 1:
+        raise ValueError(f"cannot split {total} into {k} parts capped at {list(caps)}")
+    parts = [1] * k
+    left = total - k
+    # Proportional targets first (largest remainder), clamped to the caps.
+    wsum = sum(weights) or 1
+    exact = [(total * w) / wsum for w in weights]
+    for i in range(k):
+        add = min(max(int(exact[i]) - 1, 0), caps[i] - 1, left)
+        parts[i] += add
+        left -= add
+    order = sorted(range(k), key=lambda i: (-(exact[i] - parts[i]), -weights[i], i))
+    for i in order:  # the remainders, to the parts furthest below their target
+        if left and parts[i] < caps[i] and exact[i] > parts[i]:
+            parts[i] += 1
+            left -= 1
+    for i in sorted(range(k), key=lambda i: (-weights[i], i)):  # what capped parts could not take
+        add = min(left, caps[i] - parts[i])
+        parts[i] += add
+        left -= add
+    assert left == 0, (total, weights, caps)
+    return parts
 
 
 def pick_cpus(node: NodeRes, used: frozenset[int], count: int) -> list[int]:

@@ -16,6 +16,7 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from typing import Any
 
 from api import hostd_pb2 as pb
@@ -60,7 +61,7 @@ def reconcile_host(app: Any, hostd: Any, name: str, *, grace_s: float) -> list[s
                 repairs.append(f"adopted_state vm={vm_id}")
             if v.allocation and list(got.vcpu_pins) and list(got.vcpu_pins) != v.allocation["cpus"]:
                 a = Allocation.from_dict(v.allocation)
-                v.allocation = Allocation(a.nodes, tuple(got.vcpu_pins), a.pages, a.vfs, a.disks).to_dict()
+                v.allocation = replace(a, cpus=tuple(got.vcpu_pins)).to_dict()
                 repairs.append(f"cpus vm={vm_id}")
         for vm_id, got in remote.items():
             if vm_id in rows or got.state in (pb.VM_STATE_FAILED, pb.VM_STATE_DELETING):

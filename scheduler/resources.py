@@ -97,20 +97,36 @@ class Allocation:
     pages: tuple[tuple[int, int, int], ...]  # (node, size_kb, count)
     vfs: tuple[VfAlloc, ...] = ()
     disks: tuple[DiskAlloc, ...] = ()
+    # Spanned: vCPUs per guest NUMA cell, cell i on host node ``nodes[i]`` with the next
+    # ``cell_vcpus[i]`` entries of ``cpus`` and the ``pages`` entry of that node. Empty: one node.
+    cell_vcpus: tuple[int, ...] = ()
+
+    def cells(self) -> tuple[tuple[int, tuple[int, ...], int], ...]:
+        """(host node, host CPUs, pages) per guest NUMA cell, in cell order."""
+        pages = {node: n for node, _, n in self.pages}
+        if not self.cell_vcpus:
+            return ((self.nodes[0], self.cpus, sum(pages.values())),)
+        out, at = [], 0
+        for node, k in zip(self.nodes, self.cell_vcpus):
+            out.append((node, self.cpus[at:at + k], pages.get(node, 0)))
+            at += k
+        return tuple(out)
 
     def to_dict(self) -> dict[str, Any]:
         """``dataclasses.asdict`` by hand (it deep-copies generically: slow on the claim path)."""
         return {"nodes": list(self.nodes), "cpus": list(self.cpus), "pages": [list(p) for p in self.pages],
                 "vfs": [{"pf": v.pf, "index": v.index, "max_tx_rate_mbps": v.max_tx_rate_mbps,
                          "min_tx_rate_mbps": v.min_tx_rate_mbps} for v in self.vfs],
-                "disks": [{"name": d.name, "bytes_sec": d.bytes_sec, "iops": d.iops} for d in self.disks]}
+                "disks": [{"name": d.name, "bytes_sec": d.bytes_sec, "iops": d.iops} for d in self.disks],
+                **({"cell_vcpus": list(self.cell_vcpus)} if self.cell_vcpus else {})}
 
     @classmethod
     def from_dict(cls, d: Mapping[str, Any]) -> "Allocation":
         return cls(nodes=tuple(d["nodes"]), cpus=tuple(d["cpus"]),
                    pages=tuple(tuple(p) for p in d["pages"]),  # type: ignore[misc]
                    vfs=tuple(VfAlloc(**v) for v in d.get("vfs", ())),
-                   disks=tuple(DiskAlloc(**x) for x in d.get("disks", ())))
+                   disks=tuple(DiskAlloc(**x) for x in d.get("disks", ())),
+                   cell_vcpus=tuple(d.get("cell_vcpus", ())))
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ import os
 import time
 import uuid
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from sqlalchemy.exc import IntegrityError
@@ -259,7 +259,7 @@ class VmService:
     def adopt_cpus(self, s: Session, vm: Vm, pins: list[int]) -> None:
         assert vm.allocation is not None and vm.host
         old = Allocation.from_dict(vm.allocation)
-        new = Allocation(old.nodes, tuple(pins), old.pages, old.vfs, old.disks)
+        new = replace(old, cpus=tuple(pins))
         h = host_repo.get_host(session=s, name=vm.host, lock=True)
         usage = Usage.from_dict(h.usage).minus(old)
         if set(pins) & usage.cpus:
@@ -328,7 +328,7 @@ class VmService:
         with self.store.write() as s:
             row = vm_repo.get_vm(session=s, vm_id=vm_id)
             a = Allocation.from_dict(row.allocation or {})
-            row.allocation = Allocation(a.nodes, a.cpus, a.pages, a.vfs, tuple(
+            row.allocation = replace(a, disks=tuple(
                 DiskAlloc(d.name, changes[d.name].bytes_sec(), changes[d.name].iops()) if d.name in changes
                 else d for d in a.disks)).to_dict()
             req = json.loads(json.dumps(row.request))
@@ -399,9 +399,8 @@ class VmService:
                 h = host_repo.get_host(session=s, name=row.host, lock=True)
                 res = self.placer.cache.res(s, h)
                 old = Allocation.from_dict(row.allocation or {})
-                new = Allocation(old.nodes, old.cpus, old.pages, tuple(
-                    VfAlloc(v.pf, v.index, *rates[i]) if i in rates else v for i, v in enumerate(old.vfs)),
-                    old.disks)
+                new = replace(old, vfs=tuple(
+                    VfAlloc(v.pf, v.index, *rates[i]) if i in rates else v for i, v in enumerate(old.vfs)))
                 usage = Usage.from_dict(h.usage).minus(old).plus(new)
                 for p in res.pfs if fields is not None else ():
                     if usage.reserved_mbps.get(p.name, 0) > p.bandwidth_mbps:

@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import random
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from hostd.carve.layout import (DiskBudget, HugepageTarget, IoServiceTarget, Layout, NodeLayout,
                                 PfLayout, VfSlot)
-from scheduler.fit import (DiskWant, HostView, VfWant, VmWant, check_allocation, fit_host, fit_vm,
-                           pick_cpus, validate)
+from scheduler.fit import (DiskWant, HostView, VfWant, VmWant, apportion, check_allocation, fit_host,
+                           fit_vm, pick_cpus, validate)
 from scheduler.resources import Allocation, Usage, host_from_layout
 from scheduler.shapes import SHAPES, Shape, make_layout
 
@@ -97,13 +98,50 @@ def test_single_numa_node_unless_spanning_allowed():
               pages_2m_per_node=100, vfs_per_node=1, disks_per_node=1)
     h = host(shape=s)
     assert fit_host(h, VmWant(4, 2)).resource == "vcpus"  # 3 per node
-    a = fit_host(h, VmWant(4, 2, allow_span_nodes=True))
-    assert a.nodes == (0, 1) and len(a.cpus) == 4
+    a = fit_host(h, VmWant(4, 8, allow_span_nodes=True))
+    assert a.nodes == (0, 1) and a.cpus == (1, 2, 3, 5) and a.cell_vcpus == (3, 1)
+    assert a.pages == ((0, 2048, 3), (1, 2048, 1))  # memory follows the vCPUs: 3:1
+    assert a.cells() == ((0, (1, 2, 3), 3), (1, (5,), 1))
     assert fit_host(h, VmWant(2, 300)).resource == "memory"
-    assert fit_host(h, VmWant(2, 300, allow_span_nodes=True)).pages == ((0, 2048, 100), (1, 2048, 50))
+    a = fit_host(h, VmWant(2, 300, allow_span_nodes=True))
+    assert a.pages == ((0, 2048, 75), (1, 2048, 75)) and a.cell_vcpus == (1, 1)  # 1:1
+    # one page cannot back two guest NUMA cells; one vCPU cannot sit in two
+    r = fit_host(h, VmWant(4, 2, allow_span_nodes=True))
+    assert r.resource == "memory" and "every guest NUMA cell needs memory" in r.reason
+    r = fit_host(h, VmWant(1, 300, allow_span_nodes=True))
+    assert "nodes spanned: needs 2 nodes for its memory but has 1 vCPU(s)" in r.reason
     # a VF local to node 1 and a disk local to node 0 cannot go together on one node
     r = fit_host(h, VmWant(1, 2, vfs=(VfWant(pf="ens1f0"),), disks=(DiskWant(disk="nvme0n1", bytes_sec=1),)))
     assert r.resource in ("vfs", "disks") and "node 0" in r.reason and "node 1" in r.reason
+
+
+def test_span_gives_every_node_it_uses_cpus_and_pages():
+    """The old span fit filled CPUs and pages node by node independently: node 1 got
+    CPUs and node 0 all the pages, a guest cell hostd cannot back with local memory."""
+    s = Shape("2n", nodes=2, cores_per_node=4, smt=1, io_cores_per_node=1, host_cores=0,
+              pages_2m_per_node=100, vfs_per_node=0, disks_per_node=0)
+    h = host(shape=s)
+    full0 = HostView(h.res, h.usage.plus(Allocation((1,), (), ((1, 2048, 100),))))  # node 1: no pages
+    r = fit_host(full0, VmWant(5, 20, allow_span_nodes=True))
+    assert r.resource == "vcpus" and "on nodes with free 2048 kB pages" in r.reason
+    part = HostView(h.res, h.usage.plus(Allocation((1,), (), ((1, 2048, 98),))))  # node 1: 2 pages
+    a = fit_host(part, VmWant(5, 20, allow_span_nodes=True))
+    assert a.cell_vcpus == (3, 2) and a.pages == ((0, 2048, 8), (1, 2048, 2))  # 6:4 wanted, capped at 2
+
+
+@given(st.integers(1, 3000), st.lists(st.tuples(st.integers(1, 64), st.integers(1, 2000)), min_size=1,
+                                      max_size=6))
+def test_property_apportion(total, wc):
+    weights, caps = [w for w, _ in wc], [c for _, c in wc]
+    if not len(wc) <= total <= sum(caps):
+        with pytest.raises(ValueError):
+            apportion(total, weights, caps)
+        return
+    parts = apportion(total, weights, caps)
+    assert sum(parts) == total and all(1 <= p <= c for p, c in zip(parts, caps))
+    if all(c >= total for c in caps):  # uncapped: within one of the proportional share (or 1)
+        for p, w in zip(parts, weights):
+            assert abs(p - max(total * w / sum(weights), 1)) < 2
 
 
 def test_pack_fills_busy_host_spread_the_empty_one():
@@ -211,6 +249,11 @@ def test_property_never_overcommits_and_single_node(shape, reqs):
         if isinstance(a, Allocation):
             assert check_allocation(res, u, a) == ""
             assert len(a.cpus) == w.vcpus and sum(p[2] for p in a.pages) == w.pages
+            cells = a.cells()
+            assert sum(len(c) for _, c, _ in cells) == w.vcpus and sum(p for _, _, p in cells) == w.pages
+            for node, cpus, pages in cells:  # every cell: vCPUs and pages, both from its node
+                n = next(n for n in layout.nodes if n.node == node)
+                assert cpus and pages and set(cpus) <= set(n.vm_cpus)
             if not w.allow_span_nodes:
                 assert len(a.nodes) == 1
                 node = next(n for n in layout.nodes if n.node == a.nodes[0])
