@@ -1,8 +1,9 @@
 """Pure host-side claim: layout + what is used + a VM request -> exact resources.
 
-The scheduler's fit already chose host and NUMA node; hostd picks the exact CPUs,
-pages, VF and disks under its ledger lock, and refuses with the field and the
-reason when the request cannot be honoured here. No IO in this module.
+The scheduler's fit already chose host and NUMA node (or, for a VM spanning nodes,
+one guest NUMA cell per host node with its vCPU count and memory); hostd picks the
+exact CPUs, pages, VF and disks under its ledger lock, and refuses with the field
+and the reason when the request cannot be honoured here. No IO in this module.
 """
 
 from __future__ import annotations
@@ -34,6 +35,16 @@ class VfReq:
 
 
 @dataclass(frozen=True)
+class CellReq:
+    """One guest NUMA cell of a VM spanning host nodes (the scheduler's Placement.cells)."""
+
+    node: int
+    vcpus: int
+    memory_mib: int
+    prefer_cpus: tuple[int, ...] = ()
+
+
+@dataclass(frozen=True)
 class VmRequest:
     request_id: str
     name: str
@@ -45,6 +56,7 @@ class VmRequest:
     vfs: tuple[VfReq, ...] = ()
     emulator_policy: str = "host"  # "host" | "share" | "isolate"
     prefer_cpus: tuple[int, ...] = ()  # the scheduler's pick; taken where still free
+    cells: tuple[CellReq, ...] = ()  # spanning: one per guest cell (``node``/``prefer_cpus`` unused)
 
 
 @dataclass(frozen=True)
@@ -85,15 +97,40 @@ class ClaimedDisk:
 
 
 @dataclass(frozen=True)
-class Claim:
+class ClaimCell:
     node: int
+    vcpus: int  # the next ``vcpus`` entries of ``Claim.vcpu_pins``
+    pages: int
+
+
+@dataclass(frozen=True)
+class Claim:
+    node: int  # the VM's node; the first cell's when it spans
     vcpu_pins: tuple[int, ...]  # host CPU of vCPU i
     emulator_cpus: tuple[int, ...]
     size_kb: int
-    pages: int
+    pages: int  # all of them
     vfs: tuple[ClaimedVf, ...]
     disks: tuple[ClaimedDisk, ...]
     emulator_dedicated: bool = False  # emulator_policy "isolate": its CPU is the VM's own
+    cells: tuple[ClaimCell, ...] = ()  # guest NUMA cells of a VM spanning nodes; () = one node
+
+    @property
+    def numa_cells(self) -> tuple[ClaimCell, ...]:
+        """Guest cells, a one-node VM's single cell included."""
+        return self.cells or (ClaimCell(self.node, len(self.vcpu_pins), self.pages),)
+
+    @property
+    def spans(self) -> bool:
+        return len(self.cells) > 1
+
+    def cell_pins(self) -> tuple[tuple[int, ...], ...]:
+        """Host CPUs of each cell's vCPUs, in cell order."""
+        out, at = [], 0
+        for c in self.numa_cells:
+            out.append(self.vcpu_pins[at:at + c.vcpus])
+            at += c.vcpus
+        return tuple(out)
 
     @property
     def dedicated_cpus(self) -> tuple[int, ...]:
@@ -130,6 +167,29 @@ def validate_request(req: VmRequest) -> Refusal | None:
     names = [d.disk for d in req.disks]
     if len(set(names)) != len(names):
         return Refusal("disks", "a disk is listed twice")
+    return _validate_cells(req)
+
+
+def _validate_cells(req: VmRequest) -> Refusal | None:
+    if not req.cells:
+        return None
+    if len(req.cells) < 2:
+        return Refusal("placement.cells", "give two or more cells, or none (one node: placement.numa_node)")
+    for i, c in enumerate(req.cells):
+        if c.vcpus < 1:
+            return Refusal(f"placement.cells[{i}].cpus", "every guest NUMA cell needs a vCPU")
+        if c.memory_mib < 1 or (c.memory_mib * 1024) % req.hugepage_size_kb:
+            return Refusal(f"placement.cells[{i}].memory_mib",
+                           f"must be a positive multiple of the {req.hugepage_size_kb} kB page size")
+    nodes = [c.node for c in req.cells]
+    if len(set(nodes)) != len(nodes):
+        return Refusal("placement.cells", f"a host node is given twice ({nodes})")
+    if sum(c.vcpus for c in req.cells) != req.vcpus:
+        return Refusal("placement.cells", f"the cells hold {sum(c.vcpus for c in req.cells)} vCPUs, "
+                                          f"the VM has {req.vcpus}")
+    if sum(c.memory_mib for c in req.cells) != req.memory_mib:
+        return Refusal("placement.cells", f"the cells hold {sum(c.memory_mib for c in req.cells)} MiB, "
+                                          f"the VM has {req.memory_mib}")
     return None
 
 
@@ -139,12 +199,19 @@ def claim(layout: Layout, siblings: dict[int, tuple[int, ...]], used: Usage,
     bad = validate_request(req)
     if bad:
         return bad
+    by_node = {n.node: n for n in layout.nodes}
+    if req.cells:
+        missing = [c.node for c in req.cells if c.node not in by_node]
+        if missing:
+            return Refusal("placement.cells", f"nodes {missing} have no VM resources on this host")
+        return _claim_cells(layout, [(by_node[c.node], c) for c in req.cells], siblings, used, req)
     nodes = [n for n in layout.nodes if req.node is None or n.node == req.node]
     if not nodes:
         return Refusal("node", f"node {req.node} has no VM resources on this host")
     refusal: Refusal | None = None
     for n in nodes:
-        got = _claim_on_node(layout, n, siblings, used, req)
+        whole = CellReq(n.node, req.vcpus, req.memory_mib, req.prefer_cpus)
+        got = _claim_cells(layout, [(n, whole)], siblings, used, req)
         if isinstance(got, Claim):
             return got
         refusal = refusal or got
@@ -152,37 +219,49 @@ def claim(layout: Layout, siblings: dict[int, tuple[int, ...]], used: Usage,
     return refusal
 
 
-def _claim_on_node(layout: Layout, n: NodeLayout, siblings: dict[int, tuple[int, ...]],
-                   used: Usage, req: VmRequest) -> Claim | Refusal:
-    need = req.vcpus + (1 if req.emulator_policy == "isolate" else 0)
-    outside = sorted(set(req.prefer_cpus) - set(n.vm_cpus))
-    if outside:
-        return Refusal("placement.cpus", f"CPUs {outside} are not VM CPUs of node {n.node} "
-                                         f"(vm_cpus: {list(n.vm_cpus)})")
-    free = [c for c in n.vm_cpus if c not in used.cpus]
-    preferred = [c for c in req.prefer_cpus if c in free][:need]
-    rest = pick_cpus([c for c in free if c not in preferred], siblings, need - len(preferred))
-    cpus = None if rest is None else preferred + rest
-    if cpus is None:
-        free = len([c for c in n.vm_cpus if c not in used.cpus])
-        return Refusal("vcpus", f"node {n.node} has {free} free VM CPUs, {need} needed")
-    pins, emu = _emulator(req, layout, n, cpus)
-    pages = (req.memory_mib * 1024) // req.hugepage_size_kb
-    pool = next((t for t in n.hugepages if t.size_kb == req.hugepage_size_kb), None)
-    if pool is None:
-        return Refusal("hugepage_size_kb", f"node {n.node} has no {req.hugepage_size_kb} kB pool")
-    free_pages = pool.count - used.pages.get((n.node, pool.size_kb), 0)
-    if pages > free_pages:
-        return Refusal("memory_mib", f"node {n.node} has {free_pages} free {pool.size_kb} kB pages, "
-                                     f"{pages} needed")
-    vfs = _claim_vfs(layout, n.node, used, req)
+def _claim_cells(layout: Layout, cells: list[tuple[NodeLayout, CellReq]],
+                 siblings: dict[int, tuple[int, ...]], used: Usage, req: VmRequest) -> Claim | Refusal:
+    """Every cell on its own node: its vCPUs' CPUs and its pages from that node only.
+    The emulator CPU of ``isolate`` comes from the first cell's node."""
+    field = "placement.cpus" if len(cells) == 1 else "placement.cells[{i}].cpus"
+    pins: list[int] = []
+    extra: list[int] = []
+    claimed: list[ClaimCell] = []
+    for i, (n, c) in enumerate(cells):
+        need = c.vcpus + (1 if i == 0 and req.emulator_policy == "isolate" else 0)
+        outside = sorted(set(c.prefer_cpus) - set(n.vm_cpus))
+        if outside:
+            return Refusal(field.format(i=i), f"CPUs {outside} are not VM CPUs of node {n.node} "
+                                              f"(vm_cpus: {list(n.vm_cpus)})")
+        free = [x for x in n.vm_cpus if x not in used.cpus]
+        preferred = [x for x in c.prefer_cpus if x in free][:need]
+        rest = pick_cpus([x for x in free if x not in preferred], siblings, need - len(preferred))
+        if rest is None:
+            return Refusal("vcpus", f"node {n.node} has {len(free)} free VM CPUs, {need} needed")
+        cpus = preferred + rest
+        if need > c.vcpus:  # isolate: the last one runs the emulator
+            extra = cpus[-1:]
+            cpus = cpus[:-1]
+        pins += cpus
+        pool = next((t for t in n.hugepages if t.size_kb == req.hugepage_size_kb), None)
+        if pool is None:
+            return Refusal("hugepage_size_kb", f"node {n.node} has no {req.hugepage_size_kb} kB pool")
+        pages = (c.memory_mib * 1024) // req.hugepage_size_kb
+        free_pages = pool.count - used.pages.get((n.node, pool.size_kb), 0)
+        if pages > free_pages:
+            return Refusal("memory_mib", f"node {n.node} has {free_pages} free {pool.size_kb} kB pages, "
+                                         f"{pages} needed")
+        claimed.append(ClaimCell(n.node, c.vcpus, pages))
+    vfs = _claim_vfs(layout, {n.node for n, _ in cells}, used, req)
     if isinstance(vfs, Refusal):
         return vfs
     disks = _claim_disks(layout, used, req)
     if isinstance(disks, Refusal):
         return disks
-    return Claim(n.node, pins, emu, pool.size_kb, pages, vfs, disks,
-                 emulator_dedicated=req.emulator_policy == "isolate")
+    emu = _emulator(req, layout, [n for n, _ in cells], pins, extra)
+    return Claim(cells[0][0].node, tuple(pins), emu, req.hugepage_size_kb, sum(c.pages for c in claimed),
+                 vfs, disks, emulator_dedicated=req.emulator_policy == "isolate",
+                 cells=tuple(claimed) if len(claimed) > 1 else ())
 
 
 def pick_cpus(free: list[int], siblings: dict[int, tuple[int, ...]], count: int) -> list[int] | None:
@@ -210,25 +289,29 @@ def pick_cpus(free: list[int], siblings: dict[int, tuple[int, ...]], count: int)
     return None
 
 
-def _emulator(req: VmRequest, layout: Layout, n: NodeLayout,
-              cpus: list[int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+def _emulator(req: VmRequest, layout: Layout, nodes: list[NodeLayout], pins: list[int],
+              extra: list[int]) -> tuple[int, ...]:
+    """Where QEMU's emulator and IO threads run: the VM's own extra CPU (isolate), the
+    host CPUs of its nodes (host; the layout's shared host CPUs when its nodes have
+    none), else its vCPUs' CPUs (share, or no host CPUs at all)."""
     if req.emulator_policy == "isolate":
-        return tuple(cpus[:-1]), (cpus[-1],)
+        return tuple(extra)
     if req.emulator_policy == "host":
-        host = n.host_cpus or layout.host_cpus
+        host = sorted({c for n in nodes for c in n.host_cpus}) or list(layout.host_cpus)
         if host:
-            return tuple(cpus), tuple(host)
-    return tuple(cpus), tuple(sorted(cpus))  # "share", or no host CPUs at all
+            return tuple(host)
+    return tuple(sorted(pins))
 
 
-def _claim_vfs(layout: Layout, node: int, used: Usage, req: VmRequest) -> tuple[ClaimedVf, ...] | Refusal:
+def _claim_vfs(layout: Layout, nodes: set[int], used: Usage, req: VmRequest) -> tuple[ClaimedVf, ...] | Refusal:
     taken = set(used.vfs)
     reserved = dict(used.min_rate_mbps)
     out: list[ClaimedVf] = []
     for i, v in enumerate(req.vfs):
-        pfs = [p for p in layout.pfs if (p.name == v.pf if v.pf else p.node in (node, None))]
+        pfs = [p for p in layout.pfs if (p.name == v.pf if v.pf else p.node is None or p.node in nodes)]
         if not pfs:
-            return Refusal(f"vfs[{i}].pf", f"no PF {v.pf!r}" if v.pf else f"no PF on node {node}")
+            where = ", ".join(map(str, sorted(nodes)))
+            return Refusal(f"vfs[{i}].pf", f"no PF {v.pf!r}" if v.pf else f"no PF on node {where}")
         chosen = None
         for pf in pfs:
             if v.max_tx_rate_mbps > pf.bandwidth_mbps:

@@ -2,8 +2,13 @@
 
 One row per VM with its state and claim; the claim tables hold a row per CPU,
 VF and disk so the database itself refuses double booking (primary keys), even
-if two hostd processes ever ran against one file. Writes use BEGIN IMMEDIATE so
-a check-then-claim is one transaction.
+if two hostd processes ever ran against one file, and a row per (VM, node, page
+size) for hugepages (a VM spanning nodes holds pages on each). Writes use BEGIN
+IMMEDIATE so a check-then-claim is one transaction.
+
+Schema versions (``PRAGMA user_version``), each upgrade one transaction at open:
+1 -> 2 adds ``page_claims`` (from ``vms.node/size_kb/pages``, which stay: the VM's
+first node and its total).
 """
 
 from __future__ import annotations
@@ -19,7 +24,12 @@ from pathlib import Path
 from hostd.claims import Claim, Usage
 from hostd.errors import HostdError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
+_PAGES = """
+CREATE TABLE page_claims (
+    vm_id TEXT NOT NULL REFERENCES vms ON DELETE CASCADE, node INTEGER NOT NULL,
+    size_kb INTEGER NOT NULL, pages INTEGER NOT NULL, PRIMARY KEY (vm_id, node, size_kb))
+"""
 _SCHEMA = """
 CREATE TABLE vms (
     vm_id TEXT PRIMARY KEY,
@@ -42,7 +52,12 @@ CREATE TABLE vf_claims (
 CREATE TABLE disk_claims (
     disk TEXT PRIMARY KEY, bytes_sec INTEGER NOT NULL, iops INTEGER NOT NULL,
     vm_id TEXT NOT NULL REFERENCES vms ON DELETE CASCADE);
+""" + _PAGES + """;
 """
+# version -> statements that bring a ledger of that version to the next
+_UPGRADES = {
+    1: (_PAGES, "INSERT INTO page_claims SELECT vm_id, node, size_kb, pages FROM vms"),
+}
 
 
 class LedgerConflict(HostdError):
@@ -74,9 +89,16 @@ class Ledger:
                 for stmt in filter(str.strip, _SCHEMA.split(";")):
                     db.execute(stmt)
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
-        elif version != SCHEMA_VERSION:
-            raise HostdError(f"ledger {path} has schema {version}, this hostd knows {SCHEMA_VERSION}",
+            version = SCHEMA_VERSION
+        elif version > SCHEMA_VERSION:
+            raise HostdError(f"ledger {path} has schema {version}, this hostd knows up to {SCHEMA_VERSION}",
                              field="state_dir")
+        while version < SCHEMA_VERSION:
+            with self.tx() as db:
+                for stmt in _UPGRADES[version]:
+                    db.execute(stmt)
+                version += 1
+                db.execute(f"PRAGMA user_version={version}")
 
     def close(self) -> None:
         self._db.close()
@@ -94,7 +116,7 @@ class Ledger:
     def usage(self, db: sqlite3.Connection | None = None) -> Usage:
         db = db or self._db
         pages: dict[tuple[int, int], int] = {}
-        for node, size, n in db.execute("SELECT node, size_kb, SUM(pages) FROM vms GROUP BY node, size_kb"):
+        for node, size, n in db.execute("SELECT node, size_kb, SUM(pages) FROM page_claims GROUP BY node, size_kb"):
             pages[(node, size)] = n
         min_rate: dict[str, int] = {}
         for pf, r in db.execute("SELECT pf, SUM(min_tx_rate_mbps) FROM vf_claims GROUP BY pf"):
@@ -117,6 +139,8 @@ class Ledger:
                         json.dumps(claim.to_dict()), json.dumps(spec), now, now))
             db.executemany("INSERT INTO cpu_claims VALUES (?,?)",
                            [(c, vm_id) for c in claim.dedicated_cpus])
+            db.executemany("INSERT INTO page_claims VALUES (?,?,?,?)",
+                           [(vm_id, c.node, claim.size_kb, c.pages) for c in claim.numa_cells])
             _insert_rates(db, vm_id, claim)
 
     def update_claim(self, db: sqlite3.Connection, vm_id: str, claim: Claim, spec: dict) -> None:

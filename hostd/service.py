@@ -16,7 +16,7 @@ import grpc
 
 from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
-from hostd.claims import VfReq
+from hostd.claims import CellReq, VfReq
 from hostd.errors import HostdError
 from hostd.jsonmodel import to_jsonable
 from hostd.ledger import VmRecord
@@ -60,12 +60,15 @@ def spec_from_proto(r: pb.CreateVMRequest) -> VmSpec:
         raise SpecInvalid("required", field="image")
     node = r.placement.numa_node if r.HasField("placement") else None
     cpus = tuple(r.placement.cpus) if r.HasField("placement") else ()
+    cells = tuple(CellReq(c.numa_node, len(c.cpus), c.memory_mib, tuple(c.cpus)) for c in r.placement.cells)
+    if cells:
+        node, cpus = None, ()
     return VmSpec(
         request_id=r.request_id, name=r.name, vcpus=r.vcpus, memory_mib=r.memory_mib,
         image=r.image, hugepage_size_kb=r.hugepage_size_kb or 2048, profile=r.profile, node=node,
         disks=tuple(DiskSpec(d.disk, _iotune(d.iotune)) for d in r.disks),
         vfs=tuple(VfReq(v.pf, v.mac.lower(), v.vlan, v.max_tx_rate_mbps, v.min_tx_rate_mbps) for v in r.vfs),
-        guest_numa=r.guest_numa, labels=dict(r.labels), cpus=cpus)
+        guest_numa=r.guest_numa, labels=dict(r.labels), cpus=cpus, cells=cells)
 
 
 def vm_to_proto(rec: VmRecord, m: VmManager) -> pb.VM:
@@ -83,7 +86,9 @@ def vm_to_proto(rec: VmRecord, m: VmManager) -> pb.VM:
         vfs=[pb.ClaimedVf(pf=v.pf, index=v.index, pci=m.vf_pci.get((v.pf, v.index), ""), mac=v.mac,
                           vlan=v.vlan, max_tx_rate_mbps=v.max_tx_rate_mbps,
                           min_tx_rate_mbps=v.min_tx_rate_mbps) for v in c.vfs],
-        image=spec.image, labels=spec.labels, created_unix=int(rec.created))
+        image=spec.image, labels=spec.labels, created_unix=int(rec.created),
+        cells=[pb.NumaCell(numa_node=cell.node, cpus=list(pins), memory_mib=cell.pages * c.size_kb // 1024)
+               for cell, pins in zip(c.numa_cells, c.cell_pins())])
 
 
 class HostdService(pb_grpc.HostdServicer):

@@ -10,7 +10,7 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from hostd.claims import DiskReq, VfReq, VmRequest
+from hostd.claims import CellReq, DiskReq, VfReq, VmRequest
 from hostd.jsonmodel import from_jsonable, to_jsonable
 
 
@@ -84,17 +84,18 @@ class VmSpec:
     node: int | None = None  # the scheduler's choice; None = first that fits
     disks: tuple[DiskSpec, ...] = ()
     vfs: tuple[VfReq, ...] = ()
-    guest_numa: bool = False
+    guest_numa: bool = False  # one guest NUMA cell for a one-node VM (a spanning VM always has cells)
     emulator_policy: str = "host"  # "host" | "share" | "isolate" (hostd/claims.py)
     cpus: tuple[int, ...] = ()  # the scheduler's CPU choice (Placement.cpus); a preference
     labels: dict[str, str] = field(default_factory=dict)
+    cells: tuple[CellReq, ...] = ()  # spanning host nodes: one guest NUMA cell each (Placement.cells)
 
     def request(self) -> VmRequest:
         """The resource part, for the claim."""
         return VmRequest(self.request_id, self.name, self.vcpus, self.memory_mib,
                          self.hugepage_size_kb, self.node,
                          tuple(DiskReq(d.disk, d.iotune.bytes_sec, d.iotune.iops) for d in self.disks),
-                         self.vfs, self.emulator_policy, self.cpus)
+                         self.vfs, self.emulator_policy, self.cpus, self.cells)
 
     def to_dict(self) -> dict[str, Any]:
         return to_jsonable(self)

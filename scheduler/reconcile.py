@@ -92,10 +92,15 @@ def _live(v: Vm) -> bool:
 
 
 def _alloc_of(got: pb.VM) -> Allocation:
-    pages = got.memory_mib * 1024 // (got.hugepage_size_kb or 2048)
-    return Allocation((got.numa_node,), tuple(got.vcpu_pins), ((got.numa_node, got.hugepage_size_kb or 2048, pages),),
+    """What a VM hostd runs holds, from its report (guest cells when it spans nodes)."""
+    size = got.hugepage_size_kb or 2048
+    cells = [(c.numa_node, tuple(c.cpus), c.memory_mib * 1024 // size) for c in got.cells] or \
+        [(got.numa_node, tuple(got.vcpu_pins), got.memory_mib * 1024 // size)]
+    return Allocation(tuple(n for n, _, _ in cells), tuple(c for _, cpus, _ in cells for c in cpus),
+                      tuple((n, size, p) for n, _, p in cells),
                       tuple(VfAlloc(v.pf, v.index, v.max_tx_rate_mbps, v.min_tx_rate_mbps) for v in got.vfs),
-                      tuple(DiskAlloc(d.disk, d.iotune.total_bytes_sec, d.iotune.total_iops_sec) for d in got.disks))
+                      tuple(DiskAlloc(d.disk, d.iotune.total_bytes_sec, d.iotune.total_iops_sec) for d in got.disks),
+                      tuple(len(cpus) for _, cpus, _ in cells) if len(cells) > 1 else ())
 
 
 def _adopted(vm_id: str, got: pb.VM, host: str, now: float) -> Vm:

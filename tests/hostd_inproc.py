@@ -30,6 +30,13 @@ LAYOUT = Layout(
     disks=(DiskBudget("nvme0n1", "nvme-eui.01", 0, 10**12, 10**9, 10**5),),
     io_service=IoServiceTarget("none", ""), vm_cgroup="machine", reboot_required=())
 VF_PCI = {("ens1f0", 0): "0000:3b:02.0", ("ens1f0", 1): "0000:3b:02.1"}
+# Two nodes of 2 VM CPUs and 128 x 2 MiB pages each, the PF on node 1: what a VM
+# spanning nodes needs (this machine has one node, so only the test driver runs it).
+TWO_NODES = Layout(
+    nodes=(NodeLayout(0, (0,), (1,), (2, 3), (HugepageTarget(2048, 128),)),
+           NodeLayout(1, (4,), (5,), (6, 7), (HugepageTarget(2048, 128),))),
+    pfs=(PfLayout("ens1f0", "0000:3b:00.0", 1, 2, 10000, (VfSlot(0, 0, 0), VfSlot(1, 0, 0))),),
+    disks=(), io_service=IoServiceTarget("none", ""), vm_cgroup="machine", reboot_required=())
 
 
 class Rates:
@@ -77,17 +84,18 @@ class InprocHostd:
         self.libvirt.close()
 
 
-def start_hostd(tmp: Path, certs: Path, name: str, *, with_image: bool = True, workers: int = 8) -> InprocHostd:
+def start_hostd(tmp: Path, certs: Path, name: str, *, with_image: bool = True, workers: int = 8,
+                layout: Layout = LAYOUT) -> InprocHostd:
     (tmp / "vmlinuz").write_bytes(b"k")
     images = ImageStore(tmp / "images")
     if with_image:
         images.add("smoke", "1", "kernel", {"kernel": tmp / "vmlinuz"})
     lv = LibvirtHost("test:///default", NS)
-    m = VmManager(layout=LAYOUT, siblings={}, ledger=Ledger(tmp / "ledger.db"), libvirt=lv, images=images,
+    m = VmManager(layout=layout, siblings={}, ledger=Ledger(tmp / "ledger.db"), libvirt=lv, images=images,
                   render=render, disk_check=lambda n: [], vf_rates=Rates(), pf_drivers={"ens1f0": "ice"},
                   vf_pci=VF_PCI)
     server = grpc.server(futures.ThreadPoolExecutor(workers))
-    pb_grpc.add_HostdServicer_to_server(HostdService(m, host=name, layout_json=LAYOUT.to_json(None),
+    pb_grpc.add_HostdServicer_to_server(HostdService(m, host=name, layout_json=layout.to_json(None),
                                                      health=lambda: pb.HealthResponse(ok=True)), server)
     creds = grpc.ssl_server_credentials([((certs / "hostd.key").read_bytes(), (certs / "hostd.crt").read_bytes())],
                                         root_certificates=(certs / "ca.crt").read_bytes(),

@@ -24,10 +24,16 @@ Policy, decision by decision (each one shows in the golden files):
   raising QEMU's RLIMIT_MEMLOCK to unlimited, which a container or a libvirtd
   without CAP_SYS_RESOURCE refuses (this development machine: "cannot limit
   locked memory"), so it is a host fact (``lock_memory``), on by default.
-- Guest NUMA cell (``spec.guest_numa``): one cell with every vCPU and all RAM;
-  the hugepage ``nodeset`` then names that guest cell and ``<memnode>`` binds it
-  to the host node. Without a cell, ``<page>`` carries no nodeset (libvirt
-  reads it as guest cells and would refuse).
+- Guest NUMA cells: a VM spanning host nodes (``claim.cells``) gets one guest
+  cell per host node, in claim order: cell i holds the next vCPUs of the claim
+  (pinned on that node) and that node's pages, and ``<memnode cellid=i>`` binds
+  its memory strictly to that node. Always, not only with ``guest_numa``: with
+  one ``<memory nodeset='0-1'>`` and no cells the kernel would take the pages
+  from either node in any proportion, and the per-node page counts of the claim
+  (and the scheduler's) would be wrong. A one-node VM gets one cell with every
+  vCPU and all RAM when ``spec.guest_numa`` asks for it. With cells the hugepage
+  ``nodeset`` names the guest cells; without, ``<page>`` carries no nodeset
+  (libvirt reads it as guest cells and would refuse).
 - CPU model: ``kvm`` -> ``host-passthrough`` with ``migratable='off'`` (pinned,
   never migrated VMs: the guest sees invariant TSC, a reliable clocksource) and
   no vPMU (monitoring is vPMU-free; PMU MSR exits cost latency). ``qemu`` (TCG)
@@ -56,7 +62,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from hostd.claims import Claim
+from hostd.claims import Claim, ClaimCell
 from hostd.cpulist import format_cpu_list
 from hostd.domain.elements import (Chardev, Clock, Controller, Cpu, CpuTopology, CpuTune, Devices,
                                    Disk, DiskDriver, Domain, ElementError, Features, HostdevInterface,
@@ -127,7 +133,8 @@ def design(*, vm_id: str, spec: VmSpec, claim: Claim, boot: Boot, host: HostFact
            metadata: tuple[str, ...] = ()) -> Domain:
     """The domain for ``spec`` on the resources of ``claim``; pure."""
     _check_inputs(spec, claim, boot, host)
-    numa_cell = spec.guest_numa
+    cells = claim.numa_cells if spec.guest_numa or claim.spans else ()
+    host_nodes = format_cpu_list(sorted(c.node for c in claim.numa_cells))
     memory_kib = spec.memory_mib * 1024
     iothreads = len(claim.disks)
     emu = format_cpu_list(claim.emulator_cpus)
@@ -135,18 +142,18 @@ def design(*, vm_id: str, spec: VmSpec, claim: Claim, boot: Boot, host: HostFact
         type=host.virt_type, name=spec.name, uuid=vm_id, memory_kib=memory_kib, vcpus=spec.vcpus,
         metadata=metadata,
         memory_backing=MemoryBacking(
-            hugepages=(HugePage(claim.size_kb, "0" if numa_cell else None),),
+            hugepages=(HugePage(claim.size_kb, format_cpu_list(range(len(cells))) if cells else None),),
             nosharepages=True, locked=host.lock_memory),
         iothreads=iothreads,
         cputune=CpuTune(vcpupins=tuple(VcpuPin(i, str(c)) for i, c in enumerate(claim.vcpu_pins)),
                         emulatorpin=emu,
                         iothreadpins=tuple(IoThreadPin(i + 1, emu) for i in range(iothreads))),
-        numatune=NumaTune("strict", str(claim.node),
-                          (MemNode(0, "strict", str(claim.node)),) if numa_cell else ()),
+        numatune=NumaTune("strict", host_nodes,
+                          tuple(MemNode(i, "strict", str(c.node)) for i, c in enumerate(cells))),
         os=Os(type="hvm", arch=host.arch, machine=host.machine, kernel=boot.kernel,
               initrd=boot.initrd, cmdline=boot.cmdline, boot=("hd",) if boot.disk else ()),
         features=Features(acpi=True, apic=True, pmu=False if host.virt_type == "kvm" else None),
-        cpu=_cpu(spec, claim, host, memory_kib),
+        cpu=_cpu(spec, claim, host, cells),
         clock=Clock("utc", (Timer("rtc", tickpolicy="catchup"), Timer("pit", tickpolicy="delay"),
                             Timer("hpet", present=False))),
         on_poweroff="destroy", on_reboot="restart", on_crash="destroy",
@@ -166,14 +173,16 @@ def console_log(host: HostFacts, name: str) -> Path:
     return host.console_dir / name / "console.log"
 
 
-def _cpu(spec: VmSpec, claim: Claim, host: HostFacts, memory_kib: int) -> Cpu:
+def _cpu(spec: VmSpec, claim: Claim, host: HostFacts, cells: tuple[ClaimCell, ...]) -> Cpu:
     threads = _threads_per_core(claim.vcpu_pins, host.siblings)
     topo = CpuTopology(sockets=1, cores=spec.vcpus // threads, threads=threads)
-    cells = (NumaCell(0, f"0-{spec.vcpus - 1}" if spec.vcpus > 1 else "0", memory_kib),) \
-        if spec.guest_numa else ()
+    numa, first = [], 0
+    for i, c in enumerate(cells):  # cell i: the next c.vcpus vCPUs
+        numa.append(NumaCell(i, format_cpu_list(range(first, first + c.vcpus)), c.pages * claim.size_kb))
+        first += c.vcpus
     if host.virt_type == "kvm":
-        return Cpu(mode="host-passthrough", check="none", migratable=False, topology=topo, cells=cells)
-    return Cpu(mode="maximum", check="none", migratable=False, topology=topo, cells=cells)
+        return Cpu(mode="host-passthrough", check="none", migratable=False, topology=topo, cells=tuple(numa))
+    return Cpu(mode="maximum", check="none", migratable=False, topology=topo, cells=tuple(numa))
 
 
 def _threads_per_core(pins: tuple[int, ...], siblings: Mapping[int, tuple[int, ...]]) -> int:
@@ -247,6 +256,18 @@ def _check_inputs(spec: VmSpec, claim: Claim, boot: Boot, host: HostFacts) -> No
                                      f"memory_mib={spec.memory_mib}")
     if claim.node < 0:
         raise _refuse("claim.node", f"{claim.node} is not a NUMA node")
+    if claim.cells:
+        nodes = [c.node for c in claim.cells]
+        if len(set(nodes)) != len(nodes) or min(nodes) < 0:
+            raise _refuse("claim.cells", f"host nodes {nodes}: each cell needs its own node")
+        if any(c.vcpus < 1 or c.pages < 1 for c in claim.cells):
+            raise _refuse("claim.cells", "every guest NUMA cell needs a vCPU and memory")
+        if sum(c.vcpus for c in claim.cells) != len(claim.vcpu_pins):
+            raise _refuse("claim.cells", f"the cells hold {sum(c.vcpus for c in claim.cells)} vCPUs, "
+                                         f"{len(claim.vcpu_pins)} are pinned")
+        if sum(c.pages for c in claim.cells) != claim.pages:
+            raise _refuse("claim.cells", f"the cells hold {sum(c.pages for c in claim.cells)} pages, "
+                                         f"the claim {claim.pages}")
     _check_boot(boot)
     if len(claim.disks) != len(spec.disks):
         raise _refuse("disks", f"{len(spec.disks)} disks asked, {len(claim.disks)} claimed")

@@ -93,12 +93,21 @@ class DiskOut(BaseModel):
     iops: int
 
 
+class CellOut(BaseModel):
+    """One guest NUMA cell: its vCPUs' host CPUs and its memory, all on host node ``node``."""
+
+    node: int
+    cpus: list[int]
+    memory_mib: int
+
+
 class PlacementOut(BaseModel):
     nodes: list[int]
     cpus: list[int]
     hugepages: list[PagesOut]
     vfs: list[VfOut]
     disks: list[DiskOut]
+    cells: list[CellOut] = Field(description="guest NUMA cells in order: one per host node the VM uses")
 
 
 class VmPublic(BaseModel):

@@ -70,7 +70,12 @@ def create_request(vm: Vm, alloc: Allocation) -> pb.CreateVMRequest:
              for a, d in zip(alloc.disks, body.disks)]
     vfs = [pb.VfRequest(pf=a.pf, mac=v.mac, vlan=v.vlan, max_tx_rate_mbps=v.max_tx_rate_mbps,
                         min_tx_rate_mbps=v.min_tx_rate_mbps) for a, v in zip(alloc.vfs, body.vfs)]
-    placement = pb.Placement(numa_node=alloc.nodes[0], cpus=list(alloc.cpus)) if len(alloc.nodes) == 1 else None
+    if alloc.cell_vcpus:  # spanning: one guest NUMA cell per host node, memory bound to it
+        size = body.page_size_kb
+        placement = pb.Placement(cells=[pb.NumaCell(numa_node=node, cpus=list(cpus), memory_mib=pages * size // 1024)
+                                        for node, cpus, pages in alloc.cells()])
+    else:
+        placement = pb.Placement(numa_node=alloc.nodes[0], cpus=list(alloc.cpus))
     labels = dict(body.labels) | {"hyb.vm": vm.id, "hyb.tenant": vm.tenant, "hyb.name": vm.name}
     return pb.CreateVMRequest(
         request_id=vm.id, name=f"{vm.name}-{vm.id[:8]}", vcpus=body.vcpus, memory_mib=body.memory_mib,

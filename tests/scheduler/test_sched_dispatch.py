@@ -10,11 +10,13 @@ from pathlib import Path
 import pytest
 
 from api import hostd_pb2 as pb
-from hostd_inproc import LAYOUT, dev_certs, start_hostd
+from hostd_inproc import LAYOUT, TWO_NODES, dev_certs, start_hostd
 from sched_helpers import ADM, HOST, TA, make_client, vm_body
 from scheduler.config import DispatchConfig
 from scheduler.dispatch import HostdClients
-from scheduler.reconcile import reconcile_all
+from scheduler.db.models import Vm
+from scheduler.reconcile import _alloc_of, reconcile_all
+from scheduler.resources import Allocation
 from scheduler.config import ReconcileConfig
 
 
@@ -135,3 +137,51 @@ def test_reconcile_repairs_drift_hostd_is_the_truth(cluster):
     assert reconcile_all(api.app, clients, ReconcileConfig(grace_s=0))["h2"] == ["usage_recomputed"]
     assert api.get("/v1/hosts/h2", headers=ADM).json()["nodes"][0]["used_cpus"] == list(orphan.vcpu_pins)
     assert 'hyb_sched_reconcile_repairs_total{kind="vanished"} 1.0' in api.get("/metrics").text
+
+
+@pytest.fixture
+def two_node_host(tmp_path: Path, certs: Path):  # type: ignore[no-untyped-def]
+    """One hostd whose layout has two NUMA nodes (2 VM CPUs, 128 x 2 MiB pages each)."""
+    h = start_hostd(tmp_path, certs, "n2", layout=TWO_NODES)
+    clients = HostdClients(DispatchConfig(ca=str(certs / "ca.crt"), cert=str(certs / "scheduler.crt"),
+                                          key=str(certs / "scheduler.key"), timeout_s=10, max_attempts=1))
+    try:
+        with make_client(f"sqlite:///{tmp_path}/s.db", hostd=clients, dispatch={"enabled": True}) as api:
+            body = {"name": "n2", "address": f"localhost:{h.port}", "layout": json.loads(TWO_NODES.to_json())}
+            assert api.post("/v1/hosts", json=body, headers=HOST).status_code == 201
+            yield api, clients, h.manager
+    finally:
+        clients.close()
+        h.stop("t-")
+
+
+def test_spanned_vm_runs_with_a_guest_cell_per_node_and_frees_both(two_node_host):
+    """allow_span_nodes end to end: the scheduler's cells go to hostd as Placement.cells,
+    hostd claims each cell's CPUs and pages on its node, and both sides agree."""
+    api, clients, m = two_node_host
+    r = api.post("/v1/vms", json=vm_body("t-big", vcpus=3, memory_mib=384, allow_span_nodes=True,
+                                         vfs=[{"max_tx_rate_mbps": 1000}]),
+                 headers=TA | {"Idempotency-Key": "span"})
+    assert r.status_code == 202, r.text
+    vm = api.get(f"/v1/vms/{r.json()['id']}", headers=TA).json()
+    assert vm["status"] == "running", vm
+    cells = vm["placement"]["cells"]
+    assert [(c["node"], len(c["cpus"]), c["memory_mib"]) for c in cells] == [(0, 2, 256), (1, 1, 128)]
+    rec = m.get(vm["hostd_vm_id"])
+    assert rec.claim.spans and [(c.node, c.vcpus, c.pages) for c in rec.claim.cells] == [(0, 2, 128), (1, 1, 64)]
+    assert [list(p) for p in rec.claim.cell_pins()] == [c["cpus"] for c in cells]
+    assert rec.claim.vfs[0].pf == "ens1f0"  # its PF is on node 1, one of the VM's nodes
+    inv = clients.inventory(api.get("/v1/hosts/n2", headers=ADM).json()["address"])
+    assert [[p.used for p in n.hugepages] for n in inv.nodes] == [[128], [64]]
+    # what hostd reports is what reconcile would adopt: the scheduler's own allocation
+    (got,) = clients.list_vms(api.get("/v1/hosts/n2", headers=ADM).json()["address"])
+    assert [(c.numa_node, list(c.cpus), c.memory_mib) for c in got.cells] == \
+        [(c["node"], c["cpus"], c["memory_mib"]) for c in cells]
+    with api.app.state.store.read() as s:
+        stored = Allocation.from_dict(s.get(Vm, vm["id"]).allocation)
+    assert _alloc_of(got) == stored
+    assert reconcile_all(api.app, clients, ReconcileConfig(grace_s=0)) == {"n2": []}
+    assert api.delete(f"/v1/vms/{vm['id']}", headers=TA).status_code == 204
+    assert m.ledger.list() == [] and m.ledger.usage().pages == {}
+    h = api.get("/v1/hosts/n2", headers=ADM).json()
+    assert all(n["used_cpus"] == [] for n in h["nodes"]) and h["vms"] == 0

@@ -30,7 +30,18 @@ def _svc(request: Request) -> VmService:
 def placement_out(a: Allocation) -> PlacementOut:
     return PlacementOut(nodes=list(a.nodes), cpus=list(a.cpus),
                         hugepages=[{"node": n, "size_kb": s, "count": c} for n, s, c in a.pages],
-                        vfs=[v.__dict__ for v in a.vfs], disks=[d.__dict__ for d in a.disks])
+                        vfs=[v.__dict__ for v in a.vfs], disks=[d.__dict__ for d in a.disks],
+                        cells=cells_json(a.to_dict()))
+
+
+def cells_json(a: dict) -> list[dict]:
+    """Guest NUMA cells of a stored allocation (``Allocation.cells`` on the dict form)."""
+    out, at = [], 0
+    for node, k in zip(a["nodes"], a.get("cell_vcpus") or [len(a["cpus"])]):
+        out.append({"node": node, "cpus": list(a["cpus"][at:at + k]),
+                    "memory_mib": sum(c * s // 1024 for n, s, c in a["pages"] if n == node)})
+        at += k
+    return out
 
 
 def vm_json(vm: Vm) -> dict:
@@ -41,7 +52,8 @@ def vm_json(vm: Vm) -> dict:
     placement = None if not a else {
         "nodes": list(a["nodes"]), "cpus": list(a["cpus"]),
         "hugepages": [{"node": n, "size_kb": s, "count": c} for n, s, c in a["pages"]],
-        "vfs": [dict(v) for v in a.get("vfs", ())], "disks": [dict(d) for d in a.get("disks", ())]}
+        "vfs": [dict(v) for v in a.get("vfs", ())], "disks": [dict(d) for d in a.get("disks", ())],
+        "cells": cells_json(a)}
     return {"id": vm.id, "name": vm.name, "tenant": vm.tenant, "status": vm.status, "reason": vm.reason,
             "host": vm.host, "placement": placement, "hostd_vm_id": vm.hostd_vm_id, "attempts": vm.attempts,
             # as vm_out: the stored request carries the effective tenant, the public one None

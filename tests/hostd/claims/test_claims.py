@@ -13,7 +13,8 @@ from hostd.carve.layout import (
     PfLayout,
     VfSlot,
 )
-from hostd.claims import Claim, DiskReq, Refusal, Usage, VfReq, VmRequest, claim, pick_cpus
+from hostd.claims import (CellReq, Claim, ClaimCell, DiskReq, Refusal, Usage, VfReq, VmRequest, claim,
+                          pick_cpus)
 
 # 2 nodes x 4 cores x 2 threads; siblings n and n+8 (Intel-style enumeration).
 SIBLINGS = {c: tuple(sorted({c % 8, c % 8 + 8})) for c in range(16)}
@@ -116,3 +117,43 @@ def test_preferred_cpus_are_taken_where_free_and_must_be_vm_cpus():
     assert isinstance(got, Claim) and 3 in got.vcpu_pins and 11 not in got.vcpu_pins
     bad = claim(LAYOUT, SIBLINGS, Usage(), VmRequest("r", "vm", 1, 2, 2048, 0, prefer_cpus=(0,)))
     assert isinstance(bad, Refusal) and bad.field == "placement.cpus" and "not VM CPUs" in bad.reason
+
+
+# ---------------------------------------------------------------- guest NUMA cells (spanning)
+
+
+def test_spanned_claim_takes_each_cells_cpus_and_pages_from_its_node() -> None:
+    cells = (CellReq(0, 2, 512, prefer_cpus=(3, 11)), CellReq(1, 3, 256))
+    c = claim(LAYOUT, SIBLINGS, Usage(), _req(vcpus=5, memory_mib=768, cells=cells))
+    assert isinstance(c, Claim), c
+    assert c.spans and c.node == 0 and c.pages == 384
+    assert c.cells == (ClaimCell(0, 2, 256), ClaimCell(1, 3, 128))
+    assert c.cell_pins() == ((3, 11), (5, 13, 6))  # the scheduler's pick on node 0, whole cores on 1
+    assert c.emulator_cpus == (1, 9)  # host CPUs of the nodes used (node 1 has none)
+    iso = claim(LAYOUT, SIBLINGS, Usage(), _req(vcpus=5, memory_mib=768, cells=cells, emulator_policy="isolate"))
+    assert isinstance(iso, Claim) and iso.emulator_cpus == (2,) and iso.cell_pins()[0] == (3, 11)
+    assert set(iso.dedicated_cpus) == {2, 3, 11, 5, 13, 6}
+
+
+def test_spanned_claim_vfs_may_come_from_any_cell_node() -> None:
+    cells = (CellReq(0, 1, 2), CellReq(1, 1, 2))
+    c = claim(LAYOUT, SIBLINGS, Usage(vfs=frozenset({("ens1f0", 0), ("ens1f0", 1)})),
+              _req(vcpus=2, memory_mib=4, cells=cells, vfs=(VfReq(),)))
+    assert isinstance(c, Claim) and [v.pf for v in c.vfs] == ["ens2f0"]  # node 0's PF is full
+
+
+@pytest.mark.parametrize("cells,field,reason", [
+    ((CellReq(0, 2, 512),), "placement.cells", "two or more cells"),
+    ((CellReq(0, 2, 256), CellReq(0, 0, 256)), "placement.cells[1].cpus", "needs a vCPU"),
+    ((CellReq(0, 1, 511), CellReq(1, 1, 1)), "placement.cells[0].memory_mib", "multiple of the 2048 kB"),
+    ((CellReq(0, 1, 256), CellReq(0, 1, 256)), "placement.cells", "a host node is given twice"),
+    ((CellReq(0, 1, 256), CellReq(1, 2, 256)), "placement.cells", "the cells hold 3 vCPUs, the VM has 2"),
+    ((CellReq(0, 1, 256), CellReq(1, 1, 512)), "placement.cells", "the cells hold 768 MiB, the VM has 512"),
+    ((CellReq(0, 1, 256), CellReq(7, 1, 256)), "placement.cells", "nodes [7] have no VM resources"),
+    ((CellReq(0, 1, 256), CellReq(1, 1, 256, prefer_cpus=(2,))), "placement.cells[1].cpus",
+     "CPUs [2] are not VM CPUs of node 1"),
+    ((CellReq(0, 1, 2), CellReq(1, 1, 510)), "memory_mib", "node 1 has 254 free 2048 kB pages, 255 needed"),
+])
+def test_bad_cells_are_refused_naming_the_field(cells, field, reason) -> None:
+    got = claim(LAYOUT, SIBLINGS, Usage(pages={(1, 2048): 2}), _req(vcpus=2, memory_mib=512, cells=cells))
+    assert isinstance(got, Refusal) and got.field == field and reason in got.reason, got

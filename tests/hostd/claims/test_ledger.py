@@ -3,12 +3,15 @@ by the database, and released resources come back."""
 
 from __future__ import annotations
 
+import json
+import sqlite3
 import threading
 from pathlib import Path
 
 import pytest
 
-from hostd.claims import Claim, ClaimedDisk, ClaimedVf
+from hostd.claims import Claim, ClaimCell, ClaimedDisk, ClaimedVf
+from hostd.errors import HostdError
 from hostd.ledger import Ledger, LedgerConflict
 
 
@@ -77,3 +80,58 @@ def test_concurrent_claims_of_one_cpu_one_winner(tmp_path: Path) -> None:
     for t in threads:
         t.join()
     assert sorted(results) == ["conflict"] * 7 + ["ok"]
+
+
+def test_spanned_claim_holds_pages_on_each_node(tmp_path: Path) -> None:
+    led = Ledger(tmp_path / "l.sqlite")
+    spanned = Claim(node=0, vcpu_pins=(2, 3, 20), emulator_cpus=(1,), size_kb=2048, pages=768, vfs=(),
+                    disks=(), cells=(ClaimCell(0, 2, 512), ClaimCell(1, 1, 256)))
+    with led.tx() as tx:
+        led.record(tx, vm_id="u1", request_id="r1", name="vm1", claim=spanned, spec={})
+        led.record(tx, vm_id="u2", request_id="r2", name="vm2", claim=_claim(cpus=(4, 5)), spec={})
+    assert led.usage().pages == {(0, 2048): 768, (1, 2048): 256}
+    assert led.get(vm_id="u1").claim == spanned
+    with led.tx() as tx:
+        led.release(tx, "u1")
+    assert led.usage().pages == {(0, 2048): 256}
+
+
+_V1 = """
+CREATE TABLE vms (vm_id TEXT PRIMARY KEY, request_id TEXT NOT NULL UNIQUE, name TEXT NOT NULL UNIQUE,
+    state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '', node INTEGER NOT NULL, size_kb INTEGER NOT NULL,
+    pages INTEGER NOT NULL, claim_json TEXT NOT NULL, spec_json TEXT NOT NULL, created REAL NOT NULL,
+    updated REAL NOT NULL);
+CREATE TABLE cpu_claims (cpu INTEGER PRIMARY KEY, vm_id TEXT NOT NULL REFERENCES vms ON DELETE CASCADE);
+CREATE TABLE vf_claims (pf TEXT NOT NULL, vf INTEGER NOT NULL, min_tx_rate_mbps INTEGER NOT NULL,
+    vm_id TEXT NOT NULL REFERENCES vms ON DELETE CASCADE, PRIMARY KEY (pf, vf));
+CREATE TABLE disk_claims (disk TEXT PRIMARY KEY, bytes_sec INTEGER NOT NULL, iops INTEGER NOT NULL,
+    vm_id TEXT NOT NULL REFERENCES vms ON DELETE CASCADE);
+PRAGMA user_version=1;
+"""
+
+
+def test_version_1_ledger_is_upgraded_in_place(tmp_path: Path) -> None:
+    """A ledger written by the previous hostd (schema 1, the exact DDL it shipped):
+    its VMs keep their pages after the upgrade, and release still frees them."""
+    path = tmp_path / "l.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript(_V1)
+    old = _claim()
+    db.execute("INSERT INTO vms VALUES (?,?,?,?,?,?,?,?,?,?,?,?)",
+               ("u1", "r1", "vm1", "running", "", 1, 2048, 256, json.dumps(old.to_dict()), "{}", 1.0, 1.0))
+    db.commit()
+    db.close()
+    led = Ledger(path)
+    assert led._db.execute("PRAGMA user_version").fetchone()[0] == 2
+    assert led.usage().pages == {(1, 2048): 256}
+    assert led.get(vm_id="u1").claim == old
+    with led.tx() as tx:
+        led.release(tx, "u1")
+    assert led.usage().pages == {}
+    led.close()
+    db = sqlite3.connect(path)
+    db.execute("PRAGMA user_version=7")
+    db.commit()
+    db.close()
+    with pytest.raises(HostdError, match="schema 7, this hostd knows up to 2"):
+        Ledger(path)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from hostd.carve.layout import (DiskBudget, HugepageTarget, IoServiceTarget, Layout, NodeLayout,
                                 PfLayout, VfSlot)
-from hostd.claims import Claim, Refusal, Usage, VfReq, claim
+from hostd.claims import CellReq, Claim, Refusal, Usage, VfReq, claim
 from hostd.domain.designer import Boot, HostFacts, design
 from hostd.domain.elements import Domain
 from hostd.metadata import VmMetadata
@@ -107,6 +107,12 @@ CASES = (
          KERNEL, host("qemu", lock_memory=False)),
     Case("boot-from-disk", spec("boot-from-disk", vcpus=2, memory_mib=1024),
          Boot(disk="/var/lib/hostd/vms/boot-from-disk/root.qcow2", disk_format="qcow2"), host()),
+    # Spanning both host nodes: two guest cells (4 vCPUs + 4 GiB on node 0, 2 + 2 GiB on
+    # node 1), each bound to its node, without guest_numa (a spanning VM always has cells).
+    Case("span-two-nodes",
+         spec("span-two-nodes", vcpus=6, memory_mib=6144,
+              cells=(CellReq(0, 4, 4096), CellReq(1, 2, 2048, prefer_cpus=(7, 15)))),
+         KERNEL, host()),
 )
 
 
@@ -123,6 +129,21 @@ def smoke_case(disk: str, state_dir: Path, kernel: Path, initrd: Path) -> Case:
                               group_name="smoke")),))
     return Case("smoke-direct-kernel", s,
                 Boot(kernel=str(kernel), initrd=str(initrd), cmdline="console=ttyS0 panic=-1"),
+                HostFacts(virt_type="qemu", console_dir=state_dir / "vms", lock_memory=False), layout)
+
+
+def span_smoke_case(state_dir: Path, kernel: Path, initrd: Path) -> Case:
+    """A smoke guest spanning two host nodes (synthetic layout: CPU 1 on node 0, CPU 0 on
+    node 1, 64 x 2 MiB pages each): two guest cells of 1 vCPU + 128 MiB each."""
+    layout = Layout(nodes=(NodeLayout(0, io_cpus=(), host_cpus=(), vm_cpus=(1,),
+                                      hugepages=(HugepageTarget(2048, 64),)),
+                           NodeLayout(1, io_cpus=(), host_cpus=(), vm_cpus=(0,),
+                                      hugepages=(HugepageTarget(2048, 64),))),
+                    pfs=(), disks=(), io_service=IoServiceTarget("none", ""), vm_cgroup="machine",
+                    reboot_required=())
+    s = spec("hyb-test-domain-span", vcpus=2, memory_mib=256, emulator_policy="share",
+             cells=(CellReq(0, 1, 128), CellReq(1, 1, 128)))
+    return Case("span-smoke", s, Boot(kernel=str(kernel), initrd=str(initrd), cmdline="console=ttyS0 panic=-1"),
                 HostFacts(virt_type="qemu", console_dir=state_dir / "vms", lock_memory=False), layout)
 
 

@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from domcases import CASES, KERNEL, SIBLINGS, Case, host, spec
-from hostd.claims import Claim, ClaimedDisk, ClaimedVf, VfReq
+from hostd.claims import Claim, ClaimCell, ClaimedDisk, ClaimedVf, VfReq
 from hostd.domain.designer import (Boot, DomainDesignError, _target, check_host, design,
                                    design_domain)
 from hostd.domain.elements import Domain, HugePage, IoThreadPin, MemNode, Os, VcpuPin
@@ -28,8 +28,9 @@ def build(s, c: Claim, boot: Boot = KERNEL, **host_kw) -> Domain:
     return design(vm_id=VM_ID, spec=s, claim=c, boot=boot, host=host(**host_kw))
 
 
-def claim(pins=(3, 2), emu=(1,), pages=128, size_kb=2048, node=0, vfs=(), disks=(), dedicated=False):
-    return Claim(node, tuple(pins), tuple(emu), size_kb, pages, tuple(vfs), tuple(disks), dedicated)
+def claim(pins=(3, 2), emu=(1,), pages=128, size_kb=2048, node=0, vfs=(), disks=(), dedicated=False, cells=()):
+    return Claim(node, tuple(pins), tuple(emu), size_kb, pages, tuple(vfs), tuple(disks), dedicated,
+                 tuple(ClaimCell(*c) for c in cells))
 
 
 def test_vcpus_pinned_one_to_one_in_claim_order() -> None:
@@ -61,6 +62,17 @@ def test_hugepages_strict_on_the_claimed_node_and_guest_cell_only_when_asked() -
     assert cell.memory_backing.hugepages == (HugePage(2048, "0"),)  # guest cell 0
     assert cell.numatune.memnodes == (MemNode(0, "strict", "1"),)  # -> host node 1
     assert [(x.id, x.cpus, x.memory_kib) for x in cell.cpu.cells] == [(0, "0-1", 2 * 2**20)]
+
+
+def test_spanning_vm_gets_a_cell_per_host_node_even_without_guest_numa() -> None:
+    """Cell i: the next vCPUs of the claim and that node's pages, memory bound to the node."""
+    d = build(spec("a", vcpus=3, memory_mib=256), claim(pins=(2, 3, 7), pages=128, node=1,
+                                                          cells=((1, 1, 32), (0, 2, 96))))
+    assert [(x.id, x.cpus, x.memory_kib) for x in d.cpu.cells] == [(0, "0", 65536), (1, "1-2", 196608)]
+    assert d.numatune.nodeset == "0-1"
+    assert d.numatune.memnodes == (MemNode(0, "strict", "1"), MemNode(1, "strict", "0"))
+    assert d.memory_backing.hugepages == (HugePage(2048, "0-1"),)  # both guest cells
+    assert [p.cpuset for p in d.cputune.vcpupins] == ["2", "3", "7"]
 
 
 def test_cpu_model_per_virt_type() -> None:
@@ -126,6 +138,10 @@ GOOD = dict(s=spec("a", vcpus=2), c=claim())
     (dict(c=claim(emu=())), "claim.emulator_cpus", "no CPU"),
     (dict(c=claim(emu=(3,), dedicated=True)), "claim.emulator_cpus", "also a vCPU"),
     (dict(c=claim(pages=64)), "claim.pages", "do not make memory_mib=256"),
+    (dict(c=claim(cells=((0, 1, 64), (0, 1, 64)))), "claim.cells", "each cell needs its own node"),
+    (dict(c=claim(cells=((0, 2, 64), (1, 0, 64)))), "claim.cells", "needs a vCPU and memory"),
+    (dict(c=claim(cells=((0, 2, 64), (1, 1, 64)))), "claim.cells", "the cells hold 3 vCPUs, 2 are pinned"),
+    (dict(c=claim(cells=((0, 1, 64), (1, 1, 32)))), "claim.cells", "the cells hold 96 pages, the claim 128"),
     (dict(boot=Boot()), "image", "needs a kernel, a root disk, or both"),
     (dict(boot=Boot(initrd="/i", disk="/d")), "image.kernel", "needs a kernel"),
     (dict(boot=Boot(kernel="vmlinuz")), "image.kernel", "not an absolute path"),

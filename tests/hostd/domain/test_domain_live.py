@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from domcases import smoke_case
+from domcases import smoke_case, span_smoke_case
 from domvalidate import virt_xml_validate
 from hostd.domain.designer import design_domain
 from hostd.domain.elements import Domain
@@ -138,3 +138,57 @@ def test_tcg_refuses_host_passthrough_which_is_why_the_designer_uses_maximum(
     finally:
         host.destroy_and_undefine(bad.uuid)
         host.close()
+
+
+@pytest.mark.root
+@pytest.mark.integration
+def test_spanning_guest_boots_with_one_numa_cell_per_host_node(
+        libvirtd: str, smoke_guest: dict[str, Path], hugepages_2m, tmp_path: Path) -> None:
+    """A VM spanning two host nodes: the guest kernel sees two NUMA nodes, each with
+    its own vCPU and 128 MiB, and libvirt runs each cell's memory strictly bound.
+
+    This machine has one NUMA node, so the designed ``<numatune>`` (cell 0 -> host
+    node 0, cell 1 -> host node 1) is remapped to host node 0 before the start; the
+    guest side (cells, vCPU ranges, per-cell hugepage backends) is exactly the design's."""
+    hugepages_2m(128)
+    case = span_smoke_case(tmp_path / "state", smoke_guest["kernel"], smoke_guest["initrd"])
+    image = ImageStore(tmp_path / "images").add(
+        "smoke", "1", "kernel", {"kernel": smoke_guest["kernel"], "initrd": smoke_guest["initrd"]},
+        cmdline="console=ttyS0 panic=-1")
+    md = VmMetadata(vm_id=str(uuid.uuid4()), request_id=case.spec.request_id, created=int(time.time()),
+                    claim=case.claim(), spec=case.spec)
+    assert md.claim.spans and md.claim.cell_pins() == ((1,), (0,))
+    dom = design_domain(md, image, case.host)
+    assert [(m.cellid, m.nodeset) for m in dom.numatune.memnodes] == [(0, "0"), (1, "1")]
+    one_node = dataclasses.replace(dom.numatune, nodeset="0", memnodes=tuple(
+        dataclasses.replace(m, nodeset="0") for m in dom.numatune.memnodes))
+    dom = dataclasses.replace(dom, numatune=one_node)
+    (tmp_path / "domain.xml").write_text(dom.to_xml())
+    virt_xml_validate(tmp_path / "domain.xml")
+
+    host = LibvirtHost(libvirtd, NS)
+    held_before = _pages_held()
+    vm = host.define_and_start(case.spec.name, dom.to_xml())
+    try:
+        log = _wait_for(tmp_path / "state" / "vms" / case.spec.name / "console.log", "HYB-SMOKE-OK",
+                        BOOT_TIMEOUT_S)
+        assert re.search(r"HYB-SMOKE-OK cpus=2 ", log), log[-2000:]
+        numa = re.search(r"HYB-SMOKE-NUMA (.*)", log)
+        assert numa, log[-2000:]
+        nodes = {n: (c, int(m)) for n, c, m in re.findall(r"(node\d+)=cpus:(\S+?),mem_kb:(\d+)",
+                                                           numa.group(1))}
+        assert sorted(nodes) == ["node0", "node1"], numa.group(0)
+        assert nodes["node0"][0] == "0" and nodes["node1"][0] == "1", numa.group(0)
+        for _, mem_kb in nodes.values():  # 128 MiB each, less what the guest kernel reserved
+            assert 64 * 1024 < mem_kb <= 128 * 1024, numa.group(0)  # seen: 127,564 and 95,020 kB
+
+        pins = _virsh(libvirtd, "vcpupin", case.spec.name)
+        assert re.search(r"^\s*0\s+1\s*$", pins, re.M) and re.search(r"^\s*1\s+0\s*$", pins, re.M), pins
+        live = Domain.from_xml(host.xml(vm))
+        assert live.cpu.cells == dom.cpu.cells and live.numatune == dom.numatune
+        assert live.memory_backing == dom.memory_backing
+        assert _pages_held() - held_before >= 128  # both cells' RAM comes from the pool
+    finally:
+        host.destroy_and_undefine(vm)
+        host.close()
+    assert _pages_held() == held_before
