@@ -28,7 +28,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.db.engine import Store
 from scheduler.db.models import Host
-from scheduler.fit import FitResult, HostView, VmWant
+from scheduler.fit import Candidate, FitResult, HostView, Rejection, VmWant, fit_host, need_of, order_key
 from scheduler.repo import hosts as host_repo
 from scheduler.resources import HostRes, Usage
 from scheduler.service.index import FleetIndex
@@ -52,6 +52,10 @@ class HostCache:
         self._last_full = self._last_inc = float("-inf")
         self._frozen_at = 0
         self._bg: threading.Thread | None = None  # the background full pass
+        # Names of the hosts re-indexed or removed, in order (``mark``/``still_first``):
+        # position ``_log_base + i`` is ``_log[i]``; trimmed when long.
+        self._log: list[str] = []
+        self._log_base = 0
 
     # ------------------------------------------------------------ refresh
 
@@ -143,6 +147,7 @@ class HostCache:
         with self._lock:
             for name in [n for n in known if n not in names]:  # deleted (not: added since the read)
                 self.index.remove(name)
+                self._logged(name)
                 self._res.pop(name, None)
                 self._meta.pop(name, None)
         for i in range(0, len(rows), 500):  # chunks: walks get the lock in between
@@ -184,6 +189,50 @@ class HostCache:
             if (generation == e.generation and rev == e.layout_rev and state == e.view.state):
                 return
         self.index.put(HostView(res[1], usage, state == "active", state), generation=generation, layout_rev=rev)
+        self._logged(name)
+
+    def _logged(self, name: str) -> None:
+        if len(self._log) >= 65536:
+            self._log_base += len(self._log)
+            self._log.clear()
+        self._log.append(name)
+
+    def mark(self) -> int:
+        """A position in the change log, for ``still_first``."""
+        with self._lock:
+            return self._log_base + len(self._log)
+
+    def still_first(self, want: VmWant, first: Candidate | None, mark: int,
+                    skip: frozenset[str]) -> tuple[bool, Candidate | None]:
+        """Would a walk now still answer ``first`` (None: nothing fits), given that a walk
+        answered it at ``mark``? Only hosts re-indexed since can change the answer. When
+        the candidate itself changed (typically this batch's previous claim on it), it is
+        re-fitted: still first if it fits and comes no later in the walk's order than
+        before (unchanged hosts all came after it). Then no other changed host may fit
+        ahead of it. Returns (True, the candidate to use) or (False, None): walk again."""
+        with self._lock:
+            if mark < self._log_base:
+                return False, None
+            changed = set(self._log[mark - self._log_base:])
+            need = need_of(want)
+            if first is not None and first.host in changed:
+                e = self.index.entries.get(first.host)
+                if e is None:
+                    return False, None
+                score = order_key(e.view, want, need)
+                got = fit_host(e.view, want)
+                if isinstance(got, Rejection) or score > first.score:
+                    return False, None
+                first = Candidate(first.host, got, score)
+            for name in changed - skip:
+                if first is not None and name == first.host:
+                    continue
+                e = self.index.entries.get(name)
+                if e is None or (first is not None and order_key(e.view, want, need) >= first.score):
+                    continue
+                if not isinstance(fit_host(e.view, want), Rejection):
+                    return False, None
+            return True, first
 
     def learn(self, name: str, *, generation: int, layout_rev: int, usage: Usage, admin_state: str,
               last_heartbeat: float, now: float) -> None:
@@ -217,6 +266,7 @@ class HostCache:
         with self._lock:
             for name in names:
                 self.index.remove(name)
+                self._logged(name)
                 r = rows.get(name)
                 if r is not None:
                     self._meta[name] = (r.admin_state, r.last_heartbeat)
