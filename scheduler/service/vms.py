@@ -15,6 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
+import orjson
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -61,6 +62,14 @@ def affinity_of(body: VmCreate) -> Affinity:
 
 
 def request_hash(req: dict[str, Any]) -> str:
+    """SHA-256 of the request as compact JSON with sorted keys (orjson: a tenth of
+    ``json.dumps``' time, which was 5 % of the event loop's per create)."""
+    return hashlib.sha256(orjson.dumps(req, option=orjson.OPT_SORT_KEYS)).hexdigest()
+
+
+def request_hash_v1(req: dict[str, Any]) -> str:
+    """The hash schedulers stored before ``request_hash`` (``json.dumps`` spacing): a
+    replay of a key they recorded still matches."""
     return hashlib.sha256(json.dumps(req, sort_keys=True).encode()).hexdigest()
 
 
@@ -154,13 +163,13 @@ class VmService:
 
     def _settle(self, it: CreateItem, j: ClaimJob) -> tuple[Vm, bool]:
         if j.done is not None:
-            return self._replay(j.done, it.digest), True
+            return self._replay(j.done, it), True
         if isinstance(j.error, IntegrityError):  # a concurrent request with the same key won
             with self.store.read() as s:
                 prior = vm_repo.find_by_key(session=s, tenant=it.tenant, key=it.key)
             if prior is None:
                 raise j.error
-            return self._replay(prior, it.digest), True
+            return self._replay(prior, it), True
         if j.error is not None:
             raise j.error
         vm = j.vm
@@ -185,8 +194,8 @@ class VmService:
         return write_vm
 
     @staticmethod
-    def _replay(prior: Vm, digest: str) -> Vm:
-        if prior.request_hash != digest:
+    def _replay(prior: Vm, it: CreateItem) -> Vm:
+        if prior.request_hash != it.digest and prior.request_hash != request_hash_v1(it.req):
             raise IdempotencyMismatch("Idempotency-Key was used with a different request",
                                       field="Idempotency-Key")
         return prior

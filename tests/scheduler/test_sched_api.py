@@ -74,6 +74,15 @@ def test_idempotency_key_replay_and_mismatch(api):
     assert d.status_code == 202 and d.json()["id"] != a.json()["id"]
     missing = api.post("/v1/vms", json=vm_body(), headers=TA)
     assert missing.status_code == 422 and missing.json()["error"]["field"] == "Idempotency-Key"
+    # a key recorded by a scheduler before the orjson hash (json.dumps spacing) still replays
+    from scheduler.db.models import Vm
+    from scheduler.service.vms import request_hash, request_hash_v1
+    with api.app.state.store.write() as s:
+        row = s.get(Vm, a.json()["id"])
+        assert row.request_hash == request_hash(row.request) != request_hash_v1(row.request)
+        row.request_hash = request_hash_v1(row.request)
+    assert create(api, "same").json()["id"] == a.json()["id"]
+    assert create(api, "same", vcpus=4).status_code == 409
 
 
 def test_bad_input_names_the_field(api):
@@ -92,6 +101,18 @@ def test_bad_input_names_the_field(api):
         assert r.status_code == 422, (body, r.text)
         err = r.json()["error"]
         assert err["code"] == "hyb.request.invalid" and err["field"] == field, (field, err)
+    # the create route reads its query, header and body itself (routes/vms.create_inputs)
+    raw = [(dict(content=b"{not json", headers={"Content-Type": "application/json"}), "body", "Invalid JSON"),
+           (dict(content=b""), "body", "Invalid JSON"),
+           (dict(json=[1]), "body", "Input should be an object"),
+           (dict(json=vm_body(), params={"dry_run": "maybe"}), "dry_run", "valid boolean"),
+           (dict(json=vm_body(), headers={"Idempotency-Key": "a b"}), "Idempotency-Key", "should match pattern")]
+    for kw, field, msg in raw:
+        headers = TA | {"Idempotency-Key": "x"} | kw.pop("headers", {})
+        r = api.post("/v1/vms", headers=headers, **kw)
+        err = r.json()["error"]
+        assert r.status_code == 422 and err["field"] == field and msg in err["message"], (kw, r.text)
+    assert api.post("/v1/vms", json=vm_body(vcpus=0), headers={"Idempotency-Key": "x"}).status_code == 401
     bad = host_body("h9")
     bad["layout"]["nodes"][0]["vm_cpus"] = "nope"
     r = api.post("/v1/hosts", json=bad, headers=HOST)

@@ -2,17 +2,22 @@
 
 from __future__ import annotations
 
+import re
 import time
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, BackgroundTasks, Header, Query, Request, Response
+import orjson
+from fastapi import APIRouter, Query, Request, Response
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
+from pydantic import ValidationError
+from starlette.background import BackgroundTask
 
-from scheduler.api.deps import CurrentPrincipal, tenant_scope
+from scheduler.api.deps import CurrentPrincipal, Principal, principal_of, tenant_scope
 from scheduler.api.errors import ERRORS, ErrorBody
 from scheduler.db.models import Vm
-from scheduler.errors import Forbidden
+from scheduler.errors import Forbidden, InvalidRequest
 from scheduler.fit import FitResult
 from scheduler.resources import Allocation
 from scheduler.schemas.vms import (CandidateOut, IoLimitsUpdate, PlacementOut, PreviewPublic, RejectionOut,
@@ -80,34 +85,78 @@ def preview_out(res: FitResult) -> PreviewPublic:
                         for r in sorted(res.rejections, key=lambda r: r.host)[:100]])
 
 
-@router.post("", status_code=202, response_model=VmPublic | PreviewPublic,
+# The create route reads its own inputs (``create_vm``): FastAPI's generic parameter
+# solving was a quarter of the event loop's time per create (py-spy, one replica at
+# 400/s), and the event loop is what saturates first. The contract is the same and
+# is declared here for the OpenAPI document (the snapshot test keeps it unchanged).
+_CREATE_INPUTS = {
+    "parameters": [
+        {"in": "query", "name": "dry_run", "required": False,
+         "schema": {"default": False, "title": "Dry Run", "type": "boolean"}},
+        {"in": "header", "name": "idempotency-key", "required": False,
+         "schema": {"anyOf": [{"pattern": KEY, "type": "string"}, {"type": "null"}], "title": "Idempotency-Key"}},
+    ],
+    "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/VmCreate"}}},
+                    "required": True},
+}
+_KEY_RE = re.compile(KEY)
+
+
+class _OrjsonResponse(JSONResponse):
+    """The create answer encoded by orjson (``json.dumps`` was 4 % of the event loop)."""
+
+    def render(self, content: object) -> bytes:
+        return orjson.dumps(content)
+
+_BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+
+
+def _invalid(loc: tuple, msg: str) -> RequestValidationError:
+    return RequestValidationError([{"loc": loc, "msg": msg, "type": "value_error"}])
+
+
+async def create_inputs(request: Request) -> tuple[Principal, VmCreate, str | None, bool]:
+    """What FastAPI would have solved for the create route, in its order (the principal
+    first, then query, header and body), with the same errors."""
+    p = principal_of(request)
+    raw = request.query_params.get("dry_run")
+    dry_run = False if raw is None else _BOOL.get(raw.lower())
+    if dry_run is None:
+        raise _invalid(("query", "dry_run"), "Input should be a valid boolean, unable to interpret input")
+    key = request.headers.get("idempotency-key")
+    if key is not None and not _KEY_RE.match(key):
+        raise _invalid(("header", "Idempotency-Key"), f"String should match pattern '{KEY}'")
+    try:
+        body = VmCreate.model_validate_json(await request.body())
+    except ValidationError as e:
+        raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
+    return p, body, key, dry_run
+
+
+@router.post("", status_code=202, response_model=VmPublic | PreviewPublic, openapi_extra=_CREATE_INPUTS,
              responses={200: {"description": "a replay of the same Idempotency-Key, or the dry-run preview"},
                         507: {"model": ErrorBody, "description": "no host fits; rejections counted"}})
-async def create_vm(body: VmCreate, request: Request, response: Response, background: BackgroundTasks,
-                    p: CurrentPrincipal,
-                    idempotency_key: Annotated[str | None, Header(pattern=KEY)] = None,
-                    dry_run: bool = False) -> VmPublic | PreviewPublic | JSONResponse:
+async def create_vm(request: Request) -> Response:
     """Claim resources on the best host and dispatch to its hostd in the background
     (`pending` -> `creating` -> `running` | `failed`). `dry_run=true`: where it would go
     and why the other hosts were rejected, counted per short resource; nothing claimed."""
+    p, body, idempotency_key, dry_run = await create_inputs(request)
     tenant = tenant_scope(p)
     if tenant is not None and body.tenant not in (None, tenant):
         raise Forbidden(f"{p.name} may only create VMs for tenant {tenant}", field="tenant")
     svc = _svc(request)
     if dry_run:
-        response.status_code = 200
-        return preview_out(await run_in_threadpool(svc.preview, body))
+        preview = preview_out(await run_in_threadpool(svc.preview, body))
+        return JSONResponse(preview.model_dump(mode="json"), status_code=200)
     if not idempotency_key:
-        from scheduler.errors import InvalidRequest
         raise InvalidRequest("required: a retry with the same key returns the same VM", field="Idempotency-Key")
     t = time.perf_counter()
     vm, replay = await svc.create_async(body, tenant=tenant or body.tenant or "default", key=idempotency_key,
                                         actor=p.name)
-    out = JSONResponse(vm_json(vm), status_code=200 if replay else 202, headers={
-        "Server-Timing": f"claim;dur={(time.perf_counter() - t) * 1e3:.3f}", "Location": f"/v1/vms/{vm.id}"})
-    if vm.status == "pending" and request.app.state.dispatch_enabled:
-        background.add_task(svc.dispatch, vm.id)
-    return out
+    dispatch = vm.status == "pending" and request.app.state.dispatch_enabled
+    return _OrjsonResponse(vm_json(vm), status_code=200 if replay else 202, headers={
+        "Server-Timing": f"claim;dur={(time.perf_counter() - t) * 1e3:.3f}", "Location": f"/v1/vms/{vm.id}"},
+        background=BackgroundTask(svc.dispatch, vm.id) if dispatch else None)
 
 
 @router.get("", response_model=VmsPublic)
