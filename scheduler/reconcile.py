@@ -108,6 +108,7 @@ def _adopted(vm_id: str, got: pb.VM, host: str, now: float) -> Vm:
     name = got.labels.get("hyb.name", got.name[:48])
     req = {"name": name, "vcpus": max(1, len(got.vcpu_pins)), "memory_mib": max(2, got.memory_mib),
            "page_size_kb": got.hugepage_size_kb or 2048, "image": got.image or "unknown",
+           "allow_span_nodes": len(got.cells) > 1,
            "labels": {k: v for k, v in got.labels.items() if not k.startswith("hyb.")}, "tenant": tenant}
     return Vm(id=vm_id, tenant=tenant, name=name, idempotency_key=f"adopted:{vm_id}", request_hash="",
               request=req, host=host, allocation=_alloc_of(got).to_dict(), status="running",

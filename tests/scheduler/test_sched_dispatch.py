@@ -185,3 +185,19 @@ def test_spanned_vm_runs_with_a_guest_cell_per_node_and_frees_both(two_node_host
     assert m.ledger.list() == [] and m.ledger.usage().pages == {}
     h = api.get("/v1/hosts/n2", headers=ADM).json()
     assert all(n["used_cpus"] == [] for n in h["nodes"]) and h["vms"] == 0
+    # a spanning VM hostd runs and the scheduler has no row for: adopted with its cells
+    addr = h["address"]
+    orphan = "00000000-0000-0000-0000-0000000051a2"
+    clients.create(addr, pb.CreateVMRequest(
+        request_id=orphan, name="t-span-orphan", vcpus=2, memory_mib=256, image="smoke",
+        placement=pb.Placement(cells=[pb.NumaCell(numa_node=0, cpus=[2], memory_mib=128),
+                                      pb.NumaCell(numa_node=1, cpus=[6], memory_mib=128)]),
+        labels={"hyb.vm": orphan, "hyb.tenant": "a", "hyb.name": "span-orphan"}))
+    assert reconcile_all(api.app, clients, ReconcileConfig(grace_s=0)) == \
+        {"n2": [f"orphan_adopted vm={orphan}", "usage_recomputed"]}
+    got = api.get(f"/v1/vms/{orphan}", headers=TA).json()
+    assert got["request"]["allow_span_nodes"] is True
+    assert [(c["node"], c["cpus"], c["memory_mib"]) for c in got["placement"]["cells"]] == [(0, [2], 128), (1, [6], 128)]
+    h = api.get("/v1/hosts/n2", headers=ADM).json()
+    assert [n["used_cpus"] for n in h["nodes"]] == [[2], [6]]
+    assert api.delete(f"/v1/vms/{orphan}", headers=TA).status_code == 204 and m.ledger.list() == []
