@@ -196,16 +196,11 @@ def changed_since(*, session: Session, position: int) -> Sequence[Any]:
     return session.connection().execute(_stmts().changed, {"p": position}).all()
 
 
-def fleet_state(*, session: Session, after: str | None = None, limit: int | None = None) -> Sequence[Any]:
+def fleet_state(*, session: Session) -> Sequence[Any]:
     """Every host's (name, generation, layout_rev, admin_state, last_heartbeat, seq): the
-    index's periodic full pass (heartbeats do not stamp seq; hosts may be deleted).
-    ``after``/``limit``: one page in name order (the primary key)."""
-    q = select(Host.name, Host.generation, Host.layout_rev, Host.admin_state, Host.last_heartbeat, Host.seq)
-    if limit:
-        q = q.order_by(Host.name).limit(limit)
-        if after is not None:
-            q = q.where(Host.name > after)
-    return session.execute(q).all()
+    index's periodic full pass (heartbeats do not stamp seq; hosts may be deleted)."""
+    return session.execute(select(Host.name, Host.generation, Host.layout_rev, Host.admin_state,
+                                  Host.last_heartbeat, Host.seq)).all()
 
 
 def usages(*, session: Session, names: Sequence[str]) -> dict[str, tuple[int, dict[str, Any]]]:

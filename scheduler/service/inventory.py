@@ -98,7 +98,7 @@ class HostCache:
 
         def run() -> None:
             try:
-                self._full(store, now=now, page=self.FULL_PAGE, pause_s=self.FULL_PAUSE_S)
+                self._full(store, now=now)
                 self._freeze()
             except Exception:  # noqa: BLE001 - the next pass tries again; claims re-check rows
                 log.exception("background index full pass failed")
@@ -133,39 +133,16 @@ class HostCache:
                 self._apply(r.name, r.generation, r.layout_rev, Usage.from_dict(r.usage), now=now)
             self._position = position
 
-    # The background pass reads the fleet in pages with a pause between them. In one
-    # piece it held the GIL for the whole read of 10,000 rows, and every request in
-    # flight then waited for it (Python hands the GIL over every 5 ms at best): with
-    # the pass every 10 s the open-loop p99 at 500/s was 116 and 202 ms, without it 67
-    # and 152 ms (interleaved pairs).
-    FULL_PAGE = 250
-    FULL_PAUSE_S = 0.005
-
-    def _full(self, store: Store, *, now: float, page: int = 0, pause_s: float = 0.0) -> None:
-        """Re-read every host: heartbeats, admin state, deletions, usage where the
-        generation moved. ``page``: that many hosts per read transaction (by name), with
-        ``pause_s`` between them; the feed position is taken before the first, so the
-        feed re-reads whatever committed while the pages were read."""
+    def _full(self, store: Store, *, now: float) -> None:
         entries = self.index.entries
         with self._lock:
             known = {n: e.generation for n, e in entries.items()}
-        rows: list[Any] = []
-        usages: dict[str, tuple[int, dict[str, Any]]] = {}
-        position: int | None = None
-        after: str | None = None
-        while True:
-            with store.snapshot() as s:
-                if position is None:
-                    position = host_repo.feed_position(session=s)
-                got = host_repo.fleet_state(session=s, after=after, limit=page or None)
-                stale = [r.name for r in got if known.get(r.name) != r.generation]
-                usages.update(host_repo.usages(session=s, names=stale) if stale else {})
-                self._load_res(s, [r.name for r in got if self._res_stale(r.name, r.layout_rev)])
-            rows.extend(got)
-            if not page or len(got) < page:
-                break
-            after = got[-1].name
-            time.sleep(pause_s)
+        with store.snapshot() as s:
+            rows = host_repo.fleet_state(session=s)
+            position = host_repo.feed_position(session=s)
+            stale = [r.name for r in rows if known.get(r.name) != r.generation]
+            usages = host_repo.usages(session=s, names=stale) if stale else {}
+            self._load_res(s, [r.name for r in rows if self._res_stale(r.name, r.layout_rev)])
         names = {r.name for r in rows}
         with self._lock:
             for name in [n for n in known if n not in names]:  # deleted (not: added since the read)
@@ -174,8 +151,6 @@ class HostCache:
                 self._res.pop(name, None)
                 self._meta.pop(name, None)
         for i in range(0, len(rows), 500):  # chunks: walks get the lock in between
-            if i and pause_s:
-                time.sleep(pause_s)
             with self._lock:
                 for r in rows[i:i + 500]:
                     e = entries.get(r.name)
