@@ -19,6 +19,8 @@ Rules:
   scheduler/README.md has the measured packing quality). ``spread`` takes the host with
   the most free CPUs; spanned requests order by the host's total free CPUs under both
   policies. Inside a host, ``pack`` tries the ranked node first, ``spread`` the emptiest;
+- spanning (only when no single node fits): one guest NUMA cell per host node used, each
+  with vCPUs and memory from its own node, memory in proportion to the vCPUs (``_fit_span``);
 - anti-affinity: the caller passes the hosts and racks holding the group's members.
 
 Hosts are walked in score order, so with ``explain=False`` the walk stops after
