@@ -50,6 +50,16 @@ Need = tuple[int, NodeKey, bool]  # (pool bit, per-node needs, memory need is ex
 _RESOURCE = ("vcpus", "memory", "vfs", "disks")
 
 
+def _members(names: list[str], few: frozenset[str]) -> list[str]:
+    """The elements of ``few`` in the sorted list ``names``."""
+    out = []
+    for n in few:
+        i = bisect_left(names, n)
+        if i < len(names) and names[i] == n:
+            out.append(n)
+    return out
+
+
 def capacity_key(h: HostView) -> Key:
     pools = 0
     for n in h.res.nodes:
@@ -253,24 +263,54 @@ class FleetIndex:
 
     def _count(self, want: VmWant, walked: FitResult, avoid_hosts: frozenset[str],
                avoid_racks: frozenset[str], skip: frozenset[str]) -> dict[str, int]:
-        if want.labels or avoid_hosts or avoid_racks or skip or want.allow_span_nodes:
+        if want.allow_span_nodes:
             views = [v for v in self.views() if v.res.name not in skip]
             return fit_vm(views, want, avoid_hosts=avoid_hosts, avoid_racks=avoid_racks, explain=True).counts
         need = need_key(want)
         c: Counter[str] = Counter(r.resource for r in walked.rejections)
-        c["state"] += sum(1 for e in self.entries.values() if e.key is None)
+        c["state"] += sum(1 for n, e in self.entries.items() if e.key is None and n not in skip)
+        # Labels and anti-affinity reject a host before its resources are looked at
+        # (fit_host's order); with them, or with hosts to skip, groups are counted host
+        # by host (a dict lookup each), not by their size. Before this, such a 507 fitted
+        # every host of the fleet: ~200 ms at 10,000 hosts, under the writer lock.
+        # Skip and avoid-host sets are small: a group whose reason is certain is counted
+        # by its size less its members of them (found by bisection in its sorted names).
+        one_by_one = bool(want.labels or avoid_racks)
+        few = skip | avoid_hosts
         for f, groups in self._groups.items():
             for key, names in groups.items():
                 if f >= want.vcpus and qualifies(key, need, False):
                     continue  # walked: counted from the walk
                 why = certain_reason(key, need)
-                if why is not None:
-                    c[why] += len(names)
+                if not one_by_one and why is not None:
+                    inside = _members(names, few) if few else ()
+                    avoided = sum(1 for n in inside if n not in skip)
+                    c[why] += len(names) - len(inside)
+                    c["anti_affinity"] += avoided
+                    continue
+                if not one_by_one and not few:
+                    for name in names:
+                        c[self._reason(want, name)] += 1
                     continue
                 for name in names:
-                    c[self._reason(want, name)] += 1
+                    if name in skip:
+                        continue
+                    pre = self._pre_reason(want, name, avoid_hosts, avoid_racks)
+                    c[pre or why or self._reason(want, name)] += 1
         c = Counter({k: v for k, v in c.items() if v})
         return dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
+
+    def _pre_reason(self, want: VmWant, name: str, avoid_hosts: frozenset[str],
+                    avoid_racks: frozenset[str]) -> str | None:
+        """fit_host's checks before resources, for a schedulable host."""
+        res = self.entries[name].view.res
+        if want.labels:
+            labels = res.label_map
+            if any(labels.get(k) != v for k, v in want.labels):
+                return "labels"
+        if name in avoid_hosts or (res.rack and res.rack in avoid_racks):
+            return "anti_affinity"
+        return None
 
     def _reason(self, want: VmWant, name: str) -> str:
         e = self.entries[name]

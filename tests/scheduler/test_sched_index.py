@@ -5,6 +5,7 @@ counts of ``fit_vm(explain=True)``."""
 
 from __future__ import annotations
 
+import dataclasses
 import random
 
 import pytest
@@ -36,7 +37,8 @@ def fleet(rnd: random.Random, n: int) -> list[HostView]:
     out = []
     for i in range(n):
         layout, sib = make_layout(rnd.choice(SMALL))
-        h = HostView(host_from_layout(f"h{i:03d}", layout, siblings=sib))
+        h = HostView(host_from_layout(f"h{i:03d}", layout, siblings=sib, rack=f"r{rnd.randint(0, 3)}",
+                                      labels={"disk": rnd.choice(["nvme", "hdd"])}))
         for _ in range(rnd.randint(0, 8)):
             a = fit_host(h, want(rnd))
             if isinstance(a, Allocation):
@@ -60,14 +62,22 @@ def test_walk_equals_full_scan(seed):
     idx = FleetIndex()
     for g, h in enumerate(hosts):
         idx.put(h, generation=g, layout_rev=1)
+    names = [h.res.name for h in hosts]
     for _ in range(60):
         w = want(rnd)
+        if rnd.random() < 0.3:
+            w = dataclasses.replace(w, labels=(("disk", rnd.choice(["nvme", "hdd", "ssd"])),))
+        # anti-affinity members and hosts to skip (lost races, failed dispatch), sometimes
+        avoid_h = frozenset(rnd.sample(names, min(len(names), rnd.choice([0, 0, 3])))) if names else frozenset()
+        avoid_r = frozenset(rnd.sample(["r0", "r1", "r2", "r3"], rnd.choice([0, 0, 1])))
+        skip = frozenset(rnd.sample(names, min(len(names), rnd.choice([0, 0, 2, 10]))))
         limit = rnd.choice([1, 3])
-        full = fit_vm(hosts, w, limit=limit, explain=True)
-        got, counts = idx.walk(w, limit=limit)
+        full = fit_vm([h for h in hosts if h.res.name not in skip], w, avoid_hosts=avoid_h, avoid_racks=avoid_r,
+                      limit=limit, explain=True)
+        got, counts = idx.walk(w, avoid_hosts=avoid_h, avoid_racks=avoid_r, skip=skip, limit=limit)
         assert got.candidates == full.candidates, w
         if not full.candidates:
-            assert counts == full.counts, w
+            assert counts == full.counts, (w, avoid_h, avoid_r, skip)
         if full.candidates and rnd.random() < 0.5:  # claim it, keep index and list in step
             c = full.candidates[0]
             i = next(k for k, h in enumerate(hosts) if h.res.name == c.host)
