@@ -104,6 +104,7 @@ def test_bad_input_names_the_field(api):
     # the create route reads its query, header and body itself (routes/vms.create_inputs)
     raw = [(dict(content=b"{not json", headers={"Content-Type": "application/json"}), "body", "Invalid JSON"),
            (dict(content=b""), "body", "Invalid JSON"),
+           (dict(content=b"{}", headers={"Content-Type": "text/plain"}), "body", "send the VM as JSON"),
            (dict(json=[1]), "body", "Input should be an object"),
            (dict(json=vm_body(), params={"dry_run": "maybe"}), "dry_run", "valid boolean"),
            (dict(json=vm_body(), headers={"Idempotency-Key": "a b"}), "Idempotency-Key", "should match pattern")]

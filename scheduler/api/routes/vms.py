@@ -126,6 +126,9 @@ async def create_inputs(request: Request) -> tuple[Principal, VmCreate, str | No
     key = request.headers.get("idempotency-key")
     if key is not None and not _KEY_RE.match(key):
         raise _invalid(("header", "Idempotency-Key"), f"String should match pattern '{KEY}'")
+    ctype = request.headers.get("content-type", "")
+    if ctype and not ctype.split(";", 1)[0].strip().lower().endswith(("/json", "+json")):
+        raise _invalid(("body",), f"send the VM as JSON (Content-Type: application/json), not {ctype}")
     try:
         body = VmCreate.model_validate_json(await request.body())
     except ValidationError as e:
