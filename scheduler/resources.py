@@ -103,14 +103,7 @@ class Allocation:
 
     def cells(self) -> tuple[tuple[int, tuple[int, ...], int], ...]:
         """(host node, host CPUs, pages) per guest NUMA cell, in cell order."""
-        pages = {node: n for node, _, n in self.pages}
-        if not self.cell_vcpus:
-            return ((self.nodes[0], self.cpus, sum(pages.values())),)
-        out, at = [], 0
-        for node, k in zip(self.nodes, self.cell_vcpus):
-            out.append((node, self.cpus[at:at + k], pages.get(node, 0)))
-            at += k
-        return tuple(out)
+        return split_cells(self.nodes, self.cpus, self.pages, self.cell_vcpus)
 
     def to_dict(self) -> dict[str, Any]:
         """``dataclasses.asdict`` by hand (it deep-copies generically: slow on the claim path)."""
@@ -127,6 +120,21 @@ class Allocation:
                    vfs=tuple(VfAlloc(**v) for v in d.get("vfs", ())),
                    disks=tuple(DiskAlloc(**x) for x in d.get("disks", ())),
                    cell_vcpus=tuple(d.get("cell_vcpus", ())))
+
+
+def split_cells(nodes: Sequence[int], cpus: Sequence[int], pages: Iterable[Sequence[int]],
+                cell_vcpus: Sequence[int]) -> tuple[tuple[int, tuple[int, ...], int], ...]:
+    """``Allocation.cells`` on its fields (also the stored dict form's, on the create
+    path): cell i is on ``nodes[i]`` with the next ``cell_vcpus[i]`` CPUs and that node's
+    pages; no ``cell_vcpus``: one cell with everything."""
+    per_node = {node: n for node, _, n in pages}
+    if not cell_vcpus:
+        return ((nodes[0], tuple(cpus), sum(per_node.values())),)
+    out, at = [], 0
+    for node, k in zip(nodes, cell_vcpus):
+        out.append((node, tuple(cpus[at:at + k]), per_node.get(node, 0)))
+        at += k
+    return tuple(out)
 
 
 @dataclass(frozen=True)

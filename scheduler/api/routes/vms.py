@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import re
 import time
+from collections.abc import Sequence
 from typing import Annotated, Literal
 
 import orjson
@@ -19,7 +20,7 @@ from scheduler.api.errors import ERRORS, ErrorBody
 from scheduler.db.models import Vm
 from scheduler.errors import Forbidden, InvalidRequest
 from scheduler.fit import FitResult
-from scheduler.resources import Allocation
+from scheduler.resources import Allocation, split_cells
 from scheduler.schemas.vms import (CandidateOut, IoLimitsUpdate, PlacementOut, PreviewPublic, RejectionOut,
                                    VmCreate, VmPublic, VmsPublic)
 from scheduler.service.vms import VmService
@@ -36,17 +37,15 @@ def placement_out(a: Allocation) -> PlacementOut:
     return PlacementOut(nodes=list(a.nodes), cpus=list(a.cpus),
                         hugepages=[{"node": n, "size_kb": s, "count": c} for n, s, c in a.pages],
                         vfs=[v.__dict__ for v in a.vfs], disks=[d.__dict__ for d in a.disks],
-                        cells=cells_json(a.to_dict()))
+                        cells=cells_json(a.nodes, a.cpus, a.pages, a.cell_vcpus))
 
 
-def cells_json(a: dict) -> list[dict]:
-    """Guest NUMA cells of a stored allocation (``Allocation.cells`` on the dict form)."""
-    out, at = [], 0
-    for node, k in zip(a["nodes"], a.get("cell_vcpus") or [len(a["cpus"])]):
-        out.append({"node": node, "cpus": list(a["cpus"][at:at + k]),
-                    "memory_mib": sum(c * s // 1024 for n, s, c in a["pages"] if n == node)})
-        at += k
-    return out
+def cells_json(nodes: Sequence[int], cpus: Sequence[int], pages: Sequence[Sequence[int]],
+               cell_vcpus: Sequence[int]) -> list[dict]:
+    """The guest NUMA cells of an allocation (its fields, or its stored dict's), as JSON."""
+    size = pages[0][1] if pages else 0  # one page size per VM
+    return [{"node": node, "cpus": list(c), "memory_mib": n * size // 1024}
+            for node, c, n in split_cells(nodes, cpus, pages, cell_vcpus)]
 
 
 def vm_json(vm: Vm) -> dict:
@@ -58,7 +57,7 @@ def vm_json(vm: Vm) -> dict:
         "nodes": list(a["nodes"]), "cpus": list(a["cpus"]),
         "hugepages": [{"node": n, "size_kb": s, "count": c} for n, s, c in a["pages"]],
         "vfs": [dict(v) for v in a.get("vfs", ())], "disks": [dict(d) for d in a.get("disks", ())],
-        "cells": cells_json(a)}
+        "cells": cells_json(a["nodes"], a["cpus"], a["pages"], a.get("cell_vcpus", ()))}
     return {"id": vm.id, "name": vm.name, "tenant": vm.tenant, "status": vm.status, "reason": vm.reason,
             "host": vm.host, "placement": placement, "hostd_vm_id": vm.hostd_vm_id, "attempts": vm.attempts,
             # as vm_out: the stored request carries the effective tenant, the public one None
@@ -100,6 +99,7 @@ _CREATE_INPUTS = {
                     "required": True},
 }
 _KEY_RE = re.compile(KEY)
+_BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 
 
 class _OrjsonResponse(JSONResponse):
@@ -107,8 +107,6 @@ class _OrjsonResponse(JSONResponse):
 
     def render(self, content: object) -> bytes:
         return orjson.dumps(content)
-
-_BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
 
 
 def _invalid(loc: tuple, msg: str) -> RequestValidationError:
