@@ -41,7 +41,8 @@ class PlacementConfig(BaseModel):
     claim_batch: int = 64  # most create requests claimed in one write transaction by the claim thread
     heartbeat_timeout_s: float = 60.0  # a host silent this long is "down"
     index_refresh_ms: float = 2.0  # at most this stale w.r.t. other replicas before a placement
-    index_full_refresh_s: float = 0.0  # full pass of the index (heartbeats, deletions); 0 = min(10, timeout/4)
+    index_down_check_s: float = 0.0  # ask which hosts went quiet (indexed query); 0 = min(10, timeout/4)
+    index_full_refresh_s: float = 0.0  # full pass of the index (safety net, deleted rows); 0 = 300
 
 
 class DispatchConfig(BaseModel):

@@ -64,7 +64,8 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
     metrics = Metrics()
     cache = HostCache(heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,
                       refresh_interval_s=settings.placement.index_refresh_ms / 1000,
-                      full_refresh_s=settings.placement.index_full_refresh_s or None)
+                      full_refresh_s=settings.placement.index_full_refresh_s or None,
+                      down_check_s=settings.placement.index_down_check_s or None)
     placer = Placer(store=store, cache=cache, candidates=settings.placement.candidates,
                     retries=settings.placement.claim_retries, metrics=metrics, clock=clock)
     app.state.settings = settings

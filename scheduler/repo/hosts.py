@@ -143,7 +143,8 @@ def _stmts():  # type: ignore[no-untyped-def]
         lite_seq=text("UPDATE fleet SET seq = seq + 1 WHERE id = 1 RETURNING seq"),
         pg_pos=text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"),
         lite_pos=text("SELECT seq FROM fleet WHERE id = 1"),
-        changed=select(*CLAIM_COLUMNS).where(Host.seq >= bindparam("p")))
+        changed=select(*CLAIM_COLUMNS).where(Host.seq >= bindparam("p")),
+        quiet=select(Host.name, Host.last_heartbeat).where(Host.last_heartbeat < bindparam("b")))
 
 
 def next_seq(session: Session) -> int:
@@ -194,6 +195,12 @@ def claim_row(*, session: Session, name: str, lock: bool, skip_locked: bool = Fa
 def changed_since(*, session: Session, position: int) -> Sequence[Any]:
     """Hosts stamped at or after ``position`` (from ``feed_position`` of the previous read)."""
     return session.connection().execute(_stmts().changed, {"p": position}).all()
+
+
+def quiet(*, session: Session, before: float) -> Sequence[Any]:
+    """(name, last_heartbeat) of the hosts silent since ``before`` (indexed: the hosts
+    that are down, not the fleet)."""
+    return session.connection().execute(_stmts().quiet, {"b": before}).all()
 
 
 def fleet_state(*, session: Session) -> Sequence[Any]:

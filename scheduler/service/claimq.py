@@ -11,6 +11,7 @@ a batch is that one request and nothing waits for company.
 
 from __future__ import annotations
 
+import asyncio
 import logging
 import queue
 import threading
@@ -35,10 +36,14 @@ class ClaimQueue:
         self._start = threading.Lock()
         self._closed = False
 
-    def submit(self, item: Any) -> Future:
+    def submit(self, item: Any, loop: asyncio.AbstractEventLoop | None = None) -> Future | asyncio.Future:
+        """A ``concurrent.futures.Future`` for ``item``'s result; with ``loop`` (called on that
+        loop's thread), an asyncio future of it instead, settled together with the rest of
+        its batch in one callback (per-request ``wrap_future`` hand-overs were 5 % of the
+        claim thread's CPU)."""
         if self._closed:
             raise RuntimeError("the claim queue is closed")
-        fut: Future = Future()
+        fut: Future | asyncio.Future = Future() if loop is None else loop.create_future()
         self._q.put((item, fut))
         if self._thread is None:
             with self._start:
@@ -64,8 +69,10 @@ class ClaimQueue:
                     break
                 batch.append(nxt)
             # A request whose client went away (its future cancelled) is not claimed; the
-            # others can no longer be cancelled from here on.
-            batch = [b for b in batch if b[1].set_running_or_notify_cancel()]  # type: ignore[index]
+            # others can no longer be cancelled from here on (an asyncio future cancelled
+            # after this check gets its result dropped: the claim stands, as for a client
+            # that goes away mid-claim).
+            batch = [b for b in batch if _start(b[1])]  # type: ignore[index]
             if not batch:
                 continue
             items = [b[0] for b in batch]  # type: ignore[index]
@@ -74,11 +81,17 @@ class ClaimQueue:
             except BaseException as e:  # noqa: BLE001 - every request of the batch gets it
                 log.exception("claim batch failed")
                 results = [e] * len(items)
+            by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any]]] = {}
             for (_, fut), r in zip(batch, results):  # type: ignore[misc]
-                if isinstance(r, BaseException):
-                    fut.set_exception(r)
+                if isinstance(fut, asyncio.Future):
+                    by_loop.setdefault(fut.get_loop(), []).append((fut, r))
                 else:
-                    fut.set_result(r)
+                    _settle(fut, r)
+            for loop, settled in by_loop.items():
+                try:
+                    loop.call_soon_threadsafe(_settle_all, settled)
+                except RuntimeError:  # the loop closed: nobody is waiting any more
+                    pass
             if stop:
                 return
 
@@ -88,3 +101,23 @@ class ClaimQueue:
         if self._thread is not None:
             self._q.put(_STOP)
             self._thread.join(timeout)
+
+
+def _start(fut: Future | asyncio.Future) -> bool:
+    if isinstance(fut, asyncio.Future):
+        return not fut.cancelled()
+    return fut.set_running_or_notify_cancel()
+
+
+def _settle(fut: Future | asyncio.Future, r: Any) -> None:
+    if isinstance(r, BaseException):
+        fut.set_exception(r)
+    else:
+        fut.set_result(r)
+
+
+def _settle_all(settled: list[tuple[asyncio.Future, Any]]) -> None:
+    """On the futures' loop: one batch's results."""
+    for fut, r in settled:
+        if not fut.done():  # cancelled meanwhile: the client is gone
+            _settle(fut, r)

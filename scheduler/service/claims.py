@@ -188,9 +188,11 @@ class Placer:
         # per VM). Inside, that answer is used only if a walk would still give it
         # (``HostCache.still_first`` over the hosts re-indexed since: the feed's and this
         # batch's own claims), else the job walks again (a third to half of them do).
-        self.cache.refresh(self.store, now=now)
+        if not self.store.sqlite:  # SQLite reads the feed under the writer lock only (below)
+            self.cache.refresh(self.store, now=now)
         mark = self.cache.mark()
-        first = {id(j): self._walk(j, frozenset()) for j in jobs if not (j.settled or j.aff.group)}
+        # Only a walk's first candidate is ever reused (``still_first``): stop there.
+        first = {id(j): self._walk(j, frozenset(), limit=1) for j in jobs if not (j.settled or j.aff.group)}
         with self.store.write() as s:
             # Inside the write transaction (SQLite: holding the writer lock), so the index
             # also has every batch another replica committed while this one waited.
@@ -209,14 +211,17 @@ class Placer:
             # lock; PostgreSQL: the row locks), so nothing moved since we read it.
             vm_repo.flush_inserts(session=s)
             moved = [(n, read_gen[n], g, u) for n, (_row, u, g) in touched.items() if g != read_gen[n]]
+            seq = None
             if moved:
                 seq = host_repo.next_seq(s)
                 if host_repo.bump_many(session=s, rows=moved, now=now, seq=seq) != len(moved):
                     raise RuntimeError("a host changed under its row lock")  # rolls the batch back
+        if seq is not None and self.store.sqlite:
+            self.cache.skip_own(seq)  # committed: the stamp is this batch's alone
 
-    def _walk(self, j: ClaimJob, lost: frozenset[str]) -> tuple[FitResult, dict[str, int]]:
+    def _walk(self, j: ClaimJob, lost: frozenset[str], limit: int | None = None) -> tuple[FitResult, dict[str, int]]:
         return self.cache.walk(j.want, avoid_hosts=frozenset(), avoid_racks=frozenset(),
-                               skip=j.exclude | lost, limit=self.candidates)
+                               skip=j.exclude | lost, limit=limit or self.candidates)
 
     def _claim_in_batch(self, s: Session, j: ClaimJob, touched: dict[str, tuple[Any, Usage, int]],
                         read_gen: dict[str, int], now: float,
@@ -254,7 +259,7 @@ class Placer:
                         continue
                     usage, gen = Usage.from_dict(row.usage), row.generation
                     read_gen[row.name] = gen
-                if host_repo.effective_state(row, now=now, heartbeat_timeout_s=self.cache.timeout) != "active":
+                if self._state(row, now) != "active":
                     lost.add(cand.host)
                     continue
                 alloc = self._allocation_on(s, row, usage, cand, j.want)
@@ -275,6 +280,14 @@ class Placer:
         if self.metrics:
             self.metrics.placements.labels("conflict").inc()
         raise ConcurrentUpdate(f"lost {len(lost)} claim races in {self.retries} rounds; retry the request")
+
+    def _state(self, row: Any, now: float) -> str:
+        """A database row's state from its heartbeat; a row from the index (``HostCache.row``)
+        carries the index's own."""
+        got = getattr(row, "state", None)
+        if got is not None:
+            return got
+        return host_repo.effective_state(row, now=now, heartbeat_timeout_s=self.cache.timeout)
 
     def _allocation_on(self, s: Session, row: Any, usage: Usage, cand: Candidate, want: VmWant) -> Allocation | None:
         """The candidate's allocation if it still fits the host's fresh ``usage``, else a

@@ -133,6 +133,7 @@ class FleetIndex:
         self._by_x: dict[int, dict[NodeKey, list[str]]] = {}  # pack: node free CPUs -> node key -> hosts
         self._xs: list[int] = []  # sorted x values that have groups
         self._xtop: dict[int, NodeKey | None] = {}  # per x: componentwise max of its node keys
+        self._unschedulable: set[str] = set()  # entries with no key (the 507's "state" count)
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -142,7 +143,9 @@ class FleetIndex:
     def put(self, view: HostView, *, generation: int, layout_rev: int) -> None:
         self.remove(view.res.name)
         e = Entry(view, generation, layout_rev)
-        if view.schedulable:
+        if not view.schedulable:
+            self._unschedulable.add(view.res.name)
+        else:
             e.f, e.key = view.free_cpus, capacity_key(view)
             g = self._groups.get(e.f)
             if g is None:
@@ -166,6 +169,7 @@ class FleetIndex:
     def remove(self, name: str) -> None:
         e = self.entries.pop(name, None)
         if e is None or e.key is None:
+            self._unschedulable.discard(name)
             return
         for nk in e.nodes:
             gx = self._by_x[nk[0]]
@@ -268,7 +272,7 @@ class FleetIndex:
             return fit_vm(views, want, avoid_hosts=avoid_hosts, avoid_racks=avoid_racks, explain=True).counts
         need = need_key(want)
         c: Counter[str] = Counter(r.resource for r in walked.rejections)
-        c["state"] += sum(1 for n, e in self.entries.items() if e.key is None and n not in skip)
+        c["state"] += len(self._unschedulable) - len(self._unschedulable & skip)  # a scan of every entry was 9 % of the claim thread's CPU
         # Labels and anti-affinity reject a host before its resources are looked at
         # (fit_host's order). Skipped hosts and avoided hosts are few: a group whose reason
         # is certain is counted by its size less its members of them (by bisection in its

@@ -7,10 +7,17 @@ index only has to be fresh enough that claims rarely re-fit. Three ways in:
 - incremental refresh before a placement (at most every ``refresh_interval_s``): one
   indexed query for hosts whose change stamp ``seq`` is at or after the feed position
   of the previous read (``repo.hosts.changed_since``) — O(changed hosts), not O(fleet);
+- every ``down_check_s``, with a feed read: the hosts silent for longer than the
+  heartbeat timeout (``repo.hosts.quiet``, indexed: O(down hosts)). Heartbeats do not
+  stamp ``seq`` (that would make every heartbeat a feed event), so "down" is the set this
+  query returns; a host that comes back stamps ``seq`` with its heartbeat, and the next
+  check drops it from the set in any case;
 - a full pass every ``full_refresh_s`` (and on first use): every host's generation,
   admin state and heartbeat in one narrow query, usage and layouts re-read only where
-  they moved. Heartbeats do not stamp ``seq`` (that would make every heartbeat a feed
-  event), so "down" is judged here, against the heartbeat of the last full pass.
+  they moved, hosts deleted from the table dropped. Nothing the scheduler does deletes
+  a host, so this is the safety net (every 5 minutes by default). It used to run every
+  10 s to see heartbeats: 125-190 ms of CPU at 10,000 hosts, the open-loop p99's largest
+  single cause (README).
 """
 
 from __future__ import annotations
@@ -38,18 +45,21 @@ log = logging.getLogger(__name__)
 
 class HostCache:
     def __init__(self, *, heartbeat_timeout_s: float, refresh_interval_s: float = 0.0,
-                 full_refresh_s: float | None = None, monotonic: Callable[[], float] = time.monotonic):
+                 full_refresh_s: float | None = None, down_check_s: float | None = None,
+                 monotonic: Callable[[], float] = time.monotonic):
         self.timeout = heartbeat_timeout_s
         self.refresh_interval_s = refresh_interval_s
-        self.full_refresh_s = full_refresh_s if full_refresh_s is not None else min(10.0, heartbeat_timeout_s / 4)
+        self.full_refresh_s = full_refresh_s if full_refresh_s is not None else 300.0
+        self.down_check_s = down_check_s if down_check_s is not None else min(10.0, heartbeat_timeout_s / 4)
         self.monotonic = monotonic
         self.index = FleetIndex()
         self._lock = threading.Lock()  # the index and the maps below
         self._refreshing = threading.Lock()  # one refresher at a time; others use the index as is
         self._res: dict[str, tuple[int, HostRes]] = {}
-        self._meta: dict[str, tuple[str, float]] = {}  # name -> (admin_state, last_heartbeat)
+        self._admin: dict[str, str] = {}  # name -> admin_state
+        self._down: set[str] = set()  # silent for longer than the timeout, as last read
         self._position: int | None = None  # feed position; None = no full pass yet
-        self._last_full = self._last_inc = float("-inf")
+        self._last_full = self._last_inc = self._last_down = float("-inf")
         self._frozen_at = 0
         self._bg: threading.Thread | None = None  # the background full pass
         # Names of the hosts re-indexed or removed, in order (``mark``/``still_first``):
@@ -80,8 +90,11 @@ class HostCache:
                 self._last_full = mono
                 self._full_in_background(store, now=now)
             if fresh or mono - self._last_inc >= self.refresh_interval_s:
-                self._incremental(store, now=now, session=session if store.sqlite else None)
+                quiet = mono - self._last_down >= self.down_check_s
+                self._incremental(store, now=now, session=session if store.sqlite else None, quiet=quiet)
                 self._last_inc = mono
+                if quiet:
+                    self._last_down = mono
                 self._freeze()
         finally:
             self._refreshing.release()
@@ -120,17 +133,36 @@ class HostCache:
             self._frozen_at = n
             log.info("index at %d hosts: long-lived objects frozen out of the cyclic GC", n)
 
-    def _incremental(self, store: Store, *, now: float, session: Session | None = None) -> None:
+    def _incremental(self, store: Store, *, now: float, session: Session | None = None,
+                     quiet: bool = False) -> None:
+        """The change feed since the last read; with ``quiet``, also which hosts are down.
+        ``now`` is taken before the read: a host silent since ``now - timeout`` then was
+        down at ``now`` (and one that heartbeats after that stamps the feed)."""
         assert self._position is not None
+        silent: set[str] | None = None
         with (nullcontext(session) if session is not None else store.snapshot()) as s:
-            rows = host_repo.changed_since(session=s, position=self._position)
             position = host_repo.feed_position(session=s)
+            # SQLite's counter did not move: nothing was stamped since the last read
+            moved = not (store.sqlite and position == self._position)
+            rows = host_repo.changed_since(session=s, position=self._position) if moved else ()
             if rows:
                 self._load_res(s, [r.name for r in rows if self._res_stale(r.name, r.layout_rev)])
+            if quiet:
+                silent = {r.name for r in host_repo.quiet(session=s, before=now - self.timeout)}
         with self._lock:
             for r in rows:
-                self._meta[r.name] = (r.admin_state, r.last_heartbeat)
-                self._apply(r.name, r.generation, r.layout_rev, Usage.from_dict(r.usage), now=now)
+                self._admin[r.name] = r.admin_state
+                self._apply(r.name, r.generation, r.layout_rev, Usage.from_dict(r.usage), now=now,
+                            heartbeat=r.last_heartbeat)
+            if silent is not None and silent != self._down:
+                for name in silent ^ self._down:
+                    e = self.index.entries.get(name)
+                    if name in silent:
+                        self._down.add(name)
+                    else:
+                        self._down.discard(name)
+                    if e is not None:
+                        self._apply(name, e.generation, e.layout_rev, e.view.usage, now=now)
             self._position = position
 
     def _full(self, store: Store, *, now: float) -> None:
@@ -149,18 +181,21 @@ class HostCache:
                 self.index.remove(name)
                 self._logged(name)
                 self._res.pop(name, None)
-                self._meta.pop(name, None)
+                self._admin.pop(name, None)
+                self._down.discard(name)
         for i in range(0, len(rows), 500):  # chunks: walks get the lock in between
             with self._lock:
                 for r in rows[i:i + 500]:
                     e = entries.get(r.name)
                     if e is None or r.generation >= e.generation:  # never older state over newer
-                        self._meta[r.name] = (r.admin_state, r.last_heartbeat)
+                        self._admin[r.name] = r.admin_state
                     if r.name in usages:
                         gen, u = usages[r.name]
-                        self._apply(r.name, gen, r.layout_rev, Usage.from_dict(u), now=now)
+                        self._apply(r.name, gen, r.layout_rev, Usage.from_dict(u), now=now,
+                                    heartbeat=r.last_heartbeat)
                     elif e is not None:  # usage unchanged; state or heartbeat may have
-                        self._apply(r.name, e.generation, r.layout_rev, e.view.usage, now=now)
+                        self._apply(r.name, e.generation, r.layout_rev, e.view.usage, now=now,
+                                    heartbeat=r.last_heartbeat)
         with self._lock:
             self._position = position if self._position is None else min(self._position, position)
         log.debug("index full pass hosts=%d re-read=%d", len(rows), len(stale))
@@ -175,13 +210,20 @@ class HostCache:
             with self._lock:
                 self._res[h.name] = (h.layout_rev, r)
 
-    def _apply(self, name: str, generation: int, rev: int, usage: Usage, *, now: float) -> None:
-        """Caller holds the lock. Re-index ``name`` unless nothing it depends on changed."""
+    def _apply(self, name: str, generation: int, rev: int, usage: Usage, *, now: float,
+               heartbeat: float | None = None) -> None:
+        """Caller holds the lock. Re-index ``name`` unless nothing it depends on changed.
+        ``heartbeat``: the host's as just read from its row (None: not read, the host
+        stays as up or down as the cache had it)."""
+        if heartbeat is not None:
+            if now - heartbeat > self.timeout:
+                self._down.add(name)
+            else:
+                self._down.discard(name)
         res = self._res.get(name)
         if res is None or res[0] != rev:
             return  # layout not loaded (deleted and re-added between reads): next pass
-        admin, hb = self._meta.get(name, ("active", now))
-        state = "down" if now - hb > self.timeout else admin
+        state = "down" if name in self._down else self._admin.get(name, "active")
         e = self.index.entries.get(name)
         if e is not None:
             if generation < e.generation:
@@ -190,6 +232,15 @@ class HostCache:
                 return
         self.index.put(HostView(res[1], usage, state == "active", state), generation=generation, layout_rev=rev)
         self._logged(name)
+
+    def skip_own(self, seq: int) -> None:
+        """SQLite: a batch that read the feed under the writer lock and then committed
+        stamp ``seq`` has learnt everything stamped ``seq`` already (nobody else could
+        write in between): the next read starts after it instead of reading those hosts
+        back (half of what a feed read returned with two replicas)."""
+        with self._lock:
+            if self._position == seq:
+                self._position = seq + 1
 
     def _logged(self, name: str) -> None:
         if len(self._log) >= 65536:
@@ -235,22 +286,25 @@ class HostCache:
             return True, first
 
     def learn(self, name: str, *, generation: int, layout_rev: int, usage: Usage, admin_state: str,
-              last_heartbeat: float, now: float) -> None:
-        """What this instance just committed (claim or release) goes straight in."""
+              last_heartbeat: float | None, now: float) -> None:
+        """What this instance just committed (claim or release) goes straight in.
+        ``last_heartbeat`` None: the row came from this cache (``row``), not the database."""
         with self._lock:
-            self._meta[name] = (admin_state, last_heartbeat)
-            self._apply(name, generation, layout_rev, usage, now=now)
+            self._admin[name] = admin_state
+            self._apply(name, generation, layout_rev, usage, now=now, heartbeat=last_heartbeat)
 
     def row(self, name: str) -> Any | None:
         """The claim columns of ``name`` as the index has them (None: not indexed), shaped
-        like ``repo.hosts.claim_row``'s row."""
+        like ``repo.hosts.claim_row``'s row, with the index's ``state`` in place of the
+        heartbeat (``last_heartbeat`` None)."""
         with self._lock:
             e = self.index.entries.get(name)
-            meta = self._meta.get(name)
-            if e is None or meta is None:
+            admin = self._admin.get(name)
+            if e is None or admin is None:
                 return None
             return SimpleNamespace(name=name, generation=e.generation, usage=e.view.usage, layout_rev=e.layout_rev,
-                                   admin_state=meta[0], last_heartbeat=meta[1], rack=e.view.res.rack)
+                                   admin_state=admin, last_heartbeat=None, rack=e.view.res.rack,
+                                   state="down" if name in self._down else admin)
 
     def reload(self, store: Store, names: Sequence[str], *, now: float) -> None:
         """Put ``names`` back as the database has them, even over newer generations this
@@ -269,8 +323,9 @@ class HostCache:
                 self._logged(name)
                 r = rows.get(name)
                 if r is not None:
-                    self._meta[name] = (r.admin_state, r.last_heartbeat)
-                    self._apply(name, r.generation, r.layout_rev, Usage.from_dict(r.usage), now=now)
+                    self._admin[name] = r.admin_state
+                    self._apply(name, r.generation, r.layout_rev, Usage.from_dict(r.usage), now=now,
+                                heartbeat=r.last_heartbeat)
 
     # ------------------------------------------------------------ queries
 

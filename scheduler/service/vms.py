@@ -139,7 +139,7 @@ class VmService:
     async def create_async(self, body: VmCreate, *, tenant: str, key: str, actor: str) -> tuple[Vm, bool]:
         """``create`` through the claim thread (batched with whatever else is queued)."""
         item = self.prepare(body, tenant=tenant, key=key, actor=actor)
-        return await asyncio.wrap_future(self.claims.submit(item))
+        return await self.claims.submit(item, asyncio.get_running_loop())  # type: ignore[misc]
 
     def create_many(self, items: list[CreateItem]) -> list[tuple[Vm, bool] | BaseException]:
         """Claim ``items`` in one batch (``Placer.claim_many``): idempotent replays are

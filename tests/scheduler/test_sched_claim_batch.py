@@ -7,6 +7,7 @@ reloaded from the database, and the claim queue hands every request its own answ
 from __future__ import annotations
 
 import random
+import asyncio
 import threading
 import time
 
@@ -125,6 +126,34 @@ def test_claim_queue_answers_each_request_and_closes():
     q.close()
     with pytest.raises(RuntimeError):
         q.submit(1)
+
+
+def test_claim_queue_settles_asyncio_futures_per_batch():
+    """The event loop's path: asyncio futures, settled on their loop once per batch; one
+    cancelled while queued is never run."""
+    seen: list[list[int]] = []
+    gate = threading.Event()
+
+    def run(batch: list[int]) -> list[object]:
+        gate.wait(5)
+        seen.append(batch)
+        return [ValueError(f"odd {x}") if x % 2 else x * 10 for x in batch]
+    q = ClaimQueue(run, max_batch=8)
+
+    async def main() -> None:
+        loop = asyncio.get_running_loop()
+        busy = q.submit(0, loop)
+        await asyncio.sleep(0.05)  # the thread holds it, waiting on the gate
+        futs = [q.submit(i, loop) for i in range(1, 6)]
+        futs[1].cancel()  # 2: its client went away while it queued
+        gate.set()
+        assert await busy == 0
+        got = await asyncio.gather(*futs, return_exceptions=True)
+        assert [g if isinstance(g, int) else type(g).__name__ for g in got] == \
+            ["ValueError", "CancelledError", "ValueError", 40, "ValueError"]
+    asyncio.run(main())
+    assert seen == [[0], [1, 3, 4, 5]]  # the queued four shared one batch; 2 never ran
+    q.close()
 
 
 def test_stale_index_in_a_batch_is_caught_by_the_generation_guard(db_url, caplog):

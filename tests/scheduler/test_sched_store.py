@@ -33,7 +33,7 @@ def test_migrations_up_down_up(db_url):
     store = Store.from_url(db_url)
     try:
         upgrade(store.engine)
-        assert current(store.engine) == "0003"
+        assert current(store.engine) == "0004"
         assert {"hosts", "vms", "audit"} <= set(inspect(store.engine).get_table_names())
         downgrade(store.engine, "0001")
         assert "audit" not in inspect(store.engine).get_table_names()
@@ -41,7 +41,7 @@ def test_migrations_up_down_up(db_url):
         assert "hosts" not in inspect(store.engine).get_table_names()
         out = subprocess.run([sys.executable, "-m", "scheduler.cli", "db", "upgrade", "--url", db_url],
                              capture_output=True, text=True, cwd=REPO, check=True)
-        assert out.stdout.strip() == "0003"
+        assert out.stdout.strip() == "0004"
     finally:
         store.dispose()
 
@@ -152,6 +152,52 @@ def test_stale_index_refits_and_stale_generation_loses(db_url):
             gen = s.get(Host, "h1").generation
             assert not bump_usage(session=s, name="h1", seen_generation=gen - 1, usage=Usage(), now=0)
             assert Usage.from_dict(s.get(Host, "h1").usage).cpus == {1, 2}
+
+
+def test_index_learns_down_hosts_from_the_quiet_query_not_full_passes(db_url, monkeypatch):
+    """The index judges "down" from the indexed quiet-hosts query, not by reading every
+    host's heartbeat: a host that stops heartbeating drops out of placement, one that
+    resumes comes back (through the feed stamp its heartbeat makes, and also when that
+    stamp is missing), and no full pass runs after the first."""
+    from sqlalchemy import update
+
+    from sched_helpers import Clock, make_client
+    from scheduler.repo import hosts as host_repo
+    from scheduler.fit import VmWant
+    from scheduler.service.inventory import HostCache
+    clock = Clock()
+    with make_client(db_url, clock=clock) as c:
+        for n in ("h1", "h2", "h3"):
+            assert c.post("/v1/hosts", json=host_body(n), headers=HOST).status_code == 201
+        store = c.app.state.store
+        cache = HostCache(heartbeat_timeout_s=60, full_refresh_s=1e9, down_check_s=0)
+        cache.refresh(store, now=clock())  # first use: the full pass
+        fulls: list[int] = []
+        monkeypatch.setattr(host_repo, "fleet_state", lambda **k: fulls.append(1) or [])
+
+        def states() -> dict[str, str]:
+            cache.refresh(store, now=clock())
+            return {n: e.view.state for n, e in sorted(cache.index.entries.items())}
+
+        def beat(*names: str) -> None:
+            for n in names:
+                assert c.post(f"/v1/hosts/{n}/heartbeat", headers=HOST).status_code == 200
+        assert states() == {"h1": "active", "h2": "active", "h3": "active"}
+        clock.t += 61
+        beat("h2", "h3")
+        assert states() == {"h1": "down", "h2": "active", "h3": "active"}
+        assert cache.row("h1").state == "down" and cache.row("h2").state == "active"
+        assert cache.walk(VmWant(1, 1024), avoid_hosts=frozenset(), avoid_racks=frozenset(), skip=frozenset(),
+                          limit=3)[0].candidates[0].host != "h1"
+        beat("h1")  # back from down: its heartbeat stamps the feed
+        assert states() == {"h1": "active", "h2": "active", "h3": "active"}
+        clock.t += 61
+        beat("h2", "h3")
+        assert states()["h1"] == "down"
+        with store.write() as s:  # a heartbeat written without its stamp: the quiet check alone
+            s.execute(update(Host).where(Host.name == "h1").values(last_heartbeat=clock()))
+        assert states() == {"h1": "active", "h2": "active", "h3": "active"}
+        assert fulls == []
 
 
 def test_example_config_documents_every_key(monkeypatch):
