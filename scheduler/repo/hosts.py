@@ -13,6 +13,7 @@ from sqlalchemy.orm import Session
 from hostd.carve.layout import Layout
 from hostd.jsonmodel import SchemaError
 from scheduler.db.models import Host
+from scheduler.repo import lite
 from scheduler.errors import BadLayout, HostNotFound
 from scheduler.resources import HostRes, Usage, host_from_layout
 
@@ -121,6 +122,8 @@ def bump_many(*, session: Session, rows: Sequence[tuple[str, int, int, Usage]], 
     generation, usage). Returns how many rows matched; fewer than given = lost races."""
     if not rows:
         return 0
+    if not _pg(session):
+        return lite.bump_many(session, [(n, seen, g, u.to_dict()) for n, seen, g, u in rows], now, seq)
     params = [{"n": n, "seen": seen, "u": u.to_dict(), "g": g, "t": now, "seq": seq} for n, seen, g, u in rows]
     conn = session.connection()
     if conn.dialect.supports_sane_multi_rowcount:
@@ -140,9 +143,7 @@ def _stmts():  # type: ignore[no-untyped-def]
                 seq=bindparam("seq")),
         row=row, row_locked=row.with_for_update(), row_skip_locked=row.with_for_update(skip_locked=True),
         pg_seq=text("SELECT pg_current_xact_id()::text::bigint"),
-        lite_seq=text("UPDATE fleet SET seq = seq + 1 WHERE id = 1 RETURNING seq"),
         pg_pos=text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"),
-        lite_pos=text("SELECT seq FROM fleet WHERE id = 1"),
         changed=select(*CLAIM_COLUMNS).where(Host.seq >= bindparam("p")),
         quiet=select(Host.name, Host.last_heartbeat).where(Host.last_heartbeat < bindparam("b")))
 
@@ -153,8 +154,9 @@ def next_seq(session: Session) -> int:
     the transaction's own 64-bit id (no shared row, nothing held to commit); readers ask
     for ``seq >= xmin`` of their previous snapshot, which covers transactions that were
     still in flight then (``changed_since``)."""
-    st = _stmts()
-    return session.connection().execute(st.pg_seq if _pg(session) else st.lite_seq).scalar_one()
+    if not _pg(session):
+        return lite.next_seq(session)
+    return session.connection().execute(_stmts().pg_seq).scalar_one()
 
 
 def _pg(session: Session) -> bool:
@@ -165,10 +167,9 @@ def feed_position(*, session: Session) -> int:
     """Where the next ``changed_since`` starts, taken in the same snapshot as the read
     that precedes it (the session must be a snapshot: SQLite read tx, PostgreSQL
     REPEATABLE READ): PostgreSQL's oldest in-flight transaction id, else the counter."""
-    st = _stmts()
     if _pg(session):
-        return session.connection().execute(st.pg_pos).scalar_one()
-    return session.connection().execute(st.lite_pos).scalar_one() + 1
+        return session.connection().execute(_stmts().pg_pos).scalar_one()
+    return lite.counter(session) + 1
 
 
 CLAIM_COLUMNS = (Host.name, Host.generation, Host.usage, Host.layout_rev, Host.admin_state,
@@ -194,12 +195,16 @@ def claim_row(*, session: Session, name: str, lock: bool, skip_locked: bool = Fa
 
 def changed_since(*, session: Session, position: int) -> Sequence[Any]:
     """Hosts stamped at or after ``position`` (from ``feed_position`` of the previous read)."""
+    if not _pg(session):
+        return lite.changed_since(session, position)
     return session.connection().execute(_stmts().changed, {"p": position}).all()
 
 
 def quiet(*, session: Session, before: float) -> Sequence[Any]:
     """(name, last_heartbeat) of the hosts silent since ``before`` (indexed: the hosts
     that are down, not the fleet)."""
+    if not _pg(session):
+        return lite.quiet(session, before)
     return session.connection().execute(_stmts().quiet, {"b": before}).all()
 
 

@@ -7,11 +7,12 @@ from typing import Any
 
 from functools import cache
 
-from sqlalchemy import bindparam, func, insert, select
+from sqlalchemy import JSON, bindparam, func, insert, select
 from sqlalchemy.orm import Session
 
 from scheduler.db.models import LIVE, Audit, Host, Vm
 from scheduler.errors import VmNotFound
+from scheduler.repo import lite
 
 
 def get_vm(*, session: Session, vm_id: str, tenant: str | None = None) -> Vm:
@@ -47,10 +48,26 @@ def flush_inserts(*, session: Session) -> None:
     rows = session.info.pop(DEFER, None)
     if not rows:
         return
-    if rows["vms"]:
-        session.connection().execute(_insert_vm(), rows["vms"])  # the unique (tenant, key) fires here
-    if rows["audit"]:
-        session.connection().execute(_insert_audit(), rows["audit"])
+    sqlite = session.bind.dialect.name == "sqlite"  # type: ignore[union-attr]
+    for table, model in (("vms", Vm), ("audit", Audit)):
+        if not rows[table]:
+            continue
+        if sqlite:
+            lite.insert_many(session, table, _columns(model), _json_columns(model), rows[table])
+        else:
+            session.connection().execute(_insert_vm() if model is Vm else _insert_audit(), rows[table])
+    # (the unique (tenant, idempotency_key) of vms fires here: the batch rolls back and its
+    # requests are claimed one by one, where the losing request finds the winner's VM)
+
+
+@cache
+def _columns(model: type) -> tuple[str, ...]:
+    return tuple(c.key for c in model.__table__.columns)  # type: ignore[attr-defined]
+
+
+@cache
+def _json_columns(model: type) -> frozenset[str]:
+    return frozenset(c.key for c in model.__table__.columns if isinstance(c.type, JSON))  # type: ignore[attr-defined]
 
 
 @cache
@@ -86,9 +103,12 @@ def find_by_keys(*, session: Session, keys: Sequence[tuple[str, str]]) -> dict[t
     if not keys:
         return {}
     want = set(keys)
-    hits = [r.id for r in session.connection().execute(
-        _ids_by_keys(), {"ts": sorted({t for t, _ in keys}), "ks": sorted({k for _, k in keys})})
-        if (r.tenant, r.idempotency_key) in want]
+    ts, ks = sorted({t for t, _ in keys}), sorted({k for _, k in keys})
+    if session.bind.dialect.name == "sqlite":  # type: ignore[union-attr]
+        found = lite.ids_by_keys(session, ts, ks)
+    else:
+        found = session.connection().execute(_ids_by_keys(), {"ts": ts, "ks": ks}).all()
+    hits = [vm_id for vm_id, tenant, key in found if (tenant, key) in want]
     if not hits:
         return {}
     rows = session.scalars(select(Vm).where(Vm.id.in_(hits))).all()
