@@ -63,6 +63,12 @@ def test_one_batch_many_vms_replays_and_rejections(db_url):
             assert (h1.generation, h2.generation) == (1 + 4, 1 + 2)  # one step per claim ...
             assert h1.seq == h2.seq  # ... written once per batch, with one change stamp
             assert len(s.scalars(select(Audit).where(Audit.action == "vm.create")).all()) == 6
+            # what the batch wrote (on SQLite through the driver, repo/lite.py) reads back
+            # through the ORM as what was answered
+            vm = s.get(Vm, first[4][0].id)
+            assert (vm.allocation, vm.request, vm.status) == (first[4][0].allocation, first[4][0].request, "pending")
+            a = s.scalars(select(Audit).where(Audit.target == vm.id)).one()
+            assert a.detail == {"host": "h1", "nodes": [1], "cpus": vm.allocation["cpus"]} and a.principal == "t"
         # replays, a new VM, one that fits nowhere, and anti-affinity (claimed alone) in one batch
         again = items(svc, 2) + items(svc, 1, key="new") + items(svc, 1, key="big", vcpus=64) + \
             items(svc, 1, key="aa", anti_affinity={"group": "g1"})
