@@ -165,6 +165,7 @@ class Placer:
             for j in jobs:  # anti-affinity requests: alone, after the batch
                 if not j.settled:
                     self._claim_alone(j)
+            self.cache.freeze_churn()
             if self.metrics:
                 self.metrics.claim_batch.observe(len(jobs))
                 dt = time.perf_counter() - t0
