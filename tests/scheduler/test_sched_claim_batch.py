@@ -101,7 +101,8 @@ def test_batch_that_rolls_back_is_redone_one_by_one(db_url):
         assert entry.view.usage == usage  # not the rolled-back 6 CPUs
 
 
-def test_claim_queue_answers_each_request_and_closes():
+def gated_queue(max_batch: int) -> tuple[ClaimQueue, threading.Event, list[list[int]]]:
+    """A claim queue whose batches wait for the gate; odd items fail, even ones x10."""
     seen: list[list[int]] = []
     gate = threading.Event()
 
@@ -109,7 +110,11 @@ def test_claim_queue_answers_each_request_and_closes():
         gate.wait(5)
         seen.append(batch)
         return [ValueError(f"odd {x}") if x % 2 else x * 10 for x in batch]
-    q = ClaimQueue(run, max_batch=4)
+    return ClaimQueue(run, max_batch=max_batch), gate, seen
+
+
+def test_claim_queue_answers_each_request_and_closes():
+    q, gate, seen = gated_queue(4)
     futs = [q.submit(i) for i in range(10)]
     time.sleep(0.05)
     gate.set()
@@ -137,14 +142,7 @@ def test_claim_queue_answers_each_request_and_closes():
 def test_claim_queue_settles_asyncio_futures_per_batch():
     """The event loop's path: asyncio futures, settled on their loop once per batch; one
     cancelled while queued is never run."""
-    seen: list[list[int]] = []
-    gate = threading.Event()
-
-    def run(batch: list[int]) -> list[object]:
-        gate.wait(5)
-        seen.append(batch)
-        return [ValueError(f"odd {x}") if x % 2 else x * 10 for x in batch]
-    q = ClaimQueue(run, max_batch=8)
+    q, gate, seen = gated_queue(8)
 
     async def main() -> None:
         loop = asyncio.get_running_loop()
