@@ -189,15 +189,19 @@ class Placer:
         # per VM). Inside, that answer is used only if a walk would still give it
         # (``HostCache.still_first`` over the hosts re-indexed since: the feed's and this
         # batch's own claims), else the job walks again (a third to half of them do).
-        if not self.store.sqlite:  # SQLite reads the feed under the writer lock only (below)
+        # The change feed is read once per batch: SQLite under the writer lock (below),
+        # PostgreSQL here (its claims read and lock their rows anyway: a fresher index
+        # only means fewer lost candidates, and a second read was a second transaction).
+        if not self.store.sqlite:
             self.cache.refresh(self.store, now=now)
         mark = self.cache.mark()
         # Only a walk's first candidate is ever reused (``still_first``): stop there.
         first = {id(j): self._walk(j, frozenset(), limit=1) for j in jobs if not (j.settled or j.aff.group)}
         with self.store.write() as s:
-            # Inside the write transaction (SQLite: holding the writer lock), so the index
-            # also has every batch another replica committed while this one waited.
-            self.cache.refresh(self.store, now=now, fresh=True, session=s)
+            if self.store.sqlite:
+                # Holding the writer lock: the index now has every batch another replica
+                # committed while this one waited, and nobody can write until it commits.
+                self.cache.refresh(self.store, now=now, fresh=True, session=s)
             if before is not None:
                 before(s, jobs)
             vm_repo.defer_inserts(session=s)
