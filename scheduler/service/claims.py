@@ -192,7 +192,8 @@ class Placer:
         # The change feed is read once per batch: SQLite under the writer lock (below),
         # PostgreSQL here (its claims read and lock their rows anyway: a fresher index
         # only means fewer lost candidates, and a second read was a second transaction).
-        if not self.store.sqlite:
+        # An index not built yet is built here, outside the lock, on either store.
+        if not self.store.sqlite or self.cache.cold:
             self.cache.refresh(self.store, now=now)
         mark = self.cache.mark()
         # Only a walk's first candidate is ever reused (``still_first``): stop there.

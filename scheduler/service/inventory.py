@@ -100,6 +100,11 @@ class HostCache:
         finally:
             self._refreshing.release()
 
+    @property
+    def cold(self) -> bool:
+        """No full pass yet: the next ``refresh`` reads the whole fleet."""
+        return self._position is None
+
     def _full_in_background(self, store: Store, *, now: float) -> None:
         """The periodic full pass (10,000 rows) runs on its own thread, off the claim path:
         inline it stopped the claim thread for tens of milliseconds every pass, measured

@@ -184,6 +184,28 @@ def test_index_churn_is_frozen_out_of_the_cyclic_gc(db_url):
             gc.unfreeze()
 
 
+def test_first_batch_builds_the_index_before_taking_the_writer_lock(db_url):
+    """SQLite reads the change feed under the writer lock only, but the first batch's full
+    read of the fleet (seconds at 10,000 hosts) happens before it: the other replicas'
+    claims must not wait for it."""
+    from contextlib import contextmanager
+    with make_client(db_url) as api:
+        assert api.post("/v1/hosts", json=host_body("h1", SMALL), headers=HOST).status_code == 201
+        svc = api.app.state.vms
+        cache, store = svc.placer.cache, svc.store
+        assert cache.cold
+        write, cold_at_write = store.write, []
+
+        @contextmanager
+        def spy():  # type: ignore[no-untyped-def]
+            cold_at_write.append(cache.cold)
+            with write() as s:
+                yield s
+        store.write = spy
+        got = svc.create_many(items(svc, 1))
+        assert got[0][0].host == "h1" and cold_at_write == [False]
+
+
 def test_stale_index_in_a_batch_is_caught_by_the_generation_guard(db_url, caplog):
     """Replica b's index never refreshes or learns (as if the change feed were lost): its
     batch claims against a stale view (on SQLite without reading the row at all), the
