@@ -18,7 +18,8 @@ p50/p99 latency (with --clients closed-loop clients this includes queueing: by L
 law mean latency = clients / throughput; with --rate R the requests arrive open-loop at R
 per second over the same --clients connections and latency counts from each request's
 due time, wrk2-style, so it shows service time plus any backlog), our server-side claim time p50/p99 (the
-Server-Timing header: fit on the index + the claim transaction), packing quality = VMs
+Server-Timing header: fit on the index + the claim transaction), our servers' CPU per request
+by thread (event loop, claim thread, other; from /proc), packing quality = VMs
 placed before the first capacity rejection / VMs an offline first-fit-decreasing places
 from the same trace, overcommit, and the ratios against Placement.
 """
@@ -41,7 +42,7 @@ sys.path.insert(0, str(REPO / "bench"))
 
 from scheduler_benchlib import (Conn, Req, Result, class_ceiling, create_database, fleet, ffd_bound, free_port,  # noqa: E402
                                 host_res, overcommit, percentile, postgres, register_body, run_clients,
-                                run_open, stop, trace, wait_http)
+                                run_open, stop, thread_cpu, trace, wait_http)
 
 TOKENS = {"bench-admin": ["admin"], "bench-host": ["host"], "bench-tenant": ["tenant:bench"]}
 PG_SETTINGS = {"synchronous_commit": "off", "shared_buffers": "256MB", "max_connections": "400"}
@@ -103,6 +104,7 @@ def run_ours(label: str, url: str, hosts: list, reqs: list[Req], *, clients: int
             srv = float(st.split("dur=")[1]) / 1e3 if "dur=" in st else float("nan")
             code = "" if rep.status == 202 else (rep.json() or {}).get("error", {}).get("code", str(rep.status))
             return rep.status, dt, srv, code
+        cpu0 = thread_cpu([p.pid for p in procs])
         t = time.perf_counter()
         if rate:
             timed = asyncio.run(run_open(rate, clients, bases, reqs, place))
@@ -111,6 +113,8 @@ def run_ours(label: str, url: str, hosts: list, reqs: list[Req], *, clients: int
         else:
             got = asyncio.run(run_clients(clients, bases, reqs, place))
         out.seconds = time.perf_counter() - t
+        cpu1 = thread_cpu([p.pid for p in procs])
+        out.cpu = {k: (cpu1[k] - cpu0[k]) / len(reqs) * 1e3 for k in cpu1}
         out.tally([(status, dt, code) for status, dt, _srv, code in got])
         out.server = [srv for status, _dt, srv, _code in got if status == 202]
     finally:
@@ -154,6 +158,9 @@ def report(rows: list[Result], ffd: int, baseline: Result | None) -> None:
             print(f"{'':<28} other answers: {r.errors}")
         if r.overcommit:
             print(f"{'':<28} first problems: {r.overcommit[:5]}")
+        if r.cpu:
+            print(f"{'':<28} server CPU per request: {sum(r.cpu.values()):.2f} ms ("
+                  + ", ".join(f"{k} {v:.2f}" for k, v in r.cpu.items()) + ")")
         if r.note:
             print(f"{'':<28} {r.note}")
     print(f"\npacking quality = VMs placed before the first capacity rejection / {ffd} placed by offline "

@@ -324,6 +324,24 @@ def wait_http(port: int, path: str, proc: subprocess.Popen, log: Path, timeout: 
     raise RuntimeError(f"server not ready on {port}: {log.read_text()[-3000:]}")
 
 
+def thread_cpu(pids: list[int]) -> dict[str, float]:
+    """CPU seconds (user + system) of the given processes' threads, summed by role: the
+    main thread ("event loop"), the scheduler's claim thread (OS name ``hyb-claims``) and
+    everything else."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"event loop": 0.0, "claim thread": 0.0, "other": 0.0}
+    for pid in pids:
+        for tid in os.listdir(f"/proc/{pid}/task"):
+            try:
+                comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
+                f = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+            except OSError:
+                continue  # the thread ended meanwhile
+            role = "event loop" if int(tid) == pid else "claim thread" if comm == "hyb-claims" else "other"
+            out[role] += (int(f[11]) + int(f[12])) / tick
+    return out
+
+
 def stop(procs: list[subprocess.Popen]) -> None:
     """Stop what we started, by PID (each runs in its own session: its workers go too)."""
     for p in procs:
@@ -403,6 +421,7 @@ class Result:
     before_first_reject: int = 0
     overcommit: list[str] | None = None
     note: str = ""
+    cpu: dict[str, float] = field(default_factory=dict)  # our servers' CPU ms per request, by thread role
 
     def tally(self, answers: list[tuple[int, float, str]]) -> None:
         """Count the run's answers, in trace order: (HTTP status, latency, error code)."""

@@ -19,6 +19,8 @@ from collections.abc import Callable
 from concurrent.futures import Future
 from typing import Any
 
+from scheduler.osthread import name_this_thread
+
 log = logging.getLogger(__name__)
 
 _STOP = object()
@@ -53,6 +55,7 @@ class ClaimQueue:
         return fut
 
     def _loop(self) -> None:
+        name_this_thread(f"hyb-{self._name}")
         while True:
             first = self._q.get()
             if first is _STOP:

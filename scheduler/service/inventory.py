@@ -36,6 +36,7 @@ from sqlalchemy.orm import Session
 from scheduler.db.engine import Store
 from scheduler.db.models import Host
 from scheduler.fit import Candidate, FitResult, HostView, Rejection, VmWant, fit_host, need_of, order_key
+from scheduler.osthread import name_this_thread
 from scheduler.repo import hosts as host_repo
 from scheduler.resources import HostRes, Usage
 from scheduler.service.index import FleetIndex
@@ -116,6 +117,7 @@ class HostCache:
             return
 
         def run() -> None:
+            name_this_thread("hyb-index-full")
             try:
                 self._full(store, now=now)
                 self._freeze()

@@ -18,3 +18,7 @@ def test_placement_bench_tiny():
     row = next(ln for ln in out.stdout.splitlines() if ln.startswith("hybrid-kvm sqlite"))
     assert row.rstrip().endswith("none"), row  # overcommit column
     assert "offline FFD places" in out.stdout
+    # the claim thread is found by its OS thread name (hyb-claims) and did the claiming
+    cpu = next(ln for ln in out.stdout.splitlines() if "server CPU per request" in ln)
+    claim = float(cpu.split("claim thread ")[1].split(",")[0])
+    assert claim > 0, cpu
