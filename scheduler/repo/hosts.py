@@ -13,8 +13,8 @@ from sqlalchemy.orm import Session
 from hostd.carve.layout import Layout
 from hostd.jsonmodel import SchemaError
 from scheduler.db.models import Host
-from scheduler.repo import lite
 from scheduler.errors import BadLayout, HostNotFound
+from scheduler.repo import lite
 from scheduler.resources import HostRes, Usage, host_from_layout
 
 STATES = ("active", "cordoned", "draining")  # admin states; "down" comes from missed heartbeats
@@ -122,7 +122,7 @@ def bump_many(*, session: Session, rows: Sequence[tuple[str, int, int, Usage]], 
     generation, usage). Returns how many rows matched; fewer than given = lost races."""
     if not rows:
         return 0
-    if not _pg(session):
+    if lite.serves(session):
         return lite.bump_many(session, [(n, seen, g, u.to_dict()) for n, seen, g, u in rows], now, seq)
     params = [{"n": n, "seen": seen, "u": u.to_dict(), "g": g, "t": now, "seq": seq} for n, seen, g, u in rows]
     conn = session.connection()
@@ -154,7 +154,7 @@ def next_seq(session: Session) -> int:
     the transaction's own 64-bit id (no shared row, nothing held to commit); readers ask
     for ``seq >= xmin`` of their previous snapshot, which covers transactions that were
     still in flight then (``changed_since``)."""
-    if not _pg(session):
+    if lite.serves(session):
         return lite.next_seq(session)
     return session.connection().execute(_stmts().pg_seq).scalar_one()
 
@@ -167,9 +167,9 @@ def feed_position(*, session: Session) -> int:
     """Where the next ``changed_since`` starts, taken in the same snapshot as the read
     that precedes it (the session must be a snapshot: SQLite read tx, PostgreSQL
     REPEATABLE READ): PostgreSQL's oldest in-flight transaction id, else the counter."""
-    if _pg(session):
-        return session.connection().execute(_stmts().pg_pos).scalar_one()
-    return lite.counter(session) + 1
+    if lite.serves(session):
+        return lite.counter(session) + 1
+    return session.connection().execute(_stmts().pg_pos).scalar_one()
 
 
 CLAIM_COLUMNS = (Host.name, Host.generation, Host.usage, Host.layout_rev, Host.admin_state,
@@ -195,7 +195,7 @@ def claim_row(*, session: Session, name: str, lock: bool, skip_locked: bool = Fa
 
 def changed_since(*, session: Session, position: int) -> Sequence[Any]:
     """Hosts stamped at or after ``position`` (from ``feed_position`` of the previous read)."""
-    if not _pg(session):
+    if lite.serves(session):
         return lite.changed_since(session, position)
     return session.connection().execute(_stmts().changed, {"p": position}).all()
 
@@ -203,7 +203,7 @@ def changed_since(*, session: Session, position: int) -> Sequence[Any]:
 def quiet(*, session: Session, before: float) -> Sequence[Any]:
     """(name, last_heartbeat) of the hosts silent since ``before`` (indexed: the hosts
     that are down, not the fleet)."""
-    if not _pg(session):
+    if lite.serves(session):
         return lite.quiet(session, before)
     return session.connection().execute(_stmts().quiet, {"b": before}).all()
 

@@ -28,6 +28,11 @@ def dumps(v: Any) -> str:
     return orjson.dumps(v, option=_JSON_OPTS).decode()
 
 
+def serves(session: Session) -> bool:
+    """True when ``session`` is on SQLite: the repo functions then call this module."""
+    return session.bind.dialect.name == "sqlite"  # type: ignore[union-attr]
+
+
 def cursor(session: Session) -> sqlite3.Cursor:
     return session.connection().connection.driver_connection.cursor()  # type: ignore[union-attr]
 

@@ -48,11 +48,10 @@ def flush_inserts(*, session: Session) -> None:
     rows = session.info.pop(DEFER, None)
     if not rows:
         return
-    sqlite = session.bind.dialect.name == "sqlite"  # type: ignore[union-attr]
     for table, model in (("vms", Vm), ("audit", Audit)):
         if not rows[table]:
             continue
-        if sqlite:
+        if lite.serves(session):
             lite.insert_many(session, table, _columns(model), _json_columns(model), rows[table])
         else:
             session.connection().execute(_insert_vm() if model is Vm else _insert_audit(), rows[table])
@@ -104,7 +103,7 @@ def find_by_keys(*, session: Session, keys: Sequence[tuple[str, str]]) -> dict[t
         return {}
     want = set(keys)
     ts, ks = sorted({t for t, _ in keys}), sorted({k for _, k in keys})
-    if session.bind.dialect.name == "sqlite":  # type: ignore[union-attr]
+    if lite.serves(session):
         found = lite.ids_by_keys(session, ts, ks)
     else:
         found = session.connection().execute(_ids_by_keys(), {"ts": ts, "ks": ks}).all()
