@@ -45,7 +45,9 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "bench"))
 
+from procstat import cpu_s, stat_fields  # noqa: E402
 from tools.kvm_utils.bench import cache_dir, helper_argv  # noqa: E402
 
 #: targets from the issue: counting mode and BPF (latency) mode, CPU per exit
@@ -123,15 +125,10 @@ def attach(argv: list[str], mode: str) -> subprocess.Popen:
 
 def tree_cpu_s(pid: int) -> float:
     """CPU seconds (user + sys) used so far by `pid` and its live descendants (bpftrace, perf)."""
-    tick = os.sysconf("SC_CLK_TCK")
     stats = {}
     for d in Path("/proc").iterdir():
-        if d.name.isdigit():
-            try:
-                f = (d / "stat").read_text().rsplit(")", 1)[1].split()
-            except OSError:
-                continue
-            stats[int(d.name)] = (int(f[1]), (int(f[11]) + int(f[12])) / tick)   # ppid, utime+stime
+        if d.name.isdigit() and (f := stat_fields(d / "stat")) is not None:
+            stats[int(d.name)] = (int(f[1]), cpu_s(f))  # ppid, utime+stime
     total, todo = 0.0, [pid]
     while todo:
         p = todo.pop()

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from procstat import cpu_s, stat_fields
 from scheduler.fit import DiskWant, HostView, VfWant, VmWant, fit_host
 from scheduler.resources import Allocation, HostRes, Usage, host_from_layout
 from scheduler.shapes import Shape, make_layout
@@ -328,17 +329,19 @@ def thread_cpu(pids: list[int]) -> dict[str, float]:
     """CPU seconds (user + system) of the given processes' threads, summed by role: the
     main thread ("event loop"), the scheduler's claim thread (OS name ``hyb-claims``) and
     everything else."""
-    tick = os.sysconf("SC_CLK_TCK")
     out = {"event loop": 0.0, "claim thread": 0.0, "other": 0.0}
     for pid in pids:
         for tid in os.listdir(f"/proc/{pid}/task"):
+            task = Path(f"/proc/{pid}/task/{tid}")
             try:
-                comm = Path(f"/proc/{pid}/task/{tid}/comm").read_text().strip()
-                f = Path(f"/proc/{pid}/task/{tid}/stat").read_text().rsplit(")", 1)[1].split()
+                comm = (task / "comm").read_text().strip()
             except OSError:
                 continue  # the thread ended meanwhile
+            f = stat_fields(task / "stat")
+            if f is None:
+                continue
             role = "event loop" if int(tid) == pid else "claim thread" if comm == "hyb-claims" else "other"
-            out[role] += (int(f[11]) + int(f[12])) / tick
+            out[role] += cpu_s(f)
     return out
 
 
