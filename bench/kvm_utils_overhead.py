@@ -47,7 +47,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from procstat import cpu_s, stat_fields  # noqa: E402
+from procstat import tree_cpu_s  # noqa: E402
 from tools.kvm_utils.bench import cache_dir, helper_argv  # noqa: E402
 
 #: targets from the issue: counting mode and BPF (latency) mode, CPU per exit
@@ -121,20 +121,6 @@ def attach(argv: list[str], mode: str) -> subprocess.Popen:
         raise RuntimeError((p.stderr.read().strip().splitlines() or [f"exit {p.returncode}"])[-1])
     p.t_ready, p.cpu_ready = time.monotonic(), tree_cpu_s(p.pid)
     return p
-
-
-def tree_cpu_s(pid: int) -> float:
-    """CPU seconds (user + sys) used so far by `pid` and its live descendants (bpftrace, perf)."""
-    stats = {}
-    for d in Path("/proc").iterdir():
-        if d.name.isdigit() and (f := stat_fields(d / "stat")) is not None:
-            stats[int(d.name)] = (int(f[1]), cpu_s(f))  # ppid, utime+stime
-    total, todo = 0.0, [pid]
-    while todo:
-        p = todo.pop()
-        total += stats.get(p, (0, 0.0))[1]
-        todo += [c for c, (pp, _) in stats.items() if pp == p]
-    return total
 
 
 def detach(p: subprocess.Popen) -> tuple[float, float]:

@@ -43,6 +43,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from scheduler_benchlib import (Conn, Req, Result, class_ceiling, create_database, fleet, ffd_bound, free_port,  # noqa: E402
                                 host_res, overcommit, percentile, postgres, register_body, run_clients,
                                 run_open, stop, thread_cpu, trace, wait_http)
+from procstat import tree_cpu_s  # noqa: E402
 
 TOKENS = {"bench-admin": ["admin"], "bench-host": ["host"], "bench-tenant": ["tenant:bench"]}
 PG_SETTINGS = {"synchronous_commit": "off", "shared_buffers": "256MB", "max_connections": "400"}
@@ -63,7 +64,9 @@ def _auth(token: str, **extra: str) -> dict[str, str]:
 
 
 def run_ours(label: str, url: str, hosts: list, reqs: list[Req], *, clients: int, replicas: int,
-             tmp: Path, rate: float = 0.0) -> Result:
+             tmp: Path, rate: float = 0.0, db_pid: int | None = None) -> Result:
+    """``db_pid``: the database server's PID (PostgreSQL here), whose CPU per
+    request is reported next to ours."""
     from scheduler.db.engine import Store
     from scheduler.db.migrate import upgrade
     store = Store.from_url(url)
@@ -105,6 +108,7 @@ def run_ours(label: str, url: str, hosts: list, reqs: list[Req], *, clients: int
             code = "" if rep.status == 202 else (rep.json() or {}).get("error", {}).get("code", str(rep.status))
             return rep.status, dt, srv, code
         cpu0 = thread_cpu([p.pid for p in procs])
+        db0 = tree_cpu_s(db_pid) if db_pid else 0.0
         t = time.perf_counter()
         if rate:
             timed = asyncio.run(run_open(rate, clients, bases, reqs, place))
@@ -115,6 +119,8 @@ def run_ours(label: str, url: str, hosts: list, reqs: list[Req], *, clients: int
         out.seconds = time.perf_counter() - t
         cpu1 = thread_cpu([p.pid for p in procs])
         out.cpu = {k: (cpu1[k] - cpu0[k]) / len(reqs) * 1e3 for k in cpu1}
+        if db_pid:
+            out.db_cpu = (tree_cpu_s(db_pid) - db0) / len(reqs) * 1e3
         out.tally([(status, dt, code) for status, dt, _srv, code in got])
         out.server = [srv for status, _dt, srv, _code in got if status == 202]
     finally:
@@ -160,7 +166,8 @@ def report(rows: list[Result], ffd: int, baseline: Result | None) -> None:
             print(f"{'':<28} first problems: {r.overcommit[:5]}")
         if r.cpu:
             print(f"{'':<28} server CPU per request: {sum(r.cpu.values()):.2f} ms ("
-                  + ", ".join(f"{k} {v:.2f}" for k, v in r.cpu.items()) + ")")
+                  + ", ".join(f"{k} {v:.2f}" for k, v in r.cpu.items()) + ")"
+                  + (f"; database server {r.db_cpu:.2f} ms" if r.db_cpu is not None else ""))
         if r.note:
             print(f"{'':<28} {r.note}")
     print(f"\npacking quality = VMs placed before the first capacity rejection / {ffd} placed by offline "
@@ -210,11 +217,11 @@ def main() -> int:
                     base["sqlite"] = run_openstack("sqlite", None, hosts, reqs, a, tmp)
                     rows.append(base["sqlite"])
             elif st == "pg":
-                with postgres(PG_SETTINGS) as (_user, port):
+                with postgres(PG_SETTINGS) as (_user, port, pg_pid):
                     create_database(port, "sched")
                     rows.append(run_ours("hybrid-kvm pg", f"postgresql://postgres@127.0.0.1:{port}/sched",
                                          hosts, reqs, clients=a.clients, replicas=a.replicas, tmp=tmp,
-                                         rate=a.rate))
+                                         rate=a.rate, db_pid=pg_pid))
                     if not a.no_openstack:
                         create_database(port, "placement")
                         base["pg"] = run_openstack("pg", port, hosts, reqs, a, tmp)

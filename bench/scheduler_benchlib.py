@@ -362,9 +362,10 @@ PG_BIN = Path("/usr/lib/postgresql/15/bin")
 
 
 @contextmanager
-def postgres(settings: dict[str, str]) -> Iterator[tuple[str, int]]:
+def postgres(settings: dict[str, str]) -> Iterator[tuple[str, int, int]]:
     """A throwaway PostgreSQL 15 on loopback, run as the `postgres` user (PostgreSQL
-    refuses root), stopped by PID even on failure; yields (user, port). ``settings`` are
+    refuses root), stopped by PID even on failure; yields (user, port, postmaster PID:
+    its backends are its children, see ``procstat.tree_cpu_s``). ``settings`` are
     its ``-c`` options. The scheduler tests' ``pg_server`` fixture uses it too."""
     if not (PG_BIN / "postgres").exists():
         raise RuntimeError(f"PostgreSQL 15 not installed ({PG_BIN}/postgres missing)")
@@ -393,7 +394,7 @@ def postgres(settings: dict[str, str]) -> Iterator[tuple[str, int]]:
                 if proc.poll() is not None or time.monotonic() > deadline:
                     raise RuntimeError("PostgreSQL did not start: " + (base / "pg.log").read_text()[-2000:])
                 time.sleep(0.2)
-        yield "postgres", port
+        yield "postgres", port, proc.pid
     finally:
         if proc is not None and proc.poll() is None:
             proc.send_signal(signal.SIGINT)  # fast shutdown, by PID
@@ -425,6 +426,7 @@ class Result:
     overcommit: list[str] | None = None
     note: str = ""
     cpu: dict[str, float] = field(default_factory=dict)  # our servers' CPU ms per request, by thread role
+    db_cpu: float | None = None  # the database server's CPU ms per request (PostgreSQL)
 
     def tally(self, answers: list[tuple[int, float, str]]) -> None:
         """Count the run's answers, in trace order: (HTTP status, latency, error code)."""

@@ -122,6 +122,19 @@ class Store:
                 yield s
 
     @contextmanager
+    def feed_read(self) -> Iterator[Session]:
+        """The placement index's change-feed read: SQLite, a read transaction (a snapshot);
+        PostgreSQL, autocommit (the feed is one statement, and one statement sees one
+        snapshot: no BEGIN, COMMIT or REPEATABLE READ round trips)."""
+        if self.sqlite:
+            with self.snapshot() as s:
+                yield s
+            return
+        with self._sessions() as s:
+            s.connection(execution_options={"isolation_level": "AUTOCOMMIT"})
+            yield s
+
+    @contextmanager
     def read(self) -> Iterator[Session]:
         with self._sessions() as s, _tx(s):
             yield s

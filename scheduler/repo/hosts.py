@@ -14,7 +14,7 @@ from hostd.carve.layout import Layout
 from hostd.jsonmodel import SchemaError
 from scheduler.db.models import Host
 from scheduler.errors import BadLayout, HostNotFound
-from scheduler.repo import lite
+from scheduler.repo import lite, pg
 from scheduler.resources import HostRes, Usage, host_from_layout
 
 STATES = ("active", "cordoned", "draining")  # admin states; "down" comes from missed heartbeats
@@ -117,18 +117,19 @@ def bump_usage(*, session: Session, name: str, seen_generation: int, usage: Usag
     return res.rowcount == 1
 
 
-def bump_many(*, session: Session, rows: Sequence[tuple[str, int, int, Usage]], now: float, seq: int) -> int:
-    """Several hosts' new usage in one executemany: (name, seen generation, new
-    generation, usage). Returns how many rows matched; fewer than given = lost races."""
+def bump_many(*, session: Session, rows: Sequence[tuple[str, int, int, Usage]], now: float,
+              seq: int | None) -> int:
+    """Several hosts' new usage in one go: (name, seen generation, new generation, usage).
+    Returns how many rows matched; fewer than given = lost races. ``seq``: the batch's
+    change stamp on SQLite (``next_seq``); PostgreSQL stamps with the transaction id
+    in the same statement (None)."""
     if not rows:
         return 0
+    data = [(n, seen, g, u.to_dict()) for n, seen, g, u in rows]
     if lite.serves(session):
-        return lite.bump_many(session, [(n, seen, g, u.to_dict()) for n, seen, g, u in rows], now, seq)
-    params = [{"n": n, "seen": seen, "u": u.to_dict(), "g": g, "t": now, "seq": seq} for n, seen, g, u in rows]
-    conn = session.connection()
-    if conn.dialect.supports_sane_multi_rowcount:
-        return conn.execute(_stmts().bump, params).rowcount
-    return sum(conn.execute(_stmts().bump, p).rowcount for p in params)
+        assert seq is not None
+        return lite.bump_many(session, data, now, seq)
+    return pg.bump_many(session, data, now)
 
 
 @cache
@@ -141,10 +142,9 @@ def _stmts():  # type: ignore[no-untyped-def]
         bump=update(Host).where(Host.name == bindparam("n"), Host.generation == bindparam("seen"))
         .values(usage=bindparam("u", type_=Host.usage.type), generation=bindparam("g"), updated=bindparam("t"),
                 seq=bindparam("seq")),
-        row=row, row_locked=row.with_for_update(), row_skip_locked=row.with_for_update(skip_locked=True),
+        row=row, row_locked=row.with_for_update(),
         pg_seq=text("SELECT pg_current_xact_id()::text::bigint"),
         pg_pos=text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"),
-        changed=select(*CLAIM_COLUMNS).where(Host.seq >= bindparam("p")),
         quiet=select(Host.name, Host.last_heartbeat).where(Host.last_heartbeat < bindparam("b")))
 
 
@@ -153,7 +153,7 @@ def next_seq(session: Session) -> int:
     (writers are serialised, so stamps appear in commit order without gaps). PostgreSQL:
     the transaction's own 64-bit id (no shared row, nothing held to commit); readers ask
     for ``seq >= xmin`` of their previous snapshot, which covers transactions that were
-    still in flight then (``changed_since``)."""
+    still in flight then (``feed``)."""
     if lite.serves(session):
         return lite.next_seq(session)
     return session.connection().execute(_stmts().pg_seq).scalar_one()
@@ -164,7 +164,7 @@ def _pg(session: Session) -> bool:
 
 
 def feed_position(*, session: Session) -> int:
-    """Where the next ``changed_since`` starts, taken in the same snapshot as the read
+    """Where the next ``feed`` starts, taken in the same snapshot as the read
     that precedes it (the session must be a snapshot: SQLite read tx, PostgreSQL
     REPEATABLE READ): PostgreSQL's oldest in-flight transaction id, else the counter."""
     if lite.serves(session):
@@ -182,22 +182,27 @@ def claim_row(*, session: Session, name: str, lock: bool, skip_locked: bool = Fa
     generation race (which stays the guard). ``skip_locked`` (a claim batch, which holds
     several rows to its commit and must never wait on another replica's batch, or two
     batches could deadlock): None when another transaction holds the row."""
-    st = _stmts()
-    pg = _pg(session)
-    stmt = (st.row_skip_locked if skip_locked else st.row_locked) if lock and pg else st.row
-    row = session.connection().execute(stmt, {"n": name}).one_or_none()
-    if row is None:
-        if skip_locked and pg and session.connection().execute(st.row, {"n": name}).one_or_none() is not None:
+    if _pg(session) and (skip_locked or not lock):
+        row = pg.claim_row(session, name, skip_locked=skip_locked)
+        if row is False:
             return None
+    else:
+        st = _stmts()
+        row = session.connection().execute(st.row_locked if lock and _pg(session) else st.row,
+                                           {"n": name}).one_or_none()
+    if row is None:
         raise HostNotFound(f"no host {name!r}", field="name")
     return row
 
 
-def changed_since(*, session: Session, position: int) -> Sequence[Any]:
-    """Hosts stamped at or after ``position`` (from ``feed_position`` of the previous read)."""
+def feed(*, session: Session, position: int) -> tuple[int, Sequence[Any]]:
+    """(next position, hosts stamped at or after ``position``): the index's incremental
+    read. SQLite: the counter first, and no read at all when it did not move (the session
+    must be a snapshot). PostgreSQL: one statement (``pg.feed``), any session."""
     if lite.serves(session):
-        return lite.changed_since(session, position)
-    return session.connection().execute(_stmts().changed, {"p": position}).all()
+        nxt = lite.counter(session) + 1
+        return nxt, (lite.changed_since(session, position) if nxt != position else [])
+    return pg.feed(session, position)
 
 
 def quiet(*, session: Session, before: float) -> Sequence[Any]:

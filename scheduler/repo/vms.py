@@ -12,7 +12,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.db.models import LIVE, Audit, Host, Vm
 from scheduler.errors import VmNotFound
-from scheduler.repo import lite
+from scheduler.repo import lite, pg
 
 
 def get_vm(*, session: Session, vm_id: str, tenant: str | None = None) -> Vm:
@@ -54,7 +54,7 @@ def flush_inserts(*, session: Session) -> None:
         if lite.serves(session):
             lite.insert_many(session, table, _columns(model), _json_columns(model), rows[table])
         else:
-            session.connection().execute(_insert_vm() if model is Vm else _insert_audit(), rows[table])
+            pg.insert_many(session, table, _columns(model), rows[table])
     # (the unique (tenant, idempotency_key) of vms fires here: the batch rolls back and its
     # requests are claimed one by one, where the losing request finds the winner's VM)
 
@@ -88,13 +88,6 @@ def find_by_key(*, session: Session, tenant: str, key: str) -> Vm | None:
     return session.scalars(_by_key(), {"t": tenant, "k": key}).one_or_none()
 
 
-@cache
-def _ids_by_keys():  # type: ignore[no-untyped-def]
-    # both columns constrained: the unique (tenant, idempotency_key) index serves it
-    return select(Vm.id, Vm.tenant, Vm.idempotency_key).where(
-        Vm.tenant.in_(bindparam("ts", expanding=True)), Vm.idempotency_key.in_(bindparam("ks", expanding=True)))
-
-
 def find_by_keys(*, session: Session, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Vm]:
     """(tenant, key) -> VM for the keys already used (one query for a claim batch). The
     keys are almost always new: the query asks for ids only, and VMs are loaded through
@@ -103,10 +96,7 @@ def find_by_keys(*, session: Session, keys: Sequence[tuple[str, str]]) -> dict[t
         return {}
     want = set(keys)
     ts, ks = sorted({t for t, _ in keys}), sorted({k for _, k in keys})
-    if lite.serves(session):
-        found = lite.ids_by_keys(session, ts, ks)
-    else:
-        found = session.connection().execute(_ids_by_keys(), {"ts": ts, "ks": ks}).all()
+    found = (lite if lite.serves(session) else pg).ids_by_keys(session, ts, ks)
     hits = [vm_id for vm_id, tenant, key in found if (tenant, key) in want]
     if not hits:
         return {}

@@ -219,7 +219,7 @@ class Placer:
             moved = [(n, read_gen[n], g, u) for n, (_row, u, g) in touched.items() if g != read_gen[n]]
             seq = None
             if moved:
-                seq = host_repo.next_seq(s)
+                seq = host_repo.next_seq(s) if self.store.sqlite else None  # PostgreSQL: inline
                 if host_repo.bump_many(session=s, rows=moved, now=now, seq=seq) != len(moved):
                     raise RuntimeError("a host changed under its row lock")  # rolls the batch back
         if seq is not None and self.store.sqlite:

@@ -6,7 +6,7 @@ index only has to be fresh enough that claims rarely re-fit. Three ways in:
 - ``learn()``: this instance's own claims and releases, applied right after commit;
 - incremental refresh before a placement (at most every ``refresh_interval_s``): one
   indexed query for hosts whose change stamp ``seq`` is at or after the feed position
-  of the previous read (``repo.hosts.changed_since``) — O(changed hosts), not O(fleet);
+  of the previous read (``repo.hosts.feed``) — O(changed hosts), not O(fleet);
 - every ``down_check_s``, with a feed read: the hosts silent for longer than the
   heartbeat timeout (``repo.hosts.quiet``, indexed: O(down hosts)). Heartbeats do not
   stamp ``seq`` (that would make every heartbeat a feed event), so "down" is the set this
@@ -166,11 +166,8 @@ class HostCache:
         down at ``now`` (and one that heartbeats after that stamps the feed)."""
         assert self._position is not None
         silent: set[str] | None = None
-        with (nullcontext(session) if session is not None else store.snapshot()) as s:
-            position = host_repo.feed_position(session=s)
-            # SQLite's counter did not move: nothing was stamped since the last read
-            moved = not (store.sqlite and position == self._position)
-            rows = host_repo.changed_since(session=s, position=self._position) if moved else ()
+        with (nullcontext(session) if session is not None else store.feed_read()) as s:
+            position, rows = host_repo.feed(session=s, position=self._position)
             if rows:
                 self._load_res(s, [r.name for r in rows if self._res_stale(r.name, r.layout_rev)])
             if quiet:

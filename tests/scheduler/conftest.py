@@ -21,7 +21,7 @@ def pg_server() -> Iterator[str]:
     URL (no database name)."""
     if not (PG_BIN / "postgres").exists():
         pytest.skip("PostgreSQL 15 server binaries not installed")
-    with postgres({"fsync": "off", "max_connections": "300", "synchronous_commit": "off"}) as (_user, port):
+    with postgres({"fsync": "off", "max_connections": "300", "synchronous_commit": "off"}) as (_user, port, _pid):
         yield f"postgresql://postgres@127.0.0.1:{port}"
 
 

@@ -63,7 +63,7 @@ def test_one_batch_many_vms_replays_and_rejections(db_url):
             assert (h1.generation, h2.generation) == (1 + 4, 1 + 2)  # one step per claim ...
             assert h1.seq == h2.seq  # ... written once per batch, with one change stamp
             assert len(s.scalars(select(Audit).where(Audit.action == "vm.create")).all()) == 6
-            # what the batch wrote (on SQLite through the driver, repo/lite.py) reads back
+            # what the batch wrote through the driver (repo/lite.py, repo/pg.py) reads back
             # through the ORM as what was answered
             vm = s.get(Vm, first[4][0].id)
             assert (vm.allocation, vm.request, vm.status) == (first[4][0].allocation, first[4][0].request, "pending")

@@ -1,0 +1,101 @@
+"""The claim batch's statements on PostgreSQL, run on the psycopg connection of the
+caller's transaction (``lite.py`` is the SQLite counterpart).
+
+Through SQLAlchemy a claim batch of N VMs sent 4N + 8 statements: a REPEATABLE READ
+transaction for the change feed (BEGIN, position, rows, COMMIT), then BEGIN, the key
+lookup, N row locks, the change stamp, and N host updates, N VM inserts and N audit
+inserts (``executemany`` in pipeline mode, still one statement each on the server),
+COMMIT. Here it is N + 6: the feed is one autocommit statement (one statement sees one
+snapshot, so position and rows agree without REPEATABLE READ), the host updates are one
+``UPDATE ... FROM json_to_recordset`` that stamps with the transaction id inline, and the
+VM and audit rows are one ``INSERT`` each from a JSON array
+(``json_populate_recordset`` over the table's own row type, so the columns follow the
+Alembic schema). JSON columns are encoded with orjson and read back as text, as
+``lite.py`` does. The models and migrations stay the schema's one definition; the tests
+read what these statements wrote back through the ORM."""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from typing import Any
+
+import orjson
+from sqlalchemy.orm import Session
+
+from scheduler.repo.lite import ClaimRow
+
+
+def serves(session: Session) -> bool:
+    return session.bind.dialect.name == "postgresql"  # type: ignore[union-attr]
+
+
+def _conn(session: Session) -> Any:
+    return session.connection().connection.driver_connection  # psycopg.Connection
+
+
+def _json(v: Any) -> str:
+    return orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS).decode()
+
+
+_COLS = "name, generation, usage::text, layout_rev, admin_state, last_heartbeat, rack"
+_ROW = f"SELECT {_COLS} FROM hosts WHERE name = %s"
+_ROW_SKIP_LOCKED = _ROW + " FOR UPDATE SKIP LOCKED"
+
+
+def _claim_row(r: tuple) -> ClaimRow:
+    return ClaimRow(r[0], r[1], orjson.loads(r[2]), r[3], r[4], r[5], r[6])
+
+
+def claim_row(session: Session, name: str, *, skip_locked: bool) -> ClaimRow | None | bool:
+    """The row (locked with ``skip_locked``); None when no such host; False when another
+    transaction holds its lock."""
+    conn = _conn(session)
+    got = conn.execute(_ROW_SKIP_LOCKED if skip_locked else _ROW, (name,)).fetchone()
+    if got is not None:
+        return _claim_row(got)
+    if skip_locked and conn.execute("SELECT 1 FROM hosts WHERE name = %s", (name,)).fetchone() is not None:
+        return False
+    return None
+
+
+# The position comes from the same statement (and so the same snapshot) as the rows: the
+# oldest transaction still in flight, whose stamp (its transaction id) the next read must
+# still ask for. The LEFT JOIN keeps one row when nothing changed.
+_FEED = (f"SELECT p.pos, {', '.join('h.' + c for c in _COLS.split(', '))} "
+         "FROM (SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint AS pos) p "
+         "LEFT JOIN hosts h ON h.seq >= %s")
+
+
+def feed(session: Session, position: int) -> tuple[int, list[ClaimRow]]:
+    """(next position, hosts stamped at or after ``position``) in one statement."""
+    rows = _conn(session).execute(_FEED, (position,)).fetchall()
+    return rows[0][0], [_claim_row(r[1:]) for r in rows if r[1] is not None]
+
+
+_BUMP = ("UPDATE hosts h SET usage = v.u, generation = v.g, updated = %s, "
+         "seq = pg_current_xact_id()::text::bigint "
+         "FROM json_to_recordset(%s::json) AS v(n text, seen integer, g integer, u json) "
+         "WHERE h.name = v.n AND h.generation = v.seen")
+
+
+def bump_many(session: Session, rows: Iterable[tuple[str, int, int, dict[str, Any]]], now: float) -> int:
+    """(name, seen generation, new generation, usage dict) -> rows matched; each stamped
+    with this transaction's id (the change feed's stamp on PostgreSQL)."""
+    data = _json([{"n": n, "seen": seen, "g": g, "u": u} for n, seen, g, u in rows])
+    return _conn(session).execute(_BUMP, (now, data)).rowcount
+
+
+def ids_by_keys(session: Session, tenants: Sequence[str], keys: Sequence[str]) -> list[tuple[str, str, str]]:
+    return _conn(session).execute(
+        "SELECT id, tenant, idempotency_key FROM vms WHERE tenant = ANY(%s) AND idempotency_key = ANY(%s)",
+        (list(tenants), list(keys))).fetchall()
+
+
+def insert_many(session: Session, table: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
+    """INSERT ``rows`` (dicts keyed by column) in one statement; a column missing from a
+    row is left to its default only if it is missing from every row. Python None in a
+    JSON column is stored as SQL NULL (SQLAlchemy stores JSON ``null``: both read back
+    as None)."""
+    cols = ", ".join(c for c in columns if c in rows[0])
+    _conn(session).execute(f"INSERT INTO {table} ({cols}) SELECT {cols} "
+                           f"FROM json_populate_recordset(NULL::{table}, %s::json)", (_json(list(rows)),))
