@@ -85,10 +85,22 @@ def bump_many(session: Session, rows: Iterable[tuple[str, int, int, dict[str, An
     return _conn(session).execute(_BUMP, (now, data)).rowcount
 
 
-def ids_by_keys(session: Session, tenants: Sequence[str], keys: Sequence[str]) -> list[tuple[str, str, str]]:
-    return _conn(session).execute(
-        "SELECT id, tenant, idempotency_key FROM vms WHERE tenant = ANY(%s) AND idempotency_key = ANY(%s)",
-        (list(tenants), list(keys))).fetchall()
+# By pairs, each one probe of the unique (tenant, idempotency_key) index (a LATERAL
+# subquery with LIMIT 1 is never pulled up into a join, so the planner cannot pick a
+# scan of vms instead). ``tenant = ANY(..) AND idempotency_key = ANY(..)`` used the
+# index on the tenant alone and read every VM of the tenant, and a plain join with the
+# unnest went to a hash join over all VMs: 3.2 and 1.3 ms of server CPU per batch at
+# ~10,000 VMs, two thirds and then a half of PostgreSQL's CPU in the bench
+# (pg_stat_statements).
+_BY_KEYS = ("SELECT v.id, v.tenant, v.idempotency_key FROM unnest(%s::text[], %s::text[]) AS k(t, key) "
+            "CROSS JOIN LATERAL (SELECT id, tenant, idempotency_key FROM vms "
+            "WHERE tenant = k.t AND idempotency_key = k.key LIMIT 1) v")
+
+
+def ids_by_keys(session: Session, pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """(id, tenant, idempotency_key) of the VMs holding any of the (tenant, key) pairs."""
+    return _conn(session).execute(_BY_KEYS, ([t for t, _ in pairs], [k for _, k in pairs]),
+                                  prepare=False).fetchall()
 
 
 def insert_many(session: Session, table: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
