@@ -265,3 +265,45 @@ def test_batches_place_exactly_as_fresh_walks_one_at_a_time(seed, tmp_path):
                 assert (got[0].host, Allocation.from_dict(got[0].allocation)) == (c.host, c.alloc), it.body
                 fleet[c.host] = HostView(fleet[c.host].res, fleet[c.host].usage.plus(c.alloc))
         ledger_ok(sa.store)
+
+
+@pytest.mark.integration
+def test_postgres_key_lookup_probes_the_unique_index_as_vms_grow(pg_server):
+    """A claim batch asks which of its (tenant, Idempotency-Key) pairs already exist
+    (``repo/pg.py``). On a database that starts empty and fills faster than autovacuum
+    analyses it (a new deployment, the bench), a plan made early scans every VM: the
+    first version read all of the tenant's VMs, 3.2 ms of server CPU per batch at
+    10,000 VMs. The lookup must stay one index probe per pair, and find exactly the
+    pairs that exist."""
+    from conftest import new_pg_database
+    from scheduler.db.engine import Store
+    from scheduler.db.migrate import upgrade
+    from scheduler.repo import pg
+
+    store = Store.from_url(new_pg_database(pg_server))
+    try:
+        upgrade(store.engine)
+        pairs = [("t1", "k-1"), ("t1", "k-19999"), ("t1", "absent"), ("t2", "k-5")]
+        with store.write() as s:
+            for _ in range(8):  # plans made while the table is empty (a prepared statement's would stick)
+                assert pg.ids_by_keys(s, pairs) == []
+            conn = s.connection().connection.driver_connection
+            conn.execute("INSERT INTO hosts (name, address, rack, labels, layout, siblings, pf_min_rate, disk_classes, "
+                         "layout_rev, usage, generation, admin_state, last_heartbeat, seq, created, updated) "
+                         "VALUES ('h', 'a', '', '{}', '{}', '{}', '{}', '{}', 1, '{}', 1, 'active', 0, 0, 0, 0)")
+            conn.execute("INSERT INTO vms (id, tenant, name, idempotency_key, request_hash, request, host, allocation, "
+                         "status, reason, hostd_vm_id, affinity_group, attempts, created, updated) "
+                         "SELECT 'id-' || i, 't1', 'n', 'k-' || i, 'x', '{}', 'h', '{}', 'pending', '', '', '', 0, 0, 0 "
+                         "FROM generate_series(1, 20000) i")
+            for _ in range(8):
+                got = pg.ids_by_keys(s, pairs)
+            assert sorted(got) == [("id-1", "t1", "k-1"), ("id-19999", "t1", "k-19999")]
+            plan = "\n".join(r[0] for r in conn.execute(
+                "EXPLAIN " + pg._BY_KEYS, ([t for t, _ in pairs], [k for _, k in pairs])))
+            assert "Index Scan using uq_vms_tenant_key" in plan and "Seq Scan on vms" not in plan, plan
+            assert "Hash" not in plan, plan
+            # planned per call: no server-side prepared statement can keep the empty-table plan
+            assert not conn.execute("SELECT 1 FROM pg_prepared_statements WHERE statement LIKE '%%CROSS JOIN LATERAL%%'"
+                                    ).fetchall()
+    finally:
+        store.dispose()
