@@ -117,21 +117,6 @@ def bump_usage(*, session: Session, name: str, seen_generation: int, usage: Usag
     return res.rowcount == 1
 
 
-def bump_many(*, session: Session, rows: Sequence[tuple[str, int, int, Usage]], now: float,
-              seq: int | None) -> int:
-    """Several hosts' new usage in one go: (name, seen generation, new generation, usage).
-    Returns how many rows matched; fewer than given = lost races. ``seq``: the batch's
-    change stamp on SQLite (``next_seq``); PostgreSQL stamps with the transaction id
-    in the same statement (None)."""
-    if not rows:
-        return 0
-    data = [(n, seen, g, u.to_dict()) for n, seen, g, u in rows]
-    if lite.serves(session):
-        assert seq is not None
-        return lite.bump_many(session, data, now, seq)
-    return pg.bump_many(session, data, now)
-
-
 @cache
 def _stmts():  # type: ignore[no-untyped-def]
     """The claim path's statements, built once (constructing SQLAlchemy expressions per

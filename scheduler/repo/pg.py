@@ -5,18 +5,18 @@ Through SQLAlchemy a claim batch of N VMs sent 4N + 8 statements: a REPEATABLE R
 transaction for the change feed (BEGIN, position, rows, COMMIT), then BEGIN, the key
 lookup, N row locks, the change stamp, and N host updates, N VM inserts and N audit
 inserts (``executemany`` in pipeline mode, still one statement each on the server),
-COMMIT. Here it is N + 6: the feed is one autocommit statement (one statement sees one
-snapshot, so position and rows agree without REPEATABLE READ), the host updates are one
-``UPDATE ... FROM json_to_recordset`` that stamps with the transaction id inline, and the
-VM and audit rows are one ``INSERT`` each from a JSON array
-(``json_populate_recordset`` over the table's own row type, so the columns follow the
-Alembic schema). JSON columns are encoded with orjson and read back as text, as
+COMMIT. Here it is N + 5: the feed is one statement (one statement sees one snapshot,
+so position and rows agree without REPEATABLE READ), and the batch's writes are one
+statement of data-modifying CTEs: an ``UPDATE ... FROM json_to_recordset`` of the hosts
+that stamps with the transaction id inline, and an ``INSERT`` per table from a JSON
+array (``json_populate_recordset`` over the table's own row type, so the columns follow
+the Alembic schema). JSON columns are encoded with orjson and read back as text, as
 ``lite.py`` does. The models and migrations stay the schema's one definition; the tests
 read what these statements wrote back through the ORM."""
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import orjson
@@ -75,14 +75,24 @@ def feed(session: Session, position: int) -> tuple[int, list[ClaimRow]]:
 _BUMP = ("UPDATE hosts h SET usage = v.u, generation = v.g, updated = %s, "
          "seq = pg_current_xact_id()::text::bigint "
          "FROM json_to_recordset(%s::json) AS v(n text, seen integer, g integer, u json) "
-         "WHERE h.name = v.n AND h.generation = v.seen")
+         "WHERE h.name = v.n AND h.generation = v.seen RETURNING 1")
 
 
-def bump_many(session: Session, rows: Iterable[tuple[str, int, int, dict[str, Any]]], now: float) -> int:
-    """(name, seen generation, new generation, usage dict) -> rows matched; each stamped
-    with this transaction's id (the change feed's stamp on PostgreSQL)."""
-    data = _json([{"n": n, "seen": seen, "g": g, "u": u} for n, seen, g, u in rows])
-    return _conn(session).execute(_BUMP, (now, data)).rowcount
+def write_batch(session: Session, bumps: Sequence[tuple[str, int, int, dict[str, Any]]],
+                inserts: Sequence[tuple[str, Sequence[str], Sequence[dict[str, Any]]]], now: float) -> int:
+    """One statement: each host's new usage iff its generation is the one seen ((name,
+    seen generation, new generation, usage dict), stamped with this transaction's id,
+    the change feed's stamp on PostgreSQL), and the rows of each (table, columns, rows)
+    in ``inserts`` (dicts keyed by column; a column missing from the first row is left
+    to its default). Returns the hosts matched. Python None in a JSON column is stored
+    as SQL NULL (SQLAlchemy stores JSON ``null``: both read back as None)."""
+    ctes, params = [f"b AS ({_BUMP})"], [now, _json([{"n": n, "seen": seen, "g": g, "u": u} for n, seen, g, u in bumps])]
+    for i, (table, columns, rows) in enumerate(inserts):
+        cols = ", ".join(c for c in columns if c in rows[0])
+        ctes.append(f"i{i} AS (INSERT INTO {table} ({cols}) SELECT {cols} "
+                    f"FROM json_populate_recordset(NULL::{table}, %s::json))")
+        params.append(_json(list(rows)))
+    return _conn(session).execute(f"WITH {', '.join(ctes)} SELECT count(*) FROM b", params).fetchone()[0]
 
 
 # By pairs, each one probe of the unique (tenant, idempotency_key) index (a LATERAL
@@ -101,13 +111,3 @@ def ids_by_keys(session: Session, pairs: Sequence[tuple[str, str]]) -> list[tupl
     """(id, tenant, idempotency_key) of the VMs holding any of the (tenant, key) pairs."""
     return _conn(session).execute(_BY_KEYS, ([t for t, _ in pairs], [k for _, k in pairs]),
                                   prepare=False).fetchall()
-
-
-def insert_many(session: Session, table: str, columns: Sequence[str], rows: Sequence[dict[str, Any]]) -> None:
-    """INSERT ``rows`` (dicts keyed by column) in one statement; a column missing from a
-    row is left to its default only if it is missing from every row. Python None in a
-    JSON column is stored as SQL NULL (SQLAlchemy stores JSON ``null``: both read back
-    as None)."""
-    cols = ", ".join(c for c in columns if c in rows[0])
-    _conn(session).execute(f"INSERT INTO {table} ({cols}) SELECT {cols} "
-                           f"FROM json_populate_recordset(NULL::{table}, %s::json)", (_json(list(rows)),))

@@ -39,24 +39,18 @@ DEFER = "hyb_defer"
 
 
 def defer_inserts(*, session: Session) -> None:
-    """From now on ``insert_vm``/``audit`` collect their rows; ``flush_inserts`` writes them
-    with one executemany each (a claim batch: same transaction, fewer round trips)."""
+    """From now on ``insert_vm``/``audit`` collect their rows; ``repo.batch.write`` takes
+    them (``take_deferred``) and writes them with the batch's host updates (a claim batch:
+    same transaction, fewer statements)."""
     session.info[DEFER] = {"vms": [], "audit": []}
 
 
-def flush_inserts(*, session: Session) -> None:
-    rows = session.info.pop(DEFER, None)
-    if not rows:
-        return
-    for table, model in (("vms", Vm), ("audit", Audit)):
-        if not rows[table]:
-            continue
-        if lite.serves(session):
-            lite.insert_many(session, table, _columns(model), _json_columns(model), rows[table])
-        else:
-            pg.insert_many(session, table, _columns(model), rows[table])
-    # (the unique (tenant, idempotency_key) of vms fires here: the batch rolls back and its
-    # requests are claimed one by one, where the losing request finds the winner's VM)
+def take_deferred(*, session: Session) -> list[tuple[str, tuple[str, ...], frozenset[str], list[dict[str, Any]]]]:
+    """The rows collected since ``defer_inserts``, per table that has any: (table, its
+    columns, its JSON columns, rows); collecting stops."""
+    rows = session.info.pop(DEFER, None) or {}
+    return [(table, _columns(model), _json_columns(model), rows[table])
+            for table, model in (("vms", Vm), ("audit", Audit)) if rows.get(table)]
 
 
 @cache

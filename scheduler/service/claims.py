@@ -35,6 +35,7 @@ from scheduler.db.models import Vm
 from scheduler.errors import ConcurrentUpdate, NoValidHost
 from scheduler.fit import Candidate, FitResult, HostView, VmWant, check_allocation, fit_host, fit_vm
 from scheduler.metrics import Metrics
+from scheduler.repo import batch as batch_repo
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import vms as vm_repo
 from scheduler.resources import Allocation, Usage
@@ -219,13 +220,10 @@ class Placer:
                     j.error = e
             # The writes, once per batch: we hold every touched row (SQLite: the writer
             # lock; PostgreSQL: the row locks), so nothing moved since we read it.
-            vm_repo.flush_inserts(session=s)
             moved = [(n, read_gen[n], g, u) for n, (_row, u, g) in touched.items() if g != read_gen[n]]
-            seq = None
-            if moved:
-                seq = host_repo.next_seq(s) if self.store.sqlite else None  # PostgreSQL: inline
-                if host_repo.bump_many(session=s, rows=moved, now=now, seq=seq) != len(moved):
-                    raise RuntimeError("a host changed under its row lock")  # rolls the batch back
+            matched, seq = batch_repo.write(session=s, bumps=moved, now=now)
+            if matched != len(moved):
+                raise RuntimeError("a host changed under its row lock")  # rolls the batch back
         if seq is not None and self.store.sqlite:
             self.cache.skip_own(seq)  # committed: the stamp is this batch's alone
 
