@@ -76,8 +76,9 @@ class HostCache:
         """``fresh``: read the change feed now, whatever ``refresh_interval_s`` says (a claim
         batch that just took SQLite's writer lock: nobody else can write until it commits,
         so after this read its index is exact and its claims cannot lose a race).
-        ``session``: read the feed in the caller's transaction instead of a snapshot of
-        its own (SQLite only, where the caller's write transaction is a snapshot anyway)."""
+        ``session``: read the feed in the caller's transaction instead of one of its own
+        (SQLite: a write transaction is a snapshot anyway; PostgreSQL: the feed is one
+        statement, ``repo.hosts.feed``)."""
         first = self._position is None
         if not self._refreshing.acquire(blocking=first or full or fresh):
             return  # another thread is refreshing right now: good enough
@@ -93,7 +94,7 @@ class HostCache:
                 self._full_in_background(store, now=now)
             if fresh or mono - self._last_inc >= self.refresh_interval_s:
                 quiet = mono - self._last_down >= self.down_check_s
-                self._incremental(store, now=now, session=session if store.sqlite else None, quiet=quiet)
+                self._incremental(store, now=now, session=session, quiet=quiet)
                 self._last_inc = mono
                 if quiet:
                     self._last_down = mono
