@@ -8,8 +8,7 @@ parameter processing, result wrappers) and the JSON columns' encoders were a thi
 the claim thread's CPU. These functions send the same SQL to ``sqlite3`` directly, in the
 same transaction (the Session's own connection: commit and rollback are unchanged), and
 encode/decode JSON columns as SQLAlchemy's ``JSON`` type stores them on SQLite (text;
-Python None as JSON ``null``). PostgreSQL keeps the SQLAlchemy statements (its claim
-path also locks rows and stamps with transaction ids; the round trip dominates there).
+Python None as JSON ``null``). ``pg.py`` does the same for PostgreSQL.
 """
 
 from __future__ import annotations
