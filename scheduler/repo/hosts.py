@@ -41,7 +41,7 @@ def effective_state(h: Host, *, now: float, heartbeat_timeout_s: float) -> str:
 
 def get_host(*, session: Session, name: str, lock: bool = False) -> Host:
     q = select(Host).where(Host.name == name)
-    if lock and session.bind.dialect.name == "postgresql":  # type: ignore[union-attr]
+    if lock and pg.serves(session):
         q = q.with_for_update()
     h = session.scalars(q).one_or_none()
     if h is None:
@@ -144,10 +144,6 @@ def next_seq(session: Session) -> int:
     return session.connection().execute(_stmts().pg_seq).scalar_one()
 
 
-def _pg(session: Session) -> bool:
-    return session.bind.dialect.name == "postgresql"  # type: ignore[union-attr]
-
-
 def feed_position(*, session: Session) -> int:
     """Where the next ``feed`` starts, taken in the same snapshot as the read
     that precedes it (the session must be a snapshot: SQLite read tx, PostgreSQL
@@ -167,13 +163,13 @@ def claim_row(*, session: Session, name: str, lock: bool, skip_locked: bool = Fa
     generation race (which stays the guard). ``skip_locked`` (a claim batch, which holds
     several rows to its commit and must never wait on another replica's batch, or two
     batches could deadlock): None when another transaction holds the row."""
-    if _pg(session) and (skip_locked or not lock):
+    if pg.serves(session) and (skip_locked or not lock):
         row = pg.claim_row(session, name, skip_locked=skip_locked)
         if row is False:
             return None
     else:
         st = _stmts()
-        row = session.connection().execute(st.row_locked if lock and _pg(session) else st.row,
+        row = session.connection().execute(st.row_locked if lock and pg.serves(session) else st.row,
                                            {"n": name}).one_or_none()
     if row is None:
         raise HostNotFound(f"no host {name!r}", field="name")

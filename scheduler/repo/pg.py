@@ -26,6 +26,7 @@ from scheduler.repo.lite import ClaimRow
 
 
 def serves(session: Session) -> bool:
+    """True when ``session`` is on PostgreSQL."""
     return session.bind.dialect.name == "postgresql"  # type: ignore[union-attr]
 
 

@@ -352,7 +352,7 @@ class Placer:
         seen: tuple[Any, Usage, int] | None = None  # (row, usage, generation after)
         try:
             with self.store.write() as s:
-                if aff.group and s.bind.dialect.name == "postgresql":  # type: ignore[union-attr]
+                if aff.group and not self.store.sqlite:
                     # Serialise members of one group (SQLite's BEGIN IMMEDIATE already does).
                     s.execute(text("SELECT pg_advisory_xact_lock(hashtext(:g))"), {"g": aff.group})
                 row = host_repo.claim_row(session=s, name=cand.host, lock=True)

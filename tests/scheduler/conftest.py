@@ -36,3 +36,9 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/sched.db"
     return new_pg_database(request.getfixturevalue("pg_server"))
+
+
+@pytest.fixture
+def pg_url(pg_server: str) -> str:
+    """A new database on the PostgreSQL server, for tests that are about PostgreSQL only."""
+    return new_pg_database(pg_server)

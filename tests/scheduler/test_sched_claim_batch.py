@@ -268,19 +268,18 @@ def test_batches_place_exactly_as_fresh_walks_one_at_a_time(seed, tmp_path):
 
 
 @pytest.mark.integration
-def test_postgres_key_lookup_probes_the_unique_index_as_vms_grow(pg_server):
+def test_postgres_key_lookup_probes_the_unique_index_as_vms_grow(pg_url):
     """A claim batch asks which of its (tenant, Idempotency-Key) pairs already exist
     (``repo/pg.py``). On a database that starts empty and fills faster than autovacuum
     analyses it (a new deployment, the bench), a plan made early scans every VM: the
     first version read all of the tenant's VMs, 3.2 ms of server CPU per batch at
     10,000 VMs. The lookup must stay one index probe per pair, and find exactly the
     pairs that exist."""
-    from conftest import new_pg_database
     from scheduler.db.engine import Store
     from scheduler.db.migrate import upgrade
     from scheduler.repo import pg
 
-    store = Store.from_url(new_pg_database(pg_server))
+    store = Store.from_url(pg_url)
     try:
         upgrade(store.engine)
         pairs = [("t1", "k-1"), ("t1", "k-19999"), ("t1", "absent"), ("t2", "k-5")]
