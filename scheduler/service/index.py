@@ -129,7 +129,9 @@ class FleetIndex:
         self._groups: dict[int, dict[Key, list[str]]] = {}
         self._fs: list[int] = []  # sorted f values that have groups
         self._top: dict[int, Key | None] = {}  # per f: componentwise max of its keys (None = recompute)
-        self._why: dict[tuple[VmWant, str], tuple[int, str]] = {}  # memoised per host generation
+        # want -> host -> (generation, reason), memoised per host generation; keyed by the
+        # want first so a count hashes the (many-field) want once, not once per host
+        self._why: dict[VmWant, dict[str, tuple[int, str]]] = {}
         self._by_x: dict[int, dict[NodeKey, list[str]]] = {}  # pack: node free CPUs -> node key -> hosts
         self._xs: list[int] = []  # sorted x values that have groups
         self._xtop: dict[int, NodeKey | None] = {}  # per x: componentwise max of its node keys
@@ -292,11 +294,13 @@ class FleetIndex:
                     c[why] += len(names) - len(inside)
                     c["anti_affinity"] += avoided
                     continue
+                memo = self._memo(want)
+                pre_checks = bool(want.labels or avoid_hosts or avoid_racks)
                 for name in names:
                     if name in skip:
                         continue
-                    pre = self._pre_reason(want, name, avoid_hosts, avoid_racks)
-                    c[pre or why or self._reason(want, name)] += 1
+                    pre = self._pre_reason(want, name, avoid_hosts, avoid_racks) if pre_checks else None
+                    c[pre or why or self._reason(want, name, memo)] += 1
         c = Counter({k: v for k, v in c.items() if v})
         return dict(sorted(c.items(), key=lambda kv: (-kv[1], kv[0])))
 
@@ -312,14 +316,20 @@ class FleetIndex:
             return "anti_affinity"
         return None
 
-    def _reason(self, want: VmWant, name: str) -> str:
+    def _memo(self, want: VmWant) -> dict[str, tuple[int, str]]:
+        memo = self._why.get(want)
+        if memo is None:
+            if len(self._why) > 20:  # request shapes; each memo holds at most the fleet
+                self._why.clear()
+            memo = self._why[want] = {}
+        return memo
+
+    def _reason(self, want: VmWant, name: str, memo: dict[str, tuple[int, str]]) -> str:
         e = self.entries[name]
-        got = self._why.get((want, name))
+        got = memo.get(name)
         if got is not None and got[0] == e.generation:
             return got[1]
         r = fit_host(e.view, want)
         why = r.resource if isinstance(r, Rejection) else "vcpus"  # fits: cannot happen here
-        if len(self._why) > 200_000:
-            self._why.clear()
-        self._why[(want, name)] = (e.generation, why)
+        memo[name] = (e.generation, why)
         return why
