@@ -127,7 +127,7 @@ def _stmts():  # type: ignore[no-untyped-def]
         bump=update(Host).where(Host.name == bindparam("n"), Host.generation == bindparam("seen"))
         .values(usage=bindparam("u", type_=Host.usage.type), generation=bindparam("g"), updated=bindparam("t"),
                 seq=bindparam("seq")),
-        row=row, row_locked=row.with_for_update(),
+        row=row,
         pg_seq=text("SELECT pg_current_xact_id()::text::bigint"),
         pg_pos=text("SELECT pg_snapshot_xmin(pg_current_snapshot())::text::bigint"),
         quiet=select(Host.name, Host.last_heartbeat).where(Host.last_heartbeat < bindparam("b")))
@@ -163,14 +163,12 @@ def claim_row(*, session: Session, name: str, lock: bool, skip_locked: bool = Fa
     generation race (which stays the guard). ``skip_locked`` (a claim batch, which holds
     several rows to its commit and must never wait on another replica's batch, or two
     batches could deadlock): None when another transaction holds the row."""
-    if pg.serves(session) and (skip_locked or not lock):
-        row = pg.claim_row(session, name, skip_locked=skip_locked)
+    if pg.serves(session):
+        row = pg.claim_row(session, name, lock=lock, skip_locked=skip_locked)
         if row is False:
             return None
-    else:
-        st = _stmts()
-        row = session.connection().execute(st.row_locked if lock and pg.serves(session) else st.row,
-                                           {"n": name}).one_or_none()
+    else:  # SQLite: the writer lock is the lock
+        row = session.connection().execute(_stmts().row, {"n": name}).one_or_none()
     if row is None:
         raise HostNotFound(f"no host {name!r}", field="name")
     return row

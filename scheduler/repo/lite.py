@@ -83,9 +83,11 @@ def bump_many(session: Session, rows: Iterable[tuple[str, int, int, dict[str, An
     return cur.rowcount
 
 
-def ids_by_keys(session: Session, tenants: Sequence[str], keys: Sequence[str]) -> list[tuple[str, str, str]]:
-    """(id, tenant, idempotency_key) of VMs whose tenant and key are among those given
-    (the unique (tenant, idempotency_key) index serves it)."""
+def ids_by_keys(session: Session, pairs: Sequence[tuple[str, str]]) -> list[tuple[str, str, str]]:
+    """(id, tenant, idempotency_key) of VMs whose tenant and key are among those of the
+    (tenant, key) pairs, a superset of the pairs' VMs (the unique (tenant,
+    idempotency_key) index serves both IN lists)."""
+    tenants, keys = sorted({t for t, _ in pairs}), sorted({k for _, k in pairs})
     sql = (f"SELECT id, tenant, idempotency_key FROM vms WHERE tenant IN ({','.join('?' * len(tenants))}) "
            f"AND idempotency_key IN ({','.join('?' * len(keys))})")
     return cursor(session).execute(sql, (*tenants, *keys)).fetchall()

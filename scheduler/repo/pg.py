@@ -22,7 +22,7 @@ from typing import Any
 import orjson
 from sqlalchemy.orm import Session
 
-from scheduler.repo.lite import ClaimRow
+from scheduler.repo.lite import ClaimRow, dumps
 
 
 def serves(session: Session) -> bool:
@@ -34,12 +34,9 @@ def _conn(session: Session) -> Any:
     return session.connection().connection.driver_connection  # psycopg.Connection
 
 
-def _json(v: Any) -> str:
-    return orjson.dumps(v, option=orjson.OPT_NON_STR_KEYS).decode()
-
-
 _COLS = "name, generation, usage::text, layout_rev, admin_state, last_heartbeat, rack"
 _ROW = f"SELECT {_COLS} FROM hosts WHERE name = %s"
+_ROW_LOCKED = _ROW + " FOR UPDATE"
 _ROW_SKIP_LOCKED = _ROW + " FOR UPDATE SKIP LOCKED"
 
 
@@ -47,11 +44,11 @@ def _claim_row(r: tuple) -> ClaimRow:
     return ClaimRow(r[0], r[1], orjson.loads(r[2]), r[3], r[4], r[5], r[6])
 
 
-def claim_row(session: Session, name: str, *, skip_locked: bool) -> ClaimRow | None | bool:
-    """The row (locked with ``skip_locked``); None when no such host; False when another
-    transaction holds its lock."""
+def claim_row(session: Session, name: str, *, lock: bool, skip_locked: bool) -> ClaimRow | None | bool:
+    """The row, locked with ``lock`` (waiting for another holder) or ``skip_locked`` (not
+    waiting); None when no such host; False when another transaction holds its lock."""
     conn = _conn(session)
-    got = conn.execute(_ROW_SKIP_LOCKED if skip_locked else _ROW, (name,)).fetchone()
+    got = conn.execute(_ROW_SKIP_LOCKED if skip_locked else _ROW_LOCKED if lock else _ROW, (name,)).fetchone()
     if got is not None:
         return _claim_row(got)
     if skip_locked and conn.execute("SELECT 1 FROM hosts WHERE name = %s", (name,)).fetchone() is not None:
@@ -87,12 +84,12 @@ def write_batch(session: Session, bumps: Sequence[tuple[str, int, int, dict[str,
     in ``inserts`` (dicts keyed by column; a column missing from the first row is left
     to its default). Returns the hosts matched. Python None in a JSON column is stored
     as SQL NULL (SQLAlchemy stores JSON ``null``: both read back as None)."""
-    ctes, params = [f"b AS ({_BUMP})"], [now, _json([{"n": n, "seen": seen, "g": g, "u": u} for n, seen, g, u in bumps])]
+    ctes, params = [f"b AS ({_BUMP})"], [now, dumps([{"n": n, "seen": seen, "g": g, "u": u} for n, seen, g, u in bumps])]
     for i, (table, columns, rows) in enumerate(inserts):
         cols = ", ".join(c for c in columns if c in rows[0])
         ctes.append(f"i{i} AS (INSERT INTO {table} ({cols}) SELECT {cols} "
                     f"FROM json_populate_recordset(NULL::{table}, %s::json))")
-        params.append(_json(list(rows)))
+        params.append(dumps(list(rows)))
     return _conn(session).execute(f"WITH {', '.join(ctes)} SELECT count(*) FROM b", params).fetchone()[0]
 
 

@@ -89,10 +89,7 @@ def find_by_keys(*, session: Session, keys: Sequence[tuple[str, str]]) -> dict[t
     if not keys:
         return {}
     want = set(keys)
-    if lite.serves(session):
-        found = lite.ids_by_keys(session, sorted({t for t, _ in keys}), sorted({k for _, k in keys}))
-    else:
-        found = pg.ids_by_keys(session, sorted(want))
+    found = (lite if lite.serves(session) else pg).ids_by_keys(session, sorted(want))
     hits = [vm_id for vm_id, tenant, key in found if (tenant, key) in want]
     if not hits:
         return {}

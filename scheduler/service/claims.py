@@ -226,8 +226,8 @@ class Placer:
             matched, seq = batch_repo.write(session=s, bumps=moved, now=now)
             if matched != len(moved):
                 raise RuntimeError("a host changed under its row lock")  # rolls the batch back
-        if seq is not None and self.store.sqlite:
-            self.cache.skip_own(seq)  # committed: the stamp is this batch's alone
+        if seq is not None:  # SQLite's stamp, committed: it is this batch's alone
+            self.cache.skip_own(seq)
 
     def _walk(self, j: ClaimJob, lost: frozenset[str], limit: int | None = None) -> tuple[FitResult, dict[str, int]]:
         return self.cache.walk(j.want, avoid_hosts=frozenset(), avoid_racks=frozenset(),

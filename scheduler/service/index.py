@@ -283,6 +283,8 @@ class FleetIndex:
         # at 10,000 hosts).
         one_by_one = bool(want.labels or avoid_racks)
         few = skip | avoid_hosts
+        memo = self._memo(want)
+        pre_checks = bool(want.labels or avoid_hosts or avoid_racks)
         for f, groups in self._groups.items():
             for key, names in groups.items():
                 if f >= want.vcpus and qualifies(key, need, False):
@@ -294,8 +296,6 @@ class FleetIndex:
                     c[why] += len(names) - len(inside)
                     c["anti_affinity"] += avoided
                     continue
-                memo = self._memo(want)
-                pre_checks = bool(want.labels or avoid_hosts or avoid_racks)
                 for name in names:
                     if name in skip:
                         continue
