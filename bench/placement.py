@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "bench"))
 
-from scheduler_benchlib import (Conn, Req, Result, class_ceiling, create_database, fleet, ffd_bound, free_port,  # noqa: E402
+from scheduler_benchlib import (MIXES, Conn, Req, Result, class_ceiling, create_database, fleet, ffd_bound, free_port,  # noqa: E402
                                 host_res, overcommit, percentile, postgres, register_body, run_clients,
                                 run_open, stop, thread_cpu, trace, wait_http)
 from procstat import tree_cpu_s  # noqa: E402
@@ -191,17 +191,19 @@ def main() -> int:
     p.add_argument("--rate", type=float, default=0.0,
                    help="open loop: offer this many requests/s (default: --clients closed-loop clients)")
     p.add_argument("--stores", default="sqlite,pg", help="comma list of sqlite, pg")
+    p.add_argument("--mix", default="storage", choices=sorted(MIXES),
+                   help="request mix (bench/scheduler_benchlib.py MIXES; bench/packing.py compares them in process)")
     p.add_argument("--no-openstack", action="store_true", help="skip the OpenStack Placement baseline")
     p.add_argument("--placement-venv", default="/var/cache/hybrid-kvm/placement-venv")
     p.add_argument("--placement-requests", type=int, default=2000,
                    help="Placement gets the first N requests of the same trace (it is slow: ~8 req/s on SQLite)")
     a = p.parse_args()
-    hosts, reqs = fleet(a.hosts), trace(a.requests)
+    hosts, reqs = fleet(a.hosts), trace(a.requests, mix=a.mix)
     t = time.perf_counter()
     ffd = ffd_bound([host_res(*h) for h in hosts], reqs)
     ceiling, why = class_ceiling(hosts, reqs)
     print(f"fleet: {a.hosts} hosts ({', '.join(sorted({h[1].name for h in hosts}))}); trace: {a.requests} "
-          f"requests; {a.clients} clients; offline FFD places {ffd} ({time.perf_counter() - t:.1f} s)\n"
+          f"requests ({a.mix} mix); {a.clients} clients; offline FFD places {ffd} ({time.perf_counter() - t:.1f} s)\n"
           f"ceiling: request {ceiling} takes the demand for {why}: "
           f"no scheduler gets further, quality <= {min(ceiling, ffd) / ffd:.3f}", flush=True)
     stores = [s.strip() for s in a.stores.split(",") if s.strip()]

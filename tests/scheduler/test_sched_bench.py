@@ -22,3 +22,23 @@ def test_placement_bench_tiny():
     cpu = next(ln for ln in out.stdout.splitlines() if "server CPU per request" in ln)
     claim = float(cpu.split("claim thread ")[1].split(",")[0])
     assert claim > 0, cpu
+
+
+def test_packing_bench_tiny():
+    """bench/packing.py places each mix through the real index and checks the ledger.
+    On the storage mix the first 507 is the class ceiling (a 16-core-only class runs
+    out), so quality equals the ceiling there; on the matched mixes nothing runs out
+    before the fleet fills (ceiling 1.0)."""
+    out = subprocess.run([sys.executable, str(REPO / "bench/packing.py"), "--hosts", "200", "--requests", "400"],
+                         capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    rows = {ln.split()[0]: ln.split() for ln in out.stdout.splitlines()
+            if ln.split() and ln.split()[0] in ("storage", "matched", "matched-heavy")}
+    assert set(rows) == {"storage", "matched", "matched-heavy"}, out.stdout
+    for mix, (_m, ffd, ceiling, ours, total, quality, *_rest) in rows.items():
+        assert 0 < int(ours) <= int(total) <= 400, (mix, rows[mix])
+        assert abs(float(quality) - int(ours) / int(ffd)) < 0.001, (mix, rows[mix])
+    assert rows["storage"][2] == rows["storage"][5], rows["storage"]  # quality == ceiling
+    assert rows["storage"][-1] != "none" and float(rows["storage"][2]) < 0.8, rows["storage"]
+    assert float(rows["matched"][2]) == 1.0, rows["matched"]
+    assert "overcommit: none" in out.stdout
