@@ -197,6 +197,9 @@ def main() -> int:
     p.add_argument("--placement-venv", default="/var/cache/hybrid-kvm/placement-venv")
     p.add_argument("--placement-requests", type=int, default=2000,
                    help="Placement gets the first N requests of the same trace (it is slow: ~8 req/s on SQLite)")
+    p.add_argument("--placement-conflict-retries", type=int, default=1,
+                   help="Placement's allocation_conflict_retry_count; its default, 10, overcommits on PostgreSQL "
+                        "(bench/scheduler_osplacement.py _conf)")
     a = p.parse_args()
     hosts, reqs = fleet(a.hosts), trace(a.requests, mix=a.mix)
     t = time.perf_counter()
@@ -245,7 +248,8 @@ def run_openstack(store: str, pg_port: int | None, hosts: list, reqs: list[Req],
     from scheduler_osplacement import run_placement
     try:
         r = run_placement(store, pg_port, hosts, reqs[:a.placement_requests], clients=a.clients,
-                          workers=a.replicas, venv=Path(a.placement_venv), tmp=tmp)
+                          workers=a.replicas, venv=Path(a.placement_venv), tmp=tmp,
+                          conflict_retries=a.placement_conflict_retries)
         if a.placement_requests < len(reqs):
             r.note = (r.note + "; " if r.note else "") + f"first {a.placement_requests} requests of the trace only"
         return r
