@@ -48,7 +48,8 @@ def online(hosts: list, reqs: list[Req]) -> tuple[int, int, Req | None, list[str
     allocs: dict[str, list[Allocation]] = {}
     placed, first, first_req = 0, None, None
     for r in reqs:
-        res, _counts = idx.walk(r.want, limit=1)
+        idx.note(r.want)  # as the claim path does: the demand ``hint`` weighs
+        res, _counts = idx.walk(idx.hint(r.want), limit=1)
         if not res.candidates:
             if first is None:
                 first, first_req = placed, r

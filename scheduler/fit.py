@@ -70,6 +70,10 @@ class VmWant:
     allow_span_nodes: bool = False
     policy: str = "pack"
     labels: tuple[tuple[str, str], ...] = ()  # host labels that must match
+    # Not from the API: the scheduler sets it (``FleetIndex.hint``) when the nodes that
+    # can still take a 1 GiB-page VM run short of the 1 GiB demand it expects. A 2 MiB
+    # VM then tries nodes without free 1 GiB pages first (pack order and node choice).
+    keep_1g: bool = False
 
     @property
     def pages(self) -> int:
@@ -120,6 +124,12 @@ def covers(n: NodeKey, w: NodeKey) -> bool:
     return n[0] >= w[0] and n[1] >= w[1] and n[2] >= w[2] and n[3] >= w[3] and n[4] >= w[4]
 
 
+def kept(n: NodeKey, w: NodeKey, keep_1g: bool) -> bool:
+    """Does a ``keep_1g`` request pass over node ``n`` first? (It has free 1 GiB pages and
+    the request needs none.)"""
+    return keep_1g and not w[2] and n[2] > 0
+
+
 
 @dataclass(frozen=True)
 class HostView:
@@ -153,9 +163,10 @@ class HostView:
                         min(disks, CAP)))
         return tuple(out)
 
-    def hole(self, need: NodeKey) -> int | None:
-        """Free CPUs of the fullest node whose key covers ``need`` (None: no node does)."""
-        return min((k[0] for k in self.node_keys if covers(k, need)), default=None)
+    def hole(self, need: NodeKey, keep_1g: bool = False) -> tuple[bool, int] | None:
+        """(kept, free CPUs) of the node a pack walk meets this host at: the fullest node
+        whose key covers ``need``, nodes ``kept`` for 1 GiB VMs last (None: no node covers)."""
+        return min(((kept(k, need, keep_1g), k[0]) for k in self.node_keys if covers(k, need)), default=None)
 
 
 def order_key(h: HostView, want: VmWant, need: NodeKey) -> tuple:
@@ -163,8 +174,8 @@ def order_key(h: HostView, want: VmWant, need: NodeKey) -> tuple:
     if want.allow_span_nodes:
         return (h.free_cpus if want.policy == "pack" else -h.free_cpus, h.res.name)
     if want.policy == "pack":
-        hole = h.hole(need)
-        return (1 << 30 if hole is None else hole, h.res.name)
+        hole = h.hole(need, want.keep_1g)
+        return ((True, 1 << 30) if hole is None else hole, h.res.name)
     return (-h.free_cpus, h.res.name)
 
 
@@ -254,7 +265,9 @@ def fit_host(h: HostView, want: VmWant, *, avoid_hosts: frozenset[str] = frozens
     if want.policy == "pack":  # the node ``order_key`` ranked the host by, then the others
         need = need_of(want)
         keys = dict(zip((n.node for n in h.res.nodes), h.node_keys))
-        nodes = sorted(h.res.nodes, key=lambda n: (not covers(keys[n.node], need), h.free_by_node[n.node], n.node))
+        nodes = sorted(h.res.nodes, key=lambda n: (not covers(keys[n.node], need),
+                                                   kept(keys[n.node], need, want.keep_1g),
+                                                   h.free_by_node[n.node], n.node))
     else:
         nodes = sorted(h.res.nodes, key=lambda n: (-h.free_by_node[n.node], n.node))
     shorts: list[tuple[int, str, str]] = []

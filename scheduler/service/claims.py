@@ -128,6 +128,7 @@ class Placer:
         views = self.cache.views(self.store, now=self.clock())
         avoid_h, avoid_r = self._avoid_now(aff)
         t = time.perf_counter()
+        want = self.cache.hint(want)  # the order a claim would walk in (not counted as demand)
         res = fit_vm([v for v in views if v.res.name not in exclude], want, avoid_hosts=avoid_h,
                      avoid_racks=avoid_r, limit=limit or self.candidates, explain=True)
         if self.metrics:
@@ -139,7 +140,7 @@ class Placer:
         """Claim resources for ``want`` and let ``write_vm(session, host, alloc)`` record the
         VM in the same transaction. Raises NoValidHost or ConcurrentUpdate."""
         with self._serial:
-            return self._claim(want, aff, write_vm, exclude)
+            return self._claim(self.cache.hint(want, note=True), aff, write_vm, exclude)
 
     def claim_many(self, jobs: list[ClaimJob],
                    before: Callable[[Session, list[ClaimJob]], None] | None = None) -> None:
@@ -149,6 +150,9 @@ class Placer:
         job is claimed alone, as ``claim`` would."""
         with self._serial:
             t0 = time.perf_counter()
+            for j in jobs:  # each request counts once into the demand the hint weighs
+                if not j.settled:
+                    j.want = self.cache.hint(j.want, note=True)
             touched: dict[str, tuple[Any, Usage, int]] = {}
             try:
                 self._batch(jobs, before, touched)

@@ -37,12 +37,14 @@ import heapq
 from bisect import bisect_left, insort
 from collections import Counter
 from collections.abc import Iterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scheduler.fit import (CAP, Candidate, FitResult, HostView, NodeKey, Rejection, VmWant, covers, fit_host,
                            fit_vm, need_of, order_key, quantize)
 
-__all__ = ["CAP", "FleetIndex", "quantize"]
+__all__ = ["CAP", "DEMAND_WINDOW", "FleetIndex", "quantize"]
+
+DEMAND_WINDOW = 2000  # requests: the horizon of the demand ``FleetIndex.hint`` expects
 
 _POOL_BIT = {2048: 1, 1048576: 2}
 Key = tuple[int, tuple[NodeKey, ...]]  # (pools bitmask, one NodeKey per node)
@@ -136,6 +138,9 @@ class FleetIndex:
         self._xs: list[int] = []  # sorted x values that have groups
         self._xtop: dict[int, NodeKey | None] = {}  # per x: componentwise max of its node keys
         self._unschedulable: set[str] = set()  # entries with no key (the 507's "state" count)
+        self._free_cpus = 0  # over schedulable entries, for ``hint``
+        self._seen = self._seen_vcpus = self._seen_1g = 0.0  # decayed request counts (``note``)
+        self._probe: NodeKey | None = None  # the need of the latest 1 GiB request
 
     def __len__(self) -> int:
         return len(self.entries)
@@ -149,6 +154,7 @@ class FleetIndex:
             self._unschedulable.add(view.res.name)
         else:
             e.f, e.key = view.free_cpus, capacity_key(view)
+            self._free_cpus += e.f
             g = self._groups.get(e.f)
             if g is None:
                 g = self._groups[e.f] = {}
@@ -173,6 +179,7 @@ class FleetIndex:
         if e is None or e.key is None:
             self._unschedulable.discard(name)
             return
+        self._free_cpus -= e.f
         for nk in e.nodes:
             gx = self._by_x[nk[0]]
             names = gx[nk]
@@ -215,7 +222,7 @@ class FleetIndex:
         need, span = need_key(want), want.allow_span_nodes
         cands: list[Candidate] = []
         rejs: list[Rejection] = []
-        for name in (self._pack_order(need) if want.policy == "pack" and not span
+        for name in (self._pack_order(need, want.keep_1g) if want.policy == "pack" and not span
                      else self._host_order(want, need, span)):
             if name in skip:
                 continue
@@ -232,25 +239,67 @@ class FleetIndex:
             return res, {}
         return res, self._count(want, res, avoid_hosts, avoid_racks, skip)
 
-    def _pack_order(self, need: Need) -> Iterator[str]:
+    def _pack_order(self, need: Need, keep_1g: bool = False) -> Iterator[str]:
         """Hosts in (hole, name) order: node groups by free CPUs ascending; a host is met
-        first at its fullest covering node, later meetings (other nodes) are skipped."""
+        first at its fullest covering node, later meetings (other nodes) are skipped.
+        ``keep_1g`` (``VmWant.keep_1g``): two passes, nodes with free 1 GiB pages in the
+        second, so a host is met first at its fullest covering node without them."""
         w = need[1]
         seen: set[str] = set()
-        for x in self._xs[bisect_left(self._xs, w[0]):]:
-            top = self._xtop.get(x)
-            if top is None:
-                keys = list(self._by_x[x])
-                top = tuple(max(k[i] for k in keys) for i in range(5))  # type: ignore[assignment]
-                self._xtop[x] = top
-            if not covers(top, w):  # type: ignore[arg-type]
-                continue
-            lists = [names for nk, names in self._by_x[x].items() if covers(nk, w)]
-            for name in (heapq.merge(*lists) if len(lists) > 1 else list(lists[0]) if lists else ()):
-                if name not in seen:
-                    seen.add(name)
-                    if self.entries[name].key[0] & need[0]:  # type: ignore[index]  # has the pool
-                        yield name
+        passes = (False, True) if keep_1g and not w[2] else (None,)
+        for second in passes:
+            for x in self._xs[bisect_left(self._xs, w[0]):]:
+                top = self._x_top(x)
+                if not covers(top, w) or (second and not top[2]):
+                    continue
+                lists = [names for nk, names in self._by_x[x].items()
+                         if covers(nk, w) and (second is None or (nk[2] > 0) == second)]
+                for name in (heapq.merge(*lists) if len(lists) > 1 else list(lists[0]) if lists else ()):
+                    if name not in seen:
+                        seen.add(name)
+                        if self.entries[name].key[0] & need[0]:  # type: ignore[index]  # has the pool
+                            yield name
+
+    def _x_top(self, x: int) -> NodeKey:
+        """Componentwise max of the node keys with ``x`` free CPUs (cached until one goes)."""
+        top = self._xtop.get(x)
+        if top is None:
+            keys = list(self._by_x[x])
+            top = self._xtop[x] = tuple(max(k[i] for k in keys) for i in range(5))  # type: ignore[assignment]
+        return top  # type: ignore[return-value]
+
+    # ------------------------------------------------------------ 1 GiB demand
+
+    def note(self, want: VmWant) -> None:
+        """Count a request (once per request, not per walk) into the demand ``hint`` uses:
+        decayed over about the last ``DEMAND_WINDOW`` requests."""
+        d = 1.0 - 1.0 / DEMAND_WINDOW
+        one_g = want.page_size_kb == 1048576
+        self._seen = self._seen * d + 1.0
+        self._seen_vcpus = self._seen_vcpus * d + want.vcpus
+        self._seen_1g = self._seen_1g * d + one_g
+        if one_g and not want.allow_span_nodes:
+            self._probe = need_of(want)
+
+    def hint(self, want: VmWant) -> VmWant:
+        """``want`` with ``keep_1g`` set when a 2 MiB VM should leave the nodes with free
+        1 GiB pages for last: when the hosts that could still take the latest 1 GiB
+        request (``note``) are no more than the 1 GiB VMs still expected, i.e. the 1 GiB
+        share of recent requests times the VMs the free CPUs hold at the recent mean size.
+        Best fit on CPUs alone lets 2 MiB VMs break those nodes while emptier ones wait
+        (bench/packing.py: quality 0.950 / 0.901 -> see scheduler/README.md)."""
+        if (want.page_size_kb != 2048 or want.policy != "pack" or want.allow_span_nodes or want.keep_1g
+                or self._probe is None or self._seen_1g < 0.5):
+            return want
+        expected = self._seen_1g / self._seen * self._free_cpus / (self._seen_vcpus / self._seen)
+        probe = self._probe
+        hosts = 0
+        for x in self._xs[bisect_left(self._xs, probe[0]):]:
+            if covers(self._x_top(x), probe):
+                hosts += sum(len(names) for nk, names in self._by_x[x].items() if covers(nk, probe))
+                if hosts > expected:
+                    return want
+        return replace(want, keep_1g=True)
 
     def _host_order(self, want: VmWant, need: Need, span: bool) -> Iterator[str]:
         for f in list(self._order(want)):

@@ -354,6 +354,13 @@ class HostCache:
 
     # ------------------------------------------------------------ queries
 
+    def hint(self, want: VmWant, *, note: bool = False) -> VmWant:
+        """``FleetIndex.hint``; ``note``: count ``want`` into the demand first (once per request)."""
+        with self._lock:
+            if note:
+                self.index.note(want)
+            return self.index.hint(want)
+
     def walk(self, want: VmWant, *, avoid_hosts: frozenset[str], avoid_racks: frozenset[str],
              skip: frozenset[str], limit: int) -> tuple[FitResult, dict[str, int]]:
         with self._lock:

@@ -30,7 +30,8 @@ def want(rnd: random.Random) -> VmWant:
     return VmWant(vcpus=rnd.choice([1, 2, 3, 4, 6, 8, 12, 16]), memory_mib=gib * 1024, page_size_kb=size,
                   vfs=tuple(VfWant(min_tx_rate_mbps=rnd.choice([0, 1000])) for _ in range(rnd.choice([0, 0, 1, 2]))),
                   disks=tuple(DiskWant(cls="nvme", bytes_sec=10**8) for _ in range(rnd.choice([0, 0, 0, 1]))),
-                  allow_span_nodes=rnd.random() < 0.1, policy=rnd.choice(["pack", "pack", "spread"]))
+                  allow_span_nodes=rnd.random() < 0.1, policy=rnd.choice(["pack", "pack", "spread"]),
+                  keep_1g=rnd.random() < 0.3)
 
 
 def fleet(rnd: random.Random, n: int) -> list[HostView]:
@@ -102,3 +103,63 @@ def test_walk_examines_a_handful_of_hosts_in_a_big_full_fleet():
     assert got.examined <= 5
     none, counts = idx.walk(VmWant(64, 8192), limit=3)
     assert not none.candidates and none.examined == 0 and counts == {"vcpus": 2000}
+
+
+ONE_G = Shape("one-1g", nodes=1, cores_per_node=6, smt=2, io_cores_per_node=1, host_cores=1, pages_2m_per_node=6144,
+              pages_1g_per_node=16, vfs_per_node=0, disks_per_node=0)  # 8 VM CPUs, 12 GiB 2M, 16 GiB 1G
+PLAIN = Shape("plain", nodes=1, cores_per_node=8, smt=2, io_cores_per_node=1, host_cores=1, pages_2m_per_node=12288,
+              vfs_per_node=0, disks_per_node=0)  # 12 VM CPUs, 24 GiB 2M
+
+
+def _two_kinds(n: int = 4) -> tuple[FleetIndex, list[HostView]]:
+    hosts = []
+    for i in range(n):
+        for shape in (ONE_G, PLAIN):
+            layout, sib = make_layout(shape)
+            hosts.append(HostView(host_from_layout(f"{shape.name}-{i}", layout, siblings=sib)))
+    idx = FleetIndex()
+    for h in hosts:
+        idx.put(h, generation=0, layout_rev=1)
+    return idx, hosts
+
+
+def test_hint_keeps_1g_nodes_while_1g_demand_expects_them():
+    """Best fit on CPUs sends a 4-vCPU 2 MiB VM to the 8-CPU nodes that hold 1 GiB pages
+    (the fullest hole), which strands those pages: a 1 GiB VM of 8 vCPUs needs the whole
+    node. With 1 GiB VMs half of the recent requests, the 4 hosts that can take one are
+    fewer than the 1 GiB VMs the free CPUs still hold (0.5 x 80 CPUs / 6 vCPUs mean = 6.7),
+    so ``hint`` sets keep_1g and the VM goes to a 12-CPU node without 1 GiB pages; the
+    full scan agrees on the hinted request. With 1 GiB demand at 1 in 100, it does not."""
+    idx, hosts = _two_kinds()
+    small = VmWant(4, 8192)
+    assert idx.hint(small) == small  # no 1 GiB request seen yet: best fit as before
+    got, _ = idx.walk(small)
+    assert got.candidates[0].host == "one-1g-0"
+    for _ in range(10):
+        idx.note(VmWant(8, 16384, page_size_kb=1048576))
+        idx.note(VmWant(4, 8192))
+    hinted = idx.hint(small)
+    assert hinted.keep_1g and dataclasses.replace(hinted, keep_1g=False) == small
+    got, _ = idx.walk(hinted)
+    assert got.candidates[0].host == "plain-0"
+    assert fit_vm(hosts, hinted).candidates == got.candidates
+    assert idx.hint(VmWant(8, 16384, page_size_kb=1048576)).keep_1g is False  # only 2 MiB VMs step aside
+    assert idx.hint(dataclasses.replace(small, policy="spread")).keep_1g is False
+
+    idx, hosts = _two_kinds()
+    idx.note(VmWant(8, 16384, page_size_kb=1048576))
+    for _ in range(99):
+        idx.note(VmWant(4, 8192))
+    assert idx.hint(small) == small  # expected 1 GiB VMs: 0.01 x 80 / 4 = 0.2 < 4 hosts
+
+
+def test_keep_1g_falls_back_to_1g_nodes_when_nothing_else_fits():
+    """keep_1g orders, it never refuses: with the plain hosts full, the 2 MiB VM still
+    lands on a node with 1 GiB pages."""
+    idx, hosts = _two_kinds(1)
+    plain = next(h for h in hosts if h.res.name == "plain-0")
+    full = fit_host(plain, VmWant(12, 2048))
+    assert isinstance(full, Allocation)
+    idx.put(HostView(plain.res, plain.usage.plus(full)), generation=1, layout_rev=1)
+    got, _ = idx.walk(VmWant(4, 8192, keep_1g=True))
+    assert got.candidates[0].host == "one-1g-0"
