@@ -18,6 +18,10 @@ condition for ``fit_host`` (all of a non-spanned VM lives on one node). Two view
 - ``spread`` and spanned requests: hosts grouped by total free CPUs ``f`` and the whole
   capacity key, ``f`` descending (spread) or ascending (spanned pack).
 
+A 2 MiB pack request may carry ``keep_1g`` (set by ``hint`` from the recent demand the
+index counts in ``note``): then the pack walk takes two passes, nodes without free 1 GiB
+pages first, as ``fit.order_key`` ranks them.
+
 Either walk returns exactly ``fit_vm``'s candidates (a property test checks it against
 the full scan on random fleets). A request typically examines a handful of hosts; groups
 are few (hosts of one shape and fill share a key).
