@@ -15,6 +15,9 @@ class Metrics:
                                   ["resource"], registry=r)
         self.claim_conflicts = Counter("hyb_sched_claim_conflicts_total",
                                        "Claims that lost a host-generation race and retried", registry=r)
+        self.keep_1g = Counter("hyb_sched_keep_1g_total",
+                               "2 MiB requests that walked nodes with free 1 GiB pages last (demand hint)",
+                               registry=r)
         self.fit_seconds = Histogram("hyb_sched_fit_seconds", "Time to rank hosts for one request",
                                      registry=r, buckets=(.0005, .001, .0025, .005, .01, .025, .05, .1, .5))
         self.claim_seconds = Histogram("hyb_sched_claim_seconds", "Fit + claim transaction(s)",

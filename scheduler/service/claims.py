@@ -140,7 +140,7 @@ class Placer:
         """Claim resources for ``want`` and let ``write_vm(session, host, alloc)`` record the
         VM in the same transaction. Raises NoValidHost or ConcurrentUpdate."""
         with self._serial:
-            return self._claim(self.cache.hint(want, note=True), aff, write_vm, exclude)
+            return self._claim(self._hinted(want), aff, write_vm, exclude)
 
     def claim_many(self, jobs: list[ClaimJob],
                    before: Callable[[Session, list[ClaimJob]], None] | None = None) -> None:
@@ -152,7 +152,7 @@ class Placer:
             t0 = time.perf_counter()
             for j in jobs:  # each request counts once into the demand the hint weighs
                 if not j.settled:
-                    j.want = self.cache.hint(j.want, note=True)
+                    j.want = self._hinted(j.want)
             touched: dict[str, tuple[Any, Usage, int]] = {}
             try:
                 self._batch(jobs, before, touched)
@@ -177,6 +177,13 @@ class Placer:
                 for j in jobs:
                     if j.vm is not None:
                         self.metrics.claim_seconds.observe(dt)
+
+    def _hinted(self, want: VmWant) -> VmWant:
+        """``want`` counted into the recent demand and hinted (``FleetIndex.hint``)."""
+        got = self.cache.hint(want, note=True)
+        if got.keep_1g and not want.keep_1g and self.metrics:
+            self.metrics.keep_1g.inc()
+        return got
 
     def _claim_alone(self, j: ClaimJob) -> None:
         try:

@@ -247,6 +247,28 @@ def test_health_ready_metrics_and_list_filters(api):
     assert api.get("/v1/nope").json()["error"]["code"] == "hyb.http.not_found"
 
 
+ONE_G = Shape("one-1g", nodes=1, cores_per_node=6, smt=2, io_cores_per_node=1, host_cores=1, pages_2m_per_node=6144,
+              pages_1g_per_node=16, vfs_per_node=0, disks_per_node=0)  # 8 VM CPUs, 12 GiB 2M, 16 GiB 1G
+PLAIN = Shape("plain", nodes=1, cores_per_node=8, smt=2, io_cores_per_node=1, host_cores=1, pages_2m_per_node=12288,
+              vfs_per_node=0, disks_per_node=0)  # 12 VM CPUs, 24 GiB 2M
+
+
+def test_recent_1g_demand_keeps_the_last_1g_node_for_1g_vms(api):
+    """Through the API: after a 1 GiB VM, one host can still take another and the recent
+    demand expects one (half the requests, 20 free CPUs, 6 vCPUs mean), so a 2 MiB VM
+    passes over that host's 8-CPU node (best fit on CPUs alone would take it) for the
+    12-CPU host; the next 1 GiB VM still fits. Counted in hyb_sched_keep_1g_total."""
+    for name, shape in (("g-1", ONE_G), ("g-2", ONE_G), ("p-1", PLAIN)):
+        register(api, name, shape)
+    big = {"vcpus": 8, "memory_mib": 16384, "page_size_kb": 1048576}
+    assert create(api, "k1", name="db-1", **big).json()["host"] == "g-1"
+    assert api.post("/v1/vms?dry_run=true", json=vm_body(name="x", vcpus=4, memory_mib=8192),
+                    headers=TA).json()["host"] == "p-1"  # the preview walks as the claim will
+    assert create(api, "k2", name="web-1", vcpus=4, memory_mib=8192).json()["host"] == "p-1"
+    assert create(api, "k3", name="db-2", **big).json()["host"] == "g-2"
+    assert "hyb_sched_keep_1g_total 1.0" in api.get("/metrics").text  # the preview is not counted
+
+
 def test_openapi_snapshot_has_not_drifted(api):
     """api/openapi.json is the committed contract; regenerate with `scheduler openapi`."""
     live = json.loads(json.dumps(api.app.openapi(), sort_keys=True))
