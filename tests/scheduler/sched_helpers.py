@@ -62,3 +62,11 @@ def vm_body(name: str = "web-1", vcpus: int = 2, memory_mib: int = 1024, **kw: A
 
 
 ADM, TA, TB, HOST = auth("adm"), auth("ta"), auth("tb"), auth("hst")
+
+# For the 1 GiB demand hint: a node a 1 GiB VM of 8 vCPUs needs whole, and a plain
+# 12-CPU node (best fit on CPUs alone prefers the former's 8-CPU hole)
+ONE_G = Shape("one-1g", nodes=1, cores_per_node=6, smt=2, io_cores_per_node=1, host_cores=1, pages_2m_per_node=6144,
+              pages_1g_per_node=16, vfs_per_node=0, disks_per_node=0)  # 8 VM CPUs, 12 GiB 2M, 16 GiB 1G
+PLAIN = Shape("plain", nodes=1, cores_per_node=8, smt=2, io_cores_per_node=1, host_cores=1, pages_2m_per_node=12288,
+              vfs_per_node=0, disks_per_node=0)  # 12 VM CPUs, 24 GiB 2M
+

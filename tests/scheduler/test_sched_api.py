@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sched_helpers import ADM, HOST, TA, TB, Clock, auth, host_body, make_client, vm_body
+from sched_helpers import ADM, HOST, ONE_G, PLAIN, TA, TB, Clock, auth, host_body, make_client, vm_body
 from scheduler.shapes import SHAPES, Shape
 
 REPO = Path(__file__).resolve().parents[2]
@@ -245,12 +245,6 @@ def test_health_ready_metrics_and_list_filters(api):
     assert len(api.get("/v1/vms?host=h1&status=pending", headers=ADM).json()["items"]) == 1
     assert api.get("/v1/vms?status=running", headers=ADM).json()["items"] == []
     assert api.get("/v1/nope").json()["error"]["code"] == "hyb.http.not_found"
-
-
-ONE_G = Shape("one-1g", nodes=1, cores_per_node=6, smt=2, io_cores_per_node=1, host_cores=1, pages_2m_per_node=6144,
-              pages_1g_per_node=16, vfs_per_node=0, disks_per_node=0)  # 8 VM CPUs, 12 GiB 2M, 16 GiB 1G
-PLAIN = Shape("plain", nodes=1, cores_per_node=8, smt=2, io_cores_per_node=1, host_cores=1, pages_2m_per_node=12288,
-              vfs_per_node=0, disks_per_node=0)  # 12 VM CPUs, 24 GiB 2M
 
 
 def test_recent_1g_demand_keeps_the_last_1g_node_for_1g_vms(api):

@@ -10,6 +10,7 @@ import random
 
 import pytest
 
+from sched_helpers import ONE_G, PLAIN
 from scheduler.fit import DiskWant, HostView, VfWant, VmWant, fit_host, fit_vm
 from scheduler.resources import Allocation, host_from_layout
 from scheduler.service.index import FleetIndex, quantize
@@ -103,12 +104,6 @@ def test_walk_examines_a_handful_of_hosts_in_a_big_full_fleet():
     assert got.examined <= 5
     none, counts = idx.walk(VmWant(64, 8192), limit=3)
     assert not none.candidates and none.examined == 0 and counts == {"vcpus": 2000}
-
-
-ONE_G = Shape("one-1g", nodes=1, cores_per_node=6, smt=2, io_cores_per_node=1, host_cores=1, pages_2m_per_node=6144,
-              pages_1g_per_node=16, vfs_per_node=0, disks_per_node=0)  # 8 VM CPUs, 12 GiB 2M, 16 GiB 1G
-PLAIN = Shape("plain", nodes=1, cores_per_node=8, smt=2, io_cores_per_node=1, host_cores=1, pages_2m_per_node=12288,
-              vfs_per_node=0, disks_per_node=0)  # 12 VM CPUs, 24 GiB 2M
 
 
 def _two_kinds(n: int = 4) -> tuple[FleetIndex, list[HostView]]:
