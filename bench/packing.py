@@ -12,6 +12,8 @@ biggest first. Printed per mix:
   ceiling = the same ratio for the first request whose class (or pair of classes) wants
             more than the whole empty fleet holds: no scheduler, online or not, gets past it
   total   = VMs placed by the end of the trace (we keep placing smaller VMs after a 507)
+  no hint = quality of best fit on free CPUs alone, without the index's 1 GiB demand hint
+            (FleetIndex.hint; scheduler/README.md), on the same trace
 
 and which request was rejected first. The placement bench measures the same quality
 through the API, with 32 concurrent clients and two replicas; this one isolates the
@@ -37,10 +39,12 @@ from scheduler.resources import Allocation  # noqa: E402
 from scheduler.service.index import FleetIndex  # noqa: E402
 
 
-def online(hosts: list, reqs: list[Req]) -> tuple[int, int, Req | None, list[str]]:
+def online(hosts: list, reqs: list[Req], *, hint: bool = True) -> tuple[int, int, Req | None, list[str]]:
     """Place in trace order through the index (pack policy, best candidate each time).
-    Returns (placed before the first rejection, placed in all, the first rejected
-    request, every overcommit found in the final ledger)."""
+    ``hint``: as the claim path does, count each request into the demand and walk with
+    ``FleetIndex.hint``; without it, best fit on free CPUs alone. Returns (placed before
+    the first rejection, placed in all, the first rejected request, every overcommit
+    found in the final ledger)."""
     idx = FleetIndex()
     res_by_name = {h[0]: host_res(*h) for h in hosts}
     for r in res_by_name.values():
@@ -48,8 +52,9 @@ def online(hosts: list, reqs: list[Req]) -> tuple[int, int, Req | None, list[str
     allocs: dict[str, list[Allocation]] = {}
     placed, first, first_req = 0, None, None
     for r in reqs:
-        idx.note(r.want)  # as the claim path does: the demand ``hint`` weighs
-        res, _counts = idx.walk(idx.hint(r.want), limit=1)
+        if hint:
+            idx.note(r.want)
+        res, _counts = idx.walk(idx.hint(r.want) if hint else r.want, limit=1)
         if not res.candidates:
             if first is None:
                 first, first_req = placed, r
@@ -73,7 +78,7 @@ def main() -> int:
     print(f"fleet: {a.hosts} hosts ({', '.join(sorted({h[1].name for h in hosts}))}); {a.requests} requests per mix; "
           "baseline: offline first-fit decreasing (FFD)\n")
     print(f"{'mix':<14} {'FFD':>6} {'ceiling':>8} {'ours':>6} {'total':>6} {'quality':>8} {'of ceiling':>10}  "
-          f"{'ms/VM':>6}  first rejection")
+          f"{'ms/VM':>6} {'no hint':>8}  first rejection")
     bad_all: list[str] = []
     for mix in [m.strip() for m in a.mixes.split(",") if m.strip()]:
         if mix not in MIXES:
@@ -83,12 +88,13 @@ def main() -> int:
         ceiling, _why = class_ceiling(hosts, reqs)
         t = time.perf_counter()
         before, total, first, bad = online(hosts, reqs)
-        bad_all += bad
         ms = (time.perf_counter() - t) * 1000 / len(reqs)
+        plain, _total, _first, bad_plain = online(hosts, reqs, hint=False)
+        bad_all += bad + bad_plain
         cap = min(ceiling, ffd) / ffd
         what = "none" if first is None else f"request {first.i}: {describe(first.want)}"
         print(f"{mix:<14} {ffd:>6} {cap:>8.3f} {before:>6} {total:>6} {before / ffd:>8.3f} "
-              f"{before / ffd / cap:>10.3f}  {ms:>6.3f}  {what}", flush=True)
+              f"{before / ffd / cap:>10.3f}  {ms:>6.3f} {plain / ffd:>8.3f}  {what}", flush=True)
     if bad_all:
         print(f"OVERCOMMIT: {len(bad_all)} problem(s): " + "; ".join(bad_all[:5]))
         return 1

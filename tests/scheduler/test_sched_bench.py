@@ -38,12 +38,15 @@ def test_packing_bench_tiny():
     rows = {ln.split()[0]: ln.split() for ln in out.stdout.splitlines()
             if ln.split() and ln.split()[0] in ("storage", "matched", "matched-heavy")}
     assert set(rows) == {"storage", "matched", "matched-heavy"}, out.stdout
-    for mix, (_m, ffd, ceiling, ours, total, quality, *_rest) in rows.items():
+    for mix, (_m, ffd, ceiling, ours, total, quality, _of, _ms, no_hint, *_rest) in rows.items():
         assert 0 < int(ours) <= int(total) <= 400, (mix, rows[mix])
         assert abs(float(quality) - int(ours) / int(ffd)) < 0.001, (mix, rows[mix])
+        assert float(quality) >= float(no_hint), (mix, rows[mix])
     assert rows["storage"][2] == rows["storage"][5], rows["storage"]  # quality == ceiling
     assert rows["storage"][-1] != "none" and float(rows["storage"][2]) < 0.8, rows["storage"]
     assert float(rows["matched"][2]) == 1.0, rows["matched"]
+    # the 1 GiB demand hint: best fit on CPUs alone lets 2 MiB VMs break the 1 GiB nodes
+    assert float(rows["matched-heavy"][5]) == 1.0 > float(rows["matched-heavy"][8]), rows["matched-heavy"]
     assert "overcommit: none" in out.stdout
 
 
