@@ -44,7 +44,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, replace
 
 from scheduler.fit import (CAP, Candidate, FitResult, HostView, NodeKey, Rejection, VmWant, covers, fit_host,
-                           fit_vm, need_of, order_key, quantize)
+                           fit_vm, kept, need_of, order_key, quantize)
 
 __all__ = ["CAP", "DEMAND_WINDOW", "FleetIndex", "quantize"]
 
@@ -254,10 +254,10 @@ class FleetIndex:
         for second in passes:
             for x in self._xs[bisect_left(self._xs, w[0]):]:
                 top = self._x_top(x)
-                if not covers(top, w) or (second and not top[2]):
+                if not covers(top, w) or (second and not kept(top, w, True)):
                     continue
                 lists = [names for nk, names in self._by_x[x].items()
-                         if covers(nk, w) and (second is None or (nk[2] > 0) == second)]
+                         if covers(nk, w) and (second is None or kept(nk, w, True) == second)]
                 for name in (heapq.merge(*lists) if len(lists) > 1 else list(lists[0]) if lists else ()):
                     if name not in seen:
                         seen.add(name)
