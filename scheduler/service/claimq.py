@@ -27,9 +27,13 @@ _STOP = object()
 
 
 class ClaimQueue:
-    def __init__(self, run: Callable[[list[Any]], list[Any]], *, max_batch: int = 64, name: str = "claims"):
-        """``run(items)`` returns one result per item: a value, or an exception to raise
-        in that request."""
+    def __init__(self, run: Callable[[list[Any], Callable[[], list[Any]]], list[Any]], *,
+                 max_batch: int = 64, name: str = "claims"):
+        """``run(items, more)`` returns one result per item, a value or an exception to
+        raise in that request, for ``items`` and then for every item ``more()`` handed it:
+        ``more()`` takes the requests that queued since the batch formed into the batch
+        (the claim thread calls it once it holds SQLite's writer lock, which it may have
+        waited for while they arrived)."""
         self._run = run
         self._max = max(1, max_batch)
         self._name = name
@@ -78,12 +82,30 @@ class ClaimQueue:
             batch = [b for b in batch if _start(b[1])]  # type: ignore[index]
             if not batch:
                 continue
-            items = [b[0] for b in batch]  # type: ignore[index]
+
+            def more() -> list[Any]:
+                """What queued since the batch formed, up to ``max_batch`` in all (called by
+                ``run`` once it holds the store's writer lock it may have waited for)."""
+                nonlocal stop
+                got: list[Any] = []
+                while not stop and len(batch) < self._max:
+                    try:
+                        nxt = self._q.get_nowait()
+                    except queue.Empty:
+                        break
+                    if nxt is _STOP:
+                        stop = True
+                    elif _start(nxt[1]):  # type: ignore[index]
+                        batch.append(nxt)
+                        got.append(nxt[0])  # type: ignore[index]
+                return got
             try:
-                results = self._run(items)
+                results = self._run([b[0] for b in batch], more)  # type: ignore[index]
             except BaseException as e:  # noqa: BLE001 - every request of the batch gets it
                 log.exception("claim batch failed")
-                results = [e] * len(items)
+                results = [e] * len(batch)
+            if len(results) != len(batch):  # never leave a request unanswered
+                results = [RuntimeError(f"claim batch answered {len(results)} of {len(batch)}")] * len(batch)
             by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any]]] = {}
             for (_, fut), r in zip(batch, results):  # type: ignore[misc]
                 if isinstance(fut, asyncio.Future):

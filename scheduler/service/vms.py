@@ -141,18 +141,25 @@ class VmService:
         item = self.prepare(body, tenant=tenant, key=key, actor=actor)
         return await self.claims.submit(item, asyncio.get_running_loop())  # type: ignore[misc]
 
-    def create_many(self, items: list[CreateItem]) -> list[tuple[Vm, bool] | BaseException]:
+    def create_many(self, items: list[CreateItem], more: Callable[[], list[CreateItem]] | None = None
+                    ) -> list[tuple[Vm, bool] | BaseException]:
         """Claim ``items`` in one batch (``Placer.claim_many``): idempotent replays are
-        found in the batch transaction, each VM row is written with its claim."""
-        raw = os.urandom(16 * len(items))  # one getrandom() for the batch's VM ids
-        ids = [str(uuid.UUID(bytes=raw[16 * i:16 * i + 16], version=4)) for i in range(len(items))]
-        jobs = [ClaimJob(it.want, affinity_of(it.body), self._writer(it, vm_id)) for it, vm_id in zip(items, ids)]
+        found in the batch transaction, each VM row is written with its claim. ``more``
+        (the claim thread's): requests that queued meanwhile, taken into the batch once
+        it holds the writer lock; the answers cover them too, after ``items``."""
+        items = list(items)
+        jobs = self._jobs(items)
+
+        def late() -> list[ClaimJob]:
+            got = more() if more is not None else []
+            items.extend(got)
+            return self._jobs(got)
 
         def replays(s: Session, js: list[ClaimJob]) -> None:
             prior = vm_repo.find_by_keys(session=s, keys=[(it.tenant, it.key) for it in items])
             for it, j in zip(items, js):
                 j.done = prior.get((it.tenant, it.key))
-        self.placer.claim_many(jobs, replays)
+        self.placer.claim_many(jobs, replays, more=late if more is not None else None)
         out: list[tuple[Vm, bool] | BaseException] = []
         for it, j in zip(items, jobs):
             try:
@@ -160,6 +167,13 @@ class VmService:
             except Exception as e:  # noqa: BLE001 - handed to the request
                 out.append(e)
         return out
+
+    def _jobs(self, items: list[CreateItem]) -> list[ClaimJob]:
+        if not items:
+            return []
+        raw = os.urandom(16 * len(items))  # one getrandom() for the batch's VM ids
+        ids = [str(uuid.UUID(bytes=raw[16 * i:16 * i + 16], version=4)) for i in range(len(items))]
+        return [ClaimJob(it.want, affinity_of(it.body), self._writer(it, vm_id)) for it, vm_id in zip(items, ids)]
 
     def _settle(self, it: CreateItem, j: ClaimJob) -> tuple[Vm, bool]:
         if j.done is not None:

@@ -106,7 +106,7 @@ def gated_queue(max_batch: int) -> tuple[ClaimQueue, threading.Event, list[list[
     seen: list[list[int]] = []
     gate = threading.Event()
 
-    def run(batch: list[int]) -> list[object]:
+    def run(batch: list[int], _more: object) -> list[object]:
         gate.wait(5)
         seen.append(batch)
         return [ValueError(f"odd {x}") if x % 2 else x * 10 for x in batch]
@@ -158,6 +158,61 @@ def test_claim_queue_settles_asyncio_futures_per_batch():
     asyncio.run(main())
     assert seen == [[0], [1, 3, 4, 5]]  # the queued four shared one batch; 2 never ran
     q.close()
+
+
+def test_claim_queue_takes_late_requests_into_the_running_batch():
+    """``more()`` (called by the batch once it holds the writer lock) takes what queued
+    since the batch formed, up to ``max_batch`` in all, skipping a request cancelled
+    while it queued; each gets its own answer, in order after the batch's first items."""
+    gate, took = threading.Event(), []
+
+    def run(batch: list[int], more) -> list[object]:  # type: ignore[no-untyped-def]
+        gate.wait(5)  # "waiting for the writer lock"
+        late = more()
+        took.append((list(batch), late))
+        return [x * 10 for x in batch + late]
+    q = ClaimQueue(run, max_batch=4)
+    first = q.submit(0)
+    time.sleep(0.05)  # the thread holds 0, waiting on the gate
+    futs = [q.submit(i) for i in range(1, 7)]
+    assert futs[1].cancel()  # 2: its client went away while it queued
+    gate.set()
+    assert first.result(5) == 0 and [f.result(5) for i, f in enumerate(futs) if i != 1] == [10, 30, 40, 50, 60]
+    assert took[0] == ([0], [1, 3, 4])  # joined the running batch: 4 in all, 2 skipped
+    assert took[1] == ([5, 6], [])
+    q.close()
+
+
+def test_claim_queue_answers_every_request_when_run_miscounts():
+    """A ``run`` that answers fewer results than it was handed fails each request of the
+    batch rather than leaving one waiting for ever."""
+    q = ClaimQueue(lambda batch, more: [1] * (len(batch) + len(more()) - 1), max_batch=4)
+    with pytest.raises(RuntimeError, match="answered 0 of 1"):
+        q.submit(7).result(5)
+    q.close()
+
+
+def test_late_requests_join_the_batch_transaction(db_url):
+    """``create_many(items, more)``: the late requests are claimed in the same write
+    transaction as the first ones (one batch), against the index as the
+    earlier claims left it, and a late replay is found by the batch's key lookup."""
+    with make_client(db_url) as api:
+        assert api.post("/v1/hosts", json=host_body("h1", SMALL), headers=HOST).status_code == 201
+        svc = api.app.state.vms
+        [(old, _)] = svc.create_many(items(svc, 1, key="old"))
+        calls = []
+
+        def more():  # type: ignore[no-untyped-def]
+            calls.append(1)
+            return items(svc, 2, key="late") + items(svc, 1, key="old")
+        got = svc.create_many(items(svc, 1, key="early"), more)
+        assert calls == [1] and len(got) == 4
+        assert [r[1] for r in got] == [False, False, False, True] and got[3][0].id == old.id
+        cpus = [c for r in got[:3] for c in r[0].allocation["cpus"]] + old.allocation["cpus"]
+        assert len(cpus) == len(set(cpus)) == 8
+        batches = api.get("/metrics").text  # two batches: "old", then 1 + 3 late
+        assert "hyb_sched_claim_batch_size_count 2.0" in batches and "hyb_sched_claim_batch_size_sum 5.0" in batches
+        ledger_ok(svc.store)
 
 
 def test_index_churn_is_frozen_out_of_the_cyclic_gc(db_url):
