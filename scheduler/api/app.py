@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
-from scheduler.api import errors
+from scheduler.api import errors, fastpath
 from scheduler.api.routes import hosts, vms
 from scheduler.config import Settings
 from scheduler.db.engine import Store
@@ -58,7 +58,7 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
     # this service exports Prometheus metrics instead.
     quiet = {"telemetry": {"tracing": False, "metrics": False, "logs": False}} \
         if "telemetry" in inspect.signature(FastAPI.__init__).parameters else {}
-    app = FastAPI(title="hybrid-kvm scheduler", version=VERSION, lifespan=lifespan, **quiet,
+    app = SchedulerApp(title="hybrid-kvm scheduler", version=VERSION, lifespan=lifespan, **quiet,
                   description="Placement of pinned, hugepage-backed KVM VMs on storage hosts "
                               "(NUMA-aware fit, claims with host generations, dispatch to hostd).")
     metrics = Metrics()
@@ -116,6 +116,19 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
 
     app.add_middleware(CountRequests, metrics=metrics)
     return app
+
+
+class SchedulerApp(FastAPI):
+    """FastAPI with the claim request answered ahead of the middleware stack and the
+    router (``api/fastpath.py``); every other request, and every claim that path hands
+    back, goes through the application as usual."""
+
+    async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
+        if fastpath.claims(scope):
+            receive = await fastpath.create(self, scope, receive, send)
+            if receive is None:
+                return
+        await super().__call__(scope, receive, send)
 
 
 class CountRequests:

@@ -4,11 +4,13 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
 
+from scheduler.config import TokenConfig
 from scheduler.errors import Forbidden, Unauthenticated
 
 
@@ -37,12 +39,16 @@ async def principal(request: Request) -> Principal:
 
 
 def principal_of(request: Request) -> Principal:
-    auth = request.headers.get("authorization", "")
+    return principal_for(request.headers.get("authorization", ""), request.app.state.settings.auth.tokens)
+
+
+def principal_for(auth: str, tokens: Sequence[TokenConfig]) -> Principal:
+    """The principal of an ``Authorization`` header's value."""
     scheme, _, token = auth.partition(" ")
     if scheme.lower() != "bearer" or not token:
         raise Unauthenticated("send Authorization: Bearer <token>", field="Authorization")
     digest = hashlib.sha256(token.strip().encode()).hexdigest()
-    for t in request.app.state.settings.auth.tokens:
+    for t in tokens:
         if hmac.compare_digest(t.sha256.lower(), digest):
             return Principal(t.name, frozenset(t.scopes))
     raise Unauthenticated("unknown token", field="Authorization")

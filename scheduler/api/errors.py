@@ -33,6 +33,11 @@ def _body(code: str, message: str, field: str | None = None, **extra) -> dict:  
     return {"error": {"code": code, "field": field, "message": message, **extra}}
 
 
+def domain_body(e: SchedulerError) -> dict:  # type: ignore[type-arg]
+    return _body(e.code, e.message, e.field, **({"rejections": e.extra["rejections"]}
+                                                 if "rejections" in e.extra else {}))
+
+
 def field_path(loc: tuple) -> str:
     """('body', 'vfs', 0, 'min_tx_rate_mbps') -> 'vfs[0].min_tx_rate_mbps'."""
     parts = list(loc[1:]) if loc and loc[0] in ("body", "query", "path", "header") else list(loc)
@@ -47,9 +52,7 @@ def field_path(loc: tuple) -> str:
 def install(app: FastAPI) -> None:
     @app.exception_handler(SchedulerError)
     async def _domain(_req: Request, e: SchedulerError) -> JSONResponse:
-        return JSONResponse(_body(e.code, e.message, e.field, **({"rejections": e.extra["rejections"]}
-                                                                   if "rejections" in e.extra else {})),
-                            status_code=e.status)
+        return JSONResponse(domain_body(e), status_code=e.status)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req: Request, e: RequestValidationError) -> JSONResponse:

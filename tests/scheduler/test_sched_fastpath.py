@@ -1,0 +1,147 @@
+"""The claim request's fast path (``api/fastpath.py``): it answers a claim exactly as the
+route does (status, body, headers, the request counter), including the claim's own
+errors, and hands every other create request, with the body it already read, to the
+full application, whose route and error mapper answer it as before."""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+from sched_helpers import ADM, HOST, TA, Clock, host_body, make_client, vm_body
+from scheduler.api import fastpath
+from scheduler.api.routes import vms as vm_routes
+from scheduler.shapes import SHAPES
+
+
+def _comparable(r):  # type: ignore[no-untyped-def]
+    """A create answer without what differs between two VMs (id, Location)."""
+    body = r.json()
+    if "id" in body:
+        body = {k: v for k, v in body.items() if k != "id"}
+    heads = {k: v for k, v in r.headers.items() if k not in ("location", "server-timing", "content-length")}
+    return r.status_code, body, heads, "server-timing" in r.headers, r.headers.get("location", "").count("/")
+
+
+def _both(api, monkeypatch, key: str, body: dict, headers: dict | None = None):  # type: ignore[no-untyped-def]
+    """The same request through the fast path, then through the route (the fast path off)."""
+    h = {**TA, **(headers or {})}
+    fast = api.post("/v1/vms", json=body, headers={**h, "Idempotency-Key": f"{key}-f"})
+    with monkeypatch.context() as m:
+        m.setattr(fastpath, "claims", lambda scope: False)
+        slow = api.post("/v1/vms", json=body, headers={**h, "Idempotency-Key": f"{key}-s"})
+    return fast, slow
+
+
+def test_fast_path_answers_claims_as_the_route_does(db_url, monkeypatch):
+    with make_client(db_url, clock=Clock()) as api:
+        for n in ("h1", "h2"):
+            assert api.post("/v1/hosts", json=host_body(n, SHAPES[0]), headers=HOST).status_code == 201
+        fast, slow = _both(api, monkeypatch, "a", vm_body(vcpus=2))
+        assert fast.status_code == 202 and _comparable(fast)[1]["status"] == "pending"
+        # the two VMs differ only in where they went (the second cannot have the same CPUs)
+        f, s = _comparable(fast), _comparable(slow)
+        assert (f[0], f[2], f[3], f[4]) == (s[0], s[2], s[3], s[4])
+        assert {k for k in f[1]} == {k for k in s[1]} and f[1]["request"] == s[1]["request"]
+        # a replay answers 200 and the same VM, whichever path took the first request
+        again = api.post("/v1/vms", json=vm_body(vcpus=2), headers={**TA, "Idempotency-Key": "a-s"})
+        assert again.status_code == 200 and again.json()["id"] == slow.json()["id"]
+        # the claim's own errors: 507 with the rejections counted, 409 for a key reused
+        big_f, big_s = _both(api, monkeypatch, "big", vm_body(vcpus=512))
+        assert big_f.status_code == 507 and _comparable(big_f) == _comparable(big_s)
+        assert big_f.json()["error"]["rejections"]
+        mis = api.post("/v1/vms", json=vm_body(vcpus=4), headers={**TA, "Idempotency-Key": "a-f"})
+        with monkeypatch.context() as m:
+            m.setattr(fastpath, "claims", lambda scope: False)
+            mis_s = api.post("/v1/vms", json=vm_body(vcpus=4), headers={**TA, "Idempotency-Key": "a-f"})
+        assert mis.status_code == 409 and mis.json() == mis_s.json()
+        assert mis.json()["error"]["field"] == "Idempotency-Key"
+        # the request counter sees both paths alike
+        metrics = api.get("/metrics").text
+        assert 'hyb_sched_http_requests_total{method="POST",route="/v1/vms",status="202"} 2.0' in metrics
+        assert 'hyb_sched_http_requests_total{method="POST",route="/v1/vms",status="507"} 2.0' in metrics
+
+
+@pytest.mark.parametrize("case", ["no-key", "bad-key", "bad-token", "no-token", "bad-field", "not-json",
+                                  "other-tenant", "dry-run"])
+def test_fast_path_hands_everything_else_to_the_route(db_url, monkeypatch, case):
+    """Each of these reaches the route (counted through ``create_inputs``) and gets the
+    error mapper's answer; a valid claim never does."""
+    seen = []
+    real = vm_routes.create_inputs
+
+    async def counted(request):  # type: ignore[no-untyped-def]
+        seen.append(1)
+        return await real(request)
+    monkeypatch.setattr(vm_routes, "create_inputs", counted)
+    with make_client(db_url, clock=Clock()) as api:
+        assert api.post("/v1/hosts", json=host_body("h1", SHAPES[0]), headers=HOST).status_code == 201
+        ok = api.post("/v1/vms", json=vm_body(), headers={**TA, "Idempotency-Key": "ok"})
+        assert ok.status_code == 202 and seen == []
+        key = {"Idempotency-Key": "k1"}
+        path, kw = "/v1/vms", {"json": vm_body(), "headers": {**TA, **key}}
+        want = {"no-key": (422, "Idempotency-Key"), "bad-key": (422, "Idempotency-Key"),
+                "bad-token": (401, "Authorization"), "no-token": (401, "Authorization"),
+                "bad-field": (422, "vcpus"), "not-json": (422, "body"), "other-tenant": (403, "tenant"),
+                "dry-run": (200, None)}[case]
+        if case == "no-key":
+            kw["headers"] = TA
+        elif case == "bad-key":
+            kw["headers"] = {**TA, "Idempotency-Key": "white space"}
+        elif case == "bad-token":
+            kw["headers"] = {"Authorization": "Bearer nope", **key}
+        elif case == "no-token":
+            kw["headers"] = key
+        elif case == "bad-field":
+            kw["json"] = vm_body(vcpus=0)
+        elif case == "not-json":
+            kw = {"content": b"name=x", "headers": {**TA, **key, "Content-Type": "application/x-www-form-urlencoded"}}
+        elif case == "other-tenant":
+            kw["json"] = vm_body(tenant="b")
+        else:
+            path = "/v1/vms?dry_run=true"
+        r = api.post(path, **kw)
+        assert seen == [1], case
+        assert r.status_code == want[0], r.text
+        if want[1] is not None:
+            assert r.json()["error"]["field"] == want[1]
+        else:
+            assert r.json()["fits"] is True
+        # nothing was claimed by any of them
+        vms = api.get("/v1/vms", headers=ADM).json()["items"]
+        assert [v["id"] for v in vms] == [ok.json()["id"]]
+
+
+def test_fast_path_reads_a_body_in_chunks_and_replays_it_to_the_route(db_url):
+    """Straight ASGI calls: a body in two chunks is claimed; the same body with no key is
+    handed to the route with every byte (the route answers about the key, not the body)."""
+    with make_client(db_url, clock=Clock()) as api:
+        assert api.post("/v1/hosts", json=host_body("h1", SHAPES[0]), headers=HOST).status_code == 201
+        app = api.app
+        raw = vm_routes.orjson.dumps(vm_body())
+
+        async def call(headers: list[tuple[bytes, bytes]]) -> tuple[int, bytes]:
+            chunks = [{"type": "http.request", "body": raw[:10], "more_body": True},
+                      {"type": "http.request", "body": raw[10:], "more_body": False}]
+            out: list[dict] = []
+
+            async def receive():  # type: ignore[no-untyped-def]
+                if chunks:
+                    return chunks.pop(0)
+                await asyncio.sleep(3600)  # the client stays; nothing more to read
+
+            async def send(msg):  # type: ignore[no-untyped-def]
+                out.append(msg)
+            scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+                     "scheme": "http", "path": "/v1/vms", "raw_path": b"/v1/vms", "query_string": b"",
+                     "root_path": "", "headers": [(b"content-type", b"application/json"), *headers],
+                     "client": ("127.0.0.1", 1), "server": ("127.0.0.1", 80), "state": {}}
+            await app(scope, receive, send)
+            return out[0]["status"], b"".join(m.get("body", b"") for m in out[1:])
+
+        tok = [(b"authorization", TA["Authorization"].encode())]
+        status, body = asyncio.run(call([*tok, (b"idempotency-key", b"chunked")]))
+        assert status == 202, body
+        status, body = asyncio.run(call(tok))
+        assert status == 422 and b'"field":"Idempotency-Key"' in body
