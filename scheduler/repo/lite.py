@@ -20,6 +20,8 @@ from typing import Any, NamedTuple
 import orjson
 from sqlalchemy.orm import Session
 
+from scheduler.db.engine import RAW
+
 _JSON_OPTS = orjson.OPT_NON_STR_KEYS
 
 
@@ -33,7 +35,10 @@ def serves(session: Session) -> bool:
 
 
 def cursor(session: Session) -> sqlite3.Cursor:
-    return session.connection().connection.driver_connection.cursor()  # type: ignore[union-attr]
+    raw = session.info.get(RAW)  # a claim batch's session, bound to one connection (Store.batch_write)
+    if raw is None:
+        raw = session.connection().connection.driver_connection
+    return raw.cursor()  # type: ignore[union-attr]
 
 
 class ClaimRow(NamedTuple):

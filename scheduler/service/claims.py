@@ -215,7 +215,7 @@ class Placer:
         # (2 replicas, closed loop, two pairs: 1,197/1,262 -> 1,297/1,398 placed/s).
         first = {id(j): self._walk(j, frozenset(), limit=1) for j in jobs
                  if not (j.settled or j.aff.group)} if self.store.sqlite else {}
-        with self.store.write() as s:
+        with self.store.batch_write() as s:
             # SQLite, holding the writer lock: the index now has every batch another
             # replica committed while this one waited, and nobody can write until it
             # commits. PostgreSQL (as ``index_refresh_ms`` says): the feed is this

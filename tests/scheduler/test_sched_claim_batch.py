@@ -249,14 +249,14 @@ def test_first_batch_builds_the_index_before_taking_the_writer_lock(db_url):
         svc = api.app.state.vms
         cache, store = svc.placer.cache, svc.store
         assert cache.cold
-        write, cold_at_write = store.write, []
+        write, cold_at_write = store.batch_write, []
 
         @contextmanager
         def spy():  # type: ignore[no-untyped-def]
             cold_at_write.append(cache.cold)
             with write() as s:
                 yield s
-        store.write = spy
+        store.batch_write = spy
         got = svc.create_many(items(svc, 1))
         assert got[0][0].host == "h1" and cold_at_write == [False]
 
