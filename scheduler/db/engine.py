@@ -9,14 +9,21 @@ import fcntl
 import os
 import threading
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from pathlib import Path
+from typing import Any
 
 from sqlalchemy import Connection, Engine, create_engine, event
 from sqlalchemy.orm import Session, sessionmaker
 
 
 RAW = "hyb_raw"  # session.info key: the session's driver connection, when it has one for life
+
+
+def driver(session: Session) -> Any:
+    """The DBAPI connection under ``session``'s transaction (sqlite3 or psycopg)."""
+    raw = session.info.get(RAW)  # a claim batch's session, bound to one connection (batch_write)
+    return raw if raw is not None else session.connection().connection.driver_connection
 
 
 def make_engine(url: str, *, busy_timeout_ms: int = 10000, pool_size: int = 8) -> Engine:
@@ -123,19 +130,17 @@ class Store:
 
     @contextmanager
     def batch_write(self) -> Iterator[Session]:
-        """``write()`` for the claim thread's batches. SQLite: on a connection the calling
-        thread keeps between batches, with a session bound to it for the batch. The
-        session-per-transaction of ``write()`` (a session, a pool checkout, the begin
-        and commit through the session's transaction) cost 135 us per batch against 30 us
-        this way, measured in process, and a batch spends it holding the writer lock
-        the other replicas queue on; at 1,000 requests/s the batches hold one to two VMs
-        each. The driver connection is in ``session.info`` for ``repo/lite.py``.
-        PostgreSQL (no writer lock; its pool hands back the same connection anyway):
-        ``write()``."""
-        if self._writer is None:
-            with self.write() as s:
-                yield s
-            return
+        """``write()`` for the claim thread's batches: on a connection the calling thread
+        keeps between batches, with a session bound to it for the batch (SQLite: under
+        the writer lock). The session-per-transaction of ``write()`` (a session, a pool
+        checkout, the begin and commit through the session's transaction) cost 135 us
+        per batch on SQLite against 30 us this way, measured in process, spent holding
+        the writer lock the other replicas queue on; on PostgreSQL each checkout also
+        pings the server (``pool_pre_ping``). At 1,000 requests/s a batch holds one or
+        two VMs. The driver connection is in ``session.info`` (``driver``). A kept
+        connection is not pinged: one that died (a restarted server) fails its batch,
+        which is then redone one request at a time on pooled connections, and is
+        dropped."""
         conn = getattr(self._kept, "conn", None)
         if conn is None:
             conn = self.engine.connect().execution_options(hyb_write=True)
@@ -143,7 +148,7 @@ class Store:
             with self._kept_lock:
                 self._kept_all.append(conn)
         try:
-            with self._writer.held(), conn.begin():
+            with self._writer.held() if self._writer is not None else nullcontext(), conn.begin():
                 s = Session(bind=conn, join_transaction_mode="rollback_only", expire_on_commit=False,
                             info={RAW: conn.connection.driver_connection})
                 try:

@@ -20,7 +20,7 @@ from typing import Any, NamedTuple
 import orjson
 from sqlalchemy.orm import Session
 
-from scheduler.db.engine import RAW
+from scheduler.db.engine import driver
 
 _JSON_OPTS = orjson.OPT_NON_STR_KEYS
 
@@ -35,10 +35,7 @@ def serves(session: Session) -> bool:
 
 
 def cursor(session: Session) -> sqlite3.Cursor:
-    raw = session.info.get(RAW)  # a claim batch's session, bound to one connection (Store.batch_write)
-    if raw is None:
-        raw = session.connection().connection.driver_connection
-    return raw.cursor()  # type: ignore[union-attr]
+    return driver(session).cursor()
 
 
 class ClaimRow(NamedTuple):

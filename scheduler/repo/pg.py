@@ -22,6 +22,7 @@ from typing import Any
 import orjson
 from sqlalchemy.orm import Session
 
+from scheduler.db.engine import driver
 from scheduler.repo.lite import ClaimRow, dumps
 
 
@@ -31,7 +32,7 @@ def serves(session: Session) -> bool:
 
 
 def _conn(session: Session) -> Any:
-    return session.connection().connection.driver_connection  # psycopg.Connection
+    return driver(session)  # psycopg.Connection
 
 
 _COLS = "name, generation, usage::text, layout_rev, admin_state, last_heartbeat, rack"

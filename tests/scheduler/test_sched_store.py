@@ -56,43 +56,43 @@ def _config(tmp: Path, db_url: str) -> Path:
     return cfg
 
 
-def test_batch_write_keeps_its_connection_and_commits_or_rolls_back(tmp_path):
-    """SQLite: the claim thread's batches run on one kept connection (no pool checkout or
-    session transaction per batch), each batch one transaction under the writer lock:
-    committed when it ends, rolled back (and the connection not kept) when it raises;
-    dispose closes it."""
+def test_batch_write_keeps_its_connection_and_commits_or_rolls_back(db_url):
+    """The claim thread's batches run on one kept connection (no pool checkout, ping or
+    session transaction per batch), each batch one transaction (SQLite: under the writer
+    lock): committed when it ends, rolled back (and the connection dropped) when it
+    raises; another thread keeps its own; dispose closes them."""
     import threading
 
     from sqlalchemy import text
-    from scheduler.db.engine import RAW
-    from scheduler.repo import lite
-    store = Store.from_url(f"sqlite:///{tmp_path}/s.db")
+    from scheduler.db.engine import RAW, driver
+    store = Store.from_url(db_url)
     upgrade(store.engine)
+    seq = text("SELECT seq FROM fleet WHERE id = 1")
+    bump = text("UPDATE fleet SET seq = seq + 1 WHERE id = 1")
     seen = []
     with store.batch_write() as s:
         seen.append(s.info[RAW])
-        before = lite.counter(s)
-        assert lite.next_seq(s) == before + 1
-        # the writer lock and SQLite's own are held: another connection cannot write
-        other = store.engine.raw_connection()
-        other.driver_connection.execute("PRAGMA busy_timeout = 0")
-        with pytest.raises(Exception, match="locked"):
-            other.driver_connection.execute("BEGIN IMMEDIATE")
-        other.invalidate()
+        assert driver(s) is s.info[RAW]
+        before = s.execute(seq).scalar()
+        s.execute(bump)
+        if store.sqlite:  # the writer lock and SQLite's own are held: nobody else can write
+            other = store.engine.raw_connection()
+            other.driver_connection.execute("PRAGMA busy_timeout = 0")
+            with pytest.raises(Exception, match="locked"):
+                other.driver_connection.execute("BEGIN IMMEDIATE")
+            other.invalidate()
+    with store.read() as r:
+        assert r.execute(seq).scalar() == before + 1  # committed
     with store.batch_write() as s:
-        seen.append(s.info[RAW])
-        assert lite.counter(s) == before + 1  # committed
-    assert seen[0] is seen[1]  # the same connection, kept
+        assert s.info[RAW] is seen[0]  # the same connection, kept
     with pytest.raises(RuntimeError):
         with store.batch_write() as s:
-            lite.next_seq(s)
+            s.execute(bump)
             raise RuntimeError("the batch fails")
     with store.batch_write() as s:
-        assert lite.counter(s) == before + 1  # rolled back
+        assert s.execute(seq).scalar() == before + 1  # rolled back
         assert s.info[RAW] is not seen[0]  # the failed batch's connection was dropped
-        seen[1] = s.info[RAW]
-        assert s.execute(text("SELECT seq FROM fleet")).scalar() == before + 1  # SQLAlchemy statements too
-    # another thread keeps its own
+        seen.append(s.info[RAW])
     got = []
 
     def other_thread() -> None:
@@ -104,7 +104,7 @@ def test_batch_write_keeps_its_connection_and_commits_or_rolls_back(tmp_path):
     assert got and got[0] is not seen[1]
     kept = list(store._kept_all)
     store.dispose()
-    assert kept and all(c.closed for c in kept) and store._kept_all == []
+    assert len(kept) == 2 and all(c.closed for c in kept) and store._kept_all == []
 
 
 def test_64_clients_two_processes_never_overcommit(db_url, tmp_path):
