@@ -30,6 +30,7 @@ import argparse
 import asyncio
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import tempfile
@@ -43,7 +44,7 @@ sys.path.insert(0, str(REPO / "bench"))
 from scheduler_benchlib import (MIXES, Conn, Req, Result, class_ceiling, create_database, fleet, ffd_bound, free_port,  # noqa: E402
                                 host_res, overcommit, percentile, postgres, register_body, run_clients,
                                 run_open, stop, thread_cpu, trace, wait_http)
-from procstat import tree_cpu_s  # noqa: E402
+from procstat import machine, machine_load, tree_cpu_s  # noqa: E402
 
 TOKENS = {"bench-admin": ["admin"], "bench-host": ["host"], "bench-tenant": ["tenant:bench"]}
 PG_SETTINGS = {"synchronous_commit": "off", "shared_buffers": "256MB", "max_connections": "400"}
@@ -109,6 +110,7 @@ def run_ours(label: str, url: str, hosts: list, reqs: list[Req], *, clients: int
             return rep.status, dt, srv, code
         cpu0 = thread_cpu([p.pid for p in procs])
         db0 = tree_cpu_s(db_pid) if db_pid else 0.0
+        m0 = machine()
         t = time.perf_counter()
         if rate:
             timed = asyncio.run(run_open(rate, clients, bases, reqs, place))
@@ -117,6 +119,7 @@ def run_ours(label: str, url: str, hosts: list, reqs: list[Req], *, clients: int
         else:
             got = asyncio.run(run_clients(clients, bases, reqs, place))
         out.seconds = time.perf_counter() - t
+        out.machine = machine_load(m0, machine())
         cpu1 = thread_cpu([p.pid for p in procs])
         out.cpu = {k: (cpu1[k] - cpu0[k]) / len(reqs) * 1e3 for k in cpu1}
         if db_pid:
@@ -168,6 +171,9 @@ def report(rows: list[Result], ffd: int, baseline: Result | None) -> None:
             print(f"{'':<28} server CPU per request: {sum(r.cpu.values()):.2f} ms ("
                   + ", ".join(f"{k} {v:.2f}" for k, v in r.cpu.items()) + ")"
                   + (f"; database server {r.db_cpu:.2f} ms" if r.db_cpu is not None else ""))
+        if r.machine:
+            print(f"{'':<28} machine while it ran: {r.machine[0]:.2f} of {os.cpu_count()} CPUs busy, "
+                  f"{r.machine[1]:.3f} stolen by the hypervisor")
         if r.note:
             print(f"{'':<28} {r.note}")
     print(f"\npacking quality = VMs placed before the first capacity rejection / {ffd} placed by offline "

@@ -37,3 +37,21 @@ def tree_cpu_s(pid: int) -> float:
         total += stats.get(p, (0, 0.0))[1]
         todo += [c for c, (pp, _) in stats.items() if pp == p]
     return total
+
+
+def machine() -> list[int]:
+    """The first line of /proc/stat: jiffies per state over all CPUs (user nice system
+    idle iowait irq softirq steal ...)."""
+    return [int(x) for x in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+
+
+def machine_load(before: list[int], after: list[int]) -> tuple[float, float]:
+    """(CPUs busy, CPUs stolen by the hypervisor) on average between two ``machine()``
+    readings. Steal is time this VM was runnable but another guest had the host CPU: a
+    run with steal measured the neighbours too."""
+    d = [b - a for a, b in zip(before, after)]
+    total = sum(d) or 1
+    ncpu = os.cpu_count() or 1
+    idle = d[3] + d[4]
+    steal = d[7] if len(d) > 7 else 0
+    return (total - idle - steal) / total * ncpu, steal / total * ncpu

@@ -475,6 +475,7 @@ class Result:
     note: str = ""
     cpu: dict[str, float] = field(default_factory=dict)  # our servers' CPU ms per request, by thread role
     db_cpu: float | None = None  # the database server's CPU ms per request (PostgreSQL)
+    machine: tuple[float, float] | None = None  # CPUs busy, CPUs stolen (procstat.machine_load)
 
     def tally(self, answers: list[tuple[int, float, str]]) -> None:
         """Count the run's answers, in trace order: (HTTP status, latency, error code)."""

@@ -4,6 +4,7 @@ OpenStack Placement baseline; the real numbers are in scheduler/README.md."""
 
 from __future__ import annotations
 
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -25,6 +26,8 @@ def test_placement_bench_tiny():
     cpu = next(ln for ln in out.stdout.splitlines() if "server CPU per request" in ln)
     claim = float(cpu.split("claim thread ")[1].split(",")[0])
     assert claim > 0, cpu
+    busy = next(ln for ln in out.stdout.splitlines() if "machine while it ran" in ln)
+    assert 0 < float(busy.split(": ")[1].split(" of")[0]) <= (os.cpu_count() or 1), busy
 
 
 def test_packing_bench_tiny():
