@@ -111,7 +111,7 @@ class Store:
         self._sessions = sessionmaker(engine, expire_on_commit=False)
         db = engine.url.database if self.sqlite else None
         self._writer = _WriterLock(Path(f"{db}.writer-lock")) if db and db != ":memory:" else None
-        self._kept = threading.local()  # SQLite: the connection a claim thread keeps (batch_write)
+        self._kept = threading.local()  # the connection a claim thread keeps (batch_write)
         self._kept_all: list[Connection] = []
         self._kept_lock = threading.Lock()
 

@@ -32,8 +32,8 @@ class ClaimQueue:
         """``run(items, more)`` returns one result per item, a value or an exception to
         raise in that request, for ``items`` and then for every item ``more()`` handed it:
         ``more()`` takes the requests that queued since the batch formed into the batch
-        (the claim thread calls it once it holds SQLite's writer lock, which it may have
-        waited for while they arrived)."""
+        (``run`` calls it once its transaction has begun: on SQLite, holding the writer
+        lock it may have waited for while they arrived)."""
         self._run = run
         self._max = max(1, max_batch)
         self._name = name
@@ -64,40 +64,21 @@ class ClaimQueue:
             first = self._q.get()
             if first is _STOP:
                 return
-            batch = [first]
-            stop = False
-            while len(batch) < self._max:
-                try:
-                    nxt = self._q.get_nowait()
-                except queue.Empty:
-                    break
-                if nxt is _STOP:
-                    stop = True
-                    break
-                batch.append(nxt)
-            # A request whose client went away (its future cancelled) is not claimed; the
-            # others can no longer be cancelled from here on (an asyncio future cancelled
-            # after this check gets its result dropped: the claim stands, as for a client
-            # that goes away mid-claim).
-            batch = [b for b in batch if _start(b[1])]  # type: ignore[index]
+            batch = [first] if _start(first[1]) else []  # type: ignore[index]
+            _, stop = self._pull(batch)
             if not batch:
+                if stop:
+                    return
                 continue
 
             def more() -> list[Any]:
-                """What queued since the batch formed, up to ``max_batch`` in all (called by
-                ``run`` once it holds the store's writer lock it may have waited for)."""
+                """What queued since the batch formed (called by ``run`` once its
+                transaction has begun: on SQLite, holding the writer lock it may have
+                waited for)."""
                 nonlocal stop
-                got: list[Any] = []
-                while not stop and len(batch) < self._max:
-                    try:
-                        nxt = self._q.get_nowait()
-                    except queue.Empty:
-                        break
-                    if nxt is _STOP:
-                        stop = True
-                    elif _start(nxt[1]):  # type: ignore[index]
-                        batch.append(nxt)
-                        got.append(nxt[0])  # type: ignore[index]
+                if stop:
+                    return []
+                got, stop = self._pull(batch)
                 return got
             try:
                 results = self._run([b[0] for b in batch], more)  # type: ignore[index]
@@ -119,6 +100,25 @@ class ClaimQueue:
                     pass
             if stop:
                 return
+
+    def _pull(self, batch: list[Any]) -> tuple[list[Any], bool]:
+        """Move what is queued into ``batch``, up to ``max_batch`` in all: (the items
+        added, whether the queue was closed). A request whose client went away (its
+        future cancelled) is not claimed; the others can no longer be cancelled from
+        here on (an asyncio future cancelled later gets its result dropped: the claim
+        stands, as for a client that goes away mid-claim)."""
+        got: list[Any] = []
+        while len(batch) < self._max:
+            try:
+                nxt = self._q.get_nowait()
+            except queue.Empty:
+                break
+            if nxt is _STOP:
+                return got, True
+            if _start(nxt[1]):  # type: ignore[index]
+                batch.append(nxt)
+                got.append(nxt[0])  # type: ignore[index]
+        return got, False
 
     def close(self, timeout: float = 10) -> None:
         """Finish what is queued, then stop the thread."""

@@ -139,6 +139,20 @@ def test_claim_queue_answers_each_request_and_closes():
         q.submit(1)
 
 
+def test_claim_queue_stops_when_the_last_request_before_close_was_cancelled():
+    """close() queues a stop behind a request whose client went away: the thread skips
+    the request and stops (it used to drop the stop with the empty batch and wait for
+    ever)."""
+    q, gate, seen = gated_queue(4)
+    busy = q.submit(0)
+    time.sleep(0.05)  # the thread holds 0, waiting on the gate
+    gone = q.submit(2)
+    assert gone.cancel()
+    threading.Timer(0.05, gate.set).start()
+    q.close(timeout=5)
+    assert busy.result(1) == 0 and not q._thread.is_alive() and seen == [[0]]
+
+
 def test_claim_queue_settles_asyncio_futures_per_batch():
     """The event loop's path: asyncio futures, settled on their loop once per batch; one
     cancelled while queued is never run."""
