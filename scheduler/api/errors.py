@@ -38,6 +38,11 @@ def domain_body(e: SchedulerError) -> dict:  # type: ignore[type-arg]
                                                  if "rejections" in e.extra else {}))
 
 
+def internal_body(e: Exception) -> dict:  # type: ignore[type-arg]
+    """A failure of ours: its type, not its text (which may carry internals)."""
+    return _body("hyb.scheduler.internal", f"{type(e).__name__}")
+
+
 def field_path(loc: tuple) -> str:
     """('body', 'vfs', 0, 'min_tx_rate_mbps') -> 'vfs[0].min_tx_rate_mbps'."""
     parts = list(loc[1:]) if loc and loc[0] in ("body", "query", "path", "header") else list(loc)
@@ -69,4 +74,4 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(Exception)
     async def _crash(_req: Request, e: Exception) -> JSONResponse:
         log.exception("request failed")
-        return JSONResponse(_body("hyb.scheduler.internal", f"{type(e).__name__}"), status_code=500)
+        return JSONResponse(internal_body(e), status_code=500)

@@ -30,7 +30,7 @@ from pydantic import ValidationError
 from starlette.concurrency import run_in_threadpool
 
 from scheduler.api.deps import principal_for, tenant_scope
-from scheduler.api.errors import domain_body
+from scheduler.api.errors import domain_body, internal_body
 from scheduler.api.routes.vms import KEY_RE, created_headers, json_content, vm_json
 from scheduler.errors import SchedulerError
 from scheduler.schemas.vms import VmCreate
@@ -85,8 +85,7 @@ async def create(app: Any, scope: Scope, receive: Receive, send: Send) -> Receiv
         return None
     except Exception as e:  # noqa: BLE001 - as the error mapper's catch-all
         log.exception("request failed")
-        await _answer(app, send, 500, {"error": {"code": "hyb.scheduler.internal", "field": None,
-                                                 "message": type(e).__name__}}, ())
+        await _answer(app, send, 500, internal_body(e), ())
         return None
     hdrs = created_headers(vm, time.perf_counter() - t)
     await _answer(app, send, 200 if replayed else 202, vm_json(vm), hdrs.items())

@@ -145,3 +145,18 @@ def test_fast_path_reads_a_body_in_chunks_and_replays_it_to_the_route(db_url):
         assert status == 202, body
         status, body = asyncio.run(call(tok))
         assert status == 422 and b'"field":"Idempotency-Key"' in body
+
+
+def test_fast_path_failure_of_ours_is_a_500_like_the_routes(db_url, monkeypatch):
+    """An unexpected failure in the claim: 500 ``hyb.scheduler.internal`` naming the
+    exception type only, on either path."""
+    with make_client(db_url, clock=Clock()) as api:
+        assert api.post("/v1/hosts", json=host_body("h1", SHAPES[0]), headers=HOST).status_code == 201
+
+        async def broken(*a, **kw):  # type: ignore[no-untyped-def]
+            raise KeyError("internal detail")
+        monkeypatch.setattr(api.app.state.vms, "create_async", broken)
+        fast, slow = _both(api, monkeypatch, "x", vm_body())
+        assert fast.status_code == slow.status_code == 500
+        assert fast.json() == slow.json() == {"error": {"code": "hyb.scheduler.internal", "field": None,
+                                                        "message": "KeyError"}}
