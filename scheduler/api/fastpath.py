@@ -31,7 +31,7 @@ from starlette.concurrency import run_in_threadpool
 
 from scheduler.api.deps import principal_for, tenant_scope
 from scheduler.api.errors import domain_body, internal_body
-from scheduler.api.routes.vms import KEY_RE, created_headers, json_content, vm_json
+from scheduler.api.routes.vms import KEY_RE, created_headers, json_content, owner, vm_json
 from scheduler.errors import SchedulerError
 from scheduler.schemas.vms import VmCreate
 
@@ -69,17 +69,16 @@ async def create(app: Any, scope: Scope, receive: Receive, send: Send) -> Receiv
         return replay
     try:
         p = principal_for(head.get(b"authorization", b"").decode("latin-1"), app.state.settings.auth.tokens)
-        tenant = tenant_scope(p)
         vm_body = VmCreate.model_validate_json(body)
+        tenant = owner(tenant_scope(p), vm_body)
     except (SchedulerError, ValidationError):  # 401/403/422, from the route and the error mapper
         return replay
-    if tenant is not None and vm_body.tenant not in (None, tenant):
-        return replay  # 403, from the route
+    if tenant is None:
+        return replay  # another tenant's VM: 403, from the route
     svc = app.state.vms
     t = time.perf_counter()
     try:
-        vm, replayed = await svc.create_async(vm_body, tenant=tenant or vm_body.tenant or "default", key=key,
-                                              actor=p.name)
+        vm, replayed = await svc.create_async(vm_body, tenant=tenant, key=key, actor=p.name)
     except SchedulerError as e:
         await _answer(app, send, e.status, domain_body(e), ())
         return None

@@ -114,6 +114,15 @@ def json_content(ctype: str) -> bool:
     return not ctype or ctype.split(";", 1)[0].strip().lower().endswith(("/json", "+json"))
 
 
+def owner(scope: str | None, body: VmCreate) -> str | None:
+    """The tenant a new VM belongs to, for a principal limited to tenant ``scope`` (None:
+    an admin, who may name any tenant in the body); None when the body names another
+    tenant than the principal's (403)."""
+    if scope is not None and body.tenant not in (None, scope):
+        return None
+    return scope or body.tenant or "default"
+
+
 def created_headers(vm: Vm, claim_s: float) -> dict[str, str]:
     """The create answer's headers: the claim's time (fit + transaction, the bench reads
     it) and where the VM lives."""
@@ -154,7 +163,8 @@ async def create_vm(request: Request) -> Response:
     and why the other hosts were rejected, counted per short resource; nothing claimed."""
     p, body, idempotency_key, dry_run = await create_inputs(request)
     tenant = tenant_scope(p)
-    if tenant is not None and body.tenant not in (None, tenant):
+    vm_tenant = owner(tenant, body)
+    if vm_tenant is None:
         raise Forbidden(f"{p.name} may only create VMs for tenant {tenant}", field="tenant")
     svc = _svc(request)
     if dry_run:
@@ -163,8 +173,7 @@ async def create_vm(request: Request) -> Response:
     if not idempotency_key:
         raise InvalidRequest("required: a retry with the same key returns the same VM", field="Idempotency-Key")
     t = time.perf_counter()
-    vm, replay = await svc.create_async(body, tenant=tenant or body.tenant or "default", key=idempotency_key,
-                                        actor=p.name)
+    vm, replay = await svc.create_async(body, tenant=vm_tenant, key=idempotency_key, actor=p.name)
     dispatch = vm.status == "pending" and request.app.state.dispatch_enabled
     return _OrjsonResponse(vm_json(vm), status_code=200 if replay else 202,
                            headers=created_headers(vm, time.perf_counter() - t),
