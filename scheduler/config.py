@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import tomllib
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -39,6 +39,9 @@ class PlacementConfig(BaseModel):
     candidates: int = 3  # hosts ranked per attempt; also bounds dispatch retries to other hosts
     claim_retries: int = 16  # lost generation races before 409 hyb.concurrent_update
     claim_batch: int = 64  # most create requests claimed in one write transaction by the claim thread
+    # PostgreSQL: "store" = one claim transaction at a time across replicas (advisory lock),
+    # "rows" = concurrent claim batches that row-lock their hosts (SQLite is always "store")
+    claim_lock: Literal["store", "rows"] = "store"
     heartbeat_timeout_s: float = 60.0  # a host silent this long is "down"
     index_refresh_ms: float = 2.0  # at most this stale w.r.t. other replicas before a placement
     index_down_check_s: float = 0.0  # ask which hosts went quiet (indexed query); 0 = min(10, timeout/4)

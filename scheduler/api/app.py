@@ -67,7 +67,8 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
                       full_refresh_s=settings.placement.index_full_refresh_s or None,
                       down_check_s=settings.placement.index_down_check_s or None)
     placer = Placer(store=store, cache=cache, candidates=settings.placement.candidates,
-                    retries=settings.placement.claim_retries, metrics=metrics, clock=clock)
+                    retries=settings.placement.claim_retries, metrics=metrics, clock=clock,
+                    claim_lock=settings.placement.claim_lock)
     app.state.settings = settings
     app.state.store = store
     app.state.metrics = metrics

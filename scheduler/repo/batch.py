@@ -12,6 +12,13 @@ from scheduler.repo import vms as vm_repo
 from scheduler.resources import Usage
 
 
+def lock_claims(*, session: Session) -> None:
+    """PostgreSQL: hold the claim lock to the end of the transaction (``pg.lock_claims``).
+    SQLite has no use for it: a write transaction already holds the only writer lock."""
+    if not lite.serves(session):
+        pg.lock_claims(session)
+
+
 def write(*, session: Session, bumps: Sequence[tuple[str, int, int, Usage]], now: float) -> tuple[int, int | None]:
     """Insert the rows ``vm_repo`` deferred and set each host's usage iff its generation
     is still the one seen: ``bumps`` = (name, seen generation, new generation, usage).

@@ -57,6 +57,19 @@ def claim_row(session: Session, name: str, *, lock: bool, skip_locked: bool) -> 
     return None
 
 
+# The claim lock (``placement.claim_lock = "store"``): a transaction-level advisory lock,
+# released by the commit or rollback. Its key is outside the int4 range that the
+# anti-affinity group locks (``hashtext``) use.
+CLAIM_LOCK_KEY = int.from_bytes(b"HYBCLAIM", "big")
+
+
+def lock_claims(session: Session) -> None:
+    """Wait for the claim lock, then hold it until this transaction ends. Taken before
+    the transaction's first read: a later statement's snapshot sees every claim committed
+    by the previous holder (READ COMMITTED takes one per statement)."""
+    _conn(session).execute("SELECT pg_advisory_xact_lock(%s)", (CLAIM_LOCK_KEY,))
+
+
 # The position comes from the same statement (and so the same snapshot) as the rows: the
 # oldest transaction still in flight, whose stamp (its transaction id) the next read must
 # still ask for. The LEFT JOIN keeps one row when nothing changed.

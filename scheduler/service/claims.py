@@ -10,10 +10,15 @@ Batches (``claim_many``, what the API's claim thread runs): the requests that qu
 while the previous batch ran are claimed in *one* write transaction, each against the
 index as the batch left it (the index learns every claim as it is made and is reloaded
 from the database if the batch rolls back). One commit, one change stamp and one
-writer-lock turn per batch instead of per claim; on PostgreSQL the batch takes host
-rows with ``FOR UPDATE SKIP LOCKED`` (a row another replica's batch holds is a lost race
-for this candidate, never a wait, so two batches cannot deadlock). Anti-affinity
-requests run alone (their group lock must not be held across a batch).
+claim-lock turn per batch instead of per claim. The claim lock (``placement.claim_lock
+= "store"``, and always on SQLite) lets one claim transaction at a time run across all
+replicas: SQLite's writer lock, PostgreSQL's advisory lock (``repo.pg.lock_claims``).
+After taking it a batch reads the change feed, and its index is then exact for the
+hosts it claims on: no row reads, no lost races. With ``claim_lock = "rows"``
+(PostgreSQL), batches of different replicas run at once and take host rows with ``FOR
+UPDATE SKIP LOCKED`` (a row another replica's batch holds is a lost race for this
+candidate, never a wait, so two batches cannot deadlock). Anti-affinity requests run
+alone (with row locks, their group lock must not be held across a batch).
 
 Release is the mirror image: subtract the allocation, bump the generation."""
 
@@ -103,8 +108,14 @@ class FifoLock:
 
 class Placer:
     def __init__(self, *, store: Store, cache: HostCache, candidates: int, retries: int,
-                 metrics: Metrics | None = None, clock: Callable[[], float] = time.time):
+                 metrics: Metrics | None = None, clock: Callable[[], float] = time.time,
+                 claim_lock: str = "store"):
         self.store = store
+        # One claim transaction at a time across replicas (``placement.claim_lock``): SQLite
+        # always (its writer lock), PostgreSQL with "store" (``batch_repo.lock_claims``).
+        self.serial = store.sqlite or claim_lock == "store"
+        if store.sqlite and claim_lock != "store":
+            log.warning("placement.claim_lock = %r has no effect on SQLite (one writer at a time)", claim_lock)
         self.cache = cache
         self.candidates = max(1, candidates)
         self.retries = max(1, retries)
@@ -198,10 +209,10 @@ class Placer:
                touched: dict[str, tuple[Any, Usage, int]], more: Callable[[], list[ClaimJob]] | None) -> None:
         now = self.clock()
         read_gen: dict[str, int] = {}  # generation as this transaction read each host
-        # SQLite: the first walk of each job runs before the writer lock, on the index as it is:
-        # the lock is what replicas queue on (2 replicas at 500/s waited 1.6 ms per VM
-        # for it), and walks were a quarter of the CPU time it was held (0.26 of 1.15 ms
-        # per VM). Inside, that answer is used only if a walk would still give it
+        # One claim at a time (``serial``): the first walk of each job runs before the
+        # claim lock, on the index as it is: the lock is what replicas queue on (2 replicas
+        # on SQLite at 500/s waited 1.6 ms per VM for it), and walks were a quarter of the
+        # CPU time it was held (0.26 of 1.15 ms per VM). Inside, that answer is used only if a walk would still give it
         # (``HostCache.still_first`` over the hosts re-indexed since: the feed's and this
         # batch's own claims), else the job walks again (a third to half of them do).
         # The change feed is read once per batch, in the batch's transaction (below).
@@ -210,20 +221,23 @@ class Placer:
             self.cache.refresh(self.store, now=now)
         mark = self.cache.mark()
         # Only a walk's first candidate is ever reused (``still_first``): stop there.
-        # PostgreSQL walks inside only: it has no writer lock to keep short, and the
-        # pre-walk plus a re-walk cost more than the row locks held a little longer
-        # (2 replicas, closed loop, two pairs: 1,197/1,262 -> 1,297/1,398 placed/s).
+        # With row locks (PostgreSQL, claim_lock "rows") every walk is inside: there is no
+        # lock to keep short, and the pre-walk plus a re-walk cost more than the row locks
+        # held a little longer (2 replicas, closed loop: 1,197/1,262 -> 1,297/1,398 placed/s).
         first = {id(j): self._walk(j, frozenset(), limit=1) for j in jobs
-                 if not (j.settled or j.aff.group)} if self.store.sqlite else {}
+                 if not (j.settled or j.aff.group)} if self.serial else {}
         with self.store.batch_write() as s:
-            # SQLite, holding the writer lock: the index now has every batch another
-            # replica committed while this one waited, and nobody can write until it
-            # commits. PostgreSQL (as ``index_refresh_ms`` says): the feed is this
-            # transaction's first statement; its claims lock and re-read their rows
-            # anyway, a fresh index only means fewer lost candidates. In its own
-            # transaction before, the feed's session, pool checkout and ping were a
-            # sixth of the claim thread at 500 requests/s (batches of one or two).
-            self.cache.refresh(self.store, now=now, fresh=self.store.sqlite, session=s)
+            if self.serial:
+                batch_repo.lock_claims(session=s)
+            # Holding the claim lock (SQLite's writer lock, or PostgreSQL's advisory lock):
+            # the feed read now gives the index every batch another replica committed
+            # while this one waited, and no other claim can commit until this one does.
+            # With row locks (claim_lock "rows"), the feed is read as ``index_refresh_ms``
+            # says; its claims lock and re-read their rows anyway, and a fresh index only
+            # means fewer lost candidates. Either way the feed is read in the batch's
+            # transaction: in its own, its session, pool checkout and ping were a sixth of
+            # the claim thread at 500 requests/s on PostgreSQL (batches of one or two).
+            self.cache.refresh(self.store, now=now, fresh=self.serial, session=s)
             # The requests that queued while this batch waited for the lock join it (they
             # walk in here): 2 replicas at 1,000 requests/s held SQLite's writer lock 89 %
             # of the time, 1.2 ms of it per batch whatever its size, so the fewer turns
@@ -242,12 +256,15 @@ class Placer:
                     j.vm = self._claim_in_batch(s, j, touched, read_gen, now, first.get(id(j)), mark)
                 except (NoValidHost, ConcurrentUpdate) as e:
                     j.error = e
-            # The writes, once per batch: we hold every touched row (SQLite: the writer
-            # lock; PostgreSQL: the row locks), so nothing moved since we read it.
+            # The writes, once per batch, each guarded by the generation read. Nothing
+            # should have moved: SQLite's writer lock stops every other writer, PostgreSQL's
+            # row locks every other claim on those rows, and its claim lock every other
+            # claim at all; a release or cordon on PostgreSQL can still land between the
+            # feed and here: the guard fails, and the batch is redone one claim at a time.
             moved = [(n, read_gen[n], g, u) for n, (_row, u, g) in touched.items() if g != read_gen[n]]
             matched, seq = batch_repo.write(session=s, bumps=moved, now=now)
             if matched != len(moved):
-                raise RuntimeError("a host changed under its row lock")  # rolls the batch back
+                raise RuntimeError("a host changed since this batch read it")  # rolls the batch back
         if seq is not None:  # SQLite's stamp, committed: it is this batch's alone
             self.cache.skip_own(seq)
 
@@ -278,9 +295,9 @@ class Placer:
             for cand in res.candidates:
                 if cand.host in touched:
                     row, usage, gen = touched[cand.host]  # held since this batch took it
-                elif self.store.sqlite and (row := self.cache.row(cand.host)) is not None:
-                    # SQLite: this batch holds the writer lock and read the change feed
-                    # after taking it, so the index *is* the database for this host; the
+                elif self.serial and (row := self.cache.row(cand.host)) is not None:
+                    # This batch holds the claim lock and read the change feed after
+                    # taking it, so the index *is* the database for this host; the
                     # generation guard of the batch's final UPDATE still checks it.
                     usage, gen = row.usage, row.generation
                     read_gen[row.name] = gen
@@ -374,7 +391,9 @@ class Placer:
         seen: tuple[Any, Usage, int] | None = None  # (row, usage, generation after)
         try:
             with self.store.write() as s:
-                if aff.group and not self.store.sqlite:
+                if self.serial:
+                    batch_repo.lock_claims(session=s)
+                if aff.group and not self.serial:
                     # Serialise members of one group (SQLite's BEGIN IMMEDIATE already does).
                     s.execute(text("SELECT pg_advisory_xact_lock(hashtext(:g))"), {"g": aff.group})
                 row = host_repo.claim_row(session=s, name=cand.host, lock=True)

@@ -42,3 +42,12 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 def pg_url(pg_server: str) -> str:
     """A new database on the PostgreSQL server, for tests that are about PostgreSQL only."""
     return new_pg_database(pg_server)
+
+
+@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration),
+                        pytest.param("postgresql-rows", marks=pytest.mark.integration)])
+def db_and_lock(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
+    """(database URL, ``placement.claim_lock``): SQLite, and PostgreSQL in both modes."""
+    if request.param == "sqlite":
+        return f"sqlite:///{tmp_path}/sched.db", "store"
+    return new_pg_database(request.getfixturevalue("pg_server")), request.param.partition("-")[2] or "store"

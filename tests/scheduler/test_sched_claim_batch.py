@@ -275,12 +275,16 @@ def test_first_batch_builds_the_index_before_taking_the_writer_lock(db_url):
         assert got[0][0].host == "h1" and cold_at_write == [False]
 
 
-def test_stale_index_in_a_batch_is_caught_by_the_generation_guard(db_url, caplog):
+def test_stale_index_in_a_batch_is_caught_by_the_generation_guard(db_and_lock, caplog):
     """Replica b's index never refreshes or learns (as if the change feed were lost): its
-    batch claims against a stale view (on SQLite without reading the row at all), the
-    guarded UPDATE at the batch's end matches fewer rows, the batch rolls back, and the
-    one-by-one redo re-checks the row and takes other CPUs. Nothing is booked twice."""
-    with make_client(db_url) as a, make_client(db_url) as b:
+    batch claims against a stale view (under the claim lock without reading the row at
+    all), the guarded UPDATE at the batch's end matches fewer rows, the batch rolls back,
+    and the one-by-one redo re-checks the row and takes other CPUs. With row locks
+    (PostgreSQL, "rows") the batch reads the row and re-fits instead. Nothing is booked
+    twice."""
+    db_url, lock = db_and_lock
+    with make_client(db_url, placement={"claim_lock": lock}) as a, \
+            make_client(db_url, placement={"claim_lock": lock}) as b:
         assert a.post("/v1/hosts", json=host_body("h1", SMALL), headers=HOST).status_code == 201
         sa, sb = a.app.state.vms, b.app.state.vms
         sb.placer.cache.refresh(sb.store, now=sb.clock())
@@ -290,21 +294,19 @@ def test_stale_index_in_a_batch_is_caught_by_the_generation_guard(db_url, caplog
         assert ra[0][1] is False and rb[0][1] is False, (ra, rb)
         assert set(ra[0][0].allocation["cpus"]).isdisjoint(rb[0][0].allocation["cpus"])
         ledger_ok(sa.store)
-        if db_url.startswith("sqlite"):  # PostgreSQL reads the row and re-fits instead
-            assert "claim batch of 1 rolled back" in caplog.text
+        assert ("claim batch of 1 rolled back" in caplog.text) == (lock == "store")
 
 
 @pytest.mark.parametrize("seed", range(3))
-def test_batches_place_exactly_as_fresh_walks_one_at_a_time(seed, tmp_path):
-    """Each job's first walk runs before the batch takes the writer lock; inside, it is
+def test_batches_place_exactly_as_fresh_walks_one_at_a_time(seed, db_url):
+    """Each job's first walk runs before the batch takes the claim lock; inside, it is
     used only if a walk would still answer the same (``HostCache.still_first``). So a
     trace claimed in batches of random sizes, with another replica claiming in between
     (its claims reach this one only through the change feed), lands VM for VM where
     ``fit_vm`` over the fresh fleet puts it, 507s included."""
     rnd = random.Random(seed)
     shapes = [SMALL, *SHAPES[:3]]
-    url = f"sqlite:///{tmp_path}/s.db"
-    with make_client(url) as a, make_client(url) as b:
+    with make_client(db_url) as a, make_client(db_url) as b:
         fleet: dict[str, HostView] = {}
         for i in range(12):
             shape = rnd.choice(shapes)
@@ -333,6 +335,60 @@ def test_batches_place_exactly_as_fresh_walks_one_at_a_time(seed, tmp_path):
                 assert isinstance(got, tuple), (it.body, got)
                 assert (got[0].host, Allocation.from_dict(got[0].allocation)) == (c.host, c.alloc), it.body
                 fleet[c.host] = HostView(fleet[c.host].res, fleet[c.host].usage.plus(c.alloc))
+        ledger_ok(sa.store)
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize("claim_lock", ["store", "rows"])
+def test_postgres_claim_lock_runs_one_batch_at_a_time(pg_url, claim_lock, monkeypatch):
+    """Two replicas on one PostgreSQL database, b's batch started while a's is open.
+    claim_lock "store": b waits for the advisory lock (seen waiting in ``pg_locks``) until
+    a commits, then claims on what a claimed, from its index alone: no host row read, no
+    lost race. "rows": b runs and commits beside a's open batch, reading (and row-locking)
+    the hosts it claims on, and so does a after it."""
+    import psycopg
+
+    from scheduler.repo import hosts as host_repo
+    rows_read: list[str] = []
+    real_row = host_repo.claim_row
+    monkeypatch.setattr(host_repo, "claim_row", lambda **k: rows_read.append(k["name"]) or real_row(**k))
+    over = {"placement": {"claim_lock": claim_lock}}
+    with make_client(pg_url, **over) as a, make_client(pg_url, **over) as b:
+        for n in ("h1", "h2"):
+            assert a.post("/v1/hosts", json=host_body(n, SMALL), headers=HOST).status_code == 201
+        sa, sb = a.app.state.vms, b.app.state.vms
+        for svc in (sa, sb):
+            svc.placer.cache.refresh(svc.store, now=svc.clock())
+        got: dict[str, list] = {}
+        b_thread = threading.Thread(target=lambda: got.setdefault("b", sb.create_many(items(sb, 2, key="b"))))
+        seen: dict[str, object] = {}
+        real = sa.placer.cache.refresh
+
+        def refresh(*args, session=None, **kw):  # type: ignore[no-untyped-def]
+            real(*args, session=session, **kw)
+            if session is None or "b_waits" in seen:
+                return
+            b_thread.start()  # a's batch is open (and holds the claim lock, if any)
+            with psycopg.connect(pg_url, autocommit=True) as c:
+                waiting, deadline = 0, time.monotonic() + 10
+                while time.monotonic() < deadline and not waiting and b_thread.is_alive():
+                    waiting = c.execute("SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' "
+                                        "AND NOT granted").fetchone()[0]
+                    time.sleep(0.01)
+            seen["b_waits"], seen["b_done"] = waiting, not b_thread.is_alive()
+        sa.placer.cache.refresh = refresh
+        got["a"] = sa.create_many(items(sa, 2, key="a"))
+        b_thread.join(30)
+        assert not b_thread.is_alive()
+        if claim_lock == "store":
+            assert seen == {"b_waits": 1, "b_done": False}
+            assert rows_read == [] and sb.placer.metrics.claim_conflicts._value.get() == 0
+        else:
+            assert seen == {"b_waits": 0, "b_done": True}
+            assert rows_read == ["h1", "h1"]  # b's first claim, then a's (its second VM: held)
+        vms = [r[0] for k in ("a", "b") for r in got[k]]
+        assert all(r[1] is False for k in ("a", "b") for r in got[k]), got
+        assert len({v.id for v in vms}) == 4
         ledger_ok(sa.store)
 
 

@@ -46,13 +46,13 @@ def test_migrations_up_down_up(db_url):
         store.dispose()
 
 
-def _config(tmp: Path, db_url: str) -> Path:
+def _config(tmp: Path, db_url: str, claim_lock: str = "store") -> Path:
     toks = "\n".join(f'[[auth.tokens]]\nname = "{t["name"]}"\nsha256 = "{t["sha256"]}"\n'
                      f'scopes = {t["scopes"]!r}\n'.replace("'", '"') for t in token_config())
     cfg = tmp / "scheduler.toml"
     cfg.write_text(f'log_level = "WARNING"\n[db]\nurl = "{db_url}"\npool_size = 4\n'
                    f'[dispatch]\nenabled = false\n[reconcile]\ninterval_s = 0\n'
-                   f'[placement]\nclaim_retries = 32\n{toks}')
+                   f'[placement]\nclaim_retries = 32\nclaim_lock = "{claim_lock}"\n{toks}')
     return cfg
 
 
@@ -107,10 +107,13 @@ def test_batch_write_keeps_its_connection_and_commits_or_rolls_back(db_url):
     assert len(kept) == 2 and all(c.closed for c in kept) and store._kept_all == []
 
 
-def test_64_clients_two_processes_never_overcommit(db_url, tmp_path):
+def test_64_clients_two_processes_never_overcommit(db_and_lock, tmp_path):
+    """On PostgreSQL with either claim lock: one claim transaction at a time across the
+    two processes ("store"), or concurrent batches that row-lock their hosts ("rows")."""
+    db_url, claim_lock = db_and_lock
     store = Store.from_url(db_url)
     upgrade(store.engine)  # before both processes start, so they do not race on the schema
-    cfg = _config(tmp_path, db_url)
+    cfg = _config(tmp_path, db_url, claim_lock)
     servers = [Scheduler(cfg, free_port(), dict(os.environ), tmp_path / f"s{i}.log") for i in range(2)]
     try:
         for srv in servers:
