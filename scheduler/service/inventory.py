@@ -176,8 +176,7 @@ class HostCache:
         with self._lock:
             for r in rows:
                 self._admin[r.name] = r.admin_state
-                self._apply(r.name, r.generation, r.layout_rev, Usage.from_dict(r.usage), now=now,
-                            heartbeat=r.last_heartbeat)
+                self._apply(r.name, r.generation, r.layout_rev, r.usage, now=now, heartbeat=r.last_heartbeat)
             if silent is not None and silent != self._down:
                 for name in silent ^ self._down:
                     e = self.index.entries.get(name)
@@ -234,9 +233,11 @@ class HostCache:
             with self._lock:
                 self._res[h.name] = (h.layout_rev, r)
 
-    def _apply(self, name: str, generation: int, rev: int, usage: Usage, *, now: float,
+    def _apply(self, name: str, generation: int, rev: int, usage: Usage | dict[str, Any], *, now: float,
                heartbeat: float | None = None) -> None:
         """Caller holds the lock. Re-index ``name`` unless nothing it depends on changed.
+        ``usage``: a row's dict is parsed only if it is used (the feed brings back every
+        host this replica's own claims changed: known already).
         ``heartbeat``: the host's as just read from its row (None: not read, the host
         stays as up or down as the cache had it)."""
         if heartbeat is not None:
@@ -254,6 +255,8 @@ class HostCache:
                 return  # older than what we know (our own claim was learnt first)
             if (generation == e.generation and rev == e.layout_rev and state == e.view.state):
                 return
+        if not isinstance(usage, Usage):
+            usage = Usage.from_dict(usage)
         self.index.put(HostView(res[1], usage, state == "active", state), generation=generation, layout_rev=rev)
         self._logged(name)
 
