@@ -1,7 +1,7 @@
 """Placement bench, one command (claim path only, dispatch off):
 
   .venv/bin/python bench/placement.py [--hosts 10000 --requests 20000 --clients 32]
-                                      [--stores sqlite,pg] [--replicas 2] [--no-openstack]
+                                      [--stores sqlite,pg,pg-rows] [--replicas 2] [--no-openstack]
 
 For each store (SQLite file; PostgreSQL 15 started here on loopback, stopped by PID):
   1. start --replicas `scheduler serve` processes on the store (stateless replicas);
@@ -50,13 +50,13 @@ TOKENS = {"bench-admin": ["admin"], "bench-host": ["host"], "bench-tenant": ["te
 PG_SETTINGS = {"synchronous_commit": "off", "shared_buffers": "256MB", "max_connections": "400"}
 
 
-def _config(tmp: Path, url: str, pool: int) -> Path:
+def _config(tmp: Path, url: str, pool: int, claim_lock: str = "store") -> Path:
     toks = "".join(f'[[auth.tokens]]\nname = "{k}"\nsha256 = "{hashlib.sha256(k.encode()).hexdigest()}"\n'
                    f'scopes = {json.dumps(v)}\n' for k, v in TOKENS.items())
     cfg = tmp / "scheduler.toml"
     cfg.write_text(f'log_level = "WARNING"\n[db]\nurl = "{url}"\npool_size = {pool}\nupgrade_on_start = false\n'
                    f'[dispatch]\nenabled = false\n[reconcile]\ninterval_s = 0\n'
-                   f'[placement]\nheartbeat_timeout_s = 1000000\nclaim_retries = 16\n{toks}')
+                   f'[placement]\nheartbeat_timeout_s = 1000000\nclaim_retries = 16\nclaim_lock = "{claim_lock}"\n{toks}')
     return cfg
 
 
@@ -65,14 +65,15 @@ def _auth(token: str, **extra: str) -> dict[str, str]:
 
 
 def run_ours(label: str, url: str, hosts: list, reqs: list[Req], *, clients: int, replicas: int,
-             tmp: Path, rate: float = 0.0, db_pid: int | None = None) -> Result:
+             tmp: Path, rate: float = 0.0, db_pid: int | None = None, claim_lock: str = "store") -> Result:
     """``db_pid``: the database server's PID (PostgreSQL here), whose CPU per
-    request is reported next to ours."""
+    request is reported next to ours. ``claim_lock``: the scheduler's
+    ``placement.claim_lock``."""
     from scheduler.db.engine import Store
     from scheduler.db.migrate import upgrade
     store = Store.from_url(url)
     upgrade(store.engine)
-    cfg = _config(tmp, url, pool=max(4, clients // replicas + 2))
+    cfg = _config(tmp, url, pool=max(4, clients // replicas + 2), claim_lock=claim_lock)
     ports = [free_port() for _ in range(replicas)]
     procs: list[subprocess.Popen] = []
     out = Result(label)
@@ -196,7 +197,8 @@ def main() -> int:
     p.add_argument("--replicas", type=int, default=2, help="scheduler serve processes (stateless replicas)")
     p.add_argument("--rate", type=float, default=0.0,
                    help="open loop: offer this many requests/s (default: --clients closed-loop clients)")
-    p.add_argument("--stores", default="sqlite,pg", help="comma list of sqlite, pg")
+    p.add_argument("--stores", default="sqlite,pg",
+                   help="comma list of sqlite, pg, pg-rows (PostgreSQL with placement.claim_lock = \"rows\")")
     p.add_argument("--mix", default="storage", choices=sorted(MIXES),
                    help="request mix (bench/scheduler_benchlib.py MIXES; bench/packing.py compares them in process)")
     p.add_argument("--no-openstack", action="store_true", help="skip the OpenStack Placement baseline")
@@ -227,13 +229,14 @@ def main() -> int:
                 if not a.no_openstack:
                     base["sqlite"] = run_openstack("sqlite", None, hosts, reqs, a, tmp)
                     rows.append(base["sqlite"])
-            elif st == "pg":
+            elif st in ("pg", "pg-rows"):
+                lock = "rows" if st == "pg-rows" else "store"
                 with postgres(PG_SETTINGS) as (_user, port, pg_pid):
                     create_database(port, "sched")
-                    rows.append(run_ours("hybrid-kvm pg", f"postgresql://postgres@127.0.0.1:{port}/sched",
+                    rows.append(run_ours(f"hybrid-kvm {st}", f"postgresql://postgres@127.0.0.1:{port}/sched",
                                          hosts, reqs, clients=a.clients, replicas=a.replicas, tmp=tmp,
-                                         rate=a.rate, db_pid=pg_pid))
-                    if not a.no_openstack:
+                                         rate=a.rate, db_pid=pg_pid, claim_lock=lock))
+                    if st == "pg" and not a.no_openstack:
                         create_database(port, "placement")
                         base["pg"] = run_openstack("pg", port, hosts, reqs, a, tmp)
                         rows.append(base["pg"])
