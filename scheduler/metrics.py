@@ -14,7 +14,8 @@ class Metrics:
         self.rejections = Counter("hyb_sched_rejections_total", "Hosts rejected, by short resource",
                                   ["resource"], registry=r)
         self.claim_conflicts = Counter("hyb_sched_claim_conflicts_total",
-                                       "Claims that lost a host-generation race and retried", registry=r)
+                                       "Candidate hosts a claim lost before it claimed or gave up (held by another replica's "
+                                       "claim, or changed so that the VM no longer fits)", registry=r)
         self.keep_1g = Counter("hyb_sched_keep_1g_total",
                                "2 MiB requests that walked nodes with free 1 GiB pages last (demand hint)",
                                registry=r)

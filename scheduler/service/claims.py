@@ -212,9 +212,10 @@ class Placer:
         # One claim at a time (``serial``): the first walk of each job runs before the
         # claim lock, on the index as it is: the lock is what replicas queue on (2 replicas
         # on SQLite at 500/s waited 1.6 ms per VM for it), and walks were a quarter of the
-        # CPU time it was held (0.26 of 1.15 ms per VM). Inside, that answer is used only if a walk would still give it
-        # (``HostCache.still_first`` over the hosts re-indexed since: the feed's and this
-        # batch's own claims), else the job walks again (a third to half of them do).
+        # CPU time it was held (0.26 of 1.15 ms per VM). Inside, that answer is used only
+        # if a walk would still give it (``HostCache.still_first`` over the hosts
+        # re-indexed since: the feed's and this batch's own claims), else the job walks
+        # again (a third to half of them do).
         # The change feed is read once per batch, in the batch's transaction (below).
         # An index not built yet is built here, outside the lock, on either store.
         if self.cache.cold:
@@ -323,11 +324,11 @@ class Placer:
                 self._teach(row, new, gen + 1, now)
                 if self.metrics:
                     self.metrics.placements.labels("claimed").inc()
+                    self.metrics.claim_conflicts.inc(len(lost))
                 return vm
-            if self.metrics:
-                self.metrics.claim_conflicts.inc(len(lost))
         if self.metrics:
             self.metrics.placements.labels("conflict").inc()
+            self.metrics.claim_conflicts.inc(len(lost))
         raise ConcurrentUpdate(f"lost {len(lost)} claim races in {self.retries} rounds; retry the request")
 
     def _state(self, row: Any, now: float) -> str:
@@ -394,7 +395,7 @@ class Placer:
                 if self.serial:
                     batch_repo.lock_claims(session=s)
                 if aff.group and not self.serial:
-                    # Serialise members of one group (SQLite's BEGIN IMMEDIATE already does).
+                    # Serialise members of one group (the claim lock already does).
                     s.execute(text("SELECT pg_advisory_xact_lock(hashtext(:g))"), {"g": aff.group})
                 row = host_repo.claim_row(session=s, name=cand.host, lock=True)
                 usage = Usage.from_dict(row.usage)

@@ -393,6 +393,29 @@ def test_postgres_claim_lock_runs_one_batch_at_a_time(pg_url, claim_lock, monkey
 
 
 @pytest.mark.integration
+def test_postgres_row_locks_skip_a_held_host_and_count_it_lost(pg_url):
+    """claim_lock "rows": a batch never waits for a host row another transaction holds
+    (``FOR UPDATE SKIP LOCKED``): the VM goes to the next candidate, and the lost
+    candidate is counted once in ``hyb_sched_claim_conflicts_total``."""
+    import psycopg
+    with make_client(pg_url, placement={"claim_lock": "rows"}) as api:
+        for n in ("h1", "h2"):
+            assert api.post("/v1/hosts", json=host_body(n, SMALL), headers=HOST).status_code == 201
+        svc = api.app.state.vms
+        with psycopg.connect(pg_url) as other:  # a transaction holding h1's row
+            other.execute("SELECT 1 FROM hosts WHERE name = 'h1' FOR UPDATE")
+            t0 = time.monotonic()
+            [(vm, replay)] = svc.create_many(items(svc, 1))
+            assert time.monotonic() - t0 < 5 and not replay
+            assert vm.host == "h2"  # pack would take h1 (same fill, first by name)
+            other.rollback()
+        [(vm2, _)] = svc.create_many(items(svc, 1, key="after"))
+        assert vm2.host == "h2"  # now the fuller one
+        assert svc.placer.metrics.claim_conflicts._value.get() == 1
+        ledger_ok(svc.store)
+
+
+@pytest.mark.integration
 def test_postgres_key_lookup_probes_the_unique_index_as_vms_grow(pg_url):
     """A claim batch asks which of its (tenant, Idempotency-Key) pairs already exist
     (``repo/pg.py``). On a database that starts empty and fills faster than autovacuum
