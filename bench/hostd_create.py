@@ -39,7 +39,7 @@ import libvirt  # noqa: E402
 
 from api import hostd_pb2 as pb  # noqa: E402
 from api import hostd_pb2_grpc as pb_grpc  # noqa: E402
-from hostd.images import ImageStore  # noqa: E402
+from hostd.apply.images import ImageStore  # noqa: E402
 
 POOL = Path("/sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages")
 PAGES = 128

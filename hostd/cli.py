@@ -7,7 +7,6 @@ not fit this host (NoFit).
 from __future__ import annotations
 
 import argparse
-import json
 import logging
 import os
 import sys
@@ -30,8 +29,6 @@ EPILOG = """examples:
   hostd image add smoke --kernel vmlinuz --initrd initrd.img --cmdline "console=ttyS0"
   hostd --config /etc/hostd/hostd.toml serve
 """
-
-EXIT_NOFIT = 3
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -62,7 +59,7 @@ def build_parser() -> argparse.ArgumentParser:
     s = sub.add_parser("serve", help="run the daemon: gRPC API (api/hostd.proto) over libvirt")
     s.add_argument("--ready-file", type=Path, help="write 'PID PORT' here once serving (tests, units)")
 
-    im = sub.add_parser("image", help="the guest image store VMs name (hostd/images.py)")
+    im = sub.add_parser("image", help="the guest image store VMs name (hostd/apply/images.py)")
     isub = im.add_subparsers(dest="image_cmd", required=True)
     ia = isub.add_parser("add", help="register an image (files are checksummed, not copied)")
     ia.add_argument("name", nargs="?", help="image name (default: the manifest's, with --from)")
@@ -107,9 +104,6 @@ def main(argv: list[str] | None = None) -> int:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 0
 
-
-def print_json(obj: object) -> None:
-    sys.stdout.write(json.dumps(obj, indent=2) + "\n")
 
 
 if __name__ == "__main__":

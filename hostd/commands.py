@@ -5,34 +5,27 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
 from pathlib import Path
 
 from rich.console import Console
 
-from hostd.apply.carve import HostHandles, Journal, apply_layout, plan_steps, uncarve
+from api.jsonmodel import SchemaError
+from api.layout import Layout
 from hostd.apply.cgroups import find_cpuset_fs
+from hostd.apply.live_carve import HostHandles, Journal, apply_layout, plan_steps, uncarve
 from hostd.apply.steps import Context, SystemMounter
-from hostd.carve.layout import Layout, NoFit
 from hostd.carve.plan import plan_host
 from hostd.carve.policy import Policy, PolicyError, load_policy
 from hostd.carve.render import render_layout, render_nofit
-from hostd.cli import EXIT_NOFIT, print_json
 from hostd.config import HostdConfig, load_config
 from hostd.discover import discover_host
 from hostd.discover.model import Topology
 from hostd.discover.render import render_topology
-from hostd.errors import HostdError
-from hostd.jsonmodel import SchemaError
+from hostd.errors import BadPolicy, BadTopology, NoFit
 
 JOURNAL_NAME = "carve-journal.json"
-
-
-class BadPolicy(HostdError):
-    code = "hyb.host.bad_policy"
-
-
-class BadTopology(HostdError):
-    code = "hyb.host.bad_topology"
+EXIT_NOFIT = 3  # the policy does not fit this host (hostd/cli.py lists the exit codes)
 
 
 def run(args: argparse.Namespace, console: Console) -> int:
@@ -152,13 +145,13 @@ def _uncarve(args, cfg, console) -> int:
 
 
 def _serve(args, cfg, console) -> int:
-    from hostd.server import serve
+    from hostd.rpc.daemon import serve
 
     return serve(cfg, ready_file=args.ready_file)
 
 
 def _image(args, cfg, console) -> int:
-    from hostd.images import ImageStore
+    from hostd.apply.images import ImageStore
 
     store = ImageStore(cfg.image_dir)
     if args.image_cmd == "list":
@@ -168,7 +161,7 @@ def _image(args, cfg, console) -> int:
                           highlight=False, markup=False)
         return 0
     if args.from_dir:
-        from hostd.guest_profiles import image_store_args
+        from hostd.domain.guest_profiles import image_store_args
 
         try:
             manifest = json.loads((args.from_dir / "manifest.json").read_text())
@@ -189,3 +182,7 @@ def _image(args, cfg, console) -> int:
                     profiles=tuple(args.profile))
     console.print(f"image {img.name} {img.version} ({kind}) in {cfg.image_dir}", highlight=False, markup=False)
     return 0
+
+
+def print_json(obj: object) -> None:
+    sys.stdout.write(json.dumps(obj, indent=2) + "\n")

@@ -10,13 +10,9 @@ from typing import Literal
 from pydantic import ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from hostd.errors import HostdError
+from hostd.errors import ConfigError
 
 DEFAULT_CONFIG = Path("/etc/hostd/hostd.toml")
-
-
-class ConfigError(HostdError):
-    code = "hyb.hostd.bad_config"
 
 
 class HostdConfig(BaseSettings):
@@ -39,7 +35,7 @@ class HostdConfig(BaseSettings):
     # Plaintext gRPC, for local development only; must be said explicitly.
     plaintext: bool = False
     libvirt_uri: str = "qemu:///system"
-    # Guest images a VM may name (hostd/images.py).
+    # Guest images a VM may name (hostd/apply/images.py).
     image_dir: Path = Path("/var/lib/hostd/images")
     # Guest tuning profiles a VM may name (guestimages/profiles/*.toml).
     profiles_dir: Path = Path(__file__).resolve().parents[1] / "guestimages" / "profiles"

@@ -1,7 +1,34 @@
-"""hostd's domain errors. Each has a stable code (never reused) that the CLI
-prints and the gRPC layer returns, and names the field or object at fault."""
+"""hostd's failures, all in one place.
+
+Two shapes:
+
+- ``NoFit`` is a *value*: what a pure planner returns when the request cannot be had
+  (the carve planner for a policy on a host, the claim check for a VM on a layout).
+  It names the field at fault and the reason; it is never ``None``.
+- ``HostdError`` and its subclasses are *raised*. Each has a stable code (never
+  reused) that the CLI prints and the gRPC layer returns, and names the field or
+  object at fault: ``hyb.vm.refused [disks[0].disk]: nvme1n1 cannot be used now``.
+
+Parse errors of the small pure helpers (``CpuListError``, ``PolicyError``,
+``ElementError``, ``api.jsonmodel.SchemaError``) stay ``ValueError``s beside their
+parsers; the layer that calls them turns them into one of the errors below.
+"""
 
 from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class NoFit:
+    """The request cannot be honoured here. ``field`` names the key that asked for
+    too much (a policy key, a VM request field) or the host part that is missing."""
+
+    field: str
+    reason: str
+
+    def __str__(self) -> str:
+        return f"{self.field}: {self.reason}"
 
 
 class HostdError(Exception):
@@ -17,6 +44,26 @@ class HostdError(Exception):
         return f"{self.code}{where}: {self.detail}"
 
 
+# ---------------------------------------------------------------- daemon and CLI
+
+class ConfigError(HostdError):
+    code = "hyb.hostd.bad_config"
+
+
+class StartupError(HostdError):
+    code = "hyb.hostd.startup"
+
+
+class BadPolicy(HostdError):
+    code = "hyb.host.bad_policy"
+
+
+class BadTopology(HostdError):
+    code = "hyb.host.bad_topology"
+
+
+# ---------------------------------------------------------------- the live carve (apply/)
+
 class DeviceBusy(HostdError):
     """A sysfs/cgroupfs write kept answering EBUSY after bounded retries."""
 
@@ -29,12 +76,6 @@ class ApplyFailed(HostdError):
     code = "hyb.host.apply_failed"
 
 
-class HugepageShortfall(HostdError):
-    """The kernel allocated fewer hugepages than asked (fragmented memory)."""
-
-    code = "hyb.host.hugepage_shortfall"
-
-
 class NotCarved(HostdError):
     code = "hyb.host.not_carved"
 
@@ -43,5 +84,67 @@ class IoServiceNotFound(HostdError):
     code = "hyb.host.io_service_not_found"
 
 
-class NoFitError(HostdError):
-    code = "hyb.host.no_fit"
+# ---------------------------------------------------------------- VMs
+
+class SpecInvalid(HostdError):
+    """The request is malformed (a required field is missing)."""
+
+    code = "hyb.spec.invalid"
+
+
+class Refused(HostdError):
+    """The request cannot be honoured here; nothing was changed."""
+
+    code = "hyb.vm.refused"
+
+
+class NotFound(HostdError):
+    code = "hyb.vm.not_found"
+
+
+class Conflict(HostdError):
+    code = "hyb.vm.conflict"
+
+
+class LedgerConflict(Conflict):
+    """The ledger's own keys refused a row (double booking, a reused request id)."""
+
+
+class CreateFailed(HostdError):
+    code = "hyb.vm.create_failed"
+
+
+class DomainDesignError(HostdError):
+    """The VM cannot be turned into a domain as asked; nothing was defined."""
+
+    code = "hyb.vm.bad_domain"
+
+
+class BadMetadata(HostdError):
+    code = "hyb.vm.bad_metadata"
+
+
+class LibvirtUnavailable(HostdError):
+    code = "hyb.host.libvirt_unavailable"
+
+
+class DomainError(HostdError):
+    code = "hyb.vm.libvirt_error"
+
+
+# ---------------------------------------------------------------- images and guest profiles
+
+class UnknownImage(HostdError):
+    code = "hyb.image.unknown"
+
+
+class BadImage(HostdError):
+    code = "hyb.image.bad"
+
+
+class GuestProfileError(HostdError):
+    code = "hyb.guest_profile.bad"
+
+
+class UnknownProfile(HostdError):
+    code = "hyb.guest_profile.unknown"

@@ -9,13 +9,12 @@ model is built from ``vm_cpus`` only, so nothing downstream can hand them out.
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
-from hostd.carve.layout import Layout
+from api.layout import Layout
 
 
 @dataclass(frozen=True)

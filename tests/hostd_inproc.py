@@ -14,14 +14,13 @@ import grpc
 
 from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
-from hostd.carve.layout import (DiskBudget, HugepageTarget, IoServiceTarget, Layout, NodeLayout,
-                                PfLayout, VfSlot)
-from hostd.images import ImageStore
-from hostd.ledger import Ledger
-from hostd.metadata import NS, VmMetadata
-from hostd.runtime import LibvirtHost
-from hostd.service import HostdService
-from hostd.vms import VmManager
+from api.layout import DiskBudget, HugepageTarget, IoServiceTarget, Layout, NodeLayout, PfLayout, VfSlot
+from hostd.apply.images import ImageStore
+from hostd.apply.ledger import Ledger
+from hostd.apply.libvirt_host import LibvirtHost
+from hostd.apply.vms import VmManager
+from hostd.domain.metadata import NS, VmMetadata
+from hostd.rpc.servicer import HostdService
 
 REPO = Path(__file__).resolve().parents[1]
 LAYOUT = Layout(

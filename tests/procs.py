@@ -57,7 +57,7 @@ def hostd_workdir(tmp: Path, smoke_guest: dict, *, pages: int, disk: str,
     5000 IOPS by default)."""
     certs = tmp / "tls"
     subprocess.run(["bash", str(REPO / "tools/make-dev-ca.sh"), str(certs)], check=True, capture_output=True)
-    from hostd.images import ImageStore
+    from hostd.apply.images import ImageStore
     ImageStore(tmp / "images").add("smoke", "1", "kernel",
                                    {"kernel": smoke_guest["kernel"], "initrd": smoke_guest["initrd"]},
                                    cmdline="console=ttyS0 panic=-1")

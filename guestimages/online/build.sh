@@ -115,7 +115,7 @@ cp -rT --no-preserve=ownership "$here/rootfs" "$root"
 install -m 0755 "$gi/common/hyb-guest-report" "$root/usr/local/sbin/hyb-guest-report"
 install -m 0755 "$gi/common/hyb-profile-apply" "$root/usr/local/sbin/hyb-profile-apply"
 mkdir -p "$root/etc/hyb/profiles"
-profiles=$(cd "$repo" && python3 -c 'import sys; from hostd.guest_profiles import write_guest_env_files
+profiles=$(cd "$repo" && python3 -c 'import sys; from hostd.domain.guest_profiles import write_guest_env_files
 print(" ".join(write_guest_env_files(sys.argv[1], sys.argv[2])))' "$gi/profiles" "$root/etc/hyb/profiles")
 [ -n "$profiles" ] || die "no profiles rendered from $gi/profiles"
 # Enable our units (what "systemctl enable" would do, without needing systemd here).

@@ -33,20 +33,20 @@ from collections.abc import Iterable
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
-from hostd.carve.layout import (
+from api.layout import (
     BootChange,
     DiskBudget,
     HugepageTarget,
     IoServiceTarget,
     Layout,
     NodeLayout,
-    NoFit,
     PfLayout,
     VfSlot,
 )
 from hostd.carve.policy import CpuReservation, Policy
 from hostd.cpulist import format_cpu_list
 from hostd.discover.model import Disk, Topology
+from hostd.errors import NoFit
 
 # Discover's reason when a disk is usable but not allow-listed; the planner
 # re-applies the policy's own allow-list, so this reason alone does not disqualify.

@@ -6,8 +6,9 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from hostd.carve.layout import Layout, NoFit
+from api.layout import Layout
 from hostd.cpulist import format_cpu_list
+from hostd.errors import NoFit
 
 
 def _cpus(cpus: tuple[int, ...]) -> str:

@@ -88,3 +88,18 @@ def discover_host(root: Path, *, allow: tuple[str, ...] = (), virt_type: str = "
     for w in warnings:
         log.info("discover warning=%r", w)
     return Topology(replace(host, warnings=warnings), cpus, nodes, nics, disks)
+
+
+class DiskProbe:
+    """Why one disk may not go to a VM *now*, read from the host under ``root``: the
+    VM manager asks right before it hands the disk over (the carve-time answer may
+    be stale: mounted since, swapped on, grabbed by MD/LVM). Reads that disk only."""
+
+    def __init__(self, root: Path, allow: tuple[str, ...]):
+        self.root = root
+        self.allow = allow
+
+    def __call__(self, name: str) -> list[str]:
+        fs = HostFs(self.root)
+        disks = read_disks(fs, udev_source(fs), self.allow, only=name)
+        return list(disks[0].reasons) if disks else [f"{name} is gone from the host"]

@@ -117,14 +117,17 @@ def stable_id(fs: HostFs, name: str, links: list[str], udev: UdevInfo
     return disk_id or s_id, wwn or s_wwn, serial or s_serial
 
 
-def read_disks(fs: HostFs, udev: UdevSource, allow: tuple[str, ...]) -> tuple[Disk, ...]:
+def read_disks(fs: HostFs, udev: UdevSource, allow: tuple[str, ...],
+               only: str | None = None) -> tuple[Disk, ...]:
+    """Every listed disk, or with ``only`` just that one (none if it is gone): the
+    re-check right before a VM gets a disk reads that disk's state, not the host's."""
     idx = block_index(fs)
     mounts = read_mounts(fs)
     swaps = swap_devices(fs, idx)
     by_id = _by_id_links(fs, idx)
     root_disks = _root_disks(fs, idx, mounts)
     out = []
-    for name in (n for n, parent in idx.parent.items() if parent is None):
+    for name in (n for n, parent in idx.parent.items() if parent is None and only in (None, n)):
         if _listed(fs, idx, name):
             out.append(_disk(fs, idx, name, udev, by_id.get(name, []), mounts, swaps,
                              name in root_disks, allow))

@@ -11,7 +11,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from hostd.jsonmodel import from_jsonable, to_jsonable
+from api.jsonmodel import from_jsonable, to_jsonable
 
 SCHEMA_VERSION = 1
 

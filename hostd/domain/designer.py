@@ -1,8 +1,8 @@
 """The domain designer: the one place that decides what a VM's libvirt domain
 looks like (nova's ``designer.py`` to ``elements.py``'s ``config.py``).
 
-Inputs are what hostd already knows: the claim (``hostd/claims.py``: exact CPUs,
-emulator CPUs, hugepage size and node, VFs, disks), the VM spec (``hostd/spec.py``),
+Inputs are what hostd already knows: the claim (``hostd/carve/vmclaim.py``: exact CPUs,
+emulator CPUs, hugepage size and node, VFs, disks), the VM spec (``hostd/carve/vmspec.py``),
 how to boot it, and facts about this host (``HostFacts``). ``design()`` is pure
 and refuses, naming the field, anything it cannot turn into a domain libvirt
 would run as asked; ``check_host()`` is the small IO part (are the disk sources
@@ -62,27 +62,45 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from pathlib import Path
 
-from hostd.claims import Claim, ClaimCell
+from hostd.carve.vmclaim import Claim, ClaimCell
+from hostd.carve.vmspec import IoTune as SpecIoTune
+from hostd.carve.vmspec import VmSpec
 from hostd.cpulist import format_cpu_list
-from hostd.domain.elements import (Chardev, Clock, Controller, Cpu, CpuTopology, CpuTune, Devices,
-                                   Disk, DiskDriver, Domain, ElementError, Features, HostdevInterface,
-                                   HugePage, IoThreadPin, IoTune, MemBalloon, MemNode, MemoryBacking,
-                                   NumaCell, NumaTune, Os, PciAddress, Rng, Timer, VcpuPin)
-from hostd.errors import HostdError
-from hostd.images import Image
-from hostd.metadata import VmMetadata
-from hostd.spec import IoTune as SpecIoTune
-from hostd.spec import VmSpec
+from hostd.domain.elements import (
+    Chardev,
+    Clock,
+    Controller,
+    Cpu,
+    CpuTopology,
+    CpuTune,
+    Devices,
+    Disk,
+    DiskDriver,
+    Domain,
+    ElementError,
+    Features,
+    HostdevInterface,
+    HugePage,
+    IoThreadPin,
+    IoTune,
+    MemBalloon,
+    MemNode,
+    MemoryBacking,
+    NumaCell,
+    NumaTune,
+    Os,
+    PciAddress,
+    Rng,
+    Timer,
+    VcpuPin,
+)
+from hostd.domain.image import Image
+from hostd.domain.metadata import VmMetadata
+from hostd.errors import DomainDesignError
 
 VIRT_TYPES = ("kvm", "qemu")
 _DISK_NAME_RE = re.compile(r"^[A-Za-z0-9_.:+-]{1,20}$")  # virtio-blk serial: 20 bytes
 _MAC_RE = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
-
-
-class DomainDesignError(HostdError):
-    """The VM cannot be turned into a domain as asked; nothing was defined."""
-
-    code = "hyb.vm.bad_domain"
 
 
 @dataclass(frozen=True)

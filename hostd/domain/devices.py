@@ -8,7 +8,6 @@ from dataclasses import dataclass, fields
 
 from hostd.domain.xmlutil import ElementError, XmlElement, fmt, need, opt_int, req_int, sub, yes
 
-
 # -- devices: disk --------------------------------------------------------------
 
 @dataclass(frozen=True)

@@ -20,10 +20,19 @@ import re
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
-from hostd.domain.devices import (Chardev, Controller, Devices, Disk, DiskDriver, HostdevInterface,  # noqa: F401
-                                  IoTune, MemBalloon, PciAddress, Rng)
+from hostd.domain.devices import (  # noqa: F401
+    Chardev,
+    Controller,
+    Devices,
+    Disk,
+    DiskDriver,
+    HostdevInterface,
+    IoTune,
+    MemBalloon,
+    PciAddress,
+    Rng,
+)
 from hostd.domain.xmlutil import ElementError, XmlElement, need, opt_int, req_int, sub, to_kib, yes
-
 
 # -- <os> ---------------------------------------------------------------------
 

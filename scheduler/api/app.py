@@ -7,7 +7,7 @@ import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
 
-from fastapi import FastAPI, Request, Response
+from fastapi import FastAPI, Response
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
@@ -28,8 +28,8 @@ VERSION = "1.0.0"
 
 
 def head_revision() -> str:
-    from alembic.script import ScriptDirectory
     from alembic.config import Config
+    from alembic.script import ScriptDirectory
     cfg = Config()
     cfg.set_main_option("script_location", str(HERE))
     return ScriptDirectory.from_config(cfg).get_current_head() or ""

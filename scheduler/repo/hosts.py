@@ -3,15 +3,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any
-
 from functools import cache
+from typing import Any
 
 from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.orm import Session
 
-from hostd.carve.layout import Layout
-from hostd.jsonmodel import SchemaError
+from api.jsonmodel import SchemaError
+from api.layout import Layout
 from scheduler.db.models import Host
 from scheduler.errors import BadLayout, HostNotFound
 from scheduler.repo import lite, pg

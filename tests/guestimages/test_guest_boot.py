@@ -24,7 +24,7 @@ from pathlib import Path
 
 import pytest
 
-from hostd.guest_profiles import ImageCaps, Profile, load_profiles, render_cmdline
+from hostd.domain.guest_profiles import ImageCaps, Profile, load_profiles, render_cmdline
 
 REPO = Path(__file__).resolve().parents[2]
 ONLINE_DIR = Path(os.environ.get("HYB_ONLINE_DIR", "/var/cache/hybrid-kvm/online"))

@@ -1,4 +1,4 @@
-"""Unit tests of hostd/guest_profiles.py against the real profiles in guestimages/profiles/
+"""Unit tests of hostd/domain/guest_profiles.py against the real profiles in guestimages/profiles/
 (and small hand-written TOML documents for the refusal cases)."""
 
 from __future__ import annotations
@@ -9,11 +9,22 @@ from pathlib import Path
 
 import pytest
 
-from hostd.guest_profiles import (GuestProfileError, ImageCaps, UnknownProfile, cmdline_for_vm,
-                                  guest_env, image_store_args, irq_vcpus_for, kernel_params,
-                                  load_profiles, parse_profile, render_cmdline, render_env_file,
-                                  write_guest_env_files)
-from hostd.images import ImageStore
+from hostd.apply.images import ImageStore
+from hostd.domain.guest_profiles import (
+    GuestProfileError,
+    ImageCaps,
+    UnknownProfile,
+    cmdline_for_vm,
+    guest_env,
+    image_store_args,
+    irq_vcpus_for,
+    kernel_params,
+    load_profiles,
+    parse_profile,
+    render_cmdline,
+    render_env_file,
+    write_guest_env_files,
+)
 
 REPO = Path(__file__).resolve().parents[2]
 PROFILES = REPO / "guestimages/profiles"

@@ -6,9 +6,9 @@ import json
 from pathlib import Path
 
 import pytest
-
 from sched_helpers import ADM, HOST, ONE_G, PLAIN, TA, TB, Clock, auth, host_body, make_client, vm_body
-from scheduler.shapes import SHAPES, Shape
+
+from scheduler.shapes import Shape
 
 REPO = Path(__file__).resolve().parents[2]
 SMALL = Shape("small", nodes=2, cores_per_node=4, smt=2, io_cores_per_node=1, host_cores=1,

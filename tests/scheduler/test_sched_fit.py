@@ -9,10 +9,19 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from hostd.carve.layout import (DiskBudget, HugepageTarget, IoServiceTarget, Layout, NodeLayout,
-                                PfLayout, VfSlot)
-from scheduler.fit import (DiskWant, HostView, VfWant, VmWant, apportion, check_allocation, fit_host,
-                           fit_vm, pick_cpus, validate)
+from api.layout import DiskBudget, HugepageTarget, IoServiceTarget, Layout, NodeLayout, PfLayout, VfSlot
+from scheduler.fit import (
+    DiskWant,
+    HostView,
+    VfWant,
+    VmWant,
+    apportion,
+    check_allocation,
+    fit_host,
+    fit_vm,
+    pick_cpus,
+    validate,
+)
 from scheduler.resources import Allocation, Usage, host_from_layout
 from scheduler.shapes import SHAPES, Shape, make_layout
 

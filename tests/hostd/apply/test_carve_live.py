@@ -13,10 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from hostd.apply.carve import HostHandles, Journal, apply_layout, uncarve
+from api.layout import HugepageTarget, IoServiceTarget, Layout, NodeLayout
 from hostd.apply.cgroups import find_cpuset_fs, pid_cpuset_cgroup
+from hostd.apply.live_carve import HostHandles, Journal, apply_layout, uncarve
 from hostd.apply.steps import Context, SystemMounter
-from hostd.carve.layout import HugepageTarget, IoServiceTarget, Layout, NodeLayout
 
 pytestmark = [pytest.mark.root, pytest.mark.integration]
 

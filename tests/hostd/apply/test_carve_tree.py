@@ -13,12 +13,9 @@ import json
 from pathlib import Path
 
 import pytest
-
 from fakes import RecordingVfRates
-from hostd.apply.carve import HostHandles, Journal, apply_layout, plan_steps, uncarve
-from hostd.apply.cgroups import find_cpuset_fs
-from hostd.apply.steps import Context
-from hostd.carve.layout import (
+
+from api.layout import (
     HugepageTarget,
     IoServiceTarget,
     Layout,
@@ -26,6 +23,9 @@ from hostd.carve.layout import (
     PfLayout,
     VfSlot,
 )
+from hostd.apply.cgroups import find_cpuset_fs
+from hostd.apply.live_carve import HostHandles, Journal, apply_layout, plan_steps, uncarve
+from hostd.apply.steps import Context
 from hostd.errors import ApplyFailed, IoServiceNotFound, NotCarved
 
 

@@ -5,11 +5,12 @@ from __future__ import annotations
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from synth import GIB_KB, disk, nic, topology
 
-from hostd.carve.layout import Layout, NoFit
+from api.layout import Layout
 from hostd.carve.plan import plan_host
 from hostd.carve.policy import policy_from_dict
-from synth import GIB_KB, disk, nic, topology
+from hostd.errors import NoFit
 
 
 def plan(topo, **policy) -> Layout:

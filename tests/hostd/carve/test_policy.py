@@ -5,11 +5,11 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from synth import disk, nic, topology
 
-from hostd.carve.layout import Layout
+from api.layout import Layout
 from hostd.carve.plan import plan_host
 from hostd.carve.policy import PolicyError, load_policy, policy_from_dict
-from synth import disk, nic, topology
 
 REPO = Path(__file__).resolve().parents[3]
 

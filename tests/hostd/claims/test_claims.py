@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from hostd.carve.layout import (
+from api.layout import (
     DiskBudget,
     HugepageTarget,
     IoServiceTarget,
@@ -13,8 +13,8 @@ from hostd.carve.layout import (
     PfLayout,
     VfSlot,
 )
-from hostd.claims import (CellReq, Claim, ClaimCell, DiskReq, Refusal, Usage, VfReq, VmRequest, claim,
-                          pick_cpus)
+from hostd.carve.vmclaim import CellReq, Claim, ClaimCell, DiskReq, Usage, VfReq, VmRequest, claim, pick_cpus
+from hostd.errors import NoFit
 
 # 2 nodes x 4 cores x 2 threads; siblings n and n+8 (Intel-style enumeration).
 SIBLINGS = {c: tuple(sorted({c % 8, c % 8 + 8})) for c in range(16)}
@@ -86,7 +86,7 @@ def test_falls_through_to_next_node_when_first_is_full() -> None:
 ])
 def test_refusals_name_the_field(req, used, field, text) -> None:
     r = claim(LAYOUT, SIBLINGS, used, req)
-    assert isinstance(r, Refusal), r
+    assert isinstance(r, NoFit), r
     assert r.field == field and text in r.reason
 
 
@@ -97,7 +97,7 @@ def test_vfs_are_node_local_and_not_reused() -> None:
     assert [(v.pf, v.index, v.max_tx_rate_mbps) for v in c.vfs] == [("ens1f0", 1, 1000)]
     full = Usage(vfs=frozenset({("ens1f0", 0), ("ens1f0", 1)}))
     r = claim(LAYOUT, SIBLINGS, full, _req(node=0, vfs=(VfReq(),)))
-    assert isinstance(r, Refusal) and r.field == "vfs[0]"
+    assert isinstance(r, NoFit) and r.field == "vfs[0]"
 
 
 def test_pick_cpus_never_returns_more_or_used() -> None:
@@ -116,7 +116,7 @@ def test_preferred_cpus_are_taken_where_free_and_must_be_vm_cpus():
     got = claim(LAYOUT, SIBLINGS, Usage(cpus=frozenset({11})), req)
     assert isinstance(got, Claim) and 3 in got.vcpu_pins and 11 not in got.vcpu_pins
     bad = claim(LAYOUT, SIBLINGS, Usage(), VmRequest("r", "vm", 1, 2, 2048, 0, prefer_cpus=(0,)))
-    assert isinstance(bad, Refusal) and bad.field == "placement.cpus" and "not VM CPUs" in bad.reason
+    assert isinstance(bad, NoFit) and bad.field == "placement.cpus" and "not VM CPUs" in bad.reason
 
 
 # ---------------------------------------------------------------- guest NUMA cells (spanning)
@@ -156,4 +156,4 @@ def test_spanned_claim_vfs_may_come_from_any_cell_node() -> None:
 ])
 def test_bad_cells_are_refused_naming_the_field(cells, field, reason) -> None:
     got = claim(LAYOUT, SIBLINGS, Usage(pages={(1, 2048): 2}), _req(vcpus=2, memory_mib=512, cells=cells))
-    assert isinstance(got, Refusal) and got.field == field and reason in got.reason, got
+    assert isinstance(got, NoFit) and got.field == field and reason in got.reason, got

@@ -10,9 +10,9 @@ from pathlib import Path
 
 import pytest
 
-from hostd.claims import Claim, ClaimCell, ClaimedDisk, ClaimedVf
-from hostd.errors import HostdError
-from hostd.ledger import Ledger, LedgerConflict
+from hostd.apply.ledger import Ledger
+from hostd.carve.vmclaim import Claim, ClaimCell, ClaimedDisk, ClaimedVf
+from hostd.errors import HostdError, LedgerConflict
 
 
 def _claim(cpus=(2, 10), vf=("ens1f0", 0), disk="nvme0n1", isolate=False) -> Claim:

@@ -1,5 +1,5 @@
 """The domain cases the golden files pin down, built the way hostd builds them:
-a VmSpec, a claim made by the real ``hostd.claims.claim`` on a synthetic layout,
+a VmSpec, a claim made by the real ``hostd.carve.vmclaim.claim`` on a synthetic layout,
 and the real ``VmMetadata`` element. No libvirt, no IO.
 
 The layout is a made-up 2-node, 16-CPU SMT host (CPU n and n+8 are siblings),
@@ -11,13 +11,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from pathlib import Path
 
-from hostd.carve.layout import (DiskBudget, HugepageTarget, IoServiceTarget, Layout, NodeLayout,
-                                PfLayout, VfSlot)
-from hostd.claims import CellReq, Claim, Refusal, Usage, VfReq, claim
+from api.layout import DiskBudget, HugepageTarget, IoServiceTarget, Layout, NodeLayout, PfLayout, VfSlot
+from hostd.carve.vmclaim import CellReq, Claim, Usage, VfReq, claim
+from hostd.carve.vmspec import DiskSpec, IoTune, VmSpec
 from hostd.domain.designer import Boot, HostFacts, design
 from hostd.domain.elements import Domain
-from hostd.metadata import VmMetadata
-from hostd.spec import DiskSpec, IoTune, VmSpec
+from hostd.domain.metadata import VmMetadata
+from hostd.errors import NoFit
 
 SIBLINGS = {c: (c % 8, c % 8 + 8) for c in range(16)}
 LAYOUT = Layout(
@@ -49,7 +49,7 @@ class Case:
 
     def claim(self) -> Claim:
         got = claim(self.layout, SIBLINGS, Usage(), self.spec.request())
-        assert not isinstance(got, Refusal), got
+        assert not isinstance(got, NoFit), got
         return got
 
     def metadata(self) -> VmMetadata:

@@ -10,15 +10,14 @@ import stat
 from pathlib import Path
 
 import pytest
-
 from domcases import CASES, KERNEL, SIBLINGS, Case, host, spec
-from hostd.claims import Claim, ClaimCell, ClaimedDisk, ClaimedVf, VfReq
-from hostd.domain.designer import (Boot, DomainDesignError, _target, check_host, design,
-                                   design_domain)
+
+from hostd.apply.images import ImageStore
+from hostd.carve.vmclaim import Claim, ClaimCell, ClaimedDisk, ClaimedVf, VfReq
+from hostd.carve.vmspec import DiskSpec, IoTune
+from hostd.domain.designer import Boot, DomainDesignError, _target, check_host, design, design_domain
 from hostd.domain.elements import Domain, HugePage, IoThreadPin, MemNode, Os, VcpuPin
-from hostd.images import ImageStore
-from hostd.metadata import NS, VmMetadata
-from hostd.spec import DiskSpec, IoTune
+from hostd.domain.metadata import NS, VmMetadata
 
 BY_NAME = {c.name: c for c in CASES}
 VM_ID = "6b1a4f3e-0000-4000-8000-00000000abcd"

@@ -15,14 +15,15 @@ import uuid
 from pathlib import Path
 
 import pytest
-
 from domcases import smoke_case, span_smoke_case
 from domvalidate import virt_xml_validate
+
+from hostd.apply.images import ImageStore
+from hostd.apply.libvirt_host import LibvirtHost
 from hostd.domain.designer import design_domain
 from hostd.domain.elements import Domain
-from hostd.images import ImageStore
-from hostd.metadata import NS, VmMetadata
-from hostd.runtime import DomainError, LibvirtHost
+from hostd.domain.metadata import NS, VmMetadata
+from hostd.errors import DomainError
 
 HUGE = Path("/sys/kernel/mm/hugepages/hugepages-2048kB")
 BOOT_TIMEOUT_S = 120
@@ -74,8 +75,9 @@ def test_smoke_guest_boots_with_the_designed_pinning_pages_and_iotune(
 
     host = LibvirtHost(libvirtd, NS)
     held_before = _pages_held()
-    vm = host.define_and_start(case.spec.name, xml)
+    vm = host.define(case.spec.name, xml)
     try:
+        host.start(vm)
         assert vm == md.vm_id
         log = _wait_for(console, "HYB-SMOKE-OK", BOOT_TIMEOUT_S)
         marker = re.search(r"HYB-SMOKE-OK cpus=(\d+) mem_kb=(\d+) disks=(\S*)", log)
@@ -124,7 +126,7 @@ def test_tcg_refuses_host_passthrough_which_is_why_the_designer_uses_maximum(
         libvirtd: str, smoke_guest: dict[str, Path], tmp_path: Path) -> None:
     """libvirt 9.0 checks the CPU mode against the virt type's capabilities at
     start: host-passthrough cannot run under TCG. The designed domain differs
-    only in the CPU mode; nothing stays defined after the refusal."""
+    only in the CPU mode; it defines, and its start is refused."""
     case = smoke_case("loop0", tmp_path / "state", smoke_guest["kernel"], smoke_guest["initrd"])
     dom = case.domain()
     assert dom.cpu.mode == "maximum"
@@ -132,9 +134,10 @@ def test_tcg_refuses_host_passthrough_which_is_why_the_designer_uses_maximum(
                               cpu=dataclasses.replace(dom.cpu, mode="host-passthrough"))
     host = LibvirtHost(libvirtd, NS)
     try:
+        host.define(bad.name, bad.to_xml())
         with pytest.raises(DomainError, match="host-passthrough"):
-            host.define_and_start(bad.name, bad.to_xml())
-        assert all(d.name != bad.name for d in host.owned())
+            host.start(bad.uuid)
+        assert [d.active for d in host.owned() if d.name == bad.name] == [False]
     finally:
         host.destroy_and_undefine(bad.uuid)
         host.close()
@@ -168,8 +171,9 @@ def test_spanning_guest_boots_with_one_numa_cell_per_host_node(
 
     host = LibvirtHost(libvirtd, NS)
     held_before = _pages_held()
-    vm = host.define_and_start(case.spec.name, dom.to_xml())
+    vm = host.define(case.spec.name, dom.to_xml())
     try:
+        host.start(vm)
         log = _wait_for(tmp_path / "state" / "vms" / case.spec.name / "console.log", "HYB-SMOKE-OK",
                         BOOT_TIMEOUT_S)
         assert re.search(r"HYB-SMOKE-OK cpus=2 ", log), log[-2000:]

@@ -5,10 +5,10 @@ from __future__ import annotations
 
 import uuid
 
-import libvirt
 import pytest
 
-from hostd.runtime import DomainError, LibvirtHost, LibvirtUnavailable
+from hostd.apply.libvirt_host import LibvirtHost
+from hostd.errors import DomainError, LibvirtUnavailable
 
 NS = "https://hybrid-kvm.example/xmlns/test/1"
 
@@ -36,7 +36,8 @@ def host():
 
 
 def test_only_owned_domains_are_listed(host: LibvirtHost) -> None:
-    u1 = host.define_and_start("rt-owned", _xml("rt-owned", True))
+    u1 = host.define("rt-owned", _xml("rt-owned", True))
+    host.start(u1)
     host.define("rt-foreign", _xml("rt-foreign", False))
     owned = {d.name: d for d in host.owned()}
     assert "rt-foreign" not in owned and "test" not in owned
@@ -45,7 +46,8 @@ def test_only_owned_domains_are_listed(host: LibvirtHost) -> None:
 
 
 def test_destroy_and_undefine_is_idempotent(host: LibvirtHost) -> None:
-    u = host.define_and_start("rt-gone", _xml("rt-gone", True))
+    u = host.define("rt-gone", _xml("rt-gone", True))
+    host.start(u)
     host.destroy_and_undefine(u)
     host.destroy_and_undefine(u)  # already gone: fine
     assert all(d.name != "rt-gone" for d in host.owned())
@@ -53,7 +55,7 @@ def test_destroy_and_undefine_is_idempotent(host: LibvirtHost) -> None:
 
 def test_bad_xml_error_names_the_domain(host: LibvirtHost) -> None:
     with pytest.raises(DomainError) as e:
-        host.define_and_start("rt-bad", "<domain type='test'><name>rt-bad</name></domain>")
+        host.define("rt-bad", "<domain type='test'><name>rt-bad</name></domain>")
     assert e.value.field == "domain rt-bad"
 
 
@@ -64,8 +66,8 @@ def test_reconnects_after_the_connection_dies(host: LibvirtHost) -> None:
 
 
 def test_unreachable_libvirt_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr("hostd.runtime.RECONNECT_ATTEMPTS", 2)
-    monkeypatch.setattr("hostd.runtime.RECONNECT_DELAY_S", 0.01)
+    monkeypatch.setattr("hostd.apply.libvirt_host.RECONNECT_ATTEMPTS", 2)
+    monkeypatch.setattr("hostd.apply.libvirt_host.RECONNECT_DELAY_S", 0.01)
     h = LibvirtHost("qemu+unix:///system?socket=/nonexistent/sock", NS)
     with pytest.raises(LibvirtUnavailable, match="cannot connect"):
         h.conn()

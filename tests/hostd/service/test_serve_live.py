@@ -21,12 +21,12 @@ from pathlib import Path
 import grpc
 import libvirt
 import pytest
+from procs import Hostd, grpc_stub, hostd_workdir, write_hostd_config
 
 from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
-from hostd.images import ImageStore
-from hostd.vms import CRASH_POINTS
-from procs import Hostd, grpc_stub, hostd_workdir, write_hostd_config
+from hostd.apply.images import ImageStore
+from hostd.apply.vms import CRASH_POINTS
 
 pytestmark = [pytest.mark.root, pytest.mark.integration, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[3]
@@ -266,7 +266,7 @@ def test_serve_boots_the_online_image_on_a_per_vm_root_overlay(hostd_env):
     build takes ~2.5 min): direct kernel boot of its root filesystem through a per-VM
     qcow2 overlay, tuned by the `online` profile; the guest's own report proves the
     profile took effect, and the overlay goes away with the VM."""
-    from hostd.guest_profiles import image_store_args
+    from hostd.domain.guest_profiles import image_store_args
 
     out = Path("/var/cache/hybrid-kvm/online")
     subprocess.run(["bash", str(REPO / "guestimages/online/build.sh"), str(out)], check=True,

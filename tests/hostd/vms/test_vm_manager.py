@@ -12,16 +12,15 @@ from pathlib import Path
 import libvirt
 import pytest
 
-from hostd.carve.layout import (DiskBudget, HugepageTarget, IoServiceTarget, Layout, NodeLayout,
-                                PfLayout, VfSlot)
-from hostd.claims import VfReq
-from hostd.images import ImageStore
-from hostd.ledger import Ledger
-from hostd.metadata import NS, VmMetadata
-from hostd.runtime import LibvirtHost
-from hostd.spec import DiskSpec, IoTune, VmSpec
-from hostd.errors import HostdError
-from hostd.vms import Conflict, NotFound, Refused, VmManager
+from api.layout import DiskBudget, HugepageTarget, IoServiceTarget, Layout, NodeLayout, PfLayout, VfSlot
+from hostd.apply.images import ImageStore
+from hostd.apply.ledger import Ledger
+from hostd.apply.libvirt_host import LibvirtHost
+from hostd.apply.vms import VmManager
+from hostd.carve.vmclaim import VfReq
+from hostd.carve.vmspec import DiskSpec, IoTune, VmSpec
+from hostd.domain.metadata import NS, VmMetadata
+from hostd.errors import Conflict, HostdError, NotFound, Refused
 
 LAYOUT = Layout(
     nodes=(NodeLayout(0, io_cpus=(0, 4), host_cpus=(1, 5), vm_cpus=(2, 3, 6, 7),
@@ -213,7 +212,7 @@ def test_reconcile_rolls_back_adopts_and_releases(env):
     # A create that died after the claim and the define, before start:
     half = spec("vm-half", vcpus=1)
     vm_id = str(uuid.uuid4())
-    from hostd.claims import claim
+    from hostd.carve.vmclaim import claim
     with m.ledger.tx() as db:
         c = claim(LAYOUT, SIBLINGS, m.ledger.usage(db), half.request())
         m.ledger.record(db, vm_id=vm_id, request_id=half.request_id, name=half.name, claim=c,

@@ -17,36 +17,13 @@ import hashlib
 import json
 import re
 import threading
-from dataclasses import dataclass, field
 from pathlib import Path
 
-from hostd.errors import HostdError
-from hostd.jsonmodel import SchemaError, from_jsonable, to_jsonable
+from api.jsonmodel import SchemaError, from_jsonable, to_jsonable
+from hostd.domain.image import Image
+from hostd.errors import BadImage, UnknownImage
 
 _NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
-
-
-class UnknownImage(HostdError):
-    code = "hyb.image.unknown"
-
-
-class BadImage(HostdError):
-    code = "hyb.image.bad"
-
-
-@dataclass(frozen=True)
-class Image:
-    name: str
-    version: str
-    kind: str  # "kernel" | "disk"
-    files: dict[str, str]
-    sha256: dict[str, str]
-    cmdline: str = ""
-    format: str = "raw"
-    profiles: tuple[str, ...] = ()  # tuning profiles this image supports (guestimages/)
-    labels: dict[str, str] = field(default_factory=dict)
-    # What the guest kernel can do (hostd/guest_profiles.py ImageCaps): nohlt_list, haltpoll...
-    capabilities: dict[str, bool] = field(default_factory=dict)
 
 
 def sha256_file(path: Path) -> str:

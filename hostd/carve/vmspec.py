@@ -10,8 +10,8 @@ import json
 from dataclasses import dataclass, field
 from typing import Any
 
-from hostd.claims import CellReq, DiskReq, VfReq, VmRequest
-from hostd.jsonmodel import from_jsonable, to_jsonable
+from api.jsonmodel import from_jsonable, to_jsonable
+from hostd.carve.vmclaim import CellReq, DiskReq, VfReq, VmRequest
 
 
 @dataclass(frozen=True)
@@ -85,7 +85,7 @@ class VmSpec:
     disks: tuple[DiskSpec, ...] = ()
     vfs: tuple[VfReq, ...] = ()
     guest_numa: bool = False  # one guest NUMA cell for a one-node VM (a spanning VM always has cells)
-    emulator_policy: str = "host"  # "host" | "share" | "isolate" (hostd/claims.py)
+    emulator_policy: str = "host"  # "host" | "share" | "isolate" (hostd/carve/vmclaim.py)
     cpus: tuple[int, ...] = ()  # the scheduler's CPU choice (Placement.cpus); a preference
     labels: dict[str, str] = field(default_factory=dict)
     cells: tuple[CellReq, ...] = ()  # spanning host nodes: one guest NUMA cell each (Placement.cells)

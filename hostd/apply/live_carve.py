@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from api.layout import Layout
 from hostd.apply.cgroups import CpusetFs, find_pids, pid_cpuset_cgroup
 from hostd.apply.steps import (
     Context,
@@ -28,7 +29,6 @@ from hostd.apply.steps import (
     WriteAttr,
     step_from_dict,
 )
-from hostd.carve.layout import Layout
 from hostd.cpulist import format_cpu_list
 from hostd.errors import ApplyFailed, HostdError, IoServiceNotFound, NotCarved
 

@@ -4,6 +4,11 @@ hostd errors that name the domain.
 
 Domains hostd owns carry an element in hostd's metadata namespace; only those
 are ever listed, changed or removed (as oVirt VDSM recognises its VMs).
+
+Domain lifecycle events and reconnects go to the ``DomainListener``s subscribed
+(the VM manager): each connection registers for lifecycle events, and every
+connection after the first tells the listeners to resync what changed while
+hostd was blind.
 """
 
 from __future__ import annotations
@@ -13,23 +18,48 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Protocol
 
 import libvirt
 
-from hostd.errors import HostdError
+from hostd.errors import DomainError, LibvirtUnavailable
 
 log = logging.getLogger(__name__)
 
 RECONNECT_ATTEMPTS = 30
 RECONNECT_DELAY_S = 0.2
+KEEPALIVE = (5, 3)  # seconds between probes, probes missed before libvirt drops the connection
+
+# Lifecycle events hostd acts on, and the VM state each one means.
+EVENT_STATES = {
+    libvirt.VIR_DOMAIN_EVENT_STARTED: "running",
+    libvirt.VIR_DOMAIN_EVENT_RESUMED: "running",
+    libvirt.VIR_DOMAIN_EVENT_STOPPED: "stopped",
+    libvirt.VIR_DOMAIN_EVENT_SHUTDOWN: "stopped",
+    libvirt.VIR_DOMAIN_EVENT_CRASHED: "failed",
+}
+_event_loop_started = False
 
 
-class LibvirtUnavailable(HostdError):
-    code = "hyb.host.libvirt_unavailable"
+class DomainListener(Protocol):
+    def on_domain_event(self, vm_id: str, state: str, reason: str) -> None: ...
+
+    def on_reconnect(self) -> None: ...
 
 
-class DomainError(HostdError):
-    code = "hyb.vm.libvirt_error"
+def start_event_loop() -> None:
+    """libvirt's default event implementation, run on one daemon thread. Must be
+    registered before the first connection is opened; once per process."""
+    global _event_loop_started
+    if _event_loop_started:
+        return
+    libvirt.virEventRegisterDefaultImpl()
+
+    def run() -> None:
+        while True:
+            libvirt.virEventRunDefaultImpl()
+    threading.Thread(target=run, name="libvirt-events", daemon=True).start()
+    _event_loop_started = True
 
 
 @dataclass(frozen=True)
@@ -49,8 +79,14 @@ class LibvirtHost:
         self._lock = threading.RLock()
         self._conn: libvirt.virConnect | None = None
         self.reconnects = 0
-        # Called with each new connection (event callbacks, resync after a reconnect).
-        self.on_connect: list[Callable[[libvirt.virConnect], None]] = []
+        self._listeners: list[DomainListener] = []
+        self._connected_once = False
+
+    def subscribe(self, listener: DomainListener) -> None:
+        """Lifecycle events of every domain, and a call after each reconnect, from the
+        next connection on (``start_event_loop`` must have run for events to flow)."""
+        with self._lock:
+            self._listeners.append(listener)
 
     # -- connection ---------------------------------------------------------
 
@@ -75,13 +111,32 @@ class LibvirtHost:
                     last = e
                     time.sleep(RECONNECT_DELAY_S)
                     continue
-                for fn in self.on_connect:
-                    try:
-                        fn(self._conn)
-                    except Exception:
-                        log.exception("on_connect hook failed")
+                self._hook(self._conn)
                 return self._conn
             raise LibvirtUnavailable(f"cannot connect to {self.uri}: {last}", field="libvirt")
+
+    def _hook(self, conn: libvirt.virConnect) -> None:
+        """Register the listeners on a new connection. The listeners run on threads of
+        their own: this runs under the connection lock, a listener takes the manager's
+        lock, and a gRPC call may hold the two the other way round."""
+        if not self._listeners:
+            return
+
+        def lifecycle(_conn, dom, event, detail, _opaque) -> None:
+            state = EVENT_STATES.get(event)
+            if state:
+                for li in list(self._listeners):
+                    threading.Thread(target=li.on_domain_event, daemon=True,
+                                     args=(dom.UUIDString(), state, f"libvirt event {event}/{detail}")).start()
+        try:
+            conn.domainEventRegisterAny(None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE, lifecycle, None)
+            conn.setKeepAlive(*KEEPALIVE)
+        except libvirt.libvirtError as e:
+            log.error("cannot register for domain events uri=%s: %s", self.uri, e)
+        if self._connected_once:
+            for li in list(self._listeners):
+                threading.Thread(target=li.on_reconnect, name="reconcile", daemon=True).start()
+        self._connected_once = True
 
     def close(self) -> None:
         with self._lock:
@@ -111,19 +166,6 @@ class LibvirtHost:
         raise AssertionError("unreachable")
 
     # -- domains ------------------------------------------------------------
-
-    def define_and_start(self, name: str, xml: str) -> str:
-        """Define and start; on a failed start the definition is removed again.
-        Returns the domain UUID."""
-        def op(c: libvirt.virConnect) -> str:
-            dom = c.defineXML(xml)
-            try:
-                dom.create()
-            except libvirt.libvirtError:
-                _undefine(dom)
-                raise
-            return dom.UUIDString()
-        return str(self._retrying(f"domain {name}", op))
 
     def define(self, name: str, xml: str) -> str:
         return str(self._retrying(f"domain {name}", lambda c: c.defineXML(xml).UUIDString()))

@@ -1,8 +1,9 @@
 """The carve plan: what the policy makes of a topology (pure data).
 
-``plan_host(topology, policy)`` returns a ``Layout`` or a ``NoFit``; never None.
-The JSON form (``Layout.to_json()``) is what `hostd plan --json` prints and what
-`hostd carve` applies; documented in ``api/layout.md``.
+The contract between hostd (which plans and applies it) and the scheduler (which
+places VMs on it): ``hostd.carve.plan.plan_host(topology, policy)`` makes one, its JSON
+form (``Layout.to_json()``) is what `hostd plan --json` prints, `hostd carve` applies
+and hostd registers with the scheduler; documented in ``api/layout.md``.
 """
 
 from __future__ import annotations
@@ -11,19 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
-from hostd.jsonmodel import from_jsonable, to_jsonable
-
-
-@dataclass(frozen=True)
-class NoFit:
-    """The policy cannot be carved out of this host. ``field`` names the policy
-    key that asked for too much (or the topology part that is missing)."""
-
-    field: str
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.reason}"
+from api.jsonmodel import from_jsonable, to_jsonable
 
 
 @dataclass(frozen=True)

@@ -19,18 +19,14 @@ import json
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
-from hostd.claims import Claim
-from hostd.errors import HostdError
-from hostd.jsonmodel import SchemaError
-from hostd.spec import VmSpec
+from api.jsonmodel import SchemaError
+from hostd.carve.vmclaim import Claim
+from hostd.carve.vmspec import VmSpec
+from hostd.errors import BadMetadata
 
 NS = "https://hybrid-kvm.example/xmlns/hostd/1"
 PREFIX = "hyb"
 VERSION = "1"
-
-
-class BadMetadata(HostdError):
-    code = "hyb.vm.bad_metadata"
 
 
 @dataclass(frozen=True)

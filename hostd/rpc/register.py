@@ -12,7 +12,7 @@ from pathlib import Path
 
 import httpx
 
-from hostd.carve.layout import Layout
+from api.layout import Layout
 from hostd.discover.model import Topology
 
 log = logging.getLogger(__name__)

@@ -7,7 +7,7 @@ The ledger row is written *before* anything touches the host (state
 finds and rolls back; a domain is only ever defined with hostd's metadata, so a
 domain whose row is lost is found by ``listAllDomains`` and adopted.
 
-``VmManager`` has no gRPC in it: ``hostd/service.py`` maps the API onto it.
+``VmManager`` has no gRPC in it: ``hostd/rpc/servicer.py`` maps the API onto it.
 """
 
 from __future__ import annotations
@@ -24,15 +24,18 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from api.layout import Layout
+from hostd.apply.images import ImageStore
+from hostd.apply.ledger import Ledger, VmRecord
+from hostd.apply.libvirt_host import LibvirtHost
+from hostd.apply.overlays import Overlays
 from hostd.apply.steps import VfRates
-from hostd.carve.layout import Layout
-from hostd.claims import Claim, Refusal, VfReq, claim
-from hostd.errors import HostdError
-from hostd.images import Image, ImageStore
-from hostd.ledger import Ledger, VmRecord
-from hostd.metadata import BadMetadata, VmMetadata
-from hostd.runtime import DomainError, LibvirtHost
-from hostd.spec import DiskSpec, VmSpec
+from hostd.carve.vmclaim import Claim, claim
+from hostd.carve.vmspec import DiskSpec, VmSpec
+from hostd.domain.image import Image
+from hostd.domain.metadata import VmMetadata
+from hostd.errors import BadMetadata, Conflict, CreateFailed, DomainError, HostdError, NoFit, NotFound, Refused
+from hostd.metrics import Metrics
 
 log = logging.getLogger(__name__)
 
@@ -43,24 +46,6 @@ MIN_RATE_DRIVERS = frozenset({"mlx5_core", "ice", "bnxt_en", "qede", "netdevsim"
 # Fault injection for the crash tests: HOSTD_CRASH_AT=<point> with HOSTD_TEST_FAULTS=1
 # makes hostd SIGKILL itself at that point of CreateVM.
 CRASH_POINTS = ("claimed", "vf_set", "defined", "started")
-
-
-class Refused(HostdError):
-    """The request cannot be honoured here; nothing was changed."""
-
-    code = "hyb.vm.refused"
-
-
-class NotFound(HostdError):
-    code = "hyb.vm.not_found"
-
-
-class Conflict(HostdError):
-    code = "hyb.vm.conflict"
-
-
-class CreateFailed(HostdError):
-    code = "hyb.vm.create_failed"
 
 
 @dataclass(frozen=True)
@@ -82,7 +67,7 @@ class VmManager:
                  pf_drivers: dict[str, str | None] | None = None,
                  vf_pci: dict[tuple[str, int], str] | None = None,
                  profiles: frozenset[str] | None = None,
-                 release_files: Callable[[str], None] | None = None):
+                 overlays: Overlays | None = None, metrics: Metrics | None = None):
         self.layout = layout
         self.siblings = siblings
         self.ledger = ledger
@@ -94,7 +79,8 @@ class VmManager:
         self.pf_drivers = pf_drivers or {}
         self.vf_pci = vf_pci or {}
         self.profiles = profiles  # None: any (no profile store configured)
-        self.release_files = release_files  # per-VM files (root disk overlay) by VM name
+        self.overlays = overlays  # per-VM files (root disk overlay); None: images boot as they are
+        self.metrics = metrics
         self._lock = threading.RLock()
         self._watchers: list[Callable[[VmEvent], None]] = []
         self.generation = 0
@@ -150,7 +136,7 @@ class VmManager:
             spec = self._with_macs(spec)
             with self.ledger.tx() as db:
                 got = claim(self.layout, self.siblings, self.ledger.usage(db), spec.request())
-                if isinstance(got, Refusal):
+                if isinstance(got, NoFit):
                     raise Refused(got.reason, field=got.field)
                 md = VmMetadata(vm_id, spec.request_id, int(time.time()), got, spec)
                 self.ledger.record(db, vm_id=vm_id, request_id=spec.request_id, name=spec.name,
@@ -161,7 +147,8 @@ class VmManager:
             try:
                 self._set_vf_rates(got, spec)
                 self._crash("vf_set")
-                self.libvirt.define(spec.name, self.render(md, image))
+                booted = self.overlays.prepare(spec.name, image) if self.overlays else image
+                self.libvirt.define(spec.name, self.render(md, booted))
                 self._crash("defined")
                 self.libvirt.start(vm_id)
                 self._crash("started")
@@ -239,9 +226,9 @@ class VmManager:
         except HostdError as e:
             log.error("teardown: domain %s: %s", vm_id, e)
         self._reset_vf_rates(c)
-        if self.release_files:
+        if self.overlays:
             try:
-                self.release_files(name)
+                self.overlays.release(name)
             except OSError as e:
                 log.error("teardown: files of %s: %s", name, e)
         with self.ledger.tx() as db:
@@ -412,6 +399,21 @@ class VmManager:
             log.warning("reconcile: %s", a)
         return actions
 
+    def reconcile_logged(self) -> None:
+        """``reconcile`` for a daemon thread: counted, and a failure logged, never raised."""
+        try:
+            actions = self.reconcile()
+        except Exception:
+            log.exception("reconcile failed")
+            return
+        if self.metrics:
+            self.metrics.reconcile_actions.inc(len(actions))
+
+    def on_reconnect(self) -> None:
+        """libvirtd came back (LibvirtHost calls this on a thread of its own): resync
+        what changed while hostd was blind."""
+        self.reconcile_logged()
+
     def _adopt(self, dom) -> str:
         try:
             md = VmMetadata.from_xml(dom.metadata)
@@ -468,5 +470,3 @@ def _mac(request_id: str, i: int) -> str:
     h = hashlib.sha256(f"{request_id}/{i}".encode()).digest()
     return "52:54:00:%02x:%02x:%02x" % (h[0], h[1], h[2])
 
-
-__all__ = ["VmManager", "VmEvent", "Refused", "NotFound", "Conflict", "CreateFailed", "VfReq"]

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from hostd.cpulist import CpuListError, format_cpu_list, parse_cpu_list
-from hostd.errors import HostdError
+from hostd.errors import GuestProfileError, UnknownProfile
 
 _NAME_CHARS = set("abcdefghijklmnopqrstuvwxyz0123456789-_")
 HALTPOLL_PARAMS = {  # haltpoll governor module parameters (drivers/cpuidle/governors/haltpoll.c)
@@ -40,14 +40,6 @@ IDLE_POLL = ("irq-vcpus", "none")
 # so a profile never ends up with two contradicting values.
 _OWNED_KEYS = ("clocksource", "tsc", "irqaffinity", "nohlt_list", "cpuidle_haltpoll.",
                "haltpoll.", "hyb.profile", "hyb.irq_cpus", "idle")
-
-
-class GuestProfileError(HostdError):
-    code = "hyb.guest_profile.bad"
-
-
-class UnknownProfile(HostdError):
-    code = "hyb.guest_profile.unknown"
 
 
 @dataclass(frozen=True)
@@ -328,7 +320,7 @@ def guest_env(profile: Profile) -> dict[str, str]:
 
 def render_env_file(profile: Profile) -> str:
     lines = [f"# {profile.name}: {profile.description}".rstrip(),
-             "# Generated from guestimages/profiles/ by hostd/guest_profiles.py; do not edit."]
+             "# Generated from guestimages/profiles/ by hostd/domain/guest_profiles.py; do not edit."]
     lines += [f"{k}={shlex.quote(v)}" for k, v in guest_env(profile).items()]
     return "\n".join(lines) + "\n"
 

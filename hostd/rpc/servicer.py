@@ -16,13 +16,13 @@ import grpc
 
 from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
-from hostd.claims import CellReq, VfReq
-from hostd.errors import HostdError
-from hostd.jsonmodel import to_jsonable
-from hostd.ledger import VmRecord
+from api.jsonmodel import to_jsonable
+from hostd.apply.ledger import VmRecord
+from hostd.apply.vms import VmEvent, VmManager
+from hostd.carve.vmclaim import CellReq, VfReq
+from hostd.carve.vmspec import DiskSpec, IoTune, VmSpec
+from hostd.errors import HostdError, SpecInvalid
 from hostd.metrics import Metrics
-from hostd.spec import DiskSpec, IoTune, VmSpec
-from hostd.vms import VmEvent, VmManager
 
 log = logging.getLogger(__name__)
 
@@ -41,10 +41,6 @@ _STATUS = {
 }
 
 EVENT_QUEUE = 1024  # per WatchEvents stream; a stream that falls this far behind is ended
-
-
-class SpecInvalid(HostdError):
-    code = "hyb.spec.invalid"
 
 
 def _iotune(m: pb.IoTune) -> IoTune:

@@ -21,8 +21,8 @@ from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 
-from hostd.claims import Claim, Usage
-from hostd.errors import HostdError
+from hostd.carve.vmclaim import Claim, Usage
+from hostd.errors import HostdError, LedgerConflict
 
 SCHEMA_VERSION = 2
 _PAGES = """
@@ -58,10 +58,6 @@ CREATE TABLE disk_claims (
 _UPGRADES = {
     1: (_PAGES, "INSERT INTO page_claims SELECT vm_id, node, size_kb, pages FROM vms"),
 }
-
-
-class LedgerConflict(HostdError):
-    code = "hyb.vm.conflict"
 
 
 @dataclass(frozen=True)

@@ -11,8 +11,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
-from hostd.carve.layout import Layout, NodeLayout
-from hostd.jsonmodel import from_jsonable, to_jsonable
+from api.jsonmodel import from_jsonable, to_jsonable
+from api.layout import Layout, NodeLayout
+from hostd.errors import NoFit
 
 _NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
 _MAC_RE = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
@@ -68,15 +69,6 @@ class Usage:
     vfs: frozenset[tuple[str, int]] = frozenset()  # (pf, index)
     min_rate_mbps: dict[str, int] = field(default_factory=dict)  # pf -> reserved guarantees
     disks: dict[str, tuple[int, int]] = field(default_factory=dict)  # disk -> (bytes_sec, iops)
-
-
-@dataclass(frozen=True)
-class Refusal:
-    field: str
-    reason: str
-
-    def __str__(self) -> str:
-        return f"{self.field}: {self.reason}"
 
 
 @dataclass(frozen=True)
@@ -146,55 +138,55 @@ class Claim:
         return from_jsonable(cls, d, "claim")
 
 
-def validate_request(req: VmRequest) -> Refusal | None:
+def validate_request(req: VmRequest) -> NoFit | None:
     if not _NAME_RE.match(req.name):
-        return Refusal("name", "use 1-64 of letters, digits, '_', '.', '-'")
+        return NoFit("name", "use 1-64 of letters, digits, '_', '.', '-'")
     if req.vcpus < 1:
-        return Refusal("vcpus", "must be at least 1")
+        return NoFit("vcpus", "must be at least 1")
     if req.memory_mib < 1:
-        return Refusal("memory_mib", "must be at least 1")
+        return NoFit("memory_mib", "must be at least 1")
     if req.hugepage_size_kb <= 0 or (req.memory_mib * 1024) % req.hugepage_size_kb:
-        return Refusal("memory_mib", f"must be a multiple of the {req.hugepage_size_kb} kB page size")
+        return NoFit("memory_mib", f"must be a multiple of the {req.hugepage_size_kb} kB page size")
     if req.emulator_policy not in ("host", "share", "isolate"):
-        return Refusal("emulator_policy", "must be host, share or isolate")
+        return NoFit("emulator_policy", "must be host, share or isolate")
     for i, v in enumerate(req.vfs):
         if v.mac and not _MAC_RE.match(v.mac):
-            return Refusal(f"vfs[{i}].mac", f"{v.mac!r} is not a lower-case MAC address")
+            return NoFit(f"vfs[{i}].mac", f"{v.mac!r} is not a lower-case MAC address")
         if not 0 <= v.vlan <= 4094:
-            return Refusal(f"vfs[{i}].vlan", "must be 0 (untagged) to 4094")
+            return NoFit(f"vfs[{i}].vlan", "must be 0 (untagged) to 4094")
         if v.max_tx_rate_mbps and v.min_tx_rate_mbps > v.max_tx_rate_mbps:
-            return Refusal(f"vfs[{i}].min_tx_rate_mbps", "exceeds max_tx_rate_mbps")
+            return NoFit(f"vfs[{i}].min_tx_rate_mbps", "exceeds max_tx_rate_mbps")
     names = [d.disk for d in req.disks]
     if len(set(names)) != len(names):
-        return Refusal("disks", "a disk is listed twice")
+        return NoFit("disks", "a disk is listed twice")
     return _validate_cells(req)
 
 
-def _validate_cells(req: VmRequest) -> Refusal | None:
+def _validate_cells(req: VmRequest) -> NoFit | None:
     if not req.cells:
         return None
     if len(req.cells) < 2:
-        return Refusal("placement.cells", "give two or more cells, or none (one node: placement.numa_node)")
+        return NoFit("placement.cells", "give two or more cells, or none (one node: placement.numa_node)")
     for i, c in enumerate(req.cells):
         if c.vcpus < 1:
-            return Refusal(f"placement.cells[{i}].cpus", "every guest NUMA cell needs a vCPU")
+            return NoFit(f"placement.cells[{i}].cpus", "every guest NUMA cell needs a vCPU")
         if c.memory_mib < 1 or (c.memory_mib * 1024) % req.hugepage_size_kb:
-            return Refusal(f"placement.cells[{i}].memory_mib",
+            return NoFit(f"placement.cells[{i}].memory_mib",
                            f"must be a positive multiple of the {req.hugepage_size_kb} kB page size")
     nodes = [c.node for c in req.cells]
     if len(set(nodes)) != len(nodes):
-        return Refusal("placement.cells", f"a host node is given twice ({nodes})")
+        return NoFit("placement.cells", f"a host node is given twice ({nodes})")
     if sum(c.vcpus for c in req.cells) != req.vcpus:
-        return Refusal("placement.cells", f"the cells hold {sum(c.vcpus for c in req.cells)} vCPUs, "
+        return NoFit("placement.cells", f"the cells hold {sum(c.vcpus for c in req.cells)} vCPUs, "
                                           f"the VM has {req.vcpus}")
     if sum(c.memory_mib for c in req.cells) != req.memory_mib:
-        return Refusal("placement.cells", f"the cells hold {sum(c.memory_mib for c in req.cells)} MiB, "
+        return NoFit("placement.cells", f"the cells hold {sum(c.memory_mib for c in req.cells)} MiB, "
                                           f"the VM has {req.memory_mib}")
     return None
 
 
 def claim(layout: Layout, siblings: dict[int, tuple[int, ...]], used: Usage,
-          req: VmRequest) -> Claim | Refusal:
+          req: VmRequest) -> Claim | NoFit:
     """Choose resources for ``req``; ``siblings`` maps a CPU to its SMT siblings."""
     bad = validate_request(req)
     if bad:
@@ -203,12 +195,12 @@ def claim(layout: Layout, siblings: dict[int, tuple[int, ...]], used: Usage,
     if req.cells:
         missing = [c.node for c in req.cells if c.node not in by_node]
         if missing:
-            return Refusal("placement.cells", f"nodes {missing} have no VM resources on this host")
+            return NoFit("placement.cells", f"nodes {missing} have no VM resources on this host")
         return _claim_cells(layout, [(by_node[c.node], c) for c in req.cells], siblings, used, req)
     nodes = [n for n in layout.nodes if req.node is None or n.node == req.node]
     if not nodes:
-        return Refusal("node", f"node {req.node} has no VM resources on this host")
-    refusal: Refusal | None = None
+        return NoFit("node", f"node {req.node} has no VM resources on this host")
+    refusal: NoFit | None = None
     for n in nodes:
         whole = CellReq(n.node, req.vcpus, req.memory_mib, req.prefer_cpus)
         got = _claim_cells(layout, [(n, whole)], siblings, used, req)
@@ -220,7 +212,7 @@ def claim(layout: Layout, siblings: dict[int, tuple[int, ...]], used: Usage,
 
 
 def _claim_cells(layout: Layout, cells: list[tuple[NodeLayout, CellReq]],
-                 siblings: dict[int, tuple[int, ...]], used: Usage, req: VmRequest) -> Claim | Refusal:
+                 siblings: dict[int, tuple[int, ...]], used: Usage, req: VmRequest) -> Claim | NoFit:
     """Every cell on its own node: its vCPUs' CPUs and its pages from that node only.
     The emulator CPU of ``isolate`` comes from the first cell's node."""
     field = "placement.cpus" if len(cells) == 1 else "placement.cells[{i}].cpus"
@@ -231,13 +223,13 @@ def _claim_cells(layout: Layout, cells: list[tuple[NodeLayout, CellReq]],
         need = c.vcpus + (1 if i == 0 and req.emulator_policy == "isolate" else 0)
         outside = sorted(set(c.prefer_cpus) - set(n.vm_cpus))
         if outside:
-            return Refusal(field.format(i=i), f"CPUs {outside} are not VM CPUs of node {n.node} "
+            return NoFit(field.format(i=i), f"CPUs {outside} are not VM CPUs of node {n.node} "
                                               f"(vm_cpus: {list(n.vm_cpus)})")
         free = [x for x in n.vm_cpus if x not in used.cpus]
         preferred = [x for x in c.prefer_cpus if x in free][:need]
         rest = pick_cpus([x for x in free if x not in preferred], siblings, need - len(preferred))
         if rest is None:
-            return Refusal("vcpus", f"node {n.node} has {len(free)} free VM CPUs, {need} needed")
+            return NoFit("vcpus", f"node {n.node} has {len(free)} free VM CPUs, {need} needed")
         cpus = preferred + rest
         if need > c.vcpus:  # isolate: the last one runs the emulator
             extra = cpus[-1:]
@@ -245,18 +237,18 @@ def _claim_cells(layout: Layout, cells: list[tuple[NodeLayout, CellReq]],
         pins += cpus
         pool = next((t for t in n.hugepages if t.size_kb == req.hugepage_size_kb), None)
         if pool is None:
-            return Refusal("hugepage_size_kb", f"node {n.node} has no {req.hugepage_size_kb} kB pool")
+            return NoFit("hugepage_size_kb", f"node {n.node} has no {req.hugepage_size_kb} kB pool")
         pages = (c.memory_mib * 1024) // req.hugepage_size_kb
         free_pages = pool.count - used.pages.get((n.node, pool.size_kb), 0)
         if pages > free_pages:
-            return Refusal("memory_mib", f"node {n.node} has {free_pages} free {pool.size_kb} kB pages, "
+            return NoFit("memory_mib", f"node {n.node} has {free_pages} free {pool.size_kb} kB pages, "
                                          f"{pages} needed")
         claimed.append(ClaimCell(n.node, c.vcpus, pages))
     vfs = _claim_vfs(layout, {n.node for n, _ in cells}, used, req)
-    if isinstance(vfs, Refusal):
+    if isinstance(vfs, NoFit):
         return vfs
     disks = _claim_disks(layout, used, req)
-    if isinstance(disks, Refusal):
+    if isinstance(disks, NoFit):
         return disks
     emu = _emulator(req, layout, [n for n, _ in cells], pins, extra)
     return Claim(cells[0][0].node, tuple(pins), emu, req.hugepage_size_kb, sum(c.pages for c in claimed),
@@ -303,7 +295,7 @@ def _emulator(req: VmRequest, layout: Layout, nodes: list[NodeLayout], pins: lis
     return tuple(sorted(pins))
 
 
-def _claim_vfs(layout: Layout, nodes: set[int], used: Usage, req: VmRequest) -> tuple[ClaimedVf, ...] | Refusal:
+def _claim_vfs(layout: Layout, nodes: set[int], used: Usage, req: VmRequest) -> tuple[ClaimedVf, ...] | NoFit:
     taken = set(used.vfs)
     reserved = dict(used.min_rate_mbps)
     out: list[ClaimedVf] = []
@@ -311,11 +303,11 @@ def _claim_vfs(layout: Layout, nodes: set[int], used: Usage, req: VmRequest) -> 
         pfs = [p for p in layout.pfs if (p.name == v.pf if v.pf else p.node is None or p.node in nodes)]
         if not pfs:
             where = ", ".join(map(str, sorted(nodes)))
-            return Refusal(f"vfs[{i}].pf", f"no PF {v.pf!r}" if v.pf else f"no PF on node {where}")
+            return NoFit(f"vfs[{i}].pf", f"no PF {v.pf!r}" if v.pf else f"no PF on node {where}")
         chosen = None
         for pf in pfs:
             if v.max_tx_rate_mbps > pf.bandwidth_mbps:
-                return Refusal(f"vfs[{i}].max_tx_rate_mbps",
+                return NoFit(f"vfs[{i}].max_tx_rate_mbps",
                                f"above {pf.name}'s {pf.bandwidth_mbps} Mbit/s")
             if reserved.get(pf.name, 0) + v.min_tx_rate_mbps > pf.bandwidth_mbps:
                 continue
@@ -324,7 +316,7 @@ def _claim_vfs(layout: Layout, nodes: set[int], used: Usage, req: VmRequest) -> 
                 chosen = (pf, slot)
                 break
         if chosen is None:
-            return Refusal(f"vfs[{i}]", "no free VF with enough unreserved bandwidth")
+            return NoFit(f"vfs[{i}]", "no free VF with enough unreserved bandwidth")
         pf, slot = chosen
         taken.add((pf.name, slot.index))
         reserved[pf.name] = reserved.get(pf.name, 0) + v.min_tx_rate_mbps
@@ -333,19 +325,19 @@ def _claim_vfs(layout: Layout, nodes: set[int], used: Usage, req: VmRequest) -> 
     return tuple(out)
 
 
-def _claim_disks(layout: Layout, used: Usage, req: VmRequest) -> tuple[ClaimedDisk, ...] | Refusal:
+def _claim_disks(layout: Layout, used: Usage, req: VmRequest) -> tuple[ClaimedDisk, ...] | NoFit:
     out: list[ClaimedDisk] = []
     for i, d in enumerate(req.disks):
         budget = next((b for b in layout.disks if d.disk in (b.name, b.id)), None)
         if budget is None:
-            return Refusal(f"disks[{i}].disk", f"{d.disk!r} is not an assignable disk on this host")
+            return NoFit(f"disks[{i}].disk", f"{d.disk!r} is not an assignable disk on this host")
         if budget.name in used.disks:
-            return Refusal(f"disks[{i}].disk", f"{budget.name} already belongs to another VM")
+            return NoFit(f"disks[{i}].disk", f"{budget.name} already belongs to another VM")
         if budget.bytes_sec and d.bytes_sec > budget.bytes_sec:
-            return Refusal(f"disks[{i}].bytes_sec", f"above {budget.name}'s budget {budget.bytes_sec}")
+            return NoFit(f"disks[{i}].bytes_sec", f"above {budget.name}'s budget {budget.bytes_sec}")
         if budget.iops and d.iops > budget.iops:
-            return Refusal(f"disks[{i}].iops", f"above {budget.name}'s budget {budget.iops}")
+            return NoFit(f"disks[{i}].iops", f"above {budget.name}'s budget {budget.iops}")
         if budget.bytes_sec and not d.bytes_sec:
-            return Refusal(f"disks[{i}].bytes_sec", f"{budget.name} has an IO budget: set a limit")
+            return NoFit(f"disks[{i}].bytes_sec", f"{budget.name} has an IO budget: set a limit")
         out.append(ClaimedDisk(budget.name, d.bytes_sec, d.iops))
     return tuple(out)

@@ -1,0 +1,200 @@
+"""`hostd serve`: discover + plan this host, open the ledger and libvirt,
+reconcile, then answer gRPC (mTLS unless plaintext is configured) until SIGTERM.
+
+Threads: gRPC workers; libvirt's default event loop (domain lifecycle events);
+a watchdog that checks the libvirt connection every ``watchdog_s`` seconds and,
+after a reconnect, re-registers events and reconciles (libvirtd restarts are
+survived; VMs keep running under QEMU meanwhile).
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import signal
+import socket
+import threading
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+
+import grpc
+from prometheus_client import start_http_server
+
+from api import hostd_pb2_grpc as pb_grpc
+from api.layout import Layout
+from hostd.apply.images import ImageStore
+from hostd.apply.ledger import Ledger
+from hostd.apply.libvirt_host import LibvirtHost, start_event_loop
+from hostd.apply.overlays import Overlays
+from hostd.apply.vms import VmManager
+from hostd.carve.plan import plan_host
+from hostd.carve.policy import Policy, PolicyError, load_policy
+from hostd.config import HostdConfig
+from hostd.discover import DiskProbe, discover_host
+from hostd.discover.model import Topology
+from hostd.domain.designer import HostFacts
+from hostd.domain.guest_profiles import Profile, load_profiles
+from hostd.domain.metadata import NS
+from hostd.domain.renderer import DomainRenderer
+from hostd.errors import ConfigError, HostdError, NoFit, StartupError
+from hostd.metrics import Metrics
+from hostd.rpc.health import HealthCheck
+from hostd.rpc.register import Registrar, registration
+from hostd.rpc.servicer import HostdService
+
+log = logging.getLogger(__name__)
+
+
+@dataclass
+class Daemon:
+    cfg: HostdConfig
+    topo: Topology
+    layout: Layout
+    manager: VmManager
+    libvirt: LibvirtHost
+    server: grpc.Server
+    port: int
+    stop_event: threading.Event
+    registrar: Registrar | None = None
+
+    def stop(self, grace_s: float = 5.0) -> None:
+        self.stop_event.set()
+        if self.registrar:
+            self.registrar.stop()
+        self.server.stop(grace_s).wait()
+        self.libvirt.close()
+        self.manager.ledger.close()
+
+
+def _load_layout(cfg: HostdConfig) -> tuple[Policy, Topology, Layout]:
+    try:
+        policy = load_policy(cfg.policy)
+    except PolicyError as e:
+        raise StartupError(e.reason, field=f"policy {e.field}") from None
+    topo = discover_host(cfg.root, allow=tuple(policy.disks.allow), virt_type=cfg.virt_type,
+                         probe_versions=cfg.root == Path("/"))
+    layout = plan_host(topo, policy)
+    if isinstance(layout, NoFit):
+        raise StartupError(f"the policy does not fit this host: {layout}", field=layout.field)
+    return policy, topo, layout
+
+
+def _profiles(cfg: HostdConfig) -> dict[str, Profile]:
+    return load_profiles(cfg.profiles_dir) if cfg.profiles_dir.is_dir() else {}
+
+
+def _credentials(cfg: HostdConfig) -> grpc.ServerCredentials | None:
+    if cfg.plaintext:
+        log.warning("gRPC without TLS (plaintext = true): local development only")
+        return None
+    if not (cfg.tls_cert and cfg.tls_key and cfg.tls_ca):
+        raise ConfigError("mTLS needs tls_cert, tls_key and tls_ca (or plaintext = true for "
+                          "local development)", field="tls_cert")
+    try:
+        key, cert, ca = cfg.tls_key.read_bytes(), cfg.tls_cert.read_bytes(), cfg.tls_ca.read_bytes()
+    except OSError as e:
+        raise ConfigError(f"{e.filename}: {e.strerror}", field="tls") from None
+    return grpc.ssl_server_credentials([(key, cert)], root_certificates=ca, require_client_auth=True)
+
+
+def start(cfg: HostdConfig) -> Daemon:
+    policy, topo, layout = _load_layout(cfg)
+    metrics = Metrics()
+    start_event_loop()
+    lv = LibvirtHost(cfg.libvirt_uri, NS)
+    vf_rates = None
+    if layout.pfs and cfg.root == Path("/"):
+        from hostd.apply.netlink import NetlinkVfRates  # pyroute2: only where there are PFs
+
+        vf_rates = NetlinkVfRates()
+    siblings = {c.id: c.siblings for c in topo.cpus}
+    vf_pci = {(n.name, v.index): v.pci for n in topo.nics for v in n.vfs}
+    profiles = _profiles(cfg)
+    facts = HostFacts(virt_type=cfg.virt_type, lock_memory=cfg.lock_guest_memory,
+                      console_dir=cfg.state_dir / "vms", root=cfg.root, siblings=siblings, vf_pci=vf_pci)
+    manager = VmManager(
+        layout=layout, siblings=siblings, ledger=Ledger(cfg.state_dir / "ledger.db"), libvirt=lv,
+        images=ImageStore(cfg.image_dir), render=DomainRenderer(facts, profiles),
+        disk_check=DiskProbe(cfg.root, tuple(policy.disks.allow)), vf_rates=vf_rates,
+        pf_drivers={n.name: n.driver for n in topo.nics}, vf_pci=vf_pci, profiles=frozenset(profiles),
+        overlays=Overlays(cfg.state_dir / "vms"), metrics=metrics)
+    lv.subscribe(manager)
+    lv.conn()
+    manager.reconcile_logged()  # before the first request is served
+    stop_event = threading.Event()
+
+    def watchdog() -> None:
+        while not stop_event.wait(cfg.watchdog_s):
+            try:
+                lv.conn()
+                _refresh_metrics(metrics, lv, manager)
+            except HostdError as e:
+                log.error("libvirt watchdog: %s", e)
+    threading.Thread(target=watchdog, name="libvirt-watchdog", daemon=True).start()
+
+    health = HealthCheck(libvirt=lv, manager=manager, virt_type=cfg.virt_type, state_dir=cfg.state_dir,
+                         host_warnings=topo.host.warnings)
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"))
+    pb_grpc.add_HostdServicer_to_server(
+        HostdService(manager, host=topo.host.hostname or socket.gethostname(),
+                     layout_json=layout.to_json(None), health=health, metrics=metrics), server)
+    creds = _credentials(cfg)
+    port = server.add_secure_port(cfg.listen, creds) if creds else server.add_insecure_port(cfg.listen)
+    if port == 0:
+        raise ConfigError(f"cannot listen on {cfg.listen}", field="listen")
+    server.start()
+    _refresh_metrics(metrics, lv, manager)
+    if cfg.metrics_listen:
+        host, _, mport = cfg.metrics_listen.rpartition(":")
+        start_http_server(int(mport), addr=host.strip("[]") or "0.0.0.0", registry=metrics.registry)
+    log.info("hostd serving listen=%s port=%d tls=%s virt_type=%s vms=%d", cfg.listen, port,
+             creds is not None, cfg.virt_type, len(manager.list()))
+    registrar = _registrar(cfg, topo, layout, manager, port)
+    return Daemon(cfg, topo, layout, manager, lv, server, port, stop_event, registrar)
+
+
+def _refresh_metrics(metrics: Metrics, lv: LibvirtHost, manager: VmManager) -> None:
+    metrics.libvirt_reconnects.set(lv.reconnects)
+    states: dict[str, int] = {}
+    for r in manager.list():
+        states[r.state] = states.get(r.state, 0) + 1
+    for st in ("creating", "running", "stopped", "failed", "deleting"):
+        metrics.vms.labels(st).set(states.get(st, 0))
+    inv = manager.inventory()
+    for n in inv["nodes"]:
+        metrics.free_cpus.labels(str(n["node"])).set(len(n["vm_cpus"]) - len(n["used_cpus"]))
+        for h in n["hugepages"]:
+            metrics.free_pages.labels(str(n["node"]), str(h["size_kb"])).set(h["total"] - h["used"])
+
+
+def _registrar(cfg: HostdConfig, topo: Topology, layout: Layout, manager: VmManager,
+               port: int) -> Registrar | None:
+    if not cfg.scheduler_url:
+        return None
+    if cfg.scheduler_token_file is None:
+        raise ConfigError("registration needs a token with the host scope", field="scheduler_token_file")
+    try:
+        token = cfg.scheduler_token_file.read_text().strip()
+    except OSError as e:
+        raise ConfigError(f"{e.filename}: {e.strerror}", field="scheduler_token_file") from None
+    name = cfg.host_name or topo.host.hostname or socket.gethostname()
+    body = registration(topo, layout, name=name, address=cfg.advertise_address or f"{name}:{port}",
+                        rack=cfg.rack, labels=dict(cfg.labels),
+                        min_rate={p.name: manager.min_rate_supported(p.name) for p in layout.pfs})
+    r = Registrar(cfg.scheduler_url, token, body, interval_s=cfg.heartbeat_s, ca=cfg.scheduler_ca)
+    r.start()
+    return r
+
+
+def serve(cfg: HostdConfig, *, ready_file: Path | None = None) -> int:
+    d = start(cfg)
+    if ready_file:
+        ready_file.write_text(f"{os.getpid()} {d.port}\n")
+    done = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: done.set())
+    done.wait()
+    log.info("hostd stopping")
+    d.stop()
+    return 0

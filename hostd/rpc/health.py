@@ -1,0 +1,40 @@
+"""What ``Health`` answers: libvirt reachable, host warnings from discovery, a state
+dir QEMU cannot traverse, failed VMs."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from api import hostd_pb2 as pb
+from hostd.apply.libvirt_host import LibvirtHost
+from hostd.apply.overlays import unreachable_for_qemu
+from hostd.apply.vms import VmManager
+
+
+class HealthCheck:
+    def __init__(self, *, libvirt: LibvirtHost, manager: VmManager, virt_type: str, state_dir: Path,
+                 host_warnings: tuple[str, ...] = ()):
+        self.libvirt = libvirt
+        self.manager = manager
+        self.virt_type = virt_type
+        self.state_dir = state_dir
+        self.host_warnings = host_warnings
+
+    def __call__(self) -> pb.HealthResponse:
+        problems = []
+        try:
+            self.libvirt.conn().getLibVersion()
+            lv_state = "connected"
+        except Exception as e:
+            lv_state = f"not connected: {e}"
+            problems.append(lv_state)
+        problems += [f"host: {w}" for w in self.host_warnings]
+        blocked = unreachable_for_qemu(self.state_dir)
+        if blocked is not None:
+            problems.append(f"state_dir: QEMU cannot traverse {blocked}; VMs with a root disk image will fail")
+        vms = self.manager.list()
+        failed = [r.name for r in vms if r.state == "failed"]
+        if failed:
+            problems.append(f"failed VMs: {', '.join(failed)}")
+        return pb.HealthResponse(ok=lv_state == "connected", libvirt=lv_state, virt_type=self.virt_type,
+                                 vms=len(vms), problems=problems)
