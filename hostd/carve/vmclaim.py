@@ -4,6 +4,7 @@ The scheduler's fit already chose host and NUMA node (or, for a VM spanning node
 one guest NUMA cell per host node with its vCPU count and memory); hostd picks the
 exact CPUs, pages, VF and disks under its ledger lock, and refuses with the field
 and the reason when the request cannot be honoured here. No IO in this module.
+CPUs the scheduler did not choose are picked by the scheduler's own rule (api/cpus.py).
 """
 
 from __future__ import annotations
@@ -11,6 +12,7 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass, field
 
+from api.cpus import cores_of, pick_cpus
 from api.jsonmodel import from_jsonable, to_jsonable
 from api.layout import Layout, NodeLayout
 from hostd.errors import NoFit
@@ -227,8 +229,8 @@ def _claim_cells(layout: Layout, cells: list[tuple[NodeLayout, CellReq]],
                                               f"(vm_cpus: {list(n.vm_cpus)})")
         free = [x for x in n.vm_cpus if x not in used.cpus]
         preferred = [x for x in c.prefer_cpus if x in free][:need]
-        rest = pick_cpus([x for x in free if x not in preferred], siblings, need - len(preferred))
-        if rest is None:
+        rest = pick_cpus(cores_of(n.vm_cpus, siblings), used.cpus | set(preferred), need - len(preferred))
+        if len(preferred) + len(rest) < need:
             return NoFit("vcpus", f"node {n.node} has {len(free)} free VM CPUs, {need} needed")
         cpus = preferred + rest
         if need > c.vcpus:  # isolate: the last one runs the emulator
@@ -254,31 +256,6 @@ def _claim_cells(layout: Layout, cells: list[tuple[NodeLayout, CellReq]],
     return Claim(cells[0][0].node, tuple(pins), emu, req.hugepage_size_kb, sum(c.pages for c in claimed),
                  vfs, disks, emulator_dedicated=req.emulator_policy == "isolate",
                  cells=tuple(claimed) if len(claimed) > 1 else ())
-
-
-def pick_cpus(free: list[int], siblings: dict[int, tuple[int, ...]], count: int) -> list[int] | None:
-    """Whole free cores first (lowest id), then the remaining single threads, so a
-    VM does not share a core with another VM when it can be avoided."""
-    if count > len(free):
-        return None
-    if count == 0:
-        return []
-    free_set = set(free)
-    whole, partial = [], []
-    seen: set[int] = set()
-    for c in sorted(free):
-        if c in seen:
-            continue
-        core = sorted(set(siblings.get(c, (c,))) | {c})
-        seen.update(core)
-        (whole if all(s in free_set for s in core) else partial).append(
-            [s for s in core if s in free_set])
-    out: list[int] = []
-    for group in whole + partial:
-        out.extend(group)
-        if len(out) >= count:
-            return out[:count]
-    return None
 
 
 def _emulator(req: VmRequest, layout: Layout, nodes: list[NodeLayout], pins: list[int],

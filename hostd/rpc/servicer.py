@@ -7,6 +7,7 @@ used now: mounted at /mnt``.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import sys
@@ -44,9 +45,9 @@ EVENT_QUEUE = 1024  # per WatchEvents stream; a stream that falls this far behin
 
 
 def _iotune(m: pb.IoTune) -> IoTune:
-    return IoTune(m.total_bytes_sec, m.read_bytes_sec, m.write_bytes_sec, m.total_iops_sec,
-                  m.read_iops_sec, m.write_iops_sec, m.total_bytes_sec_max, m.total_iops_sec_max,
-                  m.total_bytes_sec_max_length, m.total_iops_sec_max_length, m.group_name)
+    """By field name: the proto message and the spec carry the same fields
+    (tests/api/test_iotune_fields.py keeps them so)."""
+    return IoTune(**{f.name: getattr(m, f.name) for f in dataclasses.fields(IoTune)})
 
 
 def spec_from_proto(r: pb.CreateVMRequest) -> VmSpec:

@@ -1,6 +1,6 @@
 """The gRPC API over mTLS (certificates from tools/make-dev-ca.sh) on a real
 VmManager: libvirt's test driver in-process, a real SQLite ledger. The end-to-end
-path with libvirtd + QEMU is in tests/hostd/service/test_serve_live.py."""
+path with libvirtd + QEMU is in tests/hostd/rpc/test_serve_live.py."""
 
 from __future__ import annotations
 
@@ -9,10 +9,10 @@ from pathlib import Path
 
 import grpc
 import pytest
+from hostd_inproc import dev_certs, start_hostd
 
 from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
-from hostd_inproc import dev_certs, start_hostd
 
 
 @pytest.fixture(scope="module")

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from api.cpus import cores_of, pick_cpus
 from api.layout import (
     DiskBudget,
     HugepageTarget,
@@ -13,7 +14,7 @@ from api.layout import (
     PfLayout,
     VfSlot,
 )
-from hostd.carve.vmclaim import CellReq, Claim, ClaimCell, DiskReq, Usage, VfReq, VmRequest, claim, pick_cpus
+from hostd.carve.vmclaim import CellReq, Claim, ClaimCell, DiskReq, Usage, VfReq, VmRequest, claim
 from hostd.errors import NoFit
 
 # 2 nodes x 4 cores x 2 threads; siblings n and n+8 (Intel-style enumeration).
@@ -44,11 +45,13 @@ def test_whole_cores_first_and_emulator_on_host_cpus() -> None:
     assert (c.size_kb, c.pages) == (2048, 256)
 
 
-def test_partially_used_core_is_taken_last() -> None:
+def test_odd_remainder_comes_from_a_split_core() -> None:
+    """The scheduler's rule (api/cpus.py): whole cores while a whole core fits, the odd
+    vCPU from a core that is split already, so core 7/15 stays whole for the next VM."""
     used = Usage(cpus=frozenset({5}))
     c = claim(LAYOUT, SIBLINGS, used, _req(node=1, vcpus=3))
     assert isinstance(c, Claim)
-    assert c.vcpu_pins == (6, 14, 7)  # whole core 6/14, then core 7/15, not 13 (sibling of used 5)
+    assert c.vcpu_pins == (6, 14, 13)  # whole core 6/14, then 13 (sibling of used 5), not 7
 
 
 def test_node_without_host_cpus_falls_back_to_any_host_cpu() -> None:
@@ -101,8 +104,12 @@ def test_vfs_are_node_local_and_not_reused() -> None:
 
 
 def test_pick_cpus_never_returns_more_or_used() -> None:
-    assert pick_cpus([2, 3, 10], SIBLINGS, 4) is None
-    assert pick_cpus([3, 10, 2], SIBLINGS, 2) == [2, 10]
+    cores = cores_of([2, 3, 10, 11], SIBLINGS)
+    assert cores == ((2, 10), (3, 11))
+    assert pick_cpus(cores, {11}, 4) == [2, 10, 3]
+    assert pick_cpus(cores, {11}, 2) == [2, 10]
+    c = claim(LAYOUT, SIBLINGS, Usage(cpus=frozenset({11})), _req(node=0, vcpus=4))
+    assert isinstance(c, NoFit) and c.field == "vcpus" and "3 free VM CPUs, 4 needed" in c.reason
 
 
 def test_preferred_cpus_are_taken_where_free_and_must_be_vm_cpus():
