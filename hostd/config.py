@@ -34,6 +34,10 @@ class HostdConfig(BaseSettings):
     tls_ca: Path | None = None
     # Plaintext gRPC, for local development only; must be said explicitly.
     plaintext: bool = False
+    # Client certificate names (SAN DNS/URI or CN) that may call the RPCs that change
+    # VMs or the host (CreateVM, DeleteVM, StartVM, StopVM, UpdateIOLimits). Any
+    # certificate the CA signed may call the read-only ones (Health, GetVM, ...).
+    rpc_mutating_callers: list[str] = ["scheduler", "fleet-rollout"]
     libvirt_uri: str = "qemu:///system"
     # Guest images a VM may name (hostd/apply/images.py).
     image_dir: Path = Path("/var/lib/hostd/images")

@@ -62,6 +62,12 @@ class BadTopology(HostdError):
     code = "hyb.host.bad_topology"
 
 
+class Forbidden(HostdError):
+    """The caller's certificate is the fleet CA's, but not one allowed to do this."""
+
+    code = "hyb.rpc.forbidden"
+
+
 # ---------------------------------------------------------------- the live carve (apply/)
 
 class DeviceBusy(HostdError):

@@ -5,6 +5,7 @@ daemon) and a recording stand-in for the VF rate driver (no SR-IOV hardware here
 
 from __future__ import annotations
 
+import os
 import subprocess
 from concurrent import futures
 from dataclasses import dataclass
@@ -20,6 +21,7 @@ from hostd.apply.ledger import Ledger
 from hostd.apply.libvirt_host import LibvirtHost
 from hostd.apply.vms import VmManager
 from hostd.domain.metadata import NS, VmMetadata
+from hostd.rpc.callers import CallerCheck
 from hostd.rpc.servicer import HostdService
 
 REPO = Path(__file__).resolve().parents[1]
@@ -59,8 +61,10 @@ def render(md: VmMetadata, image) -> str:  # type: ignore[no-untyped-def]
             f"<vcpu>{md.spec.vcpus}</vcpu><os><type arch='x86_64'>hvm</type></os></domain>")
 
 
-def dev_certs(d: Path) -> Path:
-    subprocess.run(["bash", str(REPO / "tools/make-dev-ca.sh"), str(d)], check=True, capture_output=True)
+def dev_certs(d: Path, clients: tuple[str, ...] = ()) -> Path:
+    """The dev CA's certificates, plus a client certificate for each name in ``clients``."""
+    subprocess.run(["bash", str(REPO / "tools/make-dev-ca.sh"), str(d)], check=True, capture_output=True,
+                   env={**os.environ, "DEV_CA_CLIENTS": " ".join(clients)})
     return d
 
 
@@ -84,7 +88,7 @@ class InprocHostd:
 
 
 def start_hostd(tmp: Path, certs: Path, name: str, *, with_image: bool = True, workers: int = 8,
-                layout: Layout = LAYOUT) -> InprocHostd:
+                layout: Layout = LAYOUT, mutating_callers: tuple[str, ...] = ("scheduler",)) -> InprocHostd:
     (tmp / "vmlinuz").write_bytes(b"k")
     images = ImageStore(tmp / "images")
     if with_image:
@@ -95,7 +99,8 @@ def start_hostd(tmp: Path, certs: Path, name: str, *, with_image: bool = True, w
                   vf_pci=VF_PCI)
     server = grpc.server(futures.ThreadPoolExecutor(workers))
     pb_grpc.add_HostdServicer_to_server(HostdService(m, host=name, layout_json=layout.to_json(None),
-                                                     health=lambda: pb.HealthResponse(ok=True)), server)
+                                                     health=lambda: pb.HealthResponse(ok=True),
+                                                     callers=CallerCheck(frozenset(mutating_callers))), server)
     creds = grpc.ssl_server_credentials([((certs / "hostd.key").read_bytes(), (certs / "hostd.crt").read_bytes())],
                                         root_certificates=(certs / "ca.crt").read_bytes(),
                                         require_client_auth=True)

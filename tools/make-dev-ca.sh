@@ -2,8 +2,11 @@
 # A development CA and certificates for mTLS between scheduler and hostd.
 #   tools/make-dev-ca.sh DIR [HOSTNAME...]
 # writes DIR/ca.{crt,key}, DIR/hostd.{crt,key} (server; SANs: the hostnames given,
-# localhost, 127.0.0.1, ::1) and DIR/scheduler.{crt,key} (client). Existing files
-# are kept, so re-running is harmless. Not for production: keys are unencrypted.
+# localhost, 127.0.0.1, ::1), DIR/scheduler.{crt,key} and DIR/fleet-rollout.{crt,key}
+# (clients hostd lets change VMs), plus a client certificate for each name in
+# $DEV_CA_CLIENTS (space-separated; tests use it for a caller hostd must refuse).
+# Existing files are kept, so re-running is harmless. Not for production: keys are
+# unencrypted.
 set -euo pipefail
 dir=${1:?usage: make-dev-ca.sh DIR [HOSTNAME...]}
 shift || true
@@ -34,5 +37,7 @@ san="DNS:localhost,IP:127.0.0.1,IP:::1"
 for h in "$@"; do san="$san,DNS:$h"; done
 issue hostd serverAuth "$san"
 issue scheduler clientAuth "DNS:scheduler"
-chmod 0644 ca.crt hostd.crt scheduler.crt
-echo "dev CA in $dir: ca.crt, hostd.{crt,key} (server), scheduler.{crt,key} (client)"
+issue fleet-rollout clientAuth "DNS:fleet-rollout"
+for c in ${DEV_CA_CLIENTS:-}; do issue "$c" clientAuth "DNS:$c"; done
+chmod 0644 ca.crt ./*.crt
+echo "dev CA in $dir: ca.crt, hostd.{crt,key} (server), scheduler.{crt,key} and fleet-rollout.{crt,key} (clients)"

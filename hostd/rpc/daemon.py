@@ -39,6 +39,7 @@ from hostd.domain.metadata import NS
 from hostd.domain.renderer import DomainRenderer
 from hostd.errors import ConfigError, HostdError, NoFit, StartupError
 from hostd.metrics import Metrics
+from hostd.rpc.callers import CallerCheck
 from hostd.rpc.health import HealthCheck
 from hostd.rpc.register import Registrar, registration
 from hostd.rpc.servicer import HostdService
@@ -135,11 +136,12 @@ def start(cfg: HostdConfig) -> Daemon:
 
     health = HealthCheck(libvirt=lv, manager=manager, virt_type=cfg.virt_type, state_dir=cfg.state_dir,
                          host_warnings=topo.host.warnings)
+    creds = _credentials(cfg)
+    callers = CallerCheck(frozenset(cfg.rpc_mutating_callers) if creds else None)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"))
     pb_grpc.add_HostdServicer_to_server(
         HostdService(manager, host=topo.host.hostname or socket.gethostname(),
-                     layout_json=layout.to_json(None), health=health, metrics=metrics), server)
-    creds = _credentials(cfg)
+                     layout_json=layout.to_json(None), health=health, metrics=metrics, callers=callers), server)
     port = server.add_secure_port(cfg.listen, creds) if creds else server.add_insecure_port(cfg.listen)
     if port == 0:
         raise ConfigError(f"cannot listen on {cfg.listen}", field="listen")

@@ -24,6 +24,7 @@ from hostd.carve.vmclaim import CellReq, VfReq
 from hostd.carve.vmspec import DiskSpec, IoTune, VmSpec
 from hostd.errors import HostdError, SpecInvalid
 from hostd.metrics import Metrics
+from hostd.rpc.callers import CallerCheck
 
 log = logging.getLogger(__name__)
 
@@ -39,6 +40,7 @@ _STATUS = {
     "hyb.image.bad": grpc.StatusCode.FAILED_PRECONDITION,
     "hyb.spec.invalid": grpc.StatusCode.INVALID_ARGUMENT,
     "hyb.host.libvirt_unavailable": grpc.StatusCode.UNAVAILABLE,
+    "hyb.rpc.forbidden": grpc.StatusCode.PERMISSION_DENIED,
 }
 
 EVENT_QUEUE = 1024  # per WatchEvents stream; a stream that falls this far behind is ended
@@ -90,8 +92,10 @@ def vm_to_proto(rec: VmRecord, m: VmManager) -> pb.VM:
 
 class HostdService(pb_grpc.HostdServicer):
     def __init__(self, manager: VmManager, *, host: str, layout_json: str,
-                 health: Callable[[], pb.HealthResponse], metrics: Metrics | None = None):
+                 health: Callable[[], pb.HealthResponse], metrics: Metrics | None = None,
+                 callers: CallerCheck = CallerCheck(frozenset({"scheduler"}))):
         self.m = manager
+        self.callers = callers
         self.host = host
         self.layout_json = layout_json
         self.health = health
@@ -104,6 +108,7 @@ class HostdService(pb_grpc.HostdServicer):
     def _call(self, ctx: grpc.ServicerContext, fn: Callable[[], object]) -> object:
         method = sys._getframe(1).f_code.co_name  # the RPC handler that called us
         try:
+            self.callers.check(ctx, method)
             out = fn()
         except HostdError as e:
             code = _STATUS.get(e.code, grpc.StatusCode.INTERNAL)
