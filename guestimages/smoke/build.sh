@@ -18,7 +18,7 @@ out=${1:-/var/cache/hybrid-kvm/smoke}
 mkdir -p "$out"
 uptodate=1
 [ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ] || uptodate=0
-for f in "$here/init" "$0" "$gi"/common/* "$gi"/profiles/*.toml "$repo/hostd/guest_profiles.py"; do
+for f in "$here/init" "$0" "$gi"/common/* "$gi"/profiles/*.toml "$repo/hostd/domain/guest_profiles.py"; do
   [ "$out/initrd.img" -nt "$f" ] || uptodate=0
 done
 [ "$uptodate" = 1 ] && exit 0   # up to date
