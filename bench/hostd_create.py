@@ -31,15 +31,14 @@ import time
 import uuid
 from pathlib import Path
 
+import grpc
+import libvirt
+
+from api import hostd_pb2 as pb
+from api import hostd_pb2_grpc as pb_grpc
+from hostd.apply.images import ImageStore
+
 REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-
-import grpc  # noqa: E402
-import libvirt  # noqa: E402
-
-from api import hostd_pb2 as pb  # noqa: E402
-from api import hostd_pb2_grpc as pb_grpc  # noqa: E402
-from hostd.apply.images import ImageStore  # noqa: E402
 
 POOL = Path("/sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages")
 PAGES = 128

@@ -43,12 +43,10 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
+from procstat import tree_cpu_s
+from tools.kvm_utils.bench import cache_dir, helper_argv
 
-from procstat import tree_cpu_s  # noqa: E402
-from tools.kvm_utils.bench import cache_dir, helper_argv  # noqa: E402
+REPO = Path(__file__).resolve().parents[1]
 
 #: targets from the issue: counting mode and BPF (latency) mode, CPU per exit
 TARGETS = {"exits": 2.0, "exits-user-reasons": 2.0, "exits-bpf": 2.0, "latency": 10.0, "io": 10.0}

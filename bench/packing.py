@@ -25,18 +25,12 @@ from __future__ import annotations
 import argparse
 import sys
 import time
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-from scheduler_benchlib import (MIXES, Req, class_ceiling, describe, ffd_bound, fleet, host_res,  # noqa: E402
-                                overcommit, trace)
-
-from scheduler.fit import HostView  # noqa: E402
-from scheduler.resources import Allocation, HostRes  # noqa: E402
-from scheduler.service.index import FleetIndex  # noqa: E402
+from scheduler.fit import HostView
+from scheduler.resources import Allocation, HostRes
+from scheduler.service.index import FleetIndex
+from scheduler_benchlib import (MIXES, Req, class_ceiling, describe, ffd_bound, fleet, host_res, overcommit,
+                                trace)
 
 
 def online(hosts: list[HostRes], reqs: list[Req], *, hint: bool = True) -> tuple[int, int, Req | None, list[str]]:

@@ -37,14 +37,12 @@ import tempfile
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(REPO))
-sys.path.insert(0, str(REPO / "bench"))
-
-from scheduler_benchlib import (MIXES, Conn, Req, Result, class_ceiling, create_database, fleet, ffd_bound, free_port,  # noqa: E402
+from procstat import machine, machine_load, tree_cpu_s
+from scheduler_benchlib import (MIXES, Conn, Req, Result, class_ceiling, create_database, fleet, ffd_bound, free_port,
                                 host_res, overcommit, percentile, postgres, register_body, run_clients,
                                 run_open, stop, thread_cpu, trace, wait_http)
-from procstat import machine, machine_load, tree_cpu_s  # noqa: E402
+
+REPO = Path(__file__).resolve().parents[1]
 
 TOKENS = {"bench-admin": ["admin"], "bench-host": ["host"], "bench-tenant": ["tenant:bench"]}
 PG_SETTINGS = {"synchronous_commit": "off", "shared_buffers": "256MB", "max_connections": "400"}

@@ -3,10 +3,15 @@ own accounting of the processes they start."""
 
 from __future__ import annotations
 
+import functools
 import os
 from pathlib import Path
 
-_TICK = os.sysconf("SC_CLK_TCK")
+
+@functools.cache
+def _tick() -> int:
+    """Clock ticks per second (the unit of /proc's CPU times), read on first use."""
+    return os.sysconf("SC_CLK_TCK")
 
 
 def stat_fields(path: str | Path) -> list[str] | None:
@@ -20,7 +25,7 @@ def stat_fields(path: str | Path) -> list[str] | None:
 
 def cpu_s(fields: list[str]) -> float:
     """User + system CPU seconds from ``stat_fields``."""
-    return (int(fields[11]) + int(fields[12])) / _TICK
+    return (int(fields[11]) + int(fields[12])) / _tick()
 
 
 def tree_cpu_s(pid: int) -> float:

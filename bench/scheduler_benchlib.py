@@ -23,10 +23,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from host_shapes import Shape, make_layout
 from procstat import cpu_s, stat_fields
 from scheduler.fit import DiskWant, HostView, VfWant, VmWant, fit_host
 from scheduler.resources import Allocation, HostRes, Usage, host_from_layout
-from scheduler.shapes import Shape, make_layout
 
 # Storage hosts: most cores belong to the resident IO service, hugepage pools are a slice
 # of RAM (the rest is page cache), a few VFs and spare NVMe per node.

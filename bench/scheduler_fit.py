@@ -1,6 +1,6 @@
 """Scheduler bench, one command:  .venv/bin/python bench/scheduler_fit.py [--hosts 1000]
 
-1. fit latency at N hosts (mixed shapes from scheduler/shapes.py, randomly half full):
+1. fit latency at N hosts (mixed shapes from bench/host_shapes.py, randomly half full):
    the scheduler's walk (hosts in score order, stop after `candidates` fits) against the
    named baseline "full-scan" (fit every host, then rank: what a filter-then-weigh
    scheduler without an index does). Same hosts, same requests, same answers (checked).
@@ -17,13 +17,10 @@ import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-
-from scheduler.fit import HostView, VmWant, fit_host, fit_vm  # noqa: E402
-from scheduler.resources import Allocation, host_from_layout  # noqa: E402
-from scheduler.shapes import SHAPES, make_layout  # noqa: E402
+from host_shapes import SHAPES, make_layout
+from scheduler.fit import HostView, VmWant, fit_host, fit_vm
+from scheduler.resources import Allocation, host_from_layout
 
 WANTS = [VmWant(2, 4096), VmWant(4, 8192), VmWant(8, 16384), VmWant(1, 2048), VmWant(16, 32768)]
 
@@ -74,7 +71,7 @@ def bench_claims(url: str, label: str, n_hosts: int, n_claims: int) -> float:
     from scheduler.db.models import Vm
     from scheduler.repo.hosts import upsert_host
     from scheduler.service.claims import Affinity, Placer
-    from scheduler.service.inventory import HostCache
+    from scheduler.service.hostcache import HostCache
     store = Store.from_url(url)
     upgrade(store.engine)
     now = time.time()

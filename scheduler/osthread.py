@@ -6,11 +6,17 @@ from __future__ import annotations
 
 import ctypes
 import ctypes.util
+import functools
 
 _PR_SET_NAME = 15
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
+
+
+@functools.cache
+def _libc() -> ctypes.CDLL:
+    """libc, loaded on first use (not at import)."""
+    return ctypes.CDLL(ctypes.util.find_library("c") or None, use_errno=True)
 
 
 def name_this_thread(name: str) -> None:
     """Linux keeps 15 bytes of it; a failure is ignored (the name is a diagnostic)."""
-    _libc.prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)
+    _libc().prctl(_PR_SET_NAME, ctypes.c_char_p(name.encode()[:15]), 0, 0, 0)

@@ -65,10 +65,6 @@ class HostRes:
     labels: tuple[tuple[str, str], ...] = ()
 
     @cached_property
-    def total_cpus(self) -> int:
-        return sum(len(n.cpus) for n in self.nodes)
-
-    @cached_property
     def label_map(self) -> dict[str, str]:
         return dict(self.labels)
 

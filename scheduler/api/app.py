@@ -20,8 +20,8 @@ from scheduler.db.migrate import HERE, current
 from scheduler.db.models import Host, Vm
 from scheduler.metrics import Metrics
 from scheduler.service.claims import Placer
+from scheduler.service.hostcache import HostCache
 from scheduler.service.hosts import HostService
-from scheduler.service.inventory import HostCache
 from scheduler.service.vms import Hostd, VmService
 
 VERSION = "1.0.0"

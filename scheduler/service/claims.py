@@ -44,7 +44,7 @@ from scheduler.repo import batch as batch_repo
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import vms as vm_repo
 from scheduler.resources import Allocation, Usage
-from scheduler.service.inventory import HostCache
+from scheduler.service.hostcache import HostCache
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,7 @@ from scheduler.repo import vms as vm_repo
 from scheduler.resources import Usage
 from scheduler.schemas.hosts import (HostDiskOut, HostPublic, HostRegister, HostsPublic, NodeOut, PfOut,
                                      PoolOut)
-from scheduler.service.inventory import HostCache
+from scheduler.service.hostcache import HostCache
 
 log = logging.getLogger(__name__)
 

@@ -4,15 +4,13 @@ user (PostgreSQL refuses root), and stops by PID even when tests fail."""
 
 from __future__ import annotations
 
-import sys
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "bench"))
-from scheduler_benchlib import PG_BIN, create_database, postgres  # noqa: E402
+from scheduler_benchlib import PG_BIN, create_database, postgres
 
 
 @pytest.fixture(scope="session")

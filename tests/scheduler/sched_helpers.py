@@ -1,5 +1,6 @@
-"""Helpers shared by the scheduler tests (imported by basename: tests/scheduler is on
-sys.path under pytest's default import mode)."""
+"""Helpers shared by the scheduler tests (imported by basename: tests/scheduler, the
+directory of its conftest.py, is on sys.path under pytest's default import mode, also for
+the tests in its subdirectories)."""
 
 from __future__ import annotations
 
@@ -9,11 +10,11 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
+from host_shapes import SHAPES, Shape, make_layout
 from scheduler.api.app import create_app
 from scheduler.config import Settings
 from scheduler.db.engine import Store
 from scheduler.db.migrate import upgrade
-from scheduler.shapes import SHAPES, Shape, make_layout
 
 
 TOKENS = {"adm": ["admin"], "ta": ["tenant:a"], "tb": ["tenant:b"], "hst": ["host"]}

@@ -63,7 +63,6 @@ def test_openstack_placement_baseline_books_no_overcommit(pg_server: str, tmp_pa
     provider's inventory and Placement never logs its "reduces existing overage" pass.
     With Placement's default (10) this same run overcommits (its in-transaction retry
     counts the failed attempt's own rows as existing usage: scheduler/README.md)."""
-    sys.path.insert(0, str(REPO / "bench"))
     from scheduler_benchlib import create_database, fleet, trace
     from scheduler_osplacement import run_placement
 

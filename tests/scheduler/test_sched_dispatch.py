@@ -1,6 +1,6 @@
 """Dispatch and reconcile against real hostd gRPC servers (mTLS, certificates from
 tools/make-dev-ca.sh) running in-process over libvirt's test driver with real SQLite
-ledgers, the same construction as tests/hostd/service/test_grpc_service.py."""
+ledgers, the same construction as tests/hostd/rpc/test_grpc_service.py."""
 
 from __future__ import annotations
 

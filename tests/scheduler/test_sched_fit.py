@@ -1,5 +1,5 @@
 """Pure fitting (scheduler/fit.py): unit cases and hypothesis properties. Hosts are
-synthetic layouts (scheduler/shapes.py), the same shape hostd's carve planner emits."""
+synthetic layouts (bench/host_shapes.py), the same shape hostd's carve planner emits."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.layout import DiskBudget, HugepageTarget, IoServiceTarget, Layout, NodeLayout, PfLayout, VfSlot
+from host_shapes import SHAPES, Shape, make_layout
 from scheduler.fit import (
     DiskWant,
     HostView,
@@ -23,7 +24,6 @@ from scheduler.fit import (
     validate,
 )
 from scheduler.resources import Allocation, Usage, host_from_layout
-from scheduler.shapes import SHAPES, Shape, make_layout
 
 
 def host(name="h1", shape: Shape = SHAPES[0], rack="", usage: Usage | None = None, **labels) -> HostView:

@@ -8,10 +8,8 @@ import sys
 
 import pytest
 
+from kvm_utils_overhead import median_ci, verdict
 from kvmu_helpers import REPO
-
-sys.path.insert(0, str(REPO / "bench"))
-from kvm_utils_overhead import median_ci, verdict  # noqa: E402
 
 
 def test_median_ci_order_statistics() -> None:

@@ -29,7 +29,7 @@ def no_crash(ctx, response, case):  # type: ignore[no-untyped-def]
 
 from sched_helpers import ADM, HOST, Clock, host_body, make_client  # noqa: E402
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 
 
 @pytest.fixture(scope="module")

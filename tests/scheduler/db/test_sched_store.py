@@ -15,15 +15,15 @@ import httpx
 import pytest
 from sqlalchemy import inspect
 
+from host_shapes import Shape
 from procs import Scheduler, free_port
 from sched_helpers import ADM, HOST, TA, host_body, token_config, vm_body
 from scheduler.db.engine import Store
 from scheduler.db.migrate import current, downgrade, upgrade
 from scheduler.db.models import LIVE, Host, Vm
 from scheduler.resources import Allocation, Usage
-from scheduler.shapes import Shape
 
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 # 2 nodes x 3 VM cores x 2 threads = 12 VM CPUs per host, 512 x 2 MiB pages per node
 TIGHT = Shape("tight", nodes=2, cores_per_node=4, smt=2, io_cores_per_node=1, host_cores=0,
               pages_2m_per_node=512, vfs_per_node=2, pf_mbps=1000, disks_per_node=1)
@@ -218,7 +218,7 @@ def test_index_learns_down_hosts_from_the_quiet_query_not_full_passes(db_url, mo
     from sched_helpers import Clock, make_client
     from scheduler.repo import hosts as host_repo
     from scheduler.fit import VmWant
-    from scheduler.service.inventory import HostCache
+    from scheduler.service.hostcache import HostCache
     clock = Clock()
     with make_client(db_url, clock=clock) as c:
         for n in ("h1", "h2", "h3"):

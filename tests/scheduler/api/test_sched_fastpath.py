@@ -9,10 +9,10 @@ import asyncio
 
 import pytest
 
+from host_shapes import SHAPES
 from sched_helpers import ADM, HOST, TA, Clock, host_body, make_client, vm_body
 from scheduler.api import fastpath
 from scheduler.api.routes import vms as vm_routes
-from scheduler.shapes import SHAPES
 
 
 def _comparable(r):  # type: ignore[no-untyped-def]

@@ -14,6 +14,7 @@ import time
 import pytest
 from sqlalchemy import select
 
+from host_shapes import SHAPES, Shape, make_layout
 from sched_helpers import HOST, host_body, make_client
 from scheduler.db.models import LIVE, Audit, Host, Vm
 from scheduler.errors import NoValidHost
@@ -21,7 +22,6 @@ from scheduler.fit import HostView, VmWant, fit_vm
 from scheduler.resources import Allocation, Usage, host_from_layout
 from scheduler.schemas.vms import VmCreate
 from scheduler.service.claimq import ClaimQueue
-from scheduler.shapes import SHAPES, Shape, make_layout
 
 SMALL = Shape("small", nodes=2, cores_per_node=4, smt=2, io_cores_per_node=1, host_cores=1,
               pages_2m_per_node=2048, vfs_per_node=0, disks_per_node=0)  # 10 VM CPUs, 4 GiB per node

@@ -6,11 +6,11 @@ import json
 from pathlib import Path
 
 import pytest
+
+from host_shapes import Shape
 from sched_helpers import ADM, HOST, ONE_G, PLAIN, TA, TB, Clock, auth, host_body, make_client, vm_body
 
-from scheduler.shapes import Shape
-
-REPO = Path(__file__).resolve().parents[2]
+REPO = Path(__file__).resolve().parents[3]
 SMALL = Shape("small", nodes=2, cores_per_node=4, smt=2, io_cores_per_node=1, host_cores=1,
               pages_2m_per_node=2048, vfs_per_node=2, pf_mbps=10000, disks_per_node=1)
 

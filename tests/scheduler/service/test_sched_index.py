@@ -10,11 +10,11 @@ import random
 
 import pytest
 
+from host_shapes import SHAPES, Shape, make_layout
 from sched_helpers import ONE_G, PLAIN
 from scheduler.fit import DiskWant, HostView, VfWant, VmWant, fit_host, fit_vm
 from scheduler.resources import Allocation, host_from_layout
 from scheduler.service.index import FleetIndex, quantize
-from scheduler.shapes import SHAPES, Shape, make_layout
 
 SMALL = (
     Shape("s1", nodes=2, cores_per_node=4, smt=2, io_cores_per_node=1, host_cores=1, pages_2m_per_node=2048,
