@@ -35,6 +35,7 @@ from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 from functools import cached_property
 
+from api import cpus as cpus_rule
 from scheduler.resources import Allocation, DiskAlloc, DiskRes, HostRes, NodeRes, Usage, VfAlloc
 
 PAGE_SIZES_KB = (2048, 1048576)
@@ -386,30 +387,9 @@ def apportion(total: int, weights: Sequence[int], caps: Sequence[int]) -> list[i
 
 
 def pick_cpus(node: NodeRes, used: frozenset[int], count: int) -> list[int]:
-    """Up to ``count`` free CPUs of ``node``: whole free cores first (lowest id), the
-    remainder that does not fill a whole core from split cores, then from whole ones."""
-    whole: list[tuple[int, ...]] = []
-    split: list[int] = []
-    for core in node.cores:
-        free = [c for c in core if c not in used]
-        if len(free) == len(core):
-            whole.append(core)
-        else:
-            split.extend(free)
-    out: list[int] = []
-    rest: list[tuple[int, ...]] = []
-    for core in whole:
-        if len(core) <= count - len(out):
-            out.extend(core)
-        else:
-            rest.append(core)
-    if len(out) < count:
-        out.extend(split[:count - len(out)])
-    for core in rest:
-        if len(out) >= count:
-            break
-        out.extend(core[:count - len(out)])
-    return out
+    """Up to ``count`` free CPUs of ``node``, by the rule hostd's claim check uses too
+    (api/cpus.py): whole free cores first, the odd remainder from split cores."""
+    return cpus_rule.pick_cpus(node.cores, used, count)
 
 
 def _local(node: int | None, ids: set[int]) -> bool:

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from typing import Any
 
+from api.cpus import cores_of
 from api.layout import Layout
 
 
@@ -197,20 +198,6 @@ def disk_class(name: str) -> str:
     if name.startswith(("sd", "vd", "xvd")):
         return "disk"
     return "other"
-
-
-def cores_of(cpus: Sequence[int], siblings: Mapping[int, Sequence[int]]) -> tuple[tuple[int, ...], ...]:
-    """Group ``cpus`` into SMT cores (only CPUs from ``cpus`` are kept)."""
-    mine = set(cpus)
-    out: list[tuple[int, ...]] = []
-    seen: set[int] = set()
-    for c in sorted(mine):
-        if c in seen:
-            continue
-        core = tuple(sorted((set(siblings.get(c, ())) | {c}) & mine))
-        seen.update(core)
-        out.append(core)
-    return tuple(out)
 
 
 def host_from_layout(name: str, layout: Layout, *, siblings: Mapping[int, Sequence[int]] | None = None,
