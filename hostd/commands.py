@@ -49,7 +49,8 @@ def _policy(args: argparse.Namespace, cfg: HostdConfig, *, required: bool) -> Po
 def _topology(args: argparse.Namespace, cfg: HostdConfig, policy: Policy | None) -> Topology:
     root = args.root or cfg.root
     allow = args.allow if args.allow is not None else (policy.disks.allow if policy else ())
-    return discover_host(root, allow=tuple(allow), virt_type=args.virt_type or cfg.virt_type,
+    return discover_host(root, allow=tuple(allow), wipe_ok=tuple(policy.disks.wipe_ok) if policy else (),
+                         virt_type=args.virt_type or cfg.virt_type,
                          probe_versions=root == Path("/"))
 
 

@@ -12,6 +12,7 @@ domain whose row is lost is found by ``listAllDomains`` and adopted.
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import hashlib
 import logging
@@ -25,6 +26,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from api.layout import Layout
+from hostd.apply.diskhold import DiskHold
 from hostd.apply.images import ImageStore
 from hostd.apply.ledger import Ledger, VmRecord
 from hostd.apply.libvirt_host import LibvirtHost
@@ -67,7 +69,8 @@ class VmManager:
                  pf_drivers: dict[str, str | None] | None = None,
                  vf_pci: dict[tuple[str, int], str] | None = None,
                  profiles: frozenset[str] | None = None,
-                 overlays: Overlays | None = None, metrics: Metrics | None = None):
+                 overlays: Overlays | None = None, metrics: Metrics | None = None,
+                 disk_hold: DiskHold | None = None):
         self.layout = layout
         self.siblings = siblings
         self.ledger = ledger
@@ -81,6 +84,7 @@ class VmManager:
         self.profiles = profiles  # None: any (no profile store configured)
         self.overlays = overlays  # per-VM files (root disk overlay); None: images boot as they are
         self.metrics = metrics
+        self.disk_hold = disk_hold  # O_EXCL on claimed disks from define until QEMU has them
         self._lock = threading.RLock()
         self._watchers: list[Callable[[VmEvent], None]] = []
         self.generation = 0
@@ -148,9 +152,11 @@ class VmManager:
                 self._set_vf_rates(got, spec)
                 self._crash("vf_set")
                 booted = self.overlays.prepare(spec.name, image) if self.overlays else image
-                self.libvirt.define(spec.name, self.render(md, booted))
-                self._crash("defined")
-                self.libvirt.start(vm_id)
+                held = [(f"disks[{i}].disk", d.name) for i, d in enumerate(got.disks)]
+                with self.disk_hold.hold(held) if self.disk_hold else contextlib.nullcontext():
+                    self.libvirt.define(spec.name, self.render(md, booted))
+                    self._crash("defined")
+                    self.libvirt.start(vm_id)
                 self._crash("started")
             except Exception as e:
                 log.error("create failed vm=%s name=%s error=%s; rolling back", vm_id, spec.name, e)

@@ -281,6 +281,9 @@ class _Planner:
                 self.warnings.append(f"disks.allow: {d.name} matches {pats[0]!r} but is not "
                                      f"assignable: {'; '.join(blockers)}")
                 continue
+            if d.handover:
+                self.warnings.append(f"disks.allow: {d.name} is in the layout, but a VM would be refused "
+                                     f"it now: {'; '.join(d.handover)}")
             b = pol.budget.get(d.name) or (pol.budget.get(d.id) if d.id else None)
             out.append(DiskBudget(d.name, d.id, d.node, d.size_bytes,
                                   b.bytes_sec if b else pol.default_bytes_sec,

@@ -140,6 +140,9 @@ class DiskBudgetPolicy(_Strict):
 class Disks(_Strict):
     # Disk allow-list: kernel names, stable ids, or /dev paths; fnmatch globs allowed.
     allow: tuple[str, ...] = ()
+    # Disks (same patterns) that may go to a VM although they carry a filesystem,
+    # RAID, LVM or partition-table signature: the operator says their data may go.
+    wipe_ok: tuple[str, ...] = ()
     default_bytes_sec: Annotated[int, Field(ge=0)] = 0  # 0 = unlimited budget
     default_iops: Annotated[int, Field(ge=0)] = 0
     budget: dict[str, DiskBudgetPolicy] = {}  # per disk (name or id)

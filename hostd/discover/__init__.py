@@ -41,13 +41,14 @@ VIRT_TYPES = ("kvm", "qemu")
 
 
 def discover_host(root: Path, *, allow: tuple[str, ...] = (), virt_type: str = "kvm",
-                  probe_versions: bool = False) -> Topology:
+                  probe_versions: bool = False, wipe_ok: tuple[str, ...] = ()) -> Topology:
     """Read the host under ``root``.
 
     ``allow``: disk allow-list (names, /dev paths, stable ids, fnmatch globs); a
     disk that matches none is not assignable. ``virt_type``: what hostd will run
     guests with ("kvm" or "qemu"), checked against the CPU and /dev/kvm.
     ``probe_versions``: run virsh / qemu-system-* for their versions.
+    ``wipe_ok``: disks (same patterns) whose signatures the operator lets VMs overwrite.
     """
     if virt_type not in VIRT_TYPES:
         raise ValueError(f"virt_type must be one of {VIRT_TYPES}, not {virt_type!r}")
@@ -60,7 +61,7 @@ def discover_host(root: Path, *, allow: tuple[str, ...] = (), virt_type: str = "
     node_of = {c: n.id for n in nodes for c in n.cpus}
     cpus = read_cpus(fs, node_of)
     nics = read_nics(fs)
-    disks = read_disks(fs, udev_source(fs), tuple(allow))
+    disks = read_disks(fs, udev_source(fs), tuple(allow), wipe_ok=tuple(wipe_ok))
     kvm = kvm_info(fs, cpu_model.flags)
     arch = read_arch(fs)
     libvirt_v, qemu_v = versions(fs, arch, probe_versions)
@@ -95,11 +96,14 @@ class DiskProbe:
     VM manager asks right before it hands the disk over (the carve-time answer may
     be stale: mounted since, swapped on, grabbed by MD/LVM). Reads that disk only."""
 
-    def __init__(self, root: Path, allow: tuple[str, ...]):
+    def __init__(self, root: Path, allow: tuple[str, ...], wipe_ok: tuple[str, ...] = ()):
         self.root = root
         self.allow = allow
+        self.wipe_ok = wipe_ok
 
     def __call__(self, name: str) -> list[str]:
         fs = HostFs(self.root)
-        disks = read_disks(fs, udev_source(fs), self.allow, only=name)
-        return list(disks[0].reasons) if disks else [f"{name} is gone from the host"]
+        disks = read_disks(fs, udev_source(fs), self.allow, only=name, wipe_ok=self.wipe_ok)
+        if not disks:
+            return [f"{name} is gone from the host"]
+        return list(disks[0].reasons) + list(disks[0].handover)

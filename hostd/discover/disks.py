@@ -17,6 +17,9 @@ Loop devices have no stable id (None).
 
 from __future__ import annotations
 
+import dataclasses
+import os
+from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
 from hostd.discover.blockdevs import (
@@ -31,6 +34,7 @@ from hostd.discover.blockdevs import (
     read_mounts,
     swap_devices,
 )
+from hostd.discover.diskuse import Holder, NsMount, namespace_mounts, open_holders, signature
 from hostd.discover.fs import HostFs
 from hostd.discover.model import Disk
 from hostd.discover.nics import numa_node
@@ -117,8 +121,8 @@ def stable_id(fs: HostFs, name: str, links: list[str], udev: UdevInfo
     return disk_id or s_id, wwn or s_wwn, serial or s_serial
 
 
-def read_disks(fs: HostFs, udev: UdevSource, allow: tuple[str, ...],
-               only: str | None = None) -> tuple[Disk, ...]:
+def read_disks(fs: HostFs, udev: UdevSource, allow: tuple[str, ...], only: str | None = None,
+               wipe_ok: tuple[str, ...] = ()) -> tuple[Disk, ...]:
     """Every listed disk, or with ``only`` just that one (none if it is gone): the
     re-check right before a VM gets a disk reads that disk's state, not the host's."""
     idx = block_index(fs)
@@ -126,12 +130,43 @@ def read_disks(fs: HostFs, udev: UdevSource, allow: tuple[str, ...],
     swaps = swap_devices(fs, idx)
     by_id = _by_id_links(fs, idx)
     root_disks = _root_disks(fs, idx, mounts)
+    names = [n for n, parent in idx.parent.items() if parent is None and only in (None, n) and _listed(fs, idx, n)]
+    members = {m: n for n in names for m in _members(idx, n)}
+    in_use = Use(holders=open_holders(fs, members, skip_pids={os.getpid()}),
+                 ns_mounts=namespace_mounts(fs, idx, members), member_of=members)
     out = []
-    for name in (n for n, parent in idx.parent.items() if parent is None and only in (None, n)):
-        if _listed(fs, idx, name):
-            out.append(_disk(fs, idx, name, udev, by_id.get(name, []), mounts, swaps,
-                             name in root_disks, allow))
+    for name in names:
+        disk = _disk(fs, idx, name, udev, by_id.get(name, []), mounts, swaps, name in root_disks, allow)
+        out.append(_with_use(fs, disk, in_use, wipe_ok))
     return tuple(out)
+
+
+def _members(idx: BlockIndex, name: str) -> list[str]:
+    return [name, *(p for p, parent in idx.parent.items() if parent == name)]
+
+
+@dataclass(frozen=True)
+class Use:
+    holders: list[Holder]
+    ns_mounts: list[NsMount]
+    member_of: dict[str, str]  # disk or partition -> its disk
+
+
+def _with_use(fs: HostFs, d: Disk, use: Use, wipe_ok: tuple[str, ...]) -> Disk:
+    """Mounts in other namespaces join ``reasons`` (a mount is a mount wherever it is);
+    open holders and signatures are the handover checks."""
+    own = set(d.mountpoints)
+    ns = [str(m) for m in use.ns_mounts if use.member_of[m.device] == d.name and m.mountpoint not in own]
+    ns = list(dict.fromkeys(ns))
+    handover = [str(h) for h in use.holders if use.member_of[h.device] == d.name]
+    if not d.reasons and not any(allow_matches(p, d.name, d.id) for p in wipe_ok):
+        sig = signature(fs, d.name)
+        if sig:
+            handover.append(f"carries {sig}" if not sig.startswith("signature unknown") else sig)
+    if not ns and not handover:
+        return d
+    reasons = d.reasons + tuple(ns)
+    return dataclasses.replace(d, reasons=reasons, assignable=not reasons, handover=tuple(handover))
 
 
 def _root_disks(fs: HostFs, idx: BlockIndex, mounts: list[Mount]) -> set[str]:

@@ -135,6 +135,11 @@ class Disk:
     assignable: bool
     reasons: tuple[str, ...]  # why not assignable; empty when assignable
     backing_file: str | None = None  # loop devices only
+    # Why it would be refused if handed to a VM right now, checked again at every
+    # handover (hostd/discover/diskuse.py): held open by a process, a filesystem /
+    # RAID / LVM / partition-table signature (unless the policy's disks.wipe_ok
+    # names it). Not part of ``assignable``: a VM's own use makes both true.
+    handover: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

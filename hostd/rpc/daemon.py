@@ -23,6 +23,7 @@ from prometheus_client import start_http_server
 
 from api import hostd_pb2_grpc as pb_grpc
 from api.layout import Layout
+from hostd.apply.diskhold import DiskHold
 from hostd.apply.images import ImageStore
 from hostd.apply.ledger import Ledger
 from hostd.apply.libvirt_host import LibvirtHost, start_event_loop
@@ -73,7 +74,8 @@ def _load_layout(cfg: HostdConfig) -> tuple[Policy, Topology, Layout]:
         policy = load_policy(cfg.policy)
     except PolicyError as e:
         raise StartupError(e.reason, field=f"policy {e.field}") from None
-    topo = discover_host(cfg.root, allow=tuple(policy.disks.allow), virt_type=cfg.virt_type,
+    topo = discover_host(cfg.root, allow=tuple(policy.disks.allow), wipe_ok=tuple(policy.disks.wipe_ok),
+                         virt_type=cfg.virt_type,
                          probe_versions=cfg.root == Path("/"))
     layout = plan_host(topo, policy)
     if isinstance(layout, NoFit):
@@ -117,9 +119,10 @@ def start(cfg: HostdConfig) -> Daemon:
     manager = VmManager(
         layout=layout, siblings=siblings, ledger=Ledger(cfg.state_dir / "ledger.db"), libvirt=lv,
         images=ImageStore(cfg.image_dir), render=DomainRenderer(facts, profiles),
-        disk_check=DiskProbe(cfg.root, tuple(policy.disks.allow)), vf_rates=vf_rates,
+        disk_check=DiskProbe(cfg.root, tuple(policy.disks.allow), tuple(policy.disks.wipe_ok)), vf_rates=vf_rates,
         pf_drivers={n.name: n.driver for n in topo.nics}, vf_pci=vf_pci, profiles=frozenset(profiles),
-        overlays=Overlays(cfg.state_dir / "vms"), metrics=metrics)
+        overlays=Overlays(cfg.state_dir / "vms"), metrics=metrics,
+        disk_hold=DiskHold(cfg.root / "dev", missing_ok=cfg.root != Path("/")))
     lv.subscribe(manager)
     lv.conn()
     manager.reconcile_logged()  # before the first request is served
