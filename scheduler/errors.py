@@ -41,6 +41,20 @@ class Forbidden(SchedulerError):
     status = 403
 
 
+class HostNotYours(Forbidden):
+    """A host principal acting for a host another principal registered, or outside
+    the host its token is bound to (scope ``host:<name>``)."""
+
+    code = "hyb.host.not_yours"
+
+
+class LayoutShrink(SchedulerError):
+    """A re-registration would leave live allocations without their resources."""
+
+    code = "hyb.host.layout_shrink"
+    status = 409
+
+
 class HostNotFound(SchedulerError):
     code = "hyb.host.not_found"
     status = 404

@@ -218,3 +218,26 @@ def host_from_layout(name: str, layout: Layout, *, siblings: Mapping[int, Sequen
                           d.size_bytes, d.bytes_sec, d.iops)
                   for d in sorted(layout.disks, key=lambda d: d.name))
     return HostRes(name, nodes, pfs, disks, rack, tuple(sorted((labels or {}).items())))
+
+
+def usage_lost(res: HostRes, u: Usage) -> list[str]:
+    """What live allocations ``u`` hold that the pools of ``res`` no longer have: the
+    resources a re-registration with ``res`` would take from running VMs."""
+    lost: list[str] = []
+    cpus = {c for n in res.nodes for c in n.cpus}
+    if gone := sorted(u.cpus - cpus):
+        lost.append(f"allocated CPUs {gone} are no longer VM CPUs")
+    pools = {(n.node, size): count for n in res.nodes for size, count in n.hugepages}
+    for (node, size), used in sorted(u.pages.items()):
+        if used > pools.get((node, size), 0):
+            lost.append(f"node {node} would have {pools.get((node, size), 0)} {size} kB pages, {used} allocated")
+    slots = {(p.name, i) for p in res.pfs for i in p.slots}
+    if gone_vfs := sorted(u.vfs - slots):
+        lost.append(f"allocated VFs {[f'{p}:{i}' for p, i in gone_vfs]} are no longer VF slots")
+    budget = {p.name: p.bandwidth_mbps for p in res.pfs}
+    for pf, mbps in sorted(u.reserved_mbps.items()):
+        if mbps > budget.get(pf, 0):
+            lost.append(f"PF {pf} would have {budget.get(pf, 0)} Mbit/s, {mbps} reserved")
+    if gone_disks := sorted(u.disks - {d.name for d in res.disks}):
+        lost.append(f"allocated disks {gone_disks} are no longer assignable")
+    return lost

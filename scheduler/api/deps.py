@@ -27,8 +27,14 @@ class Principal:
     def tenant(self) -> str | None:
         return next((s.split(":", 1)[1] for s in sorted(self.scopes) if s.startswith("tenant:")), None)
 
+    @property
+    def host(self) -> str | None:
+        """The one host a ``host:<name>`` token may act as; None for other principals."""
+        return next((s.split(":", 1)[1] for s in sorted(self.scopes) if s.startswith("host:")), None)
+
     def require(self, *any_of: str) -> None:
-        if self.admin or any(s in self.scopes for s in any_of):
+        """Any of the scopes, or admin. ``host:<name>`` counts as ``host``."""
+        if self.admin or any(s in self.scopes for s in any_of) or ("host" in any_of and self.host):
             return
         raise Forbidden(f"{self.name} lacks scope {' or '.join(any_of) or 'admin'}")
 

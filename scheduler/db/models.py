@@ -27,6 +27,9 @@ class Host(Base):
     usage: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # sum of live allocations
     generation: Mapped[int] = mapped_column(Integer, default=1)  # bumps on every claim/release
     admin_state: Mapped[str] = mapped_column(String(16), default="active")
+    # The principal that registered it ("" until the next registration claims it): no
+    # other host principal may re-register or heartbeat it (admins may).
+    owner: Mapped[str] = mapped_column(String(64), default="", server_default="")
     last_heartbeat: Mapped[float] = mapped_column(Float, default=0.0, index=True)  # the index's quiet-hosts query
     # Fleet-wide change feed: stamped from one counter on every change the placement index
     # must see (usage, layout, admin state, back from down); readers ask "seq > last seen".

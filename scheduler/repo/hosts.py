@@ -10,11 +10,11 @@ from sqlalchemy import bindparam, select, text, update
 from sqlalchemy.orm import Session
 
 from api.jsonmodel import SchemaError
-from api.layout import Layout
+from api.layout import MAX_CPU, Layout, layout_problems
 from scheduler.db.models import Host
-from scheduler.errors import BadLayout, HostNotFound
+from scheduler.errors import BadLayout, HostNotFound, LayoutShrink
 from scheduler.repo import lite, pg
-from scheduler.resources import HostRes, Usage, host_from_layout
+from scheduler.resources import HostRes, Usage, host_from_layout, usage_lost
 
 STATES = ("active", "cordoned", "draining")  # admin states; "down" comes from missed heartbeats
 
@@ -24,6 +24,20 @@ def parse_layout(data: dict[str, Any]) -> Layout:
         return Layout.from_dict(data)
     except (SchemaError, TypeError, KeyError, ValueError) as e:
         raise BadLayout(str(e), field="layout") from e
+
+
+def check_layout(data: dict[str, Any], siblings: dict[str, list[int]]) -> Layout:
+    """A registered layout, checked as a whole (api/layout.py ``layout_problems``): the
+    first problem names the field, the message lists up to five."""
+    layout = parse_layout(data)
+    bad = layout_problems(layout)
+    for cpu, sib in siblings.items():
+        if not cpu.isdigit() or not all(0 <= s <= MAX_CPU for s in sib):
+            bad.append((f"cpu_siblings.{cpu}", "CPU ids are 0-65535"))
+    if bad:
+        raise BadLayout("; ".join(f"{f}: {r}" for f, r in bad[:5]) + (f" (and {len(bad) - 5} more)"
+                                                                      if len(bad) > 5 else ""), field=bad[0][0])
+    return layout
 
 
 def host_res(h: Host) -> HostRes:
@@ -57,22 +71,31 @@ def list_hosts(*, session: Session, rack: str | None = None) -> Sequence[Host]:
 
 def upsert_host(*, session: Session, name: str, address: str, rack: str, labels: dict[str, str],
                 layout: dict[str, Any], siblings: dict[str, list[int]], pf_min_rate: dict[str, bool],
-                disk_classes: dict[str, str], now: float,
+                disk_classes: dict[str, str], now: float, owner: str = "",
                 heartbeat_timeout_s: float = float("inf")) -> tuple[Host, bool]:
     """Register or re-register; returns (host, created). A changed layout bumps
-    ``layout_rev`` and the generation; allocations are kept (hostd is the truth)."""
-    parse_layout(layout)  # refuse a bad layout before touching anything
+    ``layout_rev`` and the generation; allocations are kept (hostd is the truth), and a
+    layout that would take resources from them is refused (LayoutShrink: drain first)."""
+    parsed = check_layout(layout, siblings)  # refuse a bad layout before touching anything
     h = session.get(Host, name)
     fields = dict(address=address, rack=rack, labels=labels, layout=layout, siblings=siblings,
                   pf_min_rate=pf_min_rate, disk_classes=disk_classes)
     if h is None:
         h = Host(name=name, layout_rev=1, usage=Usage().to_dict(), generation=1, admin_state="active",
-                 last_heartbeat=now, created=now, updated=now, seq=next_seq(session), **fields)
+                 last_heartbeat=now, created=now, updated=now, seq=next_seq(session), owner=owner, **fields)
         session.add(h)
         session.flush()
         return h, True
+    if owner and not h.owner:
+        h.owner = owner  # registered before owners were recorded: claimed now
     changed = any(getattr(h, k) != v for k, v in fields.items())
     if changed:
+        res = host_from_layout(name, parsed, siblings={int(k): tuple(v) for k, v in siblings.items()},
+                               min_rate=pf_min_rate, disk_classes=disk_classes)
+        lost = usage_lost(res, Usage.from_dict(h.usage))
+        if lost:
+            raise LayoutShrink(f"{name}'s running VMs would lose: {'; '.join(lost)} (drain the host first)",
+                               field="layout")
         for k, v in fields.items():
             setattr(h, k, v)
         h.layout_rev += 1
@@ -84,6 +107,11 @@ def upsert_host(*, session: Session, name: str, address: str, rack: str, labels:
     h.updated = now
     session.flush()
     return h, False
+
+
+def owner_of(*, session: Session, name: str) -> str | None:
+    """The principal that registered ``name`` ("" when unknown); None: no such host."""
+    return session.scalars(select(Host.owner).where(Host.name == name)).one_or_none()
 
 
 def heartbeat(*, session: Session, name: str, now: float, heartbeat_timeout_s: float = float("inf")) -> Host:

@@ -10,6 +10,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.db.engine import Store
 from scheduler.db.models import Host
+from scheduler.errors import HostNotYours
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import vms as vm_repo
 from scheduler.resources import Usage
@@ -28,24 +29,57 @@ class HostService:
         self.timeout = heartbeat_timeout_s
         self.clock = clock
 
-    def register(self, body: HostRegister, *, actor: str) -> tuple[HostPublic, bool]:
+    def register(self, body: HostRegister, *, actor: str, admin: bool = False,
+                 bound_host: str | None = None) -> tuple[HostPublic, bool]:
+        """``actor`` registers ``body.name``: refused (403, audited) when its token is bound
+        to another host, or when another principal registered the host (admins may)."""
         now = self.clock()
-        with self.store.write() as s:
-            h, created = host_repo.upsert_host(
-                session=s, name=body.name, address=body.address, rack=body.rack, labels=body.labels,
-                layout=body.layout, siblings=body.cpu_siblings, pf_min_rate=body.pf_min_rate,
-                disk_classes=body.disk_classes, now=now, heartbeat_timeout_s=self.timeout)
-            vm_repo.audit(session=s, principal=actor, action="host.register" if created else "host.update",
-                          target=h.name, now=now, detail={"address": h.address, "layout_rev": h.layout_rev})
-            out = self._public(s, h, now)
+        try:
+            with self.store.write() as s:
+                self._may_act(s, body.name, actor=actor, admin=admin, bound_host=bound_host)
+                h, created = host_repo.upsert_host(
+                    session=s, name=body.name, address=body.address, rack=body.rack, labels=body.labels,
+                    layout=body.layout, siblings=body.cpu_siblings, pf_min_rate=body.pf_min_rate,
+                    disk_classes=body.disk_classes, now=now, owner="" if admin else actor,
+                    heartbeat_timeout_s=self.timeout)
+                vm_repo.audit(session=s, principal=actor, action="host.register" if created else "host.update",
+                              target=h.name, now=now, detail={"address": h.address, "layout_rev": h.layout_rev})
+                out = self._public(s, h, now)
+        except HostNotYours as e:
+            self._audit_denied(actor, "host.register", body.name, e, address=body.address, rack=body.rack)
+            raise
         log.info("host %s name=%s address=%s", "registered" if created else "re-registered", h.name, h.address)
         return out, created
 
-    def heartbeat(self, name: str) -> HostPublic:
+    def heartbeat(self, name: str, *, actor: str = "", admin: bool = True,
+                  bound_host: str | None = None) -> HostPublic:
         now = self.clock()
+        try:
+            with self.store.write() as s:
+                self._may_act(s, name, actor=actor, admin=admin, bound_host=bound_host)
+                h = host_repo.heartbeat(session=s, name=name, now=now, heartbeat_timeout_s=self.timeout)
+                return self._public(s, h, now)
+        except HostNotYours as e:
+            self._audit_denied(actor, "host.heartbeat", name, e)
+            raise
+
+    @staticmethod
+    def _may_act(s: Session, name: str, *, actor: str, admin: bool, bound_host: str | None) -> None:
+        if admin:
+            return
+        if bound_host is not None and bound_host != name:
+            raise HostNotYours(f"{actor} is bound to host {bound_host!r}, not {name!r}", field="name")
+        owner = host_repo.owner_of(session=s, name=name)
+        if owner and owner != actor:
+            raise HostNotYours(f"{name} was registered by another principal; {actor} may not act for it",
+                               field="name")
+
+    def _audit_denied(self, actor: str, action: str, name: str, e: HostNotYours, **detail: str) -> None:
+        """In a transaction of its own: the refused one rolled back."""
         with self.store.write() as s:
-            h = host_repo.heartbeat(session=s, name=name, now=now, heartbeat_timeout_s=self.timeout)
-            return self._public(s, h, now)
+            vm_repo.audit(session=s, principal=actor, action=f"{action}.denied", target=name, now=self.clock(),
+                          detail={"reason": e.message, **detail})
+        log.warning("host %s denied principal=%s host=%s: %s", action, actor, name, e.message)
 
     def set_state(self, name: str, state: str, *, actor: str) -> HostPublic:
         now = self.clock()

@@ -17,7 +17,8 @@ from scheduler.db.engine import Store
 from scheduler.db.migrate import upgrade
 
 
-TOKENS = {"adm": ["admin"], "ta": ["tenant:a"], "tb": ["tenant:b"], "hst": ["host"]}
+TOKENS = {"adm": ["admin"], "ta": ["tenant:a"], "tb": ["tenant:b"], "hst": ["host"], "hst2": ["host"],
+          "oss1": ["host:oss-1"]}
 
 
 def auth(token: str) -> dict[str, str]:

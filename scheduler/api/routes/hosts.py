@@ -22,7 +22,7 @@ def _svc(request: Request) -> HostService:
              responses={200: {"model": HostPublic, "description": "re-registered"}})
 def register_host(body: HostRegister, request: Request, response: Response, p: CurrentPrincipal) -> HostPublic:
     p.require("host")
-    out, created = _svc(request).register(body, actor=p.name)
+    out, created = _svc(request).register(body, actor=p.name, admin=p.admin, bound_host=p.host)
     if not created:
         response.status_code = 200
     return out
@@ -31,7 +31,7 @@ def register_host(body: HostRegister, request: Request, response: Response, p: C
 @router.post("/{name}/heartbeat", response_model=HostPublic)
 def heartbeat(name: str, request: Request, p: CurrentPrincipal) -> HostPublic:
     p.require("host")
-    return _svc(request).heartbeat(name)
+    return _svc(request).heartbeat(name, actor=p.name, admin=p.admin, bound_host=p.host)
 
 
 @router.get("", response_model=HostsPublic)

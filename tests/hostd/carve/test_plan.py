@@ -7,7 +7,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from synth import GIB_KB, disk, nic, topology
 
-from api.layout import Layout
+from api.layout import Layout, layout_problems
 from hostd.carve.plan import plan_host
 from hostd.carve.policy import policy_from_dict
 from hostd.errors import NoFit
@@ -248,6 +248,7 @@ def test_property_cpu_sets(topo, pol):
     if isinstance(out, NoFit):
         assert out.field.split(".")[0] in ("io_service", "host") and out.reason
         return
+    assert layout_problems(out) == []  # what the scheduler checks at registration
     io, host, vm = set(out.io_cpus), set(out.host_cpus), set(out.vm_cpus)
     assert not (io & host) and not (io & vm) and not (host & vm)
     online = {c.id for c in topo.cpus if c.online}

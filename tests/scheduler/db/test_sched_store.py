@@ -33,15 +33,16 @@ def test_migrations_up_down_up(db_url):
     store = Store.from_url(db_url)
     try:
         upgrade(store.engine)
-        assert current(store.engine) == "0004"
+        assert current(store.engine) == "0005"
         assert {"hosts", "vms", "audit"} <= set(inspect(store.engine).get_table_names())
+        assert "owner" in {c["name"] for c in inspect(store.engine).get_columns("hosts")}
         downgrade(store.engine, "0001")
         assert "audit" not in inspect(store.engine).get_table_names()
         downgrade(store.engine, "base")
         assert "hosts" not in inspect(store.engine).get_table_names()
         out = subprocess.run([sys.executable, "-m", "scheduler.cli", "db", "upgrade", "--url", db_url],
                              capture_output=True, text=True, cwd=REPO, check=True)
-        assert out.stdout.strip() == "0004"
+        assert out.stdout.strip() == "0005"
     finally:
         store.dispose()
 
