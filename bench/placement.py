@@ -52,7 +52,7 @@ def _config(tmp: Path, url: str, pool: int, claim_lock: str = "store") -> Path:
     toks = "".join(f'[[auth.tokens]]\nname = "{k}"\nsha256 = "{hashlib.sha256(k.encode()).hexdigest()}"\n'
                    f'scopes = {json.dumps(v)}\n' for k, v in TOKENS.items())
     cfg = tmp / "scheduler.toml"
-    cfg.write_text(f'log_level = "WARNING"\n[db]\nurl = "{url}"\npool_size = {pool}\nupgrade_on_start = false\n'
+    cfg.write_text(f'log_level = "WARNING"\n[server]\nplaintext = true\n[db]\nurl = "{url}"\npool_size = {pool}\nupgrade_on_start = false\n'
                    f'[dispatch]\nenabled = false\n[reconcile]\ninterval_s = 0\n'
                    f'[placement]\nheartbeat_timeout_s = 1000000\nclaim_retries = 16\nclaim_lock = "{claim_lock}"\n{toks}')
     return cfg

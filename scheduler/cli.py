@@ -14,6 +14,10 @@ import hashlib
 import json
 import logging
 import sys
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from scheduler.config import ServerConfig
 
 EPILOG = """examples:
   scheduler db upgrade --url sqlite:////var/lib/hybrid-kvm/scheduler.db
@@ -39,6 +43,7 @@ def _serve(args: argparse.Namespace) -> int:
 
     s = _settings(args)
     logging.basicConfig(level=s.log_level, format="%(asctime)s %(levelname)s %(name)s %(message)s")
+    tls = _tls(s.server)
     store = Store.from_url(s.db.url, busy_timeout_ms=s.db.busy_timeout_ms, pool_size=s.db.pool_size)
     if s.db.upgrade_on_start:
         upgrade(store.engine)
@@ -47,12 +52,33 @@ def _serve(args: argparse.Namespace) -> int:
     app = create_app(s, store=store, hostd=hostd, background=bg)
     try:
         uvicorn.run(app, host=args.host or s.server.host, port=args.port or s.server.port,
-                    log_level=s.log_level.lower(), access_log=False)
+                    log_level=s.log_level.lower(), access_log=False, **tls)
     finally:
         if hostd:
             hostd.close()
         store.dispose()
     return 0
+
+
+def _tls(srv: ServerConfig) -> dict:  # type: ignore[type-arg]
+    """uvicorn's TLS arguments from [server]; refuses to serve plain HTTP unless told to."""
+    import ssl
+
+    if srv.plaintext:
+        logging.getLogger(__name__).warning("REST API over plain HTTP (server.plaintext = true): bearer "
+                                            "tokens cross the network in clear; local development only")
+        return {}
+    if not (srv.tls_cert and srv.tls_key):
+        raise SystemExit("scheduler: error [server.tls_cert]: HTTPS needs tls_cert and tls_key "
+                         "(or server.plaintext = true for local development)")
+    for key in ("tls_cert", "tls_key", "tls_client_ca"):
+        path = getattr(srv, key)
+        if path is not None and not path.is_file():
+            raise SystemExit(f"scheduler: error [server.{key}]: {path} is not a readable file")
+    kw = {"ssl_certfile": str(srv.tls_cert), "ssl_keyfile": str(srv.tls_key)}
+    if srv.tls_client_ca:
+        kw |= {"ssl_ca_certs": str(srv.tls_client_ca), "ssl_cert_reqs": ssl.CERT_REQUIRED}
+    return kw
 
 
 def _db(args: argparse.Namespace) -> int:

@@ -8,13 +8,30 @@ import tomllib
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, Field
+from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 
 class ServerConfig(BaseModel):
     host: str = "127.0.0.1"
     port: int = 8700
+    # HTTPS: certificate and key (PEM). Without them the API refuses to start unless
+    # plaintext = true says plain HTTP is wanted (bearer tokens then cross in clear).
+    tls_cert: Path | None = None
+    tls_key: Path | None = None
+    # mTLS: clients must present a certificate this CA signed (tokens are still checked).
+    tls_client_ca: Path | None = None
+    plaintext: bool = False
+    # Paths answered without a token; everything else needs one before its body is read.
+    # Add "/metrics", "/docs", "/redoc", "/openapi.json" to open them on a private network.
+    open_endpoints: list[str] = ["/healthz", "/readyz"]
+    # Largest request body read; a larger one is refused (413) before it is read.
+    max_body_bytes: int = Field(1 << 20, ge=1024)
+
+    @field_validator("tls_cert", "tls_key", "tls_client_ca", mode="before")
+    @classmethod
+    def _unset(cls, v: Any) -> Any:
+        return None if v == "" else v  # "" in TOML: not set
 
 
 class DbConfig(BaseModel):

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import signal
 import socket
+import ssl
 import subprocess
 import sys
 import time
@@ -139,10 +140,18 @@ class Scheduler(Daemon):
     """`scheduler serve` on ``port`` (several may share one config); ready when /readyz
     answers 200."""
 
-    def __init__(self, cfg: Path, port: int, env: dict[str, str], log: Path):
+    def __init__(self, cfg: Path, port: int, env: dict[str, str], log: Path, *, ca: Path | None = None,
+                 client_cert: tuple[Path, Path] | None = None):
+        """``ca``: the server speaks HTTPS with a certificate this CA signed; ``client_cert``
+        (certificate, key): what the readiness probe presents to an mTLS server."""
         super().__init__([sys.executable, "-m", "scheduler.cli", "serve", "--config", str(cfg),
                           "--port", str(port)], env, log)
-        self.url = f"http://127.0.0.1:{port}"
+        self.url = f"{'https' if ca else 'http'}://127.0.0.1:{port}"
+        self.verify: ssl.SSLContext | bool = True
+        if ca:
+            self.verify = ssl.create_default_context(cafile=str(ca))
+            if client_cert:
+                self.verify.load_cert_chain(str(client_cert[0]), str(client_cert[1]))
 
     def start(self) -> "Scheduler":
         self.spawn()
@@ -152,7 +161,7 @@ class Scheduler(Daemon):
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             try:
-                if httpx.get(f"{self.url}/readyz", timeout=2).status_code == 200:
+                if httpx.get(f"{self.url}/readyz", timeout=2, verify=self.verify).status_code == 200:
                     return self
             except httpx.HTTPError:
                 pass

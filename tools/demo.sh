@@ -21,12 +21,12 @@ CARVED=""
 VM_ID=""
 SPORT=18700
 HPORT=17443
-API="http://127.0.0.1:$SPORT"
+API="https://127.0.0.1:$SPORT"
 ADMIN_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 HOST_TOKEN=$(head -c 16 /dev/urandom | od -An -tx1 | tr -d ' \n')
 
 say() { printf '\n\033[1m== %s\033[0m\n' "$*"; }
-api() { curl -sS -H "Authorization: Bearer $ADMIN_TOKEN" -H 'Content-Type: application/json' "$@"; }
+api() { curl -sS --cacert "$STATE/tls/ca.crt" -H "Authorization: Bearer $ADMIN_TOKEN" -H 'Content-Type: application/json' "$@"; }
 
 cleanup() {
   set +e
@@ -85,6 +85,8 @@ log_level = "WARNING"
 [server]
 host = "127.0.0.1"
 port = $SPORT
+tls_cert = "$STATE/tls/scheduler-api.crt"
+tls_key = "$STATE/tls/scheduler-api.key"
 [db]
 url = "sqlite:///$STATE/scheduler.db"
 [dispatch]
@@ -117,13 +119,14 @@ tls_ca = "$STATE/tls/ca.crt"
 lock_guest_memory = false
 scheduler_url = "$API"
 scheduler_token_file = "$STATE/host.token"
+scheduler_ca = "$STATE/tls/ca.crt"
 host_name = "demo-host"
 advertise_address = "localhost:$HPORT"
 heartbeat_s = 2
 EOF
 .venv/bin/scheduler serve --config "$STATE/scheduler.toml" > "$STATE/scheduler.log" 2>&1 &
 PIDS+=($!)
-for _ in $(seq 100); do curl -sf "$API/readyz" >/dev/null && break; sleep 0.2; done
+for _ in $(seq 100); do curl -sf --cacert "$STATE/tls/ca.crt" "$API/readyz" >/dev/null && break; sleep 0.2; done
 "${HOSTD[@]}" --config "$STATE/hostd.toml" serve > "$STATE/hostd.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 100); do [ "$(api -o /dev/null -w '%{http_code}' "$API/v1/hosts/demo-host")" = 200 ] && break; sleep 0.3; done

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A development CA and certificates for mTLS between scheduler and hostd.
 #   tools/make-dev-ca.sh DIR [HOSTNAME...]
-# writes DIR/ca.{crt,key}, DIR/hostd.{crt,key} (server; SANs: the hostnames given,
-# localhost, 127.0.0.1, ::1), DIR/scheduler.{crt,key} and DIR/fleet-rollout.{crt,key}
+# writes DIR/ca.{crt,key}, DIR/hostd.{crt,key} and DIR/scheduler-api.{crt,key} (servers:
+# hostd's gRPC and the scheduler's HTTPS; SANs: the hostnames given, localhost, 127.0.0.1, ::1), DIR/scheduler.{crt,key} and DIR/fleet-rollout.{crt,key}
 # (clients hostd lets change VMs), plus a client certificate for each name in
 # $DEV_CA_CLIENTS (space-separated; tests use it for a caller hostd must refuse).
 # Existing files are kept, so re-running is harmless. Not for production: keys are
@@ -36,6 +36,7 @@ issue() {  # name, extendedKeyUsage, SAN list
 san="DNS:localhost,IP:127.0.0.1,IP:::1"
 for h in "$@"; do san="$san,DNS:$h"; done
 issue hostd serverAuth "$san"
+issue scheduler-api serverAuth "$san"
 issue scheduler clientAuth "DNS:scheduler"
 issue fleet-rollout clientAuth "DNS:fleet-rollout"
 for c in ${DEV_CA_CLIENTS:-}; do issue "$c" clientAuth "DNS:$c"; done

@@ -12,7 +12,7 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
-from scheduler.api import errors, fastpath
+from scheduler.api import errors, fastpath, gate
 from scheduler.api.routes import hosts, vms
 from scheduler.config import Settings
 from scheduler.db.engine import Store
@@ -125,6 +125,12 @@ class SchedulerApp(FastAPI):
     back, goes through the application as usual."""
 
     async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
+        if scope["type"] == "http":
+            srv = self.state.settings.server
+            receive = await gate.admit(scope, receive, send, tokens=self.state.settings.auth.tokens,
+                                       open_endpoints=srv.open_endpoints, max_body=srv.max_body_bytes)
+            if receive is None:
+                return
         if fastpath.claims(scope):
             receive = await fastpath.create(self, scope, receive, send)
             if receive is None:

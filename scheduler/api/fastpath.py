@@ -68,7 +68,8 @@ async def create(app: Any, scope: Scope, receive: Receive, send: Send) -> Receiv
     if not key or not KEY_RE.match(key) or not json_content(ctype):
         return replay
     try:
-        p = principal_for(head.get(b"authorization", b"").decode("latin-1"), app.state.settings.auth.tokens)
+        p = scope.get("state", {}).get("principal") or \
+            principal_for(head.get(b"authorization", b"").decode("latin-1"), app.state.settings.auth.tokens)
         vm_body = VmCreate.model_validate_json(body)
         tenant = owner(tenant_scope(p), vm_body)
     except (SchedulerError, ValidationError):  # 401/403/422, from the route and the error mapper

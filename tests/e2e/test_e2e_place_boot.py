@@ -38,6 +38,8 @@ log_level = "INFO"
 [server]
 host = "127.0.0.1"
 port = {sport}
+tls_cert = "{certs / 'scheduler-api.crt'}"
+tls_key = "{certs / 'scheduler-api.key'}"
 [db]
 url = "sqlite:///{tmp_path / 'scheduler.db'}"
 [dispatch]
@@ -60,16 +62,17 @@ scopes = ["host"]
     (tmp_path / "token").write_text(HOST_TOKEN)
     write_hostd_config(tmp_path / "hostd.toml", policy=tmp_path / "policy.toml", state=tmp_path / "state",
                        images=tmp_path / "images", certs=certs, libvirt_uri=libvirtd,
-                       listen=f"127.0.0.1:{hport}", scheduler_url=f"http://127.0.0.1:{sport}",
+                       listen=f"127.0.0.1:{hport}", scheduler_url=f"https://127.0.0.1:{sport}",
+                       scheduler_ca=certs / "ca.crt",
                        scheduler_token_file=tmp_path / "token", host_name="e2e-host",
                        advertise_address=f"localhost:{hport}", heartbeat_s=1, rack="r1")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOSTD_", "HYB_SCHED_"))}
-    sched = Scheduler(tmp_path / "scheduler.toml", sport, env, tmp_path / "scheduler.log")
+    sched = Scheduler(tmp_path / "scheduler.toml", sport, env, tmp_path / "scheduler.log", ca=certs / "ca.crt")
     hostd = Hostd(tmp_path / "hostd.toml", env, tmp_path / "hostd.log")
     try:
         sched.start()
         hostd.start()
-        yield {"url": sched.url, "disk": loop_disk.name, "state": tmp_path / "state", "hostd": hostd,
+        yield {"url": sched.url, "ca": certs / "ca.crt", "disk": loop_disk.name, "state": tmp_path / "state", "hostd": hostd,
                "sched": sched}
     finally:
         hostd.stop()
@@ -87,7 +90,8 @@ def wait(fn, what: str, timeout: float = 120):
 
 
 def test_post_boot_get_delete(stack):
-    api = httpx.Client(base_url=stack["url"], headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30)
+    api = httpx.Client(base_url=stack["url"], headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30,
+                       verify=str(stack["ca"]))
     host = wait(lambda: (r := api.get("/v1/hosts/e2e-host")).status_code == 200 and r.json(),
                 "hostd registration", 30)
     assert host["state"] == "active"

@@ -105,7 +105,7 @@ def test_every_host_refuses_vm_fails_with_reasons_and_no_leak(cluster):
     for h in api.get("/v1/hosts", headers=ADM).json()["items"]:
         assert h["nodes"][0]["used_cpus"] == [] and h["vms"] == 0
     assert all(m.ledger.list() == [] for m in managers.values())
-    assert 'hyb_sched_dispatch_total{outcome="failed"} 2.0' in api.get("/metrics").text
+    assert 'hyb_sched_dispatch_total{outcome="failed"} 2.0' in api.get("/metrics", headers=ADM).text
 
 
 def test_reconcile_repairs_drift_hostd_is_the_truth(cluster):
@@ -136,7 +136,7 @@ def test_reconcile_repairs_drift_hostd_is_the_truth(cluster):
         s.get(Host, "h2").usage = {}
     assert reconcile_all(api.app, clients, ReconcileConfig(grace_s=0))["h2"] == ["usage_recomputed"]
     assert api.get("/v1/hosts/h2", headers=ADM).json()["nodes"][0]["used_cpus"] == list(orphan.vcpu_pins)
-    assert 'hyb_sched_reconcile_repairs_total{kind="vanished"} 1.0' in api.get("/metrics").text
+    assert 'hyb_sched_reconcile_repairs_total{kind="vanished"} 1.0' in api.get("/metrics", headers=ADM).text
 
 
 @pytest.fixture

@@ -238,13 +238,14 @@ def test_health_ready_metrics_and_list_filters(api):
     register(api, "h1")
     create(api, "k1")
     create(api, "k2", vcpus=99)
-    text = api.get("/metrics").text
+    text = api.get("/metrics", headers=ADM).text
     assert 'hyb_sched_placements_total{outcome="claimed"} 1.0' in text
     assert 'hyb_sched_placements_total{outcome="no_valid_host"} 1.0' in text
     assert 'hyb_sched_hosts{state="active"} 1.0' in text and 'hyb_sched_vms{status="pending"} 1.0' in text
     assert len(api.get("/v1/vms?host=h1&status=pending", headers=ADM).json()["items"]) == 1
     assert api.get("/v1/vms?status=running", headers=ADM).json()["items"] == []
-    assert api.get("/v1/nope").json()["error"]["code"] == "hyb.http.not_found"
+    assert api.get("/v1/nope", headers=ADM).json()["error"]["code"] == "hyb.http.not_found"
+    assert api.get("/v1/nope").status_code == 401  # no token: not even which paths exist
 
 
 def test_recent_1g_demand_keeps_the_last_1g_node_for_1g_vms(api):
@@ -260,7 +261,7 @@ def test_recent_1g_demand_keeps_the_last_1g_node_for_1g_vms(api):
                     headers=TA).json()["host"] == "p-1"  # the preview walks as the claim will
     assert create(api, "k2", name="web-1", vcpus=4, memory_mib=8192).json()["host"] == "p-1"
     assert create(api, "k3", name="db-2", **big).json()["host"] == "g-2"
-    assert "hyb_sched_keep_1g_total 1.0" in api.get("/metrics").text  # the preview is not counted
+    assert "hyb_sched_keep_1g_total 1.0" in api.get("/metrics", headers=ADM).text  # the preview is not counted
 
 
 def test_openapi_snapshot_has_not_drifted(api):

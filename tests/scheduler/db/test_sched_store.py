@@ -51,7 +51,7 @@ def _config(tmp: Path, db_url: str, claim_lock: str = "store") -> Path:
     toks = "\n".join(f'[[auth.tokens]]\nname = "{t["name"]}"\nsha256 = "{t["sha256"]}"\n'
                      f'scopes = {t["scopes"]!r}\n'.replace("'", '"') for t in token_config())
     cfg = tmp / "scheduler.toml"
-    cfg.write_text(f'log_level = "WARNING"\n[db]\nurl = "{db_url}"\npool_size = 4\n'
+    cfg.write_text(f'log_level = "WARNING"\n[server]\nplaintext = true\n[db]\nurl = "{db_url}"\npool_size = 4\n'
                    f'[dispatch]\nenabled = false\n[reconcile]\ninterval_s = 0\n'
                    f'[placement]\nclaim_retries = 32\nclaim_lock = "{claim_lock}"\n{toks}')
     return cfg

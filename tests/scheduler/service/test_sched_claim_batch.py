@@ -15,7 +15,7 @@ import pytest
 from sqlalchemy import select
 
 from host_shapes import SHAPES, Shape, make_layout
-from sched_helpers import HOST, host_body, make_client
+from sched_helpers import ADM, HOST, host_body, make_client
 from scheduler.db.models import LIVE, Audit, Host, Vm
 from scheduler.errors import NoValidHost
 from scheduler.fit import HostView, VmWant, fit_vm
@@ -224,7 +224,7 @@ def test_late_requests_join_the_batch_transaction(db_url):
         assert [r[1] for r in got] == [False, False, False, True] and got[3][0].id == old.id
         cpus = [c for r in got[:3] for c in r[0].allocation["cpus"]] + old.allocation["cpus"]
         assert len(cpus) == len(set(cpus)) == 8
-        batches = api.get("/metrics").text  # two batches: "old", then 1 + 3 late
+        batches = api.get("/metrics", headers=ADM).text  # two batches: "old", then 1 + 3 late
         assert "hyb_sched_claim_batch_size_count 2.0" in batches and "hyb_sched_claim_batch_size_sum 5.0" in batches
         ledger_ok(svc.store)
 

@@ -1,0 +1,106 @@
+"""What every request passes before anything reads its body: the token, then the size.
+
+A request to a path that is not open (``server.open_endpoints``: by default only
+``/healthz`` and ``/readyz``) without a valid bearer token is answered 401 right here,
+so an unauthenticated client cannot make the server read, buffer or parse anything it
+sends. A body larger than ``server.max_body_bytes`` is answered 413 from its
+``Content-Length`` alone; a chunked body is read up to that limit and no further.
+
+The principal found here is kept in the ASGI scope (``scope["state"]["principal"]``),
+so the routes and the claim fast path do not hash the token a second time.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from typing import Any
+
+import orjson
+
+from scheduler.api.deps import principal_for
+from scheduler.api.errors import domain_body
+from scheduler.config import TokenConfig
+from scheduler.errors import SchedulerError
+
+log = logging.getLogger(__name__)
+
+Scope = MutableMapping[str, Any]
+Receive = Callable[[], Awaitable[dict[str, Any]]]
+Send = Callable[[dict[str, Any]], Awaitable[None]]
+
+PRINCIPAL = "principal"  # scope["state"] key
+
+
+class BodyTooLarge(SchedulerError):
+    code = "hyb.request.too_large"
+    status = 413
+
+
+def is_open(path: str, open_endpoints: Sequence[str]) -> bool:
+    """``/docs`` opens ``/docs`` and what is under it (``/docs/oauth2-redirect``)."""
+    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in open_endpoints)
+
+
+async def admit(scope: Scope, receive: Receive, send: Send, *, tokens: Sequence[TokenConfig],
+                open_endpoints: Sequence[str], max_body: int) -> Receive | None:
+    """None: the request was answered here (401/413). Else the ``receive`` to go on with."""
+    headers = dict(scope.get("headers") or ())
+    if not is_open(scope["path"], open_endpoints):
+        try:
+            p = principal_for(headers.get(b"authorization", b"").decode("latin-1"), tokens)
+        except SchedulerError as e:
+            log.info("unauthenticated %s %s from %s: %s", scope["method"], scope["path"],
+                     (scope.get("client") or ("?",))[0], e.message)
+            await _answer(send, e)
+            return None
+        scope.setdefault("state", {})[PRINCIPAL] = p
+    length = headers.get(b"content-length")
+    if length is not None:
+        try:
+            n = int(length)
+        except ValueError:
+            n = max_body + 1
+        if n > max_body:
+            await _answer(send, BodyTooLarge(f"the body is {length.decode('latin-1')} bytes; this server "
+                                             f"takes at most {max_body} (server.max_body_bytes)", field="body"))
+            return None
+        return receive
+    if scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS"):
+        return receive
+    return await _bounded(receive, send, max_body)
+
+
+async def _bounded(receive: Receive, send: Send, max_body: int) -> Receive | None:
+    """A body without a length (chunked): read it here, up to the limit, then replay it."""
+    msgs: list[dict[str, Any]] = []
+    size = 0
+    while True:
+        msg = await receive()
+        msgs.append(msg)
+        if msg["type"] != "http.request":
+            break
+        size += len(msg.get("body", b""))
+        if size > max_body:
+            await _answer(send, BodyTooLarge(f"the body is over {max_body} bytes (server.max_body_bytes)",
+                                             field="body"))
+            return None
+        if not msg.get("more_body", False):
+            break
+    it = iter(msgs)
+
+    async def replay() -> dict[str, Any]:
+        m = next(it, None)
+        return m if m is not None else await receive()
+    return replay
+
+
+async def _answer(send: Send, e: SchedulerError) -> None:
+    data = orjson.dumps(domain_body(e))
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    if e.status == 401:
+        headers.append((b"www-authenticate", b'Bearer realm="hybrid-kvm"'))
+    if e.status == 413:
+        headers.append((b"connection", b"close"))  # the rest of the body is never read
+    await send({"type": "http.response.start", "status": e.status, "headers": headers})
+    await send({"type": "http.response.body", "body": data})
