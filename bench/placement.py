@@ -96,7 +96,8 @@ def run_ours(label: str, url: str, hosts: list, reqs: list[Req], *, clients: int
               flush=True)
 
         async def warm(c: Conn, _: int) -> None:  # each replica builds its index before the clock starts
-            await c.request("POST", "/v1/vms?dry_run=true", reqs[0].body(), _auth("bench-tenant"))
+            await c.request("POST", "/v1/vms?dry_run=true", reqs[0].body(),
+                            _auth("bench-tenant", **{"Idempotency-Key": "warm"}))
         asyncio.run(run_clients(replicas, bases, list(range(replicas)), warm))
 
         async def place(c: Conn, r: Req) -> tuple[int, float, float, str]:

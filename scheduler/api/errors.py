@@ -69,7 +69,8 @@ def install(app: FastAPI) -> None:
     @app.exception_handler(StarletteHTTPException)
     async def _http(_req: Request, e: StarletteHTTPException) -> JSONResponse:
         code = {404: "hyb.http.not_found", 405: "hyb.http.method_not_allowed"}.get(e.status_code, "hyb.http.error")
-        return JSONResponse(_body(code, str(e.detail)), status_code=e.status_code)
+        return JSONResponse(_body(code, str(e.detail)), status_code=e.status_code,
+                            headers=getattr(e, "headers", None))  # 405 carries Allow
 
     @app.exception_handler(Exception)
     async def _crash(_req: Request, e: Exception) -> JSONResponse:

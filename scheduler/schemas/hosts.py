@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 HOST = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
@@ -17,9 +17,9 @@ class HostRegister(BaseModel):
     rack: str = Field("", max_length=64)
     labels: dict[str, str] = Field(default_factory=dict, max_length=32)
     layout: dict[str, Any] = Field(description="the carve layout JSON (api/layout.md)")
-    cpu_siblings: dict[str, list[int]] = Field(default_factory=dict,
+    cpu_siblings: dict[str, list[StrictInt]] = Field(default_factory=dict,
                                                description="CPU -> SMT siblings (topology); missing = no SMT")
-    pf_min_rate: dict[str, bool] = Field(default_factory=dict,
+    pf_min_rate: dict[str, StrictBool] = Field(default_factory=dict,
                                          description="PF -> driver can guarantee min_tx_rate (default true)")
     disk_classes: dict[str, str] = Field(default_factory=dict, description="disk name -> class")
 

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
 NAME = r"^[A-Za-z0-9_.-]{1,48}$"
 LABEL_KEY = r"^[A-Za-z0-9_./-]{1,63}$"
@@ -12,16 +12,16 @@ LABEL_KEY = r"^[A-Za-z0-9_./-]{1,63}$"
 
 class IoTuneIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    total_bytes_sec: int = Field(0, ge=0, le=2**63 - 1)
-    read_bytes_sec: int = Field(0, ge=0, le=2**63 - 1)
-    write_bytes_sec: int = Field(0, ge=0, le=2**63 - 1)
-    total_iops_sec: int = Field(0, ge=0, le=2**63 - 1)
-    read_iops_sec: int = Field(0, ge=0, le=2**63 - 1)
-    write_iops_sec: int = Field(0, ge=0, le=2**63 - 1)
-    total_bytes_sec_max: int = Field(0, ge=0, le=2**63 - 1)
-    total_iops_sec_max: int = Field(0, ge=0, le=2**63 - 1)
-    total_bytes_sec_max_length: int = Field(0, ge=0, le=2**32 - 1)
-    total_iops_sec_max_length: int = Field(0, ge=0, le=2**32 - 1)
+    total_bytes_sec: StrictInt = Field(0, ge=0, le=2**63 - 1)
+    read_bytes_sec: StrictInt = Field(0, ge=0, le=2**63 - 1)
+    write_bytes_sec: StrictInt = Field(0, ge=0, le=2**63 - 1)
+    total_iops_sec: StrictInt = Field(0, ge=0, le=2**63 - 1)
+    read_iops_sec: StrictInt = Field(0, ge=0, le=2**63 - 1)
+    write_iops_sec: StrictInt = Field(0, ge=0, le=2**63 - 1)
+    total_bytes_sec_max: StrictInt = Field(0, ge=0, le=2**63 - 1)
+    total_iops_sec_max: StrictInt = Field(0, ge=0, le=2**63 - 1)
+    total_bytes_sec_max_length: StrictInt = Field(0, ge=0, le=2**32 - 1)
+    total_iops_sec_max_length: StrictInt = Field(0, ge=0, le=2**32 - 1)
     group_name: str = Field("", pattern=r"^[A-Za-z0-9_.-]{0,64}$")
 
     def bytes_sec(self) -> int:
@@ -36,7 +36,7 @@ class DiskIn(BaseModel):
     model_config = ConfigDict(extra="forbid", populate_by_name=True)
     disk: str = Field("", max_length=128, description="kernel name or stable id; empty = any of `class`")
     cls: str = Field("", alias="class", max_length=32, description="disk class: nvme, ssd, hdd, ...")
-    min_size_bytes: int = Field(0, ge=0, le=2**63 - 1)
+    min_size_bytes: StrictInt = Field(0, ge=0, le=2**63 - 1)
     iotune: IoTuneIn = Field(default_factory=IoTuneIn)
 
 
@@ -44,9 +44,9 @@ class VfIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     pf: str = Field("", max_length=32, description="PF netdev; empty = any node-local PF")
     mac: str = Field("", pattern=r"^(|([0-9a-f]{2}:){5}[0-9a-f]{2})$")
-    vlan: int = Field(0, ge=0, le=4094)
-    max_tx_rate_mbps: int = Field(0, ge=0, le=10**6)
-    min_tx_rate_mbps: int = Field(0, ge=0, le=10**6)
+    vlan: StrictInt = Field(0, ge=0, le=4094)
+    max_tx_rate_mbps: StrictInt = Field(0, ge=0, le=10**6)
+    min_tx_rate_mbps: StrictInt = Field(0, ge=0, le=10**6)
 
 
 class AntiAffinity(BaseModel):
@@ -58,15 +58,15 @@ class AntiAffinity(BaseModel):
 class VmCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(pattern=NAME)
-    vcpus: int = Field(ge=1, le=1024)
-    memory_mib: int = Field(ge=2, le=2**32)
+    vcpus: StrictInt = Field(ge=1, le=1024)
+    memory_mib: StrictInt = Field(ge=2, le=2**32)
     page_size_kb: Literal[2048, 1048576] = 2048
     image: str = Field(pattern=r"^[A-Za-z0-9_.:-]{1,128}$")
     profile: str = Field("", max_length=64)
     disks: list[DiskIn] = Field(default_factory=list, max_length=32)
     vfs: list[VfIn] = Field(default_factory=list, max_length=16)
-    allow_span_nodes: bool = False
-    guest_numa: bool = False
+    allow_span_nodes: StrictBool = False
+    guest_numa: StrictBool = False
     anti_affinity: AntiAffinity | None = None
     policy: Literal["pack", "spread"] | None = None
     host_labels: dict[str, str] = Field(default_factory=dict, max_length=16)
@@ -131,16 +131,21 @@ class VmsPublic(BaseModel):
 
 
 class IoLimitsUpdate(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    """At least one disk or VF to change: the schema says so (``anyOf``); the service
+    refuses an empty one (422 naming ``disks``)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"anyOf": [
+        {"required": ["disks"], "properties": {"disks": {"minItems": 1}}},
+        {"required": ["vfs"], "properties": {"vfs": {"minItems": 1}}}]})
     disks: list[DiskIoUpdate] = Field(default_factory=list, max_length=32)
     vfs: list[VfRateUpdate] = Field(default_factory=list, max_length=32)
 
 
 class VfRateUpdate(BaseModel):
     model_config = ConfigDict(extra="forbid")
-    vf: int = Field(ge=0, le=63, description="the VF's position in the VM's placement.vfs")
-    max_tx_rate_mbps: int = Field(ge=0, le=10**6, description="0 = no cap")
-    min_tx_rate_mbps: int = Field(0, ge=0, le=10**6, description="a guarantee, reserved from the PF's tx budget")
+    vf: StrictInt = Field(ge=0, le=63, description="the VF's position in the VM's placement.vfs")
+    max_tx_rate_mbps: StrictInt = Field(ge=0, le=10**6, description="0 = no cap")
+    min_tx_rate_mbps: StrictInt = Field(0, ge=0, le=10**6, description="a guarantee, reserved from the PF's tx budget")
 
 
 class DiskIoUpdate(BaseModel):

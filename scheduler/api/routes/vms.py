@@ -92,8 +92,9 @@ _CREATE_INPUTS = {
     "parameters": [
         {"in": "query", "name": "dry_run", "required": False,
          "schema": {"default": False, "title": "Dry Run", "type": "boolean"}},
-        {"in": "header", "name": "idempotency-key", "required": False,
-         "schema": {"anyOf": [{"pattern": KEY, "type": "string"}, {"type": "null"}], "title": "Idempotency-Key"}},
+        {"in": "header", "name": "idempotency-key", "required": True,
+         "description": "a retry with the same key returns the same VM; a dry run takes one too (not recorded)",
+         "schema": {"pattern": KEY, "type": "string", "title": "Idempotency-Key"}},
     ],
     "requestBody": {"content": {"application/json": {"schema": {"$ref": "#/components/schemas/VmCreate"}}},
                     "required": True},
@@ -167,11 +168,11 @@ async def create_vm(request: Request) -> Response:
     if vm_tenant is None:
         raise Forbidden(f"{p.name} may only create VMs for tenant {tenant}", field="tenant")
     svc = _svc(request)
+    if not idempotency_key:
+        raise InvalidRequest("required: a retry with the same key returns the same VM", field="Idempotency-Key")
     if dry_run:
         preview = preview_out(await run_in_threadpool(svc.preview, body))
         return JSONResponse(preview.model_dump(mode="json"), status_code=200)
-    if not idempotency_key:
-        raise InvalidRequest("required: a retry with the same key returns the same VM", field="Idempotency-Key")
     t = time.perf_counter()
     vm, replay = await svc.create_async(body, tenant=vm_tenant, key=idempotency_key, actor=p.name)
     dispatch = vm.status == "pending" and request.app.state.dispatch_enabled

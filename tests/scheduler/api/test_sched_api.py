@@ -146,7 +146,7 @@ def test_dry_run_preview_counts_rejections(api):
     register(api, "h3", Shape("tiny", nodes=1, cores_per_node=2, smt=1, io_cores_per_node=1, host_cores=0,
                               vfs_per_node=0, disks_per_node=0))
     api.post("/v1/hosts/h1/cordon", headers=ADM)
-    r = api.post("/v1/vms?dry_run=true", json=vm_body(vcpus=2, memory_mib=1024), headers=TA)
+    r = api.post("/v1/vms?dry_run=true", json=vm_body(vcpus=2, memory_mib=1024), headers=TA | {"Idempotency-Key": "p1"})
     assert r.status_code == 200, r.text
     p = r.json()
     assert p["fits"] is False and p["rejections"] == {"memory": 1, "state": 1, "vcpus": 1}
@@ -154,7 +154,7 @@ def test_dry_run_preview_counts_rejections(api):
     assert why["h2"] == "node 0: 16 free 2048 kB pages, 512 needed" and why["h1"] == "host is cordoned"
     api.post("/v1/hosts/h1/uncordon", headers=ADM)
     p = api.post("/v1/vms?dry_run=true", json=vm_body(vcpus=2, vfs=[{"max_tx_rate_mbps": 100}]),
-                 headers=TA).json()
+                 headers=TA | {"Idempotency-Key": "p2"}).json()
     assert p["fits"] and p["host"] == "h1" and p["placement"]["vfs"][0]["pf"] == "ens0f0"
     assert api.get("/v1/vms", headers=ADM).json()["items"] == []  # a preview claims nothing
     r = create(api, "big", vcpus=64)
@@ -258,7 +258,7 @@ def test_recent_1g_demand_keeps_the_last_1g_node_for_1g_vms(api):
     big = {"vcpus": 8, "memory_mib": 16384, "page_size_kb": 1048576}
     assert create(api, "k1", name="db-1", **big).json()["host"] == "g-1"
     assert api.post("/v1/vms?dry_run=true", json=vm_body(name="x", vcpus=4, memory_mib=8192),
-                    headers=TA).json()["host"] == "p-1"  # the preview walks as the claim will
+                    headers=TA | {"Idempotency-Key": "p3"}).json()["host"] == "p-1"  # the preview walks as the claim will
     assert create(api, "k2", name="web-1", vcpus=4, memory_mib=8192).json()["host"] == "p-1"
     assert create(api, "k3", name="db-2", **big).json()["host"] == "g-2"
     assert "hyb_sched_keep_1g_total 1.0" in api.get("/metrics", headers=ADM).text  # the preview is not counted

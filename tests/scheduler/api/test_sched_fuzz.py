@@ -27,13 +27,15 @@ def no_crash(ctx, response, case):  # type: ignore[no-untyped-def]
     assert response.status_code != 500, f"500 from {case.method} {case.path}: {response.text[:500]}"
     return True
 
-from sched_helpers import ADM, HOST, Clock, host_body, make_client  # noqa: E402
+from sched_helpers import ADM, HOST, TA, Clock, host_body, make_client  # noqa: E402
 
 REPO = Path(__file__).resolve().parents[3]
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture
 def api_schema(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    """A fresh app per run: schemathesis' ASGI transport runs the app's lifespan, whose
+    shutdown closes the claim queue, so one app cannot serve two runs."""
     db = tmp_path_factory.mktemp("fuzz") / "sched.db"
     with make_client(f"sqlite:///{db}", clock=Clock()) as client:
         for name in ("h1", "h2"):
@@ -43,16 +45,18 @@ def api_schema(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-unt
         yield schema
 
 
-def test_api_answers_as_documented(api_schema):  # type: ignore[no-untyped-def]
-    """Every operation, 20 generated requests each (admin token, so bodies get past auth)."""
+@pytest.mark.parametrize("token, examples", [(ADM, 20), (TA, 6), (HOST, 6)], ids=["admin", "tenant", "host"])
+def test_api_answers_as_documented(api_schema, token, examples):  # type: ignore[no-untyped-def]
+    """Every operation with every token scope (admin: 20 generated requests each, so
+    bodies get past auth; a tenant's and a host's token: 6, so refusals are exercised)."""
     ops = [r.ok() for r in api_schema.get_all_operations()]
     assert len(ops) >= 12
     for op in ops:
-        headers = dict(ADM)
+        headers = dict(token)
         if op.method.upper() == "POST" and op.path == "/v1/vms":
             headers["Idempotency-Key"] = "fuzz"
 
-        @settings(max_examples=20, deadline=None, database=None, derandomize=True,
+        @settings(max_examples=examples, deadline=None, database=None, derandomize=True,
                   suppress_health_check=list(HealthCheck))
         @given(case=op.as_strategy())
         def run(case):  # type: ignore[no-untyped-def]

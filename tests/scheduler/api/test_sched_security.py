@@ -104,3 +104,29 @@ def test_a_shrink_under_running_vms_is_refused_and_changes_nothing(api) -> None:
     bigger = host_body("h1", SMALL)
     bigger["layout"]["nodes"][0]["hugepages"][0]["count"] += 100
     assert api.post("/v1/hosts", json=bigger, headers=HOST).status_code == 200
+
+
+@pytest.mark.parametrize("field, value", [("vcpus", True), ("vcpus", "2"), ("vcpus", 2.0), ("memory_mib", "1024"),
+                                          ("guest_numa", "yes"), ("guest_numa", 1)])
+def test_vm_fields_are_not_coerced(api, field, value) -> None:
+    r = api.post("/v1/vms", json=vm_body(**{field: value}), headers=TA | {"Idempotency-Key": "c1"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == field, r.text
+
+
+def test_host_fields_are_not_coerced(api) -> None:
+    body = host_body("h1", SMALL)
+    body["cpu_siblings"]["2"] = ["10", 2]
+    r = api.post("/v1/hosts", json=body, headers=HOST)
+    assert r.status_code == 422 and r.json()["error"]["field"].startswith("cpu_siblings"), r.text
+
+
+def test_the_contract_says_what_the_server_enforces(api) -> None:
+    spec = api.app.openapi()
+    key = next(p for p in spec["paths"]["/v1/vms"]["post"]["parameters"] if p["name"] == "idempotency-key")
+    assert key["required"] is True
+    r = api.post("/v1/vms?dry_run=true", json=vm_body(), headers=TA)  # a dry run needs one too
+    assert r.status_code == 422 and r.json()["error"]["field"] == "Idempotency-Key"
+    io = spec["components"]["schemas"]["IoLimitsUpdate"]
+    assert io["anyOf"] and api.patch("/v1/vms/x/io-limits", json={}, headers=ADM).status_code == 422
+    r = api.put("/v1/hosts", json={}, headers=ADM)
+    assert r.status_code == 405 and "POST" in r.headers["allow"]
