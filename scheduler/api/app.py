@@ -13,7 +13,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
 from scheduler.api import errors, fastpath, gate
-from scheduler.api.routes import hosts, vms
+from scheduler.api.routes import audit, hosts, vms
 from scheduler.config import Settings
 from scheduler.db.engine import Store
 from scheduler.db.migrate import HERE, current
@@ -83,6 +83,7 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
     errors.install(app)
     app.include_router(hosts.router)
     app.include_router(vms.router)
+    app.include_router(audit.router)
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, str]:

@@ -3,14 +3,16 @@
 from __future__ import annotations
 
 import logging
+import time
 
 from fastapi import FastAPI, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from scheduler.errors import SchedulerError
+from scheduler.errors import Forbidden, SchedulerError
 
 log = logging.getLogger(__name__)
 
@@ -54,9 +56,28 @@ def field_path(loc: tuple) -> str:
     return out or (str(loc[0]) if loc else "body")
 
 
+def audit_refusal(req: Request, e: SchedulerError) -> None:
+    """A refused authorisation (403), in a transaction of its own: ``auth.denied`` with the
+    call and the reason; the tenant's own principal's refusals are the tenant's to see."""
+    from scheduler.repo import vms as vm_repo
+
+    p = req.scope.get("state", {}).get("principal")
+    if p is None:
+        return
+    detail = {"method": req.method, "reason": e.message, **({"tenant": p.tenant} if p.tenant else {})}
+    try:
+        with req.app.state.store.write() as s:
+            vm_repo.audit(session=s, principal=p.name, action="auth.denied", target=req.url.path[:128],
+                          now=time.time(), detail=detail)
+    except Exception:  # noqa: BLE001 - the refusal is answered even if the audit write fails
+        log.exception("cannot audit a refused call principal=%s path=%s", p.name, req.url.path)
+
+
 def install(app: FastAPI) -> None:
     @app.exception_handler(SchedulerError)
-    async def _domain(_req: Request, e: SchedulerError) -> JSONResponse:
+    async def _domain(req: Request, e: SchedulerError) -> JSONResponse:
+        if e.status == 403 and e.code == Forbidden.code:
+            await run_in_threadpool(audit_refusal, req, e)
         return JSONResponse(domain_body(e), status_code=e.status)
 
     @app.exception_handler(RequestValidationError)

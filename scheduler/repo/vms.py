@@ -143,5 +143,25 @@ def audit(*, session: Session, principal: str, action: str, target: str, now: fl
         session.connection().execute(_insert_audit(), row)
 
 
-def list_audit(*, session: Session, limit: int = 100) -> Sequence[Audit]:
-    return session.scalars(select(Audit).order_by(Audit.id.desc()).limit(limit)).all()
+def list_audit(*, session: Session, limit: int = 100, before_id: int | None = None, since: float | None = None,
+               until: float | None = None, principal: str | None = None, action: str | None = None,
+               target: str | None = None, tenant: str | None = None) -> Sequence[Audit]:
+    """Newest first. ``action`` ending in ``.`` or ``*`` is a prefix (``vm.``); ``tenant``:
+    the rows recorded for that tenant's VMs and by that tenant's principals."""
+    q = select(Audit).order_by(Audit.id.desc()).limit(limit)
+    if before_id is not None:
+        q = q.where(Audit.id < before_id)
+    if since is not None:
+        q = q.where(Audit.at >= since)
+    if until is not None:
+        q = q.where(Audit.at < until)
+    if principal:
+        q = q.where(Audit.principal == principal)
+    if action:
+        q = q.where(Audit.action.startswith(action.rstrip("*"))) if action.endswith((".", "*")) \
+            else q.where(Audit.action == action)
+    if target:
+        q = q.where(Audit.target == target)
+    if tenant is not None:
+        q = q.where(Audit.detail["tenant"].as_string() == tenant)
+    return session.scalars(q).all()

@@ -203,7 +203,8 @@ class VmService:
                     attempts=0, created=now, updated=now)
             vm_repo.insert_vm(session=s, vm=vm)  # the unique (tenant, key) constraint fires here
             vm_repo.audit(session=s, principal=it.actor, action="vm.create", target=vm_id, now=now,
-                          detail={"host": host, "nodes": list(alloc.nodes), "cpus": list(alloc.cpus)})
+                          detail={"tenant": it.tenant, "host": host, "nodes": list(alloc.nodes),
+                                  "cpus": list(alloc.cpus)})
             return vm
         return write_vm
 
@@ -316,7 +317,7 @@ class VmService:
             self.placer.release(s, row)
             s.delete(row)
             vm_repo.audit(session=s, principal=actor, action="vm.delete", target=vm_id, now=self.clock(),
-                          detail={"host": vm.host})
+                          detail={"tenant": vm.tenant, "host": vm.host})
         log.info("vm deleted vm=%s host=%s", vm_id, vm.host)
 
     def update_io(self, vm_id: str, disks: list[tuple[str, IoTuneIn]], *, tenant: str | None,
@@ -368,7 +369,7 @@ class VmService:
                     v["max_tx_rate_mbps"], v["min_tx_rate_mbps"] = rates[i]
             row.request, row.updated = req, self.clock()
             vm_repo.audit(session=s, principal=actor, action="vm.update_io", target=vm_id, now=self.clock(),
-                          detail={**{n: t.model_dump() for n, t in changes.items()},
+                          detail={"tenant": row.tenant, **{n: t.model_dump() for n, t in changes.items()},
                                   **{f"vfs[{i}]": {"max_tx_rate_mbps": mx, "min_tx_rate_mbps": mn}
                                      for i, (mx, mn) in rates.items()}})
             return row

@@ -12,7 +12,7 @@ import pytest
 from sqlalchemy import select
 
 from host_shapes import Shape
-from sched_helpers import ADM, HOST, TA, Clock, auth, host_body, make_client, vm_body
+from sched_helpers import ADM, HOST, TA, TB, Clock, auth, host_body, make_client, vm_body
 from scheduler.db.models import Audit
 
 SMALL = Shape("small", nodes=2, cores_per_node=4, smt=2, io_cores_per_node=1, host_cores=1,
@@ -130,3 +130,33 @@ def test_the_contract_says_what_the_server_enforces(api) -> None:
     assert io["anyOf"] and api.patch("/v1/vms/x/io-limits", json={}, headers=ADM).status_code == 422
     r = api.put("/v1/hosts", json={}, headers=ADM)
     assert r.status_code == 405 and "POST" in r.headers["allow"]
+
+
+def test_the_audit_trail_is_readable_and_a_tenant_sees_only_its_own(api) -> None:
+    assert api.post("/v1/hosts", json=host_body("h1", SMALL), headers=HOST).status_code == 201
+    a = api.post("/v1/vms", json=vm_body(name="a-1"), headers=TA | {"Idempotency-Key": "a1"}).json()
+    b = api.post("/v1/vms", json=vm_body(name="b-1"), headers=TB | {"Idempotency-Key": "b1"}).json()
+    assert api.delete(f"/v1/vms/{b['id']}", headers=TB).status_code == 204
+    # a refused call is audited too: tenant a trying to create for tenant b
+    r = api.post("/v1/vms", json=vm_body(name="x", tenant="b"), headers=TA | {"Idempotency-Key": "x"})
+    assert r.status_code == 403
+    everything = api.get("/v1/audit", headers=ADM).json()["items"]
+    assert [(x["action"], x["target"]) for x in everything][:4] == [
+        ("auth.denied", "/v1/vms"), ("vm.delete", b["id"]), ("vm.create", b["id"]), ("vm.create", a["id"])]
+    mine = api.get("/v1/audit", headers=TA).json()["items"]
+    assert [(x["action"], x["target"]) for x in mine] == [("auth.denied", "/v1/vms"), ("vm.create", a["id"])]
+    theirs = api.get("/v1/audit", headers=TB).json()["items"]
+    assert {x["target"] for x in theirs} == {b["id"]}
+    assert api.get("/v1/audit", headers=HOST).status_code == 403
+    # filters and pages
+    creates = api.get("/v1/audit?action=vm.create", headers=ADM).json()["items"]
+    assert [x["target"] for x in creates] == [b["id"], a["id"]]
+    assert [x["action"] for x in api.get("/v1/audit?action=vm.", headers=ADM).json()["items"]] == \
+        ["vm.delete", "vm.create", "vm.create"]
+    page = api.get("/v1/audit?limit=2", headers=ADM).json()
+    rest = api.get(f"/v1/audit?limit=100&before={page['next']}", headers=ADM).json()
+    now = api.get("/v1/audit", headers=ADM).json()["items"]
+    assert now[0]["action"] == "auth.denied" and now[0]["principal"] == "hst"  # the host's refused read
+    assert [x["id"] for x in page["items"] + rest["items"]] == [x["id"] for x in now]
+    assert api.get("/v1/audit?principal=tb", headers=ADM).json()["items"][0]["action"] == "vm.delete"
+    assert api.get("/v1/audit?since=1e12", headers=ADM).json()["items"] == []

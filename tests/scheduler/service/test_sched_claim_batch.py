@@ -68,7 +68,8 @@ def test_one_batch_many_vms_replays_and_rejections(db_url):
             vm = s.get(Vm, first[4][0].id)
             assert (vm.allocation, vm.request, vm.status) == (first[4][0].allocation, first[4][0].request, "pending")
             a = s.scalars(select(Audit).where(Audit.target == vm.id)).one()
-            assert a.detail == {"host": "h1", "nodes": [1], "cpus": vm.allocation["cpus"]} and a.principal == "t"
+            assert a.detail == {"tenant": vm.tenant, "host": "h1", "nodes": [1], "cpus": vm.allocation["cpus"]}
+            assert a.principal == "t"
         # replays, a new VM, one that fits nowhere, and anti-affinity (claimed alone) in one batch
         again = items(svc, 2) + items(svc, 1, key="new") + items(svc, 1, key="big", vcpus=64) + \
             items(svc, 1, key="aa", anti_affinity={"group": "g1"})
