@@ -5,6 +5,9 @@
   scheduler db current --config FILE
   scheduler openapi > api/openapi.json
   scheduler hash-token TOKEN                (the sha256 to put under [[auth.tokens]])
+  scheduler token create --config FILE --name oss-1 --scope host:oss-1 --ttl 90d
+  scheduler token list --config FILE
+  scheduler token revoke --config FILE ID | --name PRINCIPAL
 """
 
 from __future__ import annotations
@@ -104,6 +107,55 @@ def _openapi(args: argparse.Namespace) -> int:
     return 0
 
 
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400}
+
+
+def _ttl(text: str | None) -> float | None:
+    if not text:
+        return None
+    try:
+        return float(text[:-1]) * _UNITS[text[-1]] if text[-1] in _UNITS else float(text)
+    except ValueError:
+        raise SystemExit(f"scheduler: error [--ttl]: {text!r} is not a duration like 3600s, 12h or 90d") from None
+
+
+def _token(args: argparse.Namespace) -> int:
+    """Tokens in the database: effective on every replica within auth.refresh_s."""
+    import datetime
+
+    from scheduler.db.engine import Store
+    from scheduler.errors import SchedulerError
+    from scheduler.service import tokens
+
+    store = Store.from_url(_settings(args).db.url)
+    try:
+        if args.action == "create":
+            new = tokens.create_token(store, name=args.name or "", scopes=args.scope, ttl_s=_ttl(args.ttl),
+                                      note=args.note)
+            print(f"id {new.id}\ntoken {new.token}\n(shown once: only its sha256 is stored)")
+        elif args.action == "revoke":
+            ids = tokens.revoke_tokens(store, token_id=args.id, name=args.name)
+            print("revoked " + (" ".join(ids) if ids else "nothing (no such active token)"))
+            return 0 if ids else 1
+        else:
+            rows = tokens.list_tokens(store)
+
+            def when(x: float | None) -> str | None:
+                return datetime.datetime.fromtimestamp(x, datetime.UTC).isoformat(timespec="seconds") if x else None
+            out = [{"id": r.id, "name": r.name, "scopes": r.scopes, "created": when(r.created),
+                    "expires": when(r.expires), "revoked": when(r.revoked), "note": r.note} for r in rows]
+            if args.json:
+                print(json.dumps(out, indent=2))
+            for r in [] if args.json else out:
+                state = "revoked " + r["revoked"] if r["revoked"] else "expires " + (r["expires"] or "never")
+                print(f"{r['id']}  {r['name']:<20} {','.join(r['scopes']):<24} {state}  {r['note']}")
+    except SchedulerError as e:
+        raise SystemExit(f"scheduler: error [{e.field}]: {e.message}") from None
+    finally:
+        store.dispose()
+    return 0
+
+
 def main(argv: list[str] | None = None) -> int:
     p = argparse.ArgumentParser(prog="scheduler", description="hybrid-kvm placement service",
                                 epilog=EPILOG, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,6 +169,17 @@ def main(argv: list[str] | None = None) -> int:
     db.add_argument("--config")
     db.add_argument("--url", help="database URL (overrides the config)")
     sub.add_parser("openapi", help="print the OpenAPI schema (api/openapi.json)")
+    tk = sub.add_parser("token", help="bearer tokens in the database: create, list, revoke")
+    tk.add_argument("action", choices=["create", "list", "revoke"])
+    tk.add_argument("id", nargs="?", help="revoke: the token id (from `token list`)")
+    tk.add_argument("--config")
+    tk.add_argument("--url", help="database URL (overrides the config)")
+    tk.add_argument("--name", help="create: the principal; revoke: revoke all of its tokens")
+    tk.add_argument("--scope", action="append", default=[],
+                    help="create: admin, host, host:<name> or tenant:<name>; repeatable")
+    tk.add_argument("--ttl", help="create: lifetime such as 3600s, 12h, 90d (default: never expires)")
+    tk.add_argument("--note", default="", help="create: what the token is for")
+    tk.add_argument("--json", action="store_true", help="list: JSON")
     ht = sub.add_parser("hash-token", help="sha256 of a bearer token for [[auth.tokens]]")
     ht.add_argument("token")
     args = p.parse_args(argv)
@@ -126,6 +189,8 @@ def main(argv: list[str] | None = None) -> int:
         return _db(args)
     if args.cmd == "openapi":
         return _openapi(args)
+    if args.cmd == "token":
+        return _token(args)
     print(hashlib.sha256(args.token.encode()).hexdigest())
     return 0
 

@@ -5,6 +5,7 @@ Built once in ``main()`` and passed down; nothing reads it at import time."""
 from __future__ import annotations
 
 import tomllib
+from datetime import datetime
 from pathlib import Path
 from typing import Any, Literal
 
@@ -45,10 +46,16 @@ class TokenConfig(BaseModel):
     name: str
     sha256: str  # hex digest of the bearer token; the token itself is never stored
     scopes: list[str]
+    expires: datetime | None = None  # RFC 3339; none: never
 
 
 class AuthConfig(BaseModel):
+    # Bootstrap tokens. Day to day, tokens live in the database (`scheduler token create`),
+    # where they expire, rotate and are revoked without a restart.
     tokens: list[TokenConfig] = Field(default_factory=list)
+    # How stale a replica's view of the database tokens may be (a revocation takes effect
+    # on every replica within this many seconds).
+    refresh_s: float = Field(2.0, gt=0, le=60)
 
 
 class PlacementConfig(BaseModel):

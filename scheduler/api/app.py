@@ -22,6 +22,7 @@ from scheduler.metrics import Metrics
 from scheduler.service.claims import Placer
 from scheduler.service.hostcache import HostCache
 from scheduler.service.hosts import HostService
+from scheduler.service.tokens import TokenBook
 from scheduler.service.vms import Hostd, VmService
 
 VERSION = "1.0.0"
@@ -71,6 +72,7 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
                     claim_lock=settings.placement.claim_lock)
     app.state.settings = settings
     app.state.store = store
+    app.state.tokens = TokenBook(settings.auth.tokens, store=store, refresh_s=settings.auth.refresh_s)
     app.state.metrics = metrics
     app.state.placer = placer
     app.state.dispatch_enabled = settings.dispatch.enabled and hostd is not None
@@ -128,7 +130,7 @@ class SchedulerApp(FastAPI):
     async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
         if scope["type"] == "http":
             srv = self.state.settings.server
-            receive = await gate.admit(scope, receive, send, tokens=self.state.settings.auth.tokens,
+            receive = await gate.admit(scope, receive, send, tokens=self.state.tokens,
                                        open_endpoints=srv.open_endpoints, max_body=srv.max_body_bytes)
             if receive is None:
                 return

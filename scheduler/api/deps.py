@@ -2,15 +2,12 @@
 
 from __future__ import annotations
 
-import hashlib
-import hmac
-from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Annotated
 
 from fastapi import Depends, Request
 
-from scheduler.config import TokenConfig
+from scheduler.service.tokens import TokenBook
 from scheduler.errors import Forbidden, Unauthenticated
 
 
@@ -50,19 +47,16 @@ def principal_of(request: Request) -> Principal:
     p = request.scope.get("state", {}).get("principal")
     if p is not None:
         return p
-    return principal_for(request.headers.get("authorization", ""), request.app.state.settings.auth.tokens)
+    return principal_for(request.headers.get("authorization", ""), request.app.state.tokens)
 
 
-def principal_for(auth: str, tokens: Sequence[TokenConfig]) -> Principal:
-    """The principal of an ``Authorization`` header's value."""
+def principal_for(auth: str, book: TokenBook) -> Principal:
+    """The principal of an ``Authorization`` header's value (config or database token)."""
     scheme, _, token = auth.partition(" ")
     if scheme.lower() != "bearer" or not token:
         raise Unauthenticated("send Authorization: Bearer <token>", field="Authorization")
-    digest = hashlib.sha256(token.strip().encode()).hexdigest()
-    for t in tokens:
-        if hmac.compare_digest(t.sha256.lower(), digest):
-            return Principal(t.name, frozenset(t.scopes))
-    raise Unauthenticated("unknown token", field="Authorization")
+    e = book.lookup(token)
+    return Principal(e.name, e.scopes)
 
 
 CurrentPrincipal = Annotated[Principal, Depends(principal)]

@@ -69,7 +69,7 @@ async def create(app: Any, scope: Scope, receive: Receive, send: Send) -> Receiv
         return replay
     try:
         p = scope.get("state", {}).get("principal") or \
-            principal_for(head.get(b"authorization", b"").decode("latin-1"), app.state.settings.auth.tokens)
+            principal_for(head.get(b"authorization", b"").decode("latin-1"), app.state.tokens)
         vm_body = VmCreate.model_validate_json(body)
         tenant = owner(tenant_scope(p), vm_body)
     except (SchedulerError, ValidationError):  # 401/403/422, from the route and the error mapper

@@ -20,8 +20,8 @@ import orjson
 
 from scheduler.api.deps import principal_for
 from scheduler.api.errors import domain_body
-from scheduler.config import TokenConfig
 from scheduler.errors import SchedulerError
+from scheduler.service.tokens import TokenBook
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +42,7 @@ def is_open(path: str, open_endpoints: Sequence[str]) -> bool:
     return any(path == p or path.startswith(p.rstrip("/") + "/") for p in open_endpoints)
 
 
-async def admit(scope: Scope, receive: Receive, send: Send, *, tokens: Sequence[TokenConfig],
+async def admit(scope: Scope, receive: Receive, send: Send, *, tokens: TokenBook,
                 open_endpoints: Sequence[str], max_body: int) -> Receive | None:
     """None: the request was answered here (401/413). Else the ``receive`` to go on with."""
     headers = dict(scope.get("headers") or ())

@@ -81,3 +81,22 @@ class Audit(Base):
 
 
 LIVE = ("pending", "creating", "running")  # statuses whose allocation counts as used
+
+
+class ApiToken(Base):
+    """A bearer token kept in the database (``scheduler token create``): several may be
+    active per principal (rotation without downtime), each may expire, and a revocation
+    reaches every replica within ``auth.refresh_s`` (they read changes since their last
+    look). Only the token's sha256 is stored."""
+
+    __tablename__ = "api_tokens"
+
+    id: Mapped[str] = mapped_column(String(16), primary_key=True)  # shown by `token list`; not secret
+    name: Mapped[str] = mapped_column(String(64), index=True)  # the principal
+    sha256: Mapped[str] = mapped_column(String(64), unique=True)
+    scopes: Mapped[list[str]] = mapped_column(JSON)
+    created: Mapped[float] = mapped_column(Float)
+    expires: Mapped[float | None] = mapped_column(Float, nullable=True)  # None: never
+    revoked: Mapped[float | None] = mapped_column(Float, nullable=True)
+    changed: Mapped[float] = mapped_column(Float, index=True)  # created or revoked: what replicas poll
+    note: Mapped[str] = mapped_column(String(200), default="")

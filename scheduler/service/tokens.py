@@ -1,0 +1,144 @@
+"""Bearer tokens: the config's (``[[auth.tokens]]``, for bootstrap) and the database's
+(``scheduler token create``), looked up by sha256.
+
+Each replica keeps the database tokens in memory and reads the rows changed since its
+last look (created or revoked) at most every ``refresh_s`` seconds, on the request that
+finds the book stale: a revocation on one replica stops the token on every replica
+within that time, and a lookup never waits on the database otherwise. A row's
+``changed`` stamp comes from the writer's clock, so each look goes back ``SKEW_S``
+further than the newest stamp it has seen.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import hmac
+import logging
+import secrets
+import threading
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+
+from sqlalchemy import select, update
+
+from scheduler.config import TokenConfig
+from scheduler.db.engine import Store
+from scheduler.db.models import ApiToken
+from scheduler.errors import InvalidRequest, Unauthenticated
+
+log = logging.getLogger(__name__)
+
+SKEW_S = 5.0
+PREFIX = "hyb_"  # every generated token starts so: secret scanners can find leaked ones
+
+
+def digest(token: str) -> str:
+    return hashlib.sha256(token.strip().encode()).hexdigest()
+
+
+@dataclass(frozen=True)
+class Entry:
+    name: str
+    scopes: frozenset[str]
+    expires: float | None  # unix time; None: never
+
+
+class TokenBook:
+    def __init__(self, config_tokens: Sequence[TokenConfig], *, store: Store | None = None,
+                 refresh_s: float = 2.0, clock: Callable[[], float] = time.time):
+        self._config = [(t.sha256.lower(), Entry(t.name, frozenset(t.scopes),
+                                                 t.expires.timestamp() if t.expires else None))
+                        for t in config_tokens]
+        self.store = store
+        self.refresh_s = refresh_s
+        self.clock = clock
+        self._db: dict[str, Entry] = {}
+        self._seen = 0.0  # newest ``changed`` read
+        self._looked = float("-inf")  # monotonic time of the last read
+        self._lock = threading.Lock()
+
+    def lookup(self, token: str) -> Entry:
+        """The entry of a bearer token, or Unauthenticated (unknown, expired)."""
+        d = digest(token)
+        entry = next((e for sha, e in self._config if hmac.compare_digest(sha, d)), None)
+        if entry is None and self.store is not None:
+            self._refresh()
+            entry = self._db.get(d)
+        if entry is None:
+            raise Unauthenticated("unknown or revoked token", field="Authorization")
+        if entry.expires is not None and entry.expires <= self.clock():
+            raise Unauthenticated(f"the token of {entry.name} expired", field="Authorization")
+        return entry
+
+    def _refresh(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._looked < self.refresh_s:
+            return
+        with self._lock:
+            if not force and now - self._looked < self.refresh_s:
+                return
+            assert self.store is not None
+            try:
+                with self.store.read() as s:
+                    rows = s.scalars(select(ApiToken).where(ApiToken.changed >= self._seen - SKEW_S)).all()
+            except Exception:  # noqa: BLE001 - keep serving the tokens known; a request is not the place to fail
+                log.exception("cannot read api_tokens; keeping the %d known", len(self._db))
+                return
+            for r in rows:
+                if r.revoked is None:
+                    self._db[r.sha256] = Entry(r.name, frozenset(r.scopes), r.expires)
+                else:
+                    self._db.pop(r.sha256, None)
+                self._seen = max(self._seen, r.changed)
+            self._looked = now
+
+
+@dataclass(frozen=True)
+class NewToken:
+    id: str
+    token: str  # shown once, never stored
+
+
+def create_token(store: Store, *, name: str, scopes: Sequence[str], ttl_s: float | None, note: str = "",
+                 now: float | None = None) -> NewToken:
+    if not name or len(name) > 64:
+        raise InvalidRequest("1-64 characters", field="name")
+    bad = [s for s in scopes if not _scope_ok(s)]
+    if not scopes or bad:
+        raise InvalidRequest(f"give scopes admin, host, host:<name> or tenant:<name> (not {bad or 'none'})",
+                             field="scope")
+    if ttl_s is not None and ttl_s <= 0:
+        raise InvalidRequest("must be positive", field="ttl")
+    now = time.time() if now is None else now
+    token = PREFIX + secrets.token_urlsafe(32)
+    tid = secrets.token_hex(6)
+    with store.write() as s:
+        s.add(ApiToken(id=tid, name=name, sha256=digest(token), scopes=sorted(set(scopes)), created=now,
+                       expires=now + ttl_s if ttl_s else None, revoked=None, changed=now, note=note[:200]))
+    return NewToken(tid, token)
+
+
+def revoke_tokens(store: Store, *, token_id: str | None = None, name: str | None = None,
+                  now: float | None = None) -> list[str]:
+    """Revoke one token by id, or every active token of a principal; the ids revoked."""
+    if not token_id and not name:
+        raise InvalidRequest("give a token id or --name", field="id")
+    now = time.time() if now is None else now
+    with store.write() as s:
+        q = select(ApiToken.id).where(ApiToken.revoked.is_(None))
+        q = q.where(ApiToken.id == token_id) if token_id else q.where(ApiToken.name == name)
+        ids = list(s.scalars(q).all())
+        if ids:
+            s.execute(update(ApiToken).where(ApiToken.id.in_(ids)).values(revoked=now, changed=now))
+    return ids
+
+
+def list_tokens(store: Store) -> list[ApiToken]:
+    with store.read() as s:
+        return list(s.scalars(select(ApiToken).order_by(ApiToken.name, ApiToken.created)).all())
+
+
+def _scope_ok(s: str) -> bool:
+    kind, _, arg = s.partition(":")
+    return (s in ("admin", "host")) or (kind in ("host", "tenant") and 0 < len(arg) <= 64)
