@@ -131,61 +131,68 @@ def layout_problems(layout: Layout) -> list[tuple[str, str]]:
     positive, names unique. Empty when the layout is sound. hostd's planner only
     makes sound layouts; the scheduler checks every layout a host registers."""
     out: list[tuple[str, str]] = []
-    owner: dict[int, str] = {}
+    owner: dict[int, str] = {}  # CPU -> the field that has it
     nodes: set[int] = set()
     for i, n in enumerate(layout.nodes):
-        at = f"layout.nodes[{i}]"
-        if n.node < 0 or n.node > MAX_CPU:
-            out.append((f"{at}.node", f"{n.node} is not a NUMA node id"))
-        if n.node in nodes:
-            out.append((f"{at}.node", f"node {n.node} is listed twice"))
-        nodes.add(n.node)
-        for role in ("io_cpus", "host_cpus", "vm_cpus"):
-            for c in getattr(n, role):
-                where = f"{at}.{role}"
-                if not 0 <= c <= MAX_CPU:
-                    out.append((where, f"CPU {c} is not a CPU id (0-{MAX_CPU})"))
-                elif c in owner:
-                    out.append((where, f"CPU {c} is also in {owner[c]}"))
-                else:
-                    owner[c] = where
-        sizes: set[int] = set()
-        for j, h in enumerate(n.hugepages):
-            where = f"{at}.hugepages[{j}]"
-            if h.size_kb < 4 or h.size_kb & (h.size_kb - 1):
-                out.append((f"{where}.size_kb", f"{h.size_kb} kB is not a page size"))
-            elif h.size_kb in sizes:
-                out.append((f"{where}.size_kb", f"{h.size_kb} kB is listed twice on node {n.node}"))
-            sizes.add(h.size_kb)
-            if h.count < 0 or h.size_kb > 0 and h.count * h.size_kb > MAX_PAGES_KB:
-                out.append((f"{where}.count", f"{h.count} pages of {h.size_kb} kB is not a real pool"))
-    pf_names: set[str] = set()
+        _node_problems(f"layout.nodes[{i}]", n, nodes, owner, out)
+    _unique("layout.pfs", [p.name for p in layout.pfs], "PF", out)
     for i, p in enumerate(layout.pfs):
-        at = f"layout.pfs[{i}]"
-        if p.name in pf_names:
-            out.append((f"{at}.name", f"PF {p.name} is listed twice"))
-        pf_names.add(p.name)
-        if not 0 < p.bandwidth_mbps <= MAX_MBPS:
-            out.append((f"{at}.bandwidth_mbps", f"must be 1-{MAX_MBPS} Mbit/s, not {p.bandwidth_mbps}"))
-        if not 0 <= p.numvfs <= 4096:
-            out.append((f"{at}.numvfs", f"{p.numvfs} is not a VF count (0-4096)"))
-        seen: set[int] = set()
-        for j, s in enumerate(p.slots):
-            where = f"{at}.slots[{j}]"
-            if not 0 <= s.index < max(p.numvfs, 0) or s.index in seen:
-                out.append((f"{where}.index", f"VF {s.index} is not a free VF index of {p.numvfs}"))
-            seen.add(s.index)
-            for k in ("max_tx_rate_mbps", "min_tx_rate_mbps"):
-                v = getattr(s, k)
-                if not 0 <= v <= max(p.bandwidth_mbps, 0):
-                    out.append((f"{where}.{k}", f"must be 0-{p.bandwidth_mbps} (the PF's budget), not {v}"))
-    disk_names: set[str] = set()
+        _pf_problems(f"layout.pfs[{i}]", p, out)
+    _unique("layout.disks", [d.name for d in layout.disks], "disk", out)
     for i, d in enumerate(layout.disks):
-        at = f"layout.disks[{i}]"
-        if d.name in disk_names:
-            out.append((f"{at}.name", f"disk {d.name} is listed twice"))
-        disk_names.add(d.name)
-        for k in ("size_bytes", "bytes_sec", "iops"):
-            if getattr(d, k) < 0:
-                out.append((f"{at}.{k}", "must not be negative"))
+        out += [(f"layout.disks[{i}].{k}", "must not be negative")
+                for k in ("size_bytes", "bytes_sec", "iops") if getattr(d, k) < 0]
     return out
+
+
+def _unique(at: str, names: list[str], what: str, out: list[tuple[str, str]]) -> None:
+    seen: set[str] = set()
+    for i, name in enumerate(names):
+        if name in seen:
+            out.append((f"{at}[{i}].name", f"{what} {name} is listed twice"))
+        seen.add(name)
+
+
+def _node_problems(at: str, n: NodeLayout, nodes: set[int], owner: dict[int, str],
+                   out: list[tuple[str, str]]) -> None:
+    if n.node < 0 or n.node > MAX_CPU:
+        out.append((f"{at}.node", f"{n.node} is not a NUMA node id"))
+    if n.node in nodes:
+        out.append((f"{at}.node", f"node {n.node} is listed twice"))
+    nodes.add(n.node)
+    for role in ("io_cpus", "host_cpus", "vm_cpus"):
+        for c in getattr(n, role):
+            where = f"{at}.{role}"
+            if not 0 <= c <= MAX_CPU:
+                out.append((where, f"CPU {c} is not a CPU id (0-{MAX_CPU})"))
+            elif c in owner:
+                out.append((where, f"CPU {c} is also in {owner[c]}"))
+            else:
+                owner[c] = where
+    sizes: set[int] = set()
+    for j, h in enumerate(n.hugepages):
+        where = f"{at}.hugepages[{j}]"
+        if h.size_kb < 4 or h.size_kb & (h.size_kb - 1):
+            out.append((f"{where}.size_kb", f"{h.size_kb} kB is not a page size"))
+        elif h.size_kb in sizes:
+            out.append((f"{where}.size_kb", f"{h.size_kb} kB is listed twice on node {n.node}"))
+        sizes.add(h.size_kb)
+        if h.count < 0 or h.size_kb > 0 and h.count * h.size_kb > MAX_PAGES_KB:
+            out.append((f"{where}.count", f"{h.count} pages of {h.size_kb} kB is not a real pool"))
+
+
+def _pf_problems(at: str, p: PfLayout, out: list[tuple[str, str]]) -> None:
+    if not 0 < p.bandwidth_mbps <= MAX_MBPS:
+        out.append((f"{at}.bandwidth_mbps", f"must be 1-{MAX_MBPS} Mbit/s, not {p.bandwidth_mbps}"))
+    if not 0 <= p.numvfs <= 4096:
+        out.append((f"{at}.numvfs", f"{p.numvfs} is not a VF count (0-4096)"))
+    seen: set[int] = set()
+    for j, s in enumerate(p.slots):
+        where = f"{at}.slots[{j}]"
+        if not 0 <= s.index < max(p.numvfs, 0) or s.index in seen:
+            out.append((f"{where}.index", f"VF {s.index} is not a free VF index of {p.numvfs}"))
+        seen.add(s.index)
+        for k in ("max_tx_rate_mbps", "min_tx_rate_mbps"):
+            v = getattr(s, k)
+            if not 0 <= v <= max(p.bandwidth_mbps, 0):
+                out.append((f"{where}.{k}", f"must be 0-{p.bandwidth_mbps} (the PF's budget), not {v}"))
