@@ -53,6 +53,8 @@ def effective_state(h: Host, *, now: float, heartbeat_timeout_s: float) -> str:
 
 
 def get_host(*, session: Session, name: str, lock: bool = False) -> Host:
+    if not lock and (h := session.get(Host, name)) is not None:
+        return h  # already in this session (no query), or one primary-key read
     q = select(Host).where(Host.name == name)
     if lock and pg.serves(session):
         q = q.with_for_update()
@@ -110,8 +112,10 @@ def upsert_host(*, session: Session, name: str, address: str, rack: str, labels:
 
 
 def owner_of(*, session: Session, name: str) -> str | None:
-    """The principal that registered ``name`` ("" when unknown); None: no such host."""
-    return session.scalars(select(Host.owner).where(Host.name == name)).one_or_none()
+    """The principal that registered ``name`` ("" when unknown); None: no such host. Loads
+    the row into the session, so the heartbeat or update that follows reads it no more."""
+    h = session.get(Host, name)
+    return None if h is None else h.owner
 
 
 def heartbeat(*, session: Session, name: str, now: float, heartbeat_timeout_s: float = float("inf")) -> Host:
