@@ -7,10 +7,11 @@ import tomllib
 from pathlib import Path
 from typing import Literal
 
-from pydantic import ValidationError
+from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from hostd.errors import ConfigError
+from hostd.health.probe import Probe, ProbeSpecError
 
 DEFAULT_CONFIG = Path("/etc/hostd/hostd.toml")
 
@@ -63,6 +64,13 @@ class HostdConfig(BaseSettings):
     rack: str = ""
     labels: dict[str, str] = {}
     heartbeat_s: float = 10.0
+    # The IO-health signal (hostd/health/): seconds between samples (0 = off).
+    io_health_interval_s: float = Field(1.0, ge=0, le=60)
+    # An active probe of the IO service: "" (none), "tcp:HOST:PORT", "http://HOST:PORT/PATH"
+    # or "command:ARGV..."; its latency histogram is hostd_io_probe_seconds.
+    io_probe: str = ""
+    io_probe_timeout_s: float = Field(1.0, gt=0, le=30)
+    io_probe_interval_s: float = Field(1.0, gt=0, le=300)
 
 
 def load_config(path: Path | None) -> HostdConfig:
@@ -82,6 +90,10 @@ def load_config(path: Path | None) -> HostdConfig:
     except ValidationError as e:
         err = e.errors()[0]
         raise ConfigError(err["msg"], field=".".join(map(str, err["loc"]))) from None
+    try:
+        Probe.parse(cfg.io_probe, cfg.io_probe_timeout_s)
+    except ProbeSpecError as e:
+        raise ConfigError(str(e), field="io_probe") from None
     tls = [cfg.tls_cert, cfg.tls_key, cfg.tls_ca]
     if any(tls) and not all(tls):
         raise ConfigError("give tls_cert, tls_key and tls_ca together", field="tls_cert")

@@ -88,7 +88,8 @@ class InprocHostd:
 
 
 def start_hostd(tmp: Path, certs: Path, name: str, *, with_image: bool = True, workers: int = 8,
-                layout: Layout = LAYOUT, mutating_callers: tuple[str, ...] = ("scheduler",)) -> InprocHostd:
+                layout: Layout = LAYOUT, mutating_callers: tuple[str, ...] = ("scheduler",),
+                sampler=None) -> InprocHostd:  # type: ignore[no-untyped-def]
     (tmp / "vmlinuz").write_bytes(b"k")
     images = ImageStore(tmp / "images")
     if with_image:
@@ -100,7 +101,8 @@ def start_hostd(tmp: Path, certs: Path, name: str, *, with_image: bool = True, w
     server = grpc.server(futures.ThreadPoolExecutor(workers))
     pb_grpc.add_HostdServicer_to_server(HostdService(m, host=name, layout_json=layout.to_json(None),
                                                      health=lambda: pb.HealthResponse(ok=True),
-                                                     callers=CallerCheck(frozenset(mutating_callers))), server)
+                                                     callers=CallerCheck(frozenset(mutating_callers)),
+                                                     sampler=sampler), server)
     creds = grpc.ssl_server_credentials([((certs / "hostd.key").read_bytes(), (certs / "hostd.crt").read_bytes())],
                                         root_certificates=(certs / "ca.crt").read_bytes(),
                                         require_client_auth=True)

@@ -5,7 +5,7 @@ of the product packages (module level and inside functions alike):
 - ``scheduler`` and ``hostd`` never import each other;
 - ``tools.fleet_rollout`` and ``tools.hybctl`` talk to the others through ``api`` only;
 - inside ``hostd`` the layers only look down:
-  helpers -> discover -> carve -> domain -> apply -> rpc -> the command line.
+  helpers -> discover -> health -> carve -> domain -> apply -> rpc -> the command line.
 
 The walk reads source files (``ast``), so it also sees imports that a test run never
 executes, and it fails on a module it cannot place in a layer.
@@ -23,12 +23,13 @@ OURS = ("api", "hostd", "scheduler", "tools")
 
 # hostd's layers, lowest first. A module may import its own layer and the ones below.
 HOSTD_LAYERS: tuple[tuple[str, ...], ...] = (
-    ("hostd.errors", "hostd.cpulist", "hostd.config", "hostd.metrics"),
+    ("hostd.errors", "hostd.cpulist", "hostd.metrics"),
     ("hostd.discover",),
+    ("hostd.health",),
     ("hostd.carve",),
     ("hostd.domain",),
     ("hostd.apply",),
-    ("hostd.rpc",),
+    ("hostd.rpc", "hostd.config"),  # the config is read by the wiring (the daemon, the CLI)
     ("hostd.commands", "hostd.cli"),
 )
 # What each top-level part may import of ours (besides itself).

@@ -78,3 +78,28 @@ def find_pids(root: Path, pattern: str, *, exclude: set[int] = frozenset()) -> l
         if raw and pattern in raw.replace(b"\0", b" ").decode(errors="replace").strip():
             out.append((int(d.name), comm))
     return sorted(out)
+
+
+def cpu_controller_cgroup(root: Path, pid: int) -> Path | None:
+    """The directory of ``pid``'s cgroup that holds its CFS quota and ``cpu.stat``: on v1
+    under the hierarchy that mounts the ``cpu`` controller, on v2 its one cgroup. None
+    when neither can be found (no such process, no cpu controller)."""
+    try:
+        lines = (root / f"proc/{pid}/cgroup").read_text().splitlines()
+        mounts = (root / "proc/mounts").read_text().splitlines()
+    except OSError:
+        return None
+    v1 = v2 = None
+    for line in mounts:
+        parts = line.split()
+        if len(parts) >= 4 and parts[2] == "cgroup" and "cpu" in parts[3].split(","):
+            v1 = root / parts[1].lstrip("/")
+        elif len(parts) >= 4 and parts[2] == "cgroup2":
+            v2 = root / parts[1].lstrip("/")
+    for line in lines:
+        hid, ctrls, path = line.split(":", 2)
+        if v1 is not None and "cpu" in ctrls.split(","):
+            return v1 / path.lstrip("/")
+        if v1 is None and v2 is not None and hid == "0":
+            return v2 / path.lstrip("/")
+    return None

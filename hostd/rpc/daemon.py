@@ -23,22 +23,28 @@ from prometheus_client import start_http_server
 
 from api import hostd_pb2_grpc as pb_grpc
 from api.layout import Layout
+from hostd.apply.cgroups import cpu_controller_cgroup, find_cpuset_fs
 from hostd.apply.diskhold import DiskHold
 from hostd.apply.images import ImageStore
 from hostd.apply.ledger import Ledger
 from hostd.apply.libvirt_host import LibvirtHost, start_event_loop
+from hostd.apply.live_carve import IO_CGROUP
 from hostd.apply.overlays import Overlays
 from hostd.apply.vms import VmManager
 from hostd.carve.plan import plan_host
 from hostd.carve.policy import Policy, PolicyError, load_policy
 from hostd.config import HostdConfig
 from hostd.discover import DiskProbe, discover_host
+from hostd.discover.fs import HostFs
 from hostd.discover.model import Topology
 from hostd.domain.designer import HostFacts
 from hostd.domain.guest_profiles import Profile, load_profiles
 from hostd.domain.metadata import NS
 from hostd.domain.renderer import DomainRenderer
 from hostd.errors import ConfigError, HostdError, NoFit, StartupError
+from hostd.health.probe import Probe, ProbeSpecError
+from hostd.health.readers import cgroup_threads
+from hostd.health.sampler import Sampler, Where
 from hostd.metrics import Metrics
 from hostd.rpc.callers import CallerCheck
 from hostd.rpc.health import HealthCheck
@@ -59,9 +65,12 @@ class Daemon:
     port: int
     stop_event: threading.Event
     registrar: Registrar | None = None
+    sampler: Sampler | None = None
 
     def stop(self, grace_s: float = 5.0) -> None:
         self.stop_event.set()
+        if self.sampler:
+            self.sampler.stop()
         if self.registrar:
             self.registrar.stop()
         self.server.stop(grace_s).wait()
@@ -139,12 +148,14 @@ def start(cfg: HostdConfig) -> Daemon:
 
     health = HealthCheck(libvirt=lv, manager=manager, virt_type=cfg.virt_type, state_dir=cfg.state_dir,
                          host_warnings=topo.host.warnings)
+    sampler = _sampler(cfg, layout, metrics)
     creds = _credentials(cfg)
     callers = CallerCheck(frozenset(cfg.rpc_mutating_callers) if creds else None)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"))
     pb_grpc.add_HostdServicer_to_server(
         HostdService(manager, host=topo.host.hostname or socket.gethostname(),
-                     layout_json=layout.to_json(None), health=health, metrics=metrics, callers=callers), server)
+                     layout_json=layout.to_json(None), health=health, metrics=metrics, callers=callers,
+                     sampler=sampler), server)
     port = server.add_secure_port(cfg.listen, creds) if creds else server.add_insecure_port(cfg.listen)
     if port == 0:
         raise ConfigError(f"cannot listen on {cfg.listen}", field="listen")
@@ -156,7 +167,7 @@ def start(cfg: HostdConfig) -> Daemon:
     log.info("hostd serving listen=%s port=%d tls=%s virt_type=%s vms=%d", cfg.listen, port,
              creds is not None, cfg.virt_type, len(manager.list()))
     registrar = _registrar(cfg, topo, layout, manager, port)
-    return Daemon(cfg, topo, layout, manager, lv, server, port, stop_event, registrar)
+    return Daemon(cfg, topo, layout, manager, lv, server, port, stop_event, registrar, sampler)
 
 
 def _refresh_metrics(metrics: Metrics, lv: LibvirtHost, manager: VmManager) -> None:
@@ -171,6 +182,36 @@ def _refresh_metrics(metrics: Metrics, lv: LibvirtHost, manager: VmManager) -> N
         metrics.free_cpus.labels(str(n["node"])).set(len(n["vm_cpus"]) - len(n["used_cpus"]))
         for h in n["hugepages"]:
             metrics.free_pages.labels(str(n["node"]), str(h["size_kb"])).set(h["total"] - h["used"])
+
+
+def _sampler(cfg: HostdConfig, layout: Layout, metrics: Metrics) -> Sampler | None:
+    """The IO-health signal on the IO service's and the VMs' cpuset cgroups (where the
+    carve put them); off with io_health_interval_s = 0."""
+    if cfg.io_health_interval_s <= 0:
+        return None
+    try:
+        probe = Probe.parse(cfg.io_probe, cfg.io_probe_timeout_s)
+    except ProbeSpecError as e:
+        raise ConfigError(str(e), field="io_probe") from None
+    fs = find_cpuset_fs(cfg.root)
+    io_dir = vm_dir = throttle = None
+    psi = "proc/pressure/cpu"
+    if fs is not None:
+        rel = fs.mount.relative_to(cfg.root)
+        io_dir = str(rel / IO_CGROUP)
+        vm_dir = str(rel / layout.vm_cgroup.strip("/"))
+        if fs.version == 2 and (cfg.root / io_dir / "cpu.pressure").exists():
+            psi = f"{io_dir}/cpu.pressure"
+        first = next(iter(sorted(cgroup_threads(HostFs(cfg.root), io_dir))), None)
+        cpu_dir = cpu_controller_cgroup(cfg.root, first) if first else None
+        throttle = str(cpu_dir.relative_to(cfg.root)) if cpu_dir else None
+    s = Sampler(cfg.root, layout.io_cpus, Where(io_dir, vm_dir, psi=psi, throttle_cgroup=throttle),
+                interval_s=cfg.io_health_interval_s, probe=probe, probe_interval_s=cfg.io_probe_interval_s,
+                metrics=metrics)
+    s.start()
+    log.info("io-health signal interval=%.1fs io_cpus=%s probe=%s", s.interval_s, list(layout.io_cpus),
+             cfg.io_probe or "none")
+    return s
 
 
 def _registrar(cfg: HostdConfig, topo: Topology, layout: Layout, manager: VmManager,

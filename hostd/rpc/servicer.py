@@ -23,6 +23,8 @@ from hostd.apply.vms import VmEvent, VmManager
 from hostd.carve.vmclaim import CellReq, VfReq
 from hostd.carve.vmspec import DiskSpec, IoTune, VmSpec
 from hostd.errors import HostdError, SpecInvalid
+from hostd.health.sampler import Sampler
+from hostd.health.signal import HostStats
 from hostd.metrics import Metrics
 from hostd.rpc.callers import CallerCheck
 
@@ -90,12 +92,28 @@ def vm_to_proto(rec: VmRecord, m: VmManager) -> pb.VM:
                for cell, pins in zip(c.numa_cells, c.cell_pins())])
 
 
+def stats_to_proto(s: HostStats) -> pb.HostStats:
+    opt = {k: v for k, v in (("psi_some_avg10", s.psi_some_avg10), ("psi_some_stall", s.psi_some_stall),
+                             ("probe_p50_ms", s.probe_p50_ms), ("probe_p99_ms", s.probe_p99_ms)) if v is not None}
+    return pb.HostStats(
+        at_unix=s.at, interval_seconds=s.interval_s, io_cpus=list(s.io_cpus), io_cpu_busy=s.io_cpu_busy,
+        cpu_io_service=s.cpu_io_service, cpu_vms=s.cpu_vms, cpu_other=s.cpu_other,
+        foreign_threads=s.foreign_threads, foreign_kernel_threads=s.foreign_kernel_threads,
+        foreign_cpu_seconds=s.foreign_cpu_s, irqs_on_io_cpus_per_second=s.irqs_on_io_cpus_per_s,
+        throttled_periods=s.throttled_periods, throttled_ms=s.throttled_ms, probe_ok=s.probe_ok,
+        probe_failed=s.probe_failed,
+        top_foreign=[pb.ForeignThread(pid=f.pid, tid=f.tid, comm=f.comm, kernel=f.kthread, cpu=f.cpu,
+                                      cpu_seconds=f.cpu_s) for f in s.top_foreign],
+        top_irqs=[pb.IrqRate(irq=i.irq, name=i.name, per_second=i.per_s) for i in s.top_irqs], **opt)
+
+
 class HostdService(pb_grpc.HostdServicer):
     def __init__(self, manager: VmManager, *, host: str, layout_json: str,
                  health: Callable[[], pb.HealthResponse], metrics: Metrics | None = None,
-                 callers: CallerCheck = CallerCheck(frozenset({"scheduler"}))):
+                 callers: CallerCheck = CallerCheck(frozenset({"scheduler"})), sampler: Sampler | None = None):
         self.m = manager
         self.callers = callers
+        self.sampler = sampler
         self.host = host
         self.layout_json = layout_json
         self.health = health
@@ -164,6 +182,17 @@ class HostdService(pb_grpc.HostdServicer):
 
     def Health(self, request, context):
         return self._call(context, self.health)
+
+    def GetHostStats(self, request, context):
+        def stats() -> pb.HostStatsResponse:
+            s = self.sampler
+            if s is None:
+                return pb.HostStatsResponse(host=self.host)
+            probe = f"{s.probe.kind}:{s.probe.target}" if s.probe and s.probe.kind != "http" else \
+                (s.probe.target if s.probe else "")
+            return pb.HostStatsResponse(host=self.host, interval_seconds=s.interval_s, probe=probe,
+                                        samples=[stats_to_proto(x) for x in s.latest(max(1, request.last))])
+        return self._call(context, stats)
 
     def WatchEvents(self, request, context) -> Iterator[pb.VMEvent]:
         q: queue.Queue[VmEvent | None] = queue.Queue(EVENT_QUEUE)

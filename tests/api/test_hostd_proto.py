@@ -7,7 +7,7 @@ import sys
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
-RPCS = {"CreateVM", "DeleteVM", "GetVM", "ListVMs", "StartVM", "StopVM",
+RPCS = {"CreateVM", "DeleteVM", "GetVM", "ListVMs", "StartVM", "StopVM", "GetHostStats",
         "UpdateIOLimits", "GetInventory", "Health", "WatchEvents"}
 
 

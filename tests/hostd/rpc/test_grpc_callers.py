@@ -5,6 +5,7 @@ certificates from tools/make-dev-ca.sh, a real ledger, libvirt's test driver."""
 
 from __future__ import annotations
 
+import time
 from pathlib import Path
 
 import grpc
@@ -77,3 +78,30 @@ def test_the_rollouts_certificate_may_change(hostd) -> None:
     vm = rollout.CreateVM(create(), timeout=10)
     rollout.DeleteVM(pb.DeleteVMRequest(vm_id=vm.vm_id), timeout=10)
     assert h.manager.list() == []
+
+
+def test_host_stats_are_read_only_and_match_the_signal(tmp_path: Path, certs: Path) -> None:
+    """GetHostStats over mTLS, by another host's certificate (a read): the samples the
+    signal took, newest last, field by field."""
+    from hostd.health.sampler import Sampler, Where
+
+    s = Sampler(Path("/"), (0,), Where(None, None), interval_s=0.2)
+    for _ in range(4):
+        s.step()
+        time.sleep(0.05)
+    h = start_hostd(tmp_path, certs, "h1", sampler=s)
+    try:
+        creds = grpc.ssl_channel_credentials((certs / "ca.crt").read_bytes(),
+                                             private_key=(certs / "oss-2.key").read_bytes(),
+                                             certificate_chain=(certs / "oss-2.crt").read_bytes())
+        with grpc.secure_channel(f"localhost:{h.port}", creds) as ch:
+            r = pb_grpc.HostdStub(ch).GetHostStats(pb.GetHostStatsRequest(last=2), timeout=10)
+            latest = pb_grpc.HostdStub(ch).GetHostStats(pb.GetHostStatsRequest(), timeout=10)
+    finally:
+        h.stop("c-")
+    want = s.latest(2)
+    assert r.host == "h1" and r.interval_seconds == 0.2 and len(r.samples) == 2 and len(latest.samples) == 1
+    for got, w in zip(r.samples, want):
+        assert (got.at_unix, list(got.io_cpus), got.foreign_threads) == (w.at, [0], w.foreign_threads)
+        assert got.cpu_other == pytest.approx(w.cpu_other) and got.HasField("psi_some_avg10")
+    assert latest.samples[0].at_unix == want[-1].at
