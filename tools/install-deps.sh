@@ -13,6 +13,7 @@ PKGS=(
   cpio xz-utils
   python3-venv python3-dev gcc make util-linux procps iproute2 e2fsprogs openssl curl
   lvm2  # pvcreate: the disk-safety tests write a real LVM PV label on a loop device
+  prometheus  # promtool: the IO-health alert rules are checked and unit-tested (hostd/alerts/)
   # kernel-patches/check: Debian's pinned kernel source and what its build needs
   linux-source-6.1 bc bison flex libssl-dev libelf-dev git perl
 )
