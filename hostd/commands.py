@@ -63,7 +63,7 @@ def _discover(args, cfg, console) -> int:
     return 0
 
 
-def _plan_for(args, cfg) -> tuple[Topology, Layout | NoFit]:
+def _plan_for(args, cfg) -> tuple[Topology, Layout | NoFit, Policy]:
     policy = _policy(args, cfg, required=True)
     assert policy is not None
     if getattr(args, "topology", None):
@@ -75,11 +75,11 @@ def _plan_for(args, cfg) -> tuple[Topology, Layout | NoFit]:
             raise BadTopology(str(e), field=str(args.topology)) from None
     else:
         topo = _topology(args, cfg, policy)
-    return topo, plan_host(topo, policy)
+    return topo, plan_host(topo, policy), policy
 
 
 def _plan(args, cfg, console) -> int:
-    _topo, result = _plan_for(args, cfg)
+    _topo, result, _policy_ = _plan_for(args, cfg)
     return _show_plan(result, args.json, console)
 
 
@@ -97,37 +97,42 @@ def _show_plan(result: Layout | NoFit, as_json: bool, console: Console) -> int:
     return 0
 
 
-def handles_for(root: Path) -> HostHandles:
+def handles_for(root: Path, *, exclusive: bool = False) -> HostHandles:
     vf = None
     if root == Path("/"):
         from hostd.apply.netlink import NetlinkVfRates
 
         vf = NetlinkVfRates()
     return HostHandles(root=root, cpuset=find_cpuset_fs(root), vf_rates=vf,
-                       hugetlbfs_base=root / "dev", exclude_pids=frozenset({os.getpid(), os.getppid()}))
+                       hugetlbfs_base=root / "dev", exclude_pids=frozenset({os.getpid(), os.getppid()}),
+                       exclusive=exclusive)
 
 
 def _carve(args, cfg, console) -> int:
-    _topo, result = _plan_for(args, cfg)
+    _topo, result, policy = _plan_for(args, cfg)
     if isinstance(result, NoFit):
         return _show_plan(result, args.json, console)
-    h = handles_for(args.root or cfg.root)
+    h = handles_for(args.root or cfg.root, exclusive=policy.io_service.exclusive)
     journal = Journal((args.state_dir or cfg.state_dir) / JOURNAL_NAME)
+    unmovable: list = []
     if args.dry_run:
-        steps = plan_steps(result, h)
+        steps = plan_steps(result, h, unmovable)
         verb = "would"
     else:
-        steps = apply_layout(result, h, journal, Context(h.vf_rates, SystemMounter()))
+        steps = apply_layout(result, h, journal, Context(h.vf_rates, SystemMounter()), unmovable)
         verb = "did"
+    refused = [s.skipped for s in steps if getattr(s, "skipped", "")]
     if args.json:
         print_json({"dry_run": args.dry_run, "steps": [s.to_dict() for s in steps],
-                    "layout": result.to_dict()})
+                    "cannot_move": [str(u) for u in unmovable] + refused, "layout": result.to_dict()})
         return 0
     render_layout(result, console)
     if not steps:
         console.print("host already matches the layout: nothing to change")
     for s in steps:
         console.print(f"  {verb}: {s.describe()}", highlight=False, markup=False)
+    for why in [str(u) for u in unmovable] + refused:
+        console.print(f"  cannot move off io_cpus: {why}", highlight=False, markup=False)
     if not args.dry_run and steps:
         console.print(f"journal: {journal.path} (`hostd uncarve` restores)")
     return 0

@@ -18,7 +18,9 @@ from pathlib import Path
 
 from api.layout import Layout
 from hostd.apply.cgroups import CpusetFs, find_pids, pid_cpuset_cgroup
+from hostd.apply.exclusive import BestEffortAttr, KthreadAffinity, MoveOff, Unmovable, plan_exclusive
 from hostd.apply.steps import (
+    STEP_KINDS,
     Context,
     MakeDir,
     MountHugetlbfs,
@@ -36,6 +38,7 @@ log = logging.getLogger(__name__)
 
 IO_CGROUP = "hyb-io"
 JOURNAL_VERSION = 1
+STEPS = {**STEP_KINDS, **{c.kind: c for c in (BestEffortAttr, MoveOff, KthreadAffinity)}}  # journal kinds
 
 
 @dataclass(frozen=True)
@@ -47,6 +50,9 @@ class HostHandles:
     vf_rates: VfRates | None
     hugetlbfs_base: Path  # mount points are created under here ("/dev")
     exclude_pids: frozenset[int] = field(default_factory=frozenset)
+    # Take io_cpus from every other task, IRQ and the unbound workqueues, live
+    # (hostd/apply/exclusive.py; the policy's io_service.exclusive).
+    exclusive: bool = False
 
     def sys(self, rel: str) -> Path:
         return self.root / "sys" / rel
@@ -55,10 +61,18 @@ class HostHandles:
 # ---------------------------------------------------------------- planning
 
 
-def plan_steps(layout: Layout, h: HostHandles) -> list[Step]:
-    """The changes that make the host match ``layout``; reads, never writes."""
+def plan_steps(layout: Layout, h: HostHandles, unmovable: list[Unmovable] | None = None) -> list[Step]:
+    """The changes that make the host match ``layout``; reads, never writes. What the
+    exclusive carve cannot move is appended to ``unmovable``, with the reason."""
     steps: list[Step] = []
     steps += _cpuset_steps(layout, h)
+    if h.exclusive and h.cpuset is not None and layout.io_cpus:
+        io_pids = {s.pid for s in steps if isinstance(s, MovePid)}  # the IO service, on its way to its CPUs
+        s, u = plan_exclusive(layout, h.root, h.cpuset, exclude_pids=h.exclude_pids | io_pids | {os.getpid()},
+                              io_cgroup=_io_cgroup(layout))
+        steps += s
+        if unmovable is not None:
+            unmovable += u
     steps += _hugepage_steps(layout, h)
     steps += _hugetlbfs_steps(layout, h)
     steps += _sriov_steps(layout, h)
@@ -79,7 +93,7 @@ def _cpuset_steps(layout: Layout, h: HostHandles) -> list[Step]:
             steps.append(WriteAttr(str(ctl), before="-cpuset", after="+cpuset"))
     io = layout.io_service
     if layout.io_cpus and io.kind != "none":
-        cg = IO_CGROUP if io.kind == "process" else _unit_cgroup(io.name) if io.kind == "unit" else io.name
+        cg = _io_cgroup(layout)
         steps += _cgroup_steps(fs, cg, layout.io_cpus, _nodes_of(layout, layout.io_cpus),
                                create=io.kind == "process")
         if io.kind == "process":
@@ -88,6 +102,11 @@ def _cpuset_steps(layout: Layout, h: HostHandles) -> list[Step]:
         steps += _cgroup_steps(fs, layout.vm_cgroup, layout.vm_cpus,
                                _nodes_of(layout, layout.vm_cpus), create=True)
     return steps
+
+
+def _io_cgroup(layout: Layout) -> str:
+    io = layout.io_service
+    return IO_CGROUP if io.kind in ("process", "none") else _unit_cgroup(io.name) if io.kind == "unit" else io.name
 
 
 def _unit_cgroup(unit: str) -> str:
@@ -234,7 +253,7 @@ class Journal:
         if data.get("version") != JOURNAL_VERSION:
             raise HostdError(f"journal {self.path} has version {data.get('version')}, "
                              f"expected {JOURNAL_VERSION}", field="state")
-        return [step_from_dict(d) for d in data["steps"]]
+        return [step_from_dict(d, STEPS) for d in data["steps"]]
 
     def save(self, steps: list[Step]) -> None:
         if not steps:
@@ -250,10 +269,18 @@ class Journal:
         os.replace(tmp, self.path)
 
 
-def apply_layout(layout: Layout, h: HostHandles, journal: Journal, ctx: Context) -> list[Step]:
+def apply_layout(layout: Layout, h: HostHandles, journal: Journal, ctx: Context,
+                 unmovable: list[Unmovable] | None = None) -> list[Step]:
     """Apply what differs; on failure roll this run back and raise ApplyFailed."""
     done = journal.load()
-    steps = plan_steps(layout, h)
+    steps = plan_steps(layout, h, unmovable)
+    # What the kernel refused last time it will refuse again: reported, not retried, so a
+    # second carve changes nothing.
+    refused = {(s.path, s.after): s for s in done if isinstance(s, BestEffortAttr) and s.skipped}
+    again = [s for s in steps if isinstance(s, BestEffortAttr) and (s.path, s.after) in refused]
+    steps = [s for s in steps if s not in again]
+    if unmovable is not None:
+        unmovable += [Unmovable(s.what, refused[(s.path, s.after)].skipped) for s in again]
     ran: list[Step] = []
     for step in steps:
         journal.save(done + ran + [step])  # write-ahead: a crash leaves it undoable

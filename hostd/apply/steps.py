@@ -208,9 +208,9 @@ STEP_KINDS: dict[str, type[Step]] = {
 }
 
 
-def step_from_dict(d: dict[str, Any]) -> Step:
+def step_from_dict(d: dict[str, Any], kinds: dict[str, type[Step]] | None = None) -> Step:
     d = dict(d)
-    cls = STEP_KINDS[d.pop("kind")]
+    cls = (kinds or STEP_KINDS)[d.pop("kind")]
     return cls(**d)
 
 

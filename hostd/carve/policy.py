@@ -76,6 +76,9 @@ class IoService(CpuReservation):
     unit: str | None = None
     cgroup: str | None = None
     process: str | None = None  # matched against the full command line, like pgrep -f
+    # At carve, also take io_cpus from every other task, IRQ and the unbound workqueues,
+    # live (hostd/apply/exclusive.py); uncarve gives everything back as it was.
+    exclusive: bool = True
 
     @model_validator(mode="after")
     def _one_target(self) -> "IoService":

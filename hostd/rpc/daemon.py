@@ -146,9 +146,9 @@ def start(cfg: HostdConfig) -> Daemon:
                 log.error("libvirt watchdog: %s", e)
     threading.Thread(target=watchdog, name="libvirt-watchdog", daemon=True).start()
 
-    health = HealthCheck(libvirt=lv, manager=manager, virt_type=cfg.virt_type, state_dir=cfg.state_dir,
-                         host_warnings=topo.host.warnings)
     sampler = _sampler(cfg, layout, metrics)
+    health = HealthCheck(libvirt=lv, manager=manager, virt_type=cfg.virt_type, state_dir=cfg.state_dir,
+                         host_warnings=topo.host.warnings, sampler=sampler)
     creds = _credentials(cfg)
     callers = CallerCheck(frozenset(cfg.rpc_mutating_callers) if creds else None)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"))

@@ -1,0 +1,107 @@
+"""io_cpus kept exclusive live, on this machine (cgroup v1): a foreign busy loop pinned
+to the IO service's CPU is moved off it by the carve (and the IO-health signal stops
+seeing it there), IRQs and the unbound workqueue mask leave that CPU, what the kernel
+refuses is reported, and uncarve puts every affinity back exactly as it was."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from api.layout import IoServiceTarget, Layout, NodeLayout
+from hostd.apply.cgroups import find_cpuset_fs, pid_cpuset_cgroup
+from hostd.apply.exclusive import HOST_CGROUP, BestEffortAttr, MoveOff
+from hostd.apply.live_carve import HostHandles, Journal, apply_layout, uncarve
+from hostd.apply.steps import Context, SystemMounter
+from hostd.health.sampler import Sampler, Where
+
+pytestmark = [pytest.mark.root, pytest.mark.integration]
+ROOT = Path("/")
+WQ = Path("/sys/devices/virtual/workqueue/cpumask")
+
+
+def cpus_allowed(pid: int) -> str:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("Cpus_allowed_list:"):
+            return line.split(":", 1)[1].strip()
+    raise AssertionError("no Cpus_allowed_list")
+
+
+def irq_affinities() -> dict[str, str]:
+    out = {}
+    for d in Path("/proc/irq").iterdir():
+        f = d / "smp_affinity_list"
+        if d.name.isdigit() and f.exists():
+            out[d.name] = f.read_text().strip()
+    return out
+
+
+@pytest.fixture
+def procs(tmp_path: Path):
+    tag = f"hyb-io-standin-excl-{os.getpid()}"
+    io = subprocess.Popen([sys.executable, "-m", "tools.io_service_standin", "--tag", tag, "--dir", str(tmp_path)])
+    loop = subprocess.Popen([sys.executable, "-c", "import os; os.sched_setaffinity(0, {0})\nwhile True: pass"])
+    time.sleep(0.3)
+    try:
+        yield io, tag, loop
+    finally:
+        for p in (io, loop):
+            p.send_signal(signal.SIGTERM)
+            try:
+                p.wait(5)
+            except subprocess.TimeoutExpired:
+                p.kill()
+                p.wait()
+
+
+def test_carve_takes_io_cpus_from_everything_else_and_uncarve_gives_them_back(procs, tmp_path: Path) -> None:
+    io, tag, loop = procs
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs")
+    fs = find_cpuset_fs(ROOT)
+    assert fs is not None and fs.version == 1, "this test is for the cgroup v1 host it runs on"
+    irqs_before, wq_before = irq_affinities(), WQ.read_text().strip()
+    assert cpus_allowed(loop.pid) == "0" and pid_cpuset_cgroup(ROOT, loop.pid, 1) == "/"
+    vm_cg = f"hyb-test-vms-{os.getpid()}"
+    layout = Layout(nodes=(NodeLayout(0, io_cpus=(0,), host_cpus=(), vm_cpus=(1,), hugepages=()),),
+                    pfs=(), disks=(), io_service=IoServiceTarget("process", tag), vm_cgroup=vm_cg,
+                    reboot_required=())
+    h = HostHandles(root=ROOT, cpuset=fs, vf_rates=None, hugetlbfs_base=tmp_path,
+                    exclude_pids=frozenset({os.getpid()}), exclusive=True)
+    journal = Journal(tmp_path / "carve-journal.json")
+    ctx = Context(None, SystemMounter())
+    unmovable: list = []
+    try:
+        ran = apply_layout(layout, h, journal, ctx, unmovable)
+        # the busy loop (and every other process of the root cpuset) left CPU 0
+        assert pid_cpuset_cgroup(ROOT, loop.pid, 1) == f"/{HOST_CGROUP}" and cpus_allowed(loop.pid) == "1"
+        assert cpus_allowed(io.pid) == "0"  # the IO service keeps it
+        moved = [s for s in ran if isinstance(s, MoveOff) and not s.skipped]
+        assert loop.pid in {s.pid for s in moved} and io.pid not in {s.pid for s in moved}
+        # IRQs: every one the kernel let move is off CPU 0; the others are reported
+        irq_steps = [s for s in ran if isinstance(s, BestEffortAttr) and s.what.startswith("IRQ ")]
+        assert irq_steps
+        for s in irq_steps:
+            now = Path(s.path).read_text().strip()
+            assert (now == s.after) if not s.skipped else (now == s.before and "refused" in s.skipped)
+        assert WQ.read_text().strip() != wq_before and int(WQ.read_text(), 16) & 1 == 0
+        assert any("per-CPU kernel threads" in str(u) for u in unmovable)
+        # the IO-health signal no longer sees the loop on the IO service's CPU
+        s = Sampler(ROOT, (0,), Where("sys/fs/cgroup/cpuset/hyb-io", None))
+        s.step()
+        time.sleep(0.5)
+        st = s.step()
+        assert loop.pid not in {f.pid for f in st.top_foreign}
+        assert apply_layout(layout, h, journal, ctx) == [], "a second carve changes nothing"
+    finally:
+        if journal.path.exists():
+            uncarve(journal, ctx)
+    assert pid_cpuset_cgroup(ROOT, loop.pid, 1) == "/" and cpus_allowed(loop.pid) == "0"
+    assert irq_affinities() == irqs_before and WQ.read_text().strip() == wq_before
+    assert not fs.path(HOST_CGROUP).exists() and not fs.path(vm_cg).exists()

@@ -1,0 +1,81 @@
+"""The exclusive carve's plan on generated host trees (cgroup v1 and v2 layouts), so the
+v2 partition path this v1 machine cannot run is covered: which processes move, which
+kernel threads get a new affinity, which cannot move and why, IRQs and the workqueue."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from api.layout import IoServiceTarget, Layout, NodeLayout
+from hostd.apply.cgroups import CpusetFs
+from hostd.apply.exclusive import BestEffortAttr, KthreadAffinity, MakeDir, MoveOff, plan_exclusive
+
+PF_KTHREAD, PF_NO_SETAFFINITY = 0x00200000, 0x04000000
+LAYOUT = Layout(nodes=(NodeLayout(0, io_cpus=(0,), host_cpus=(1,), vm_cpus=(2, 3), hugepages=()),), pfs=(),
+                disks=(), io_service=IoServiceTarget("process", "ossd"), vm_cgroup="machine", reboot_required=())
+
+
+def write(root: Path, rel: str, text: str) -> None:
+    p = root / rel
+    p.parent.mkdir(parents=True, exist_ok=True)
+    p.write_text(text)
+
+
+def proc(root: Path, pid: int, comm: str, flags: int, cpus: str, cgroup: str, version: int) -> None:
+    fields = ["S"] + ["0"] * 5 + [str(flags)] + ["0"] * 43
+    write(root, f"proc/{pid}/stat", f"{pid} ({comm}) " + " ".join(fields) + "\n")
+    write(root, f"proc/{pid}/comm", comm + "\n")
+    write(root, f"proc/{pid}/status", f"Name:\t{comm}\nCpus_allowed_list:\t{cpus}\n")
+    write(root, f"proc/{pid}/task/{pid}/status", f"Name:\t{comm}\nCpus_allowed_list:\t{cpus}\n")
+    write(root, f"proc/{pid}/cgroup", f"3:cpuset:{cgroup}\n" if version == 1 else f"0::{cgroup}\n")
+
+
+@pytest.fixture(params=[1, 2])
+def host(tmp_path: Path, request):
+    v = request.param
+    root = tmp_path
+    mount = root / ("sys/fs/cgroup/cpuset" if v == 1 else "sys/fs/cgroup")
+    write(root, "sys/devices/system/cpu/online", "0-3\n")
+    write(root, f"{mount.relative_to(root)}/cpuset.mems", "0\n")
+    write(root, f"{mount.relative_to(root)}/cpuset.cpus", "0-3\n")
+    if v == 2:
+        write(root, f"{mount.relative_to(root)}/hyb-io/cpuset.cpus.partition", "member\n")
+    proc(root, 100, "sshd", 0x400000, "0-3", "/", v)  # a host daemon in the root
+    proc(root, 200, "qemu-system-x86", 0x400000, "2", "/machine/vm-1", v)  # a VM's: not touched
+    proc(root, 300, "kswapd0", PF_KTHREAD, "0-3", "/", v)  # an unbound kernel thread
+    proc(root, 400, "ksoftirqd/0", PF_KTHREAD | PF_NO_SETAFFINITY, "0", "/", v)  # per CPU
+    write(root, "proc/irq/30/smp_affinity_list", "0-3\n")
+    write(root, "proc/irq/31/smp_affinity_list", "0\n")
+    write(root, "proc/irq/32/smp_affinity_list", "2-3\n")  # off io_cpus already
+    write(root, "sys/devices/virtual/workqueue/cpumask", "f\n")
+    return root, CpusetFs(mount, v)
+
+
+def test_the_plan_takes_io_cpus_from_the_rest(host) -> None:
+    root, fs = host
+    steps, unmovable = plan_exclusive(LAYOUT, root, fs, exclude_pids=frozenset(), io_cgroup="hyb-io")
+    moves = {s.pid: s for s in steps if isinstance(s, MoveOff)}
+    if fs.version == 1:
+        assert isinstance(steps[0], MakeDir) and steps[0].path.endswith("hyb-host")
+        assert set(moves) == {100} and moves[100].affinity == {"100": "0-3"}  # not the VM's, not kthreads
+    else:
+        part = [s for s in steps if isinstance(s, BestEffortAttr) and "partition" in s.what]
+        assert [(p.before, p.after) for p in part] == [("member", "root")] and not moves
+    kt = [s for s in steps if isinstance(s, KthreadAffinity)]
+    assert [(k.pid, k.before, k.after) for k in kt] == [(300, "0-3", "1-3")]
+    assert [str(u) for u in unmovable] == ["1 per-CPU kernel threads: bound to their CPU by the kernel "
+                                           "(ksoftirqd, kworker/N, migration, ...); isolcpus at boot quiets them"]
+    irqs = {s.what: (s.before, s.after) for s in steps if isinstance(s, BestEffortAttr) and s.what.startswith("IRQ")}
+    assert irqs == {"IRQ 30": ("0-3", "1-3"), "IRQ 31": ("0", "1-3")}
+    wq = [s for s in steps if isinstance(s, BestEffortAttr) and "workqueue" in s.what]
+    assert [(w.before, w.after) for w in wq] == [("f", "e")]
+
+
+def test_io_cpus_that_are_every_cpu_leave_nowhere_to_go(host) -> None:
+    root, fs = host
+    every = Layout(nodes=(NodeLayout(0, io_cpus=(0, 1, 2, 3), host_cpus=(), vm_cpus=(), hugepages=()),), pfs=(),
+                   disks=(), io_service=IoServiceTarget("none", ""), vm_cgroup="machine", reboot_required=())
+    steps, unmovable = plan_exclusive(every, root, fs, exclude_pids=frozenset(), io_cgroup="hyb-io")
+    assert steps == [] and "nowhere to move" in str(unmovable[0])
