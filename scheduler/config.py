@@ -72,6 +72,13 @@ class PlacementConfig(BaseModel):
     index_full_refresh_s: float = 0.0  # full pass of the index (safety net, deleted rows); 0 = 300
 
 
+class StatsConfig(BaseModel):
+    # Heartbeats' IO-health stats are kept per host in windows of this many seconds
+    # (one row per host and window) and dropped after retention_days.
+    bucket_s: int = Field(300, ge=10, le=86400)
+    retention_days: float = Field(14.0, gt=0, le=3650)
+
+
 class DispatchConfig(BaseModel):
     enabled: bool = True
     ca: str = "/etc/hybrid-kvm/pki/ca.crt"
@@ -96,6 +103,7 @@ class Settings(BaseSettings):
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
     reconcile: ReconcileConfig = Field(default_factory=ReconcileConfig)
+    stats: StatsConfig = Field(default_factory=StatsConfig)
     log_level: str = "INFO"
 
     @classmethod

@@ -166,7 +166,7 @@ def start(cfg: HostdConfig) -> Daemon:
         start_http_server(int(mport), addr=host.strip("[]") or "0.0.0.0", registry=metrics.registry)
     log.info("hostd serving listen=%s port=%d tls=%s virt_type=%s vms=%d", cfg.listen, port,
              creds is not None, cfg.virt_type, len(manager.list()))
-    registrar = _registrar(cfg, topo, layout, manager, port)
+    registrar = _registrar(cfg, topo, layout, manager, port, sampler)
     return Daemon(cfg, topo, layout, manager, lv, server, port, stop_event, registrar, sampler)
 
 
@@ -215,7 +215,7 @@ def _sampler(cfg: HostdConfig, layout: Layout, metrics: Metrics) -> Sampler | No
 
 
 def _registrar(cfg: HostdConfig, topo: Topology, layout: Layout, manager: VmManager,
-               port: int) -> Registrar | None:
+               port: int, sampler: Sampler | None) -> Registrar | None:
     if not cfg.scheduler_url:
         return None
     if cfg.scheduler_token_file is None:
@@ -228,7 +228,7 @@ def _registrar(cfg: HostdConfig, topo: Topology, layout: Layout, manager: VmMana
     body = registration(topo, layout, name=name, address=cfg.advertise_address or f"{name}:{port}",
                         rack=cfg.rack, labels=dict(cfg.labels),
                         min_rate={p.name: manager.min_rate_supported(p.name) for p in layout.pfs})
-    r = Registrar(cfg.scheduler_url, token, body, interval_s=cfg.heartbeat_s, ca=cfg.scheduler_ca)
+    r = Registrar(cfg.scheduler_url, token, body, interval_s=cfg.heartbeat_s, ca=cfg.scheduler_ca, stats=sampler)
     r.start()
     return r
 

@@ -14,6 +14,8 @@ import httpx
 
 from api.layout import Layout
 from hostd.discover.model import Topology
+from hostd.health.sampler import Sampler
+from hostd.health.summary import summarize
 
 log = logging.getLogger(__name__)
 
@@ -40,14 +42,19 @@ def registration(topo: Topology, layout: Layout, *, name: str, address: str, rac
     }
 
 
+KEEP_FOR_BEAT = 600  # samples one beat may summarise (10 min at 1 s)
+
+
 class Registrar:
     """Register once, then heartbeat every ``interval_s``; re-register when the
     scheduler has forgotten this host (404) or after it was unreachable."""
 
     def __init__(self, url: str, token: str, body: dict, *, interval_s: float,
-                 ca: Path | None = None):
+                 ca: Path | None = None, stats: Sampler | None = None):
         self.url = url.rstrip("/")
         self.body = body
+        self.stats = stats  # the IO-health signal: each beat carries the samples since the last
+        self._sent_at = 0.0
         self.interval_s = interval_s
         self.client = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=10,
                                    verify=str(ca) if ca else True)
@@ -66,7 +73,12 @@ class Registrar:
         if not self.registered:
             self.register()
             return
-        r = self.client.post(f"{self.url}/v1/hosts/{self.body['name']}/heartbeat")
+        fresh = [s for s in self.stats.latest(KEEP_FOR_BEAT) if s.at > self._sent_at] if self.stats else []
+        summary = summarize(fresh)
+        r = self.client.post(f"{self.url}/v1/hosts/{self.body['name']}/heartbeat",
+                             json={"stats": summary} if summary else None)
+        if r.status_code == 200 and fresh:
+            self._sent_at = fresh[-1].at
         if r.status_code == 404:
             self.registered = False
             self.register()

@@ -77,7 +77,8 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
     app.state.placer = placer
     app.state.dispatch_enabled = settings.dispatch.enabled and hostd is not None
     app.state.hosts = HostService(store=store, cache=cache, heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,
-                                  clock=clock)
+                                  clock=clock, stats_bucket_s=settings.stats.bucket_s,
+                                  stats_retention_days=settings.stats.retention_days)
     app.state.vms = VmService(store=store, placer=placer, hostd=hostd if app.state.dispatch_enabled else None,
                               default_policy=settings.placement.default_policy,
                               max_attempts=settings.dispatch.max_attempts, metrics=metrics, clock=clock,

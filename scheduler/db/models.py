@@ -100,3 +100,31 @@ class ApiToken(Base):
     revoked: Mapped[float | None] = mapped_column(Float, nullable=True)
     changed: Mapped[float] = mapped_column(Float, index=True)  # created or revoked: what replicas poll
     note: Mapped[str] = mapped_column(String(200), default="")
+
+
+class HostStat(Base):
+    """A host's IO-health history, downsampled: one row per host and ``stats.bucket_s``
+    window, summed from the heartbeats in it (means are sums / heartbeats), kept for
+    ``stats.retention_days``."""
+
+    __tablename__ = "host_stats"
+
+    host: Mapped[str] = mapped_column(String(64), primary_key=True)
+    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # unix time of the window's start
+    heartbeats: Mapped[int] = mapped_column(Integer, default=0)
+    samples: Mapped[int] = mapped_column(Integer, default=0)
+    io_cpu_busy: Mapped[float] = mapped_column(Float, default=0.0)  # sums
+    cpu_io_service: Mapped[float] = mapped_column(Float, default=0.0)
+    cpu_vms: Mapped[float] = mapped_column(Float, default=0.0)
+    cpu_other: Mapped[float] = mapped_column(Float, default=0.0)
+    irqs_per_s: Mapped[float] = mapped_column(Float, default=0.0)
+    psi_stall: Mapped[float | None] = mapped_column(Float, nullable=True)
+    psi_n: Mapped[int] = mapped_column(Integer, default=0)
+    foreign_cpu_s: Mapped[float] = mapped_column(Float, default=0.0)  # totals
+    throttled_periods: Mapped[int] = mapped_column(Integer, default=0)
+    probe_ok: Mapped[int] = mapped_column(Integer, default=0)
+    probe_failed: Mapped[int] = mapped_column(Integer, default=0)
+    io_cpu_busy_max: Mapped[float] = mapped_column(Float, default=0.0)  # maxima
+    foreign_threads_max: Mapped[int] = mapped_column(Integer, default=0)
+    psi_some_avg10_max: Mapped[float | None] = mapped_column(Float, nullable=True)
+    probe_p99_ms_max: Mapped[float | None] = mapped_column(Float, nullable=True)

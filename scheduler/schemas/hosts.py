@@ -77,3 +77,60 @@ class HostPublic(BaseModel):
 
 class HostsPublic(BaseModel):
     items: list[HostPublic]
+
+
+class HostStatsIn(BaseModel):
+    """The IO-health signal of the heartbeat interval (hostd/health/summary.py)."""
+
+    model_config = ConfigDict(extra="forbid")
+    at: float = Field(ge=0)
+    interval_s: float = Field(ge=0, le=86400)
+    samples: StrictInt = Field(ge=1, le=86400)
+    io_cpu_busy: float = Field(ge=0, le=1)
+    io_cpu_busy_max: float = Field(ge=0, le=1)
+    cpu_io_service: float = Field(ge=0, le=65536)
+    cpu_vms: float = Field(ge=0, le=65536)
+    cpu_other: float = Field(ge=0, le=65536)
+    foreign_threads_max: StrictInt = Field(ge=0)
+    foreign_cpu_s: float = Field(ge=0)
+    irqs_per_s: float = Field(ge=0)
+    psi_some_avg10_max: float | None = Field(None, ge=0, le=100)
+    psi_stall: float | None = Field(None, ge=0)
+    throttled_periods: StrictInt = Field(0, ge=0)
+    probe_ok: StrictInt = Field(0, ge=0)
+    probe_failed: StrictInt = Field(0, ge=0)
+    probe_p99_ms_max: float | None = Field(None, ge=0)
+
+
+class HeartbeatIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    stats: HostStatsIn | None = None
+
+
+class StatsBucketOut(BaseModel):
+    """One bucket of a host's IO-health history: means over the heartbeats in it, maxima of
+    the peaks, sums of the counts."""
+
+    start: float
+    heartbeats: int
+    samples: int
+    io_cpu_busy: float
+    io_cpu_busy_max: float
+    cpu_io_service: float
+    cpu_vms: float
+    cpu_other: float
+    foreign_threads_max: int
+    foreign_cpu_s: float
+    irqs_per_s: float
+    psi_some_avg10_max: float | None
+    psi_stall: float | None
+    throttled_periods: int
+    probe_ok: int
+    probe_failed: int
+    probe_p99_ms_max: float | None
+
+
+class HostStatsPublic(BaseModel):
+    host: str
+    bucket_s: int
+    items: list[StatsBucketOut]

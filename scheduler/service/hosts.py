@@ -12,10 +12,11 @@ from scheduler.db.engine import Store
 from scheduler.db.models import Host
 from scheduler.errors import HostNotYours
 from scheduler.repo import hosts as host_repo
+from scheduler.repo import stats as stats_repo
 from scheduler.repo import vms as vm_repo
 from scheduler.resources import Usage
-from scheduler.schemas.hosts import (HostDiskOut, HostPublic, HostRegister, HostsPublic, NodeOut, PfOut,
-                                     PoolOut)
+from scheduler.schemas.hosts import (HostDiskOut, HostPublic, HostRegister, HostsPublic, HostStatsIn,
+                                     HostStatsPublic, NodeOut, PfOut, PoolOut, StatsBucketOut)
 from scheduler.service.hostcache import HostCache
 
 log = logging.getLogger(__name__)
@@ -23,8 +24,11 @@ log = logging.getLogger(__name__)
 
 class HostService:
     def __init__(self, *, store: Store, cache: HostCache, heartbeat_timeout_s: float,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, stats_bucket_s: int = 300,
+                 stats_retention_days: float = 14.0):
         self.store = store
+        self.bucket_s = stats_bucket_s
+        self.retention_s = stats_retention_days * 86400
         self.cache = cache
         self.timeout = heartbeat_timeout_s
         self.clock = clock
@@ -51,13 +55,16 @@ class HostService:
         log.info("host %s name=%s address=%s", "registered" if created else "re-registered", h.name, h.address)
         return out, created
 
-    def heartbeat(self, name: str, *, actor: str = "", admin: bool = True,
-                  bound_host: str | None = None) -> HostPublic:
+    def heartbeat(self, name: str, *, actor: str = "", admin: bool = True, bound_host: str | None = None,
+                  stats: HostStatsIn | None = None) -> HostPublic:
         now = self.clock()
         try:
             with self.store.write() as s:
                 self._may_act(s, name, actor=actor, admin=admin, bound_host=bound_host)
                 h = host_repo.heartbeat(session=s, name=name, now=now, heartbeat_timeout_s=self.timeout)
+                if stats is not None:
+                    stats_repo.add(session=s, host=name, stats=stats, bucket_s=self.bucket_s,
+                                   keep_s=self.retention_s)
                 return self._public(s, h, now)
         except HostNotYours as e:
             self._audit_denied(actor, "host.heartbeat", name, e)
@@ -80,6 +87,18 @@ class HostService:
             vm_repo.audit(session=s, principal=actor, action=f"{action}.denied", target=name, now=self.clock(),
                           detail={"reason": e.message, **detail})
         log.warning("host %s denied principal=%s host=%s: %s", action, actor, name, e.message)
+
+    def stats(self, name: str, *, since: float | None, until: float | None) -> HostStatsPublic:
+        with self.store.read() as s:
+            host_repo.get_host(session=s, name=name)  # 404 for an unknown host
+            rows = stats_repo.history(session=s, host=name, since=since, until=until)
+            items = [StatsBucketOut(
+                start=r.bucket, heartbeats=r.heartbeats, samples=r.samples,
+                **{k: getattr(r, k) / r.heartbeats for k in stats_repo.SUMS},
+                **{k: getattr(r, k) for k in stats_repo.MAXIMA + ("foreign_cpu_s", "throttled_periods",
+                                                                  "probe_ok", "probe_failed")},
+                psi_stall=r.psi_stall / r.psi_n if r.psi_n else None) for r in rows]
+        return HostStatsPublic(host=name, bucket_s=self.bucket_s, items=items)
 
     def set_state(self, name: str, state: str, *, actor: str) -> HostPublic:
         now = self.clock()

@@ -126,6 +126,11 @@ def test_post_boot_get_delete(stack):
     assert r2.status_code == 507, r2.text
     assert "cpu" in r2.text.lower()
 
+    # hostd's heartbeats carry its IO-health signal; the scheduler keeps it per host
+    hist = wait(lambda: (h := api.get("/v1/hosts/e2e-host/stats").json())["items"] and h, "host stats", 30)
+    last = hist["items"][-1]
+    assert last["heartbeats"] >= 1 and last["samples"] >= 1 and last["cpu_vms"] > 0  # the TCG guest burns CPU
+
     assert api.delete(f"/v1/vms/{vm_id}").status_code == 204
     wait(lambda: api.get(f"/v1/vms/{vm_id}").status_code == 404, "VM deleted", 60)
     c = libvirt.open("qemu:///system")

@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request, Response
 
 from scheduler.api.deps import CurrentPrincipal
 from scheduler.api.errors import ERRORS
-from scheduler.schemas.hosts import HostPublic, HostRegister, HostsPublic
+from scheduler.schemas.hosts import HeartbeatIn, HostPublic, HostRegister, HostsPublic, HostStatsPublic
 from scheduler.service.hosts import HostService
 
 router = APIRouter(prefix="/v1/hosts", tags=["hosts"], responses=ERRORS)
@@ -29,9 +29,20 @@ def register_host(body: HostRegister, request: Request, response: Response, p: C
 
 
 @router.post("/{name}/heartbeat", response_model=HostPublic)
-def heartbeat(name: str, request: Request, p: CurrentPrincipal) -> HostPublic:
+def heartbeat(name: str, request: Request, p: CurrentPrincipal, body: HeartbeatIn | None = None) -> HostPublic:
+    """Alive; with ``stats``, the host's IO-health signal since its last heartbeat (stored,
+    downsampled: ``GET /v1/hosts/{name}/stats``)."""
     p.require("host")
-    return _svc(request).heartbeat(name, actor=p.name, admin=p.admin, bound_host=p.host)
+    return _svc(request).heartbeat(name, actor=p.name, admin=p.admin, bound_host=p.host,
+                                   stats=body.stats if body else None)
+
+
+@router.get("/{name}/stats", response_model=HostStatsPublic)
+def host_stats(name: str, request: Request, p: CurrentPrincipal, since: float | None = None,
+               until: float | None = None) -> HostStatsPublic:
+    """The host's IO-health history, oldest first, one item per ``stats.bucket_s`` window."""
+    p.require("host")
+    return _svc(request).stats(name, since=since, until=until)
 
 
 @router.get("", response_model=HostsPublic)

@@ -33,7 +33,7 @@ def test_migrations_up_down_up(db_url):
     store = Store.from_url(db_url)
     try:
         upgrade(store.engine)
-        assert current(store.engine) == "0006"
+        assert current(store.engine) == "0007"
         assert {"hosts", "vms", "audit"} <= set(inspect(store.engine).get_table_names())
         assert "owner" in {c["name"] for c in inspect(store.engine).get_columns("hosts")}
         downgrade(store.engine, "0001")
@@ -42,7 +42,7 @@ def test_migrations_up_down_up(db_url):
         assert "hosts" not in inspect(store.engine).get_table_names()
         out = subprocess.run([sys.executable, "-m", "scheduler.cli", "db", "upgrade", "--url", db_url],
                              capture_output=True, text=True, cwd=REPO, check=True)
-        assert out.stdout.strip() == "0006"
+        assert out.stdout.strip() == "0007"
     finally:
         store.dispose()
 
