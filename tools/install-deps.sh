@@ -14,6 +14,7 @@ PKGS=(
   python3-venv python3-dev gcc make util-linux procps iproute2 e2fsprogs openssl curl
   lvm2  # pvcreate: the disk-safety tests write a real LVM PV label on a loop device
   prometheus  # promtool: the IO-health alert rules are checked and unit-tested (hostd/alerts/)
+  rt-tests fio stress-ng  # bench/isolation.py: wake-up latency, IO latency, the neighbours
   # kernel-patches/check: Debian's pinned kernel source and what its build needs
   linux-source-6.1 bc bison flex libssl-dev libelf-dev git perl
 )

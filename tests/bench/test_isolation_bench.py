@@ -1,0 +1,34 @@
+"""bench/isolation.py's short run (3 s a case) asserts the mechanism the source write-up
+shows, not the latencies (those are the bench's to report): a neighbour under a CFS quota
+of one CPU, allowed on every CPU, bursts far above its quota at 10 ms granularity while
+looking obedient at 1 s; the same neighbour inside a 1-vCPU VM created through hostd never
+uses more than its vCPU. Real cgroups, stress-ng, cyclictest, fio, libvirtd + QEMU."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+pytestmark = [pytest.mark.integration, pytest.mark.root, pytest.mark.slow]
+REPO = Path(__file__).resolve().parents[2]
+# cpuacct.usage and sum_exec_runtime advance at scheduler ticks, so a single 10 ms window
+# can read up to ~1.35x what ran in it (the max); the p99 of the windows does not move.
+
+
+def test_quota_bursts_at_10ms_and_a_vm_never_exceeds_its_vcpus(libvirtd) -> None:
+    r = subprocess.run([sys.executable, str(REPO / "bench/isolation.py"), "--short", "--json", "--cases", "a,b1,c"],
+                       capture_output=True, text=True, timeout=900, cwd=REPO)
+    assert r.returncode == 0, r.stderr[-3000:]
+    out = json.loads(r.stdout)
+    b1, vm = out["b1"][0], out["c"][0]
+    assert b1["cpu_p99_10ms"] > 180, b1  # quota 1 CPU: bursts on both CPUs within each period
+    assert 80 < b1["cpu_max_1s"] <= 100 * 1.05, b1  # ...averaging to the quota at 1 s
+    assert b1["nr_throttled"] > 0
+    assert vm["cpu_p99_10ms"] <= 100 * 1.05 and vm["cpu_max_1s"] <= 100 * 1.05, vm
+    assert vm["vcpu_pins"] == [max(__import__("os").sched_getaffinity(0))]
+    for case in ("a", "b1", "c"):
+        assert out[case][0]["wakeups"] > 2000 and out[case][0]["io_requests"] > 1000  # the IO side ran
