@@ -62,8 +62,18 @@ def _auth(token: str, **extra: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}", **extra}
 
 
+def heartbeat_body(i: int) -> dict:
+    """A heartbeat with the IO-health stats hostd sends (hostd/health/summary.py)."""
+    return {"stats": {
+        "at": 1_764_000_000.0 + i, "interval_s": 10.0, "samples": 10, "io_cpu_busy": 0.21, "io_cpu_busy_max": 0.4,
+        "cpu_io_service": 0.8, "cpu_vms": 3.5, "cpu_other": 0.2, "foreign_threads_max": 0, "foreign_cpu_s": 0.0,
+        "irqs_per_s": 900.0, "psi_some_avg10_max": 0.5, "psi_stall": 0.001, "throttled_periods": 0,
+        "probe_ok": 10, "probe_failed": 0, "probe_p99_ms_max": 1.2}}
+
+
 def run_ours(label: str, url: str, hosts: list, reqs: list[Req], *, clients: int, replicas: int,
-             tmp: Path, rate: float = 0.0, db_pid: int | None = None, claim_lock: str = "store") -> Result:
+             tmp: Path, rate: float = 0.0, db_pid: int | None = None, claim_lock: str = "store",
+             heartbeats: float = 0.0) -> Result:
     """``db_pid``: the database server's PID (PostgreSQL here), whose CPU per
     request is reported next to ours. ``claim_lock``: the scheduler's
     ``placement.claim_lock``."""
@@ -112,7 +122,26 @@ def run_ours(label: str, url: str, hosts: list, reqs: list[Req], *, clients: int
         db0 = tree_cpu_s(db_pid) if db_pid else 0.0
         m0 = machine()
         t = time.perf_counter()
-        if rate:
+        if rate and heartbeats:
+            # the fleet's heartbeats (with IO-health stats) arrive open-loop beside the claims
+            beats = [(hosts[i % len(hosts)][0], i) for i in range(int(heartbeats * len(reqs) / rate))]
+
+            async def beat(c: Conn, item: tuple[str, int]) -> tuple[int, float, float, str]:
+                t0 = time.perf_counter()
+                rep = await c.request("POST", f"/v1/hosts/{item[0]}/heartbeat", heartbeat_body(item[1]),
+                                      _auth("bench-host"))
+                return rep.status, time.perf_counter() - t0, 0.0, str(rep.status)
+
+            async def both():  # type: ignore[no-untyped-def]
+                return await asyncio.gather(run_open(rate, clients, bases, reqs, place),
+                                            run_open(heartbeats, 16, bases, beats, beat))
+            timed, hb = asyncio.run(both())
+            got = [(g[0], lat, g[2], g[3]) for g, lat in timed]
+            ok = [lat for g, lat in hb if g[0] == 200]
+            out.note = (f"open loop: {rate:.0f} requests/s offered over {clients} connections, with "
+                        f"{heartbeats:.0f} heartbeats/s (stats) over 16: {len(ok)}/{len(hb)} answered 200, "
+                        f"heartbeat p50 {percentile(ok, .5) * 1e3:.1f} ms, p99 {percentile(ok, .99) * 1e3:.1f} ms")
+        elif rate:
             timed = asyncio.run(run_open(rate, clients, bases, reqs, place))
             got = [(g[0], lat, g[2], g[3]) for g, lat in timed]
             out.note = f"open loop: {rate:.0f} requests/s offered over {clients} connections"
@@ -196,6 +225,9 @@ def main() -> int:
     p.add_argument("--replicas", type=int, default=2, help="scheduler serve processes (stateless replicas)")
     p.add_argument("--rate", type=float, default=0.0,
                    help="open loop: offer this many requests/s (default: --clients closed-loop clients)")
+    p.add_argument("--heartbeats", type=float, default=0.0,
+                   help="with --rate: also this many host heartbeats/s (IO-health stats) beside the claims "
+                        "(7,000 hosts at 10 s = 700/s)")
     p.add_argument("--stores", default="sqlite,pg",
                    help="comma list of sqlite, pg, pg-rows (PostgreSQL with placement.claim_lock = \"rows\")")
     p.add_argument("--mix", default="storage", choices=sorted(MIXES),
@@ -224,7 +256,8 @@ def main() -> int:
         for st in stores:
             if st == "sqlite":
                 rows.append(run_ours("hybrid-kvm sqlite", f"sqlite:///{tmp}/sched.db", hosts, reqs,
-                                     clients=a.clients, replicas=a.replicas, tmp=tmp, rate=a.rate))
+                                     clients=a.clients, replicas=a.replicas, tmp=tmp, rate=a.rate,
+                                     heartbeats=a.heartbeats))
                 if not a.no_openstack:
                     base["sqlite"] = run_openstack("sqlite", None, hosts, reqs, a, tmp)
                     rows.append(base["sqlite"])
@@ -234,7 +267,7 @@ def main() -> int:
                     create_database(port, "sched")
                     rows.append(run_ours(f"hybrid-kvm {st}", f"postgresql://postgres@127.0.0.1:{port}/sched",
                                          hosts, reqs, clients=a.clients, replicas=a.replicas, tmp=tmp,
-                                         rate=a.rate, db_pid=pg_pid, claim_lock=lock))
+                                         rate=a.rate, db_pid=pg_pid, claim_lock=lock, heartbeats=a.heartbeats))
                     if st == "pg" and not a.no_openstack:
                         create_database(port, "placement")
                         base["pg"] = run_openstack("pg", port, hosts, reqs, a, tmp)

@@ -77,6 +77,8 @@ class StatsConfig(BaseModel):
     # (one row per host and window) and dropped after retention_days.
     bucket_s: int = Field(300, ge=10, le=86400)
     retention_days: float = Field(14.0, gt=0, le=3650)
+    # Heartbeats are written in one transaction per this many seconds (0: one each).
+    heartbeat_flush_s: float = Field(1.0, ge=0, le=30)
 
 
 class DispatchConfig(BaseModel):

@@ -53,6 +53,7 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
             if bg is not None:
                 bg.stop()  # type: ignore[attr-defined]
             app.state.vms.close()
+            app.state.hosts.close()
 
     # FastAPI 0.16x instruments every request for OpenTelemetry unless told not to, and
     # its check for a configured provider was 3 % of the event loop per request (py-spy);
@@ -78,7 +79,8 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
     app.state.dispatch_enabled = settings.dispatch.enabled and hostd is not None
     app.state.hosts = HostService(store=store, cache=cache, heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,
                                   clock=clock, stats_bucket_s=settings.stats.bucket_s,
-                                  stats_retention_days=settings.stats.retention_days)
+                                  stats_retention_days=settings.stats.retention_days,
+                                  heartbeat_flush_s=settings.stats.heartbeat_flush_s)
     app.state.vms = VmService(store=store, placer=placer, hostd=hostd if app.state.dispatch_enabled else None,
                               default_policy=settings.placement.default_policy,
                               max_attempts=settings.dispatch.max_attempts, metrics=metrics, clock=clock,

@@ -110,7 +110,7 @@ class HostStat(Base):
     __tablename__ = "host_stats"
 
     host: Mapped[str] = mapped_column(String(64), primary_key=True)
-    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True)  # unix time of the window's start
+    bucket: Mapped[int] = mapped_column(BigInteger, primary_key=True, index=True)  # unix time of the window's start
     heartbeats: Mapped[int] = mapped_column(Integer, default=0)
     samples: Mapped[int] = mapped_column(Integer, default=0)
     io_cpu_busy: Mapped[float] = mapped_column(Float, default=0.0)  # sums

@@ -127,6 +127,27 @@ def heartbeat(*, session: Session, name: str, now: float, heartbeat_timeout_s: f
     return h
 
 
+def heartbeat_many(*, session: Session, beats: dict[str, float], heartbeat_timeout_s: float) -> list[str]:
+    """Many hosts' heartbeats in a few statements: one read of their last heartbeats, the
+    hosts back from down through ``heartbeat`` (they need a change stamp), the rest in one
+    executemany. Returns the names of hosts that no longer exist."""
+    names = list(beats)
+    last: dict[str, float] = {}
+    for i in range(0, len(names), 500):
+        part = names[i:i + 500]
+        last.update(session.execute(select(Host.name, Host.last_heartbeat).where(Host.name.in_(part))).all())
+    gone = [n for n in names if n not in last]
+    back = [n for n in last if beats[n] - last[n] > heartbeat_timeout_s]
+    for n in back:
+        heartbeat(session=session, name=n, now=beats[n], heartbeat_timeout_s=heartbeat_timeout_s)
+    rest = [{"b_name": n, "b_t": beats[n]} for n in last if n not in back]
+    if rest:
+        t = Host.__table__
+        session.connection().execute(t.update().where(t.c.name == bindparam("b_name"))
+                                     .values(last_heartbeat=bindparam("b_t")), rest)
+    return gone
+
+
 def set_admin_state(*, session: Session, name: str, state: str, now: float) -> Host:
     h = get_host(session=session, name=name)
     h.admin_state = state

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from sqlalchemy import delete, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from scheduler.db.models import HostStat
@@ -15,32 +15,6 @@ TOTALS = ("foreign_cpu_s", "throttled_periods", "probe_ok", "probe_failed", "sam
 MAXIMA = ("io_cpu_busy_max", "foreign_threads_max", "psi_some_avg10_max", "probe_p99_ms_max")
 
 
-def add(*, session: Session, host: str, stats: HostStatsIn, bucket_s: int, keep_s: float) -> None:
-    """Fold one heartbeat's stats into its host's bucket; a host's first heartbeat of a
-    new bucket also drops its buckets older than ``keep_s`` (retention, per host, once per
-    bucket)."""
-    bucket = int(stats.at // bucket_s * bucket_s)
-    row = session.get(HostStat, (host, bucket))
-    if row is None:
-        row = HostStat(host=host, bucket=bucket, heartbeats=0, samples=0, psi_n=0,
-                       **{k: 0 for k in SUMS + TOTALS if k != "samples"}, io_cpu_busy_max=0.0,
-                       foreign_threads_max=0)
-        session.add(row)
-        session.execute(delete(HostStat).where(HostStat.host == host, HostStat.bucket < bucket - keep_s))
-    row.heartbeats += 1
-    for k in SUMS:
-        setattr(row, k, getattr(row, k) + getattr(stats, k))
-    for k in TOTALS:
-        setattr(row, k, getattr(row, k) + getattr(stats, k))
-    if stats.psi_stall is not None:
-        row.psi_stall = (row.psi_stall or 0.0) + stats.psi_stall
-        row.psi_n += 1
-    for k in MAXIMA:
-        new, cur = getattr(stats, k), getattr(row, k)
-        if new is not None and (cur is None or new > cur):
-            setattr(row, k, new)
-
-
 def history(*, session: Session, host: str, since: float | None = None,
             until: float | None = None) -> Sequence[HostStat]:
     q = select(HostStat).where(HostStat.host == host).order_by(HostStat.bucket)
@@ -49,3 +23,50 @@ def history(*, session: Session, host: str, since: float | None = None,
     if until is not None:
         q = q.where(HostStat.bucket < until)
     return session.scalars(q).all()
+
+
+def fold(rows: dict[tuple[str, int], dict], host: str, stats: HostStatsIn, bucket_s: int) -> None:
+    """Add one heartbeat's stats to an in-memory (host, bucket) aggregate (``add_many``)."""
+    key = (host, int(stats.at // bucket_s * bucket_s))
+    r = rows.setdefault(key, {"heartbeats": 0, "samples": 0, "psi_n": 0, "psi_stall": None,
+                              **{k: 0 for k in SUMS + TOTALS if k != "samples"},
+                              **{k: None for k in MAXIMA}})
+    r["heartbeats"] += 1
+    for k in SUMS + TOTALS:
+        r[k] += getattr(stats, k)
+    if stats.psi_stall is not None:
+        r["psi_stall"] = (r["psi_stall"] or 0.0) + stats.psi_stall
+        r["psi_n"] += 1
+    for k in MAXIMA:
+        v = getattr(stats, k)
+        if v is not None and (r[k] is None or v > r[k]):
+            r[k] = v
+
+
+def add_many(*, session: Session, rows: dict[tuple[str, int], dict]) -> None:
+    """Upsert pre-aggregated buckets in one statement (INSERT ... ON CONFLICT DO UPDATE):
+    sums and counts add, maxima take the larger."""
+    if not rows:
+        return
+    table = HostStat.__table__
+    values = [{"host": h, "bucket": b, **{**r, "io_cpu_busy_max": r["io_cpu_busy_max"] or 0.0,
+                                            "foreign_threads_max": r["foreign_threads_max"] or 0}}
+              for (h, b), r in rows.items()]
+    pg = session.get_bind().dialect.name == "postgresql"
+    if pg:
+        from sqlalchemy.dialects.postgresql import insert
+        bigger = func.greatest
+    else:
+        from sqlalchemy.dialects.sqlite import insert
+        bigger = func.max
+    ins = insert(table)
+    ex = ins.excluded
+    add = {k: table.c[k] + ex[k] for k in ("heartbeats", "samples", "psi_n") + SUMS + TOTALS}
+    add["psi_stall"] = func.coalesce(table.c.psi_stall, 0) + func.coalesce(ex.psi_stall, 0)
+    top = {k: func.coalesce(bigger(table.c[k], ex[k]), table.c[k], ex[k]) for k in MAXIMA}
+    session.connection().execute(ins.on_conflict_do_update(index_elements=["host", "bucket"], set_=add | top),
+                                 values)
+
+
+def expire(*, session: Session, before: float) -> int:
+    return session.execute(delete(HostStat).where(HostStat.bucket < before)).rowcount or 0

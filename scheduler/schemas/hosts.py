@@ -102,6 +102,16 @@ class HostStatsIn(BaseModel):
     probe_p99_ms_max: float | None = Field(None, ge=0)
 
 
+class HeartbeatOut(BaseModel):
+    """What a heartbeat answers: small, since every host sends one every few seconds
+    (the full view is ``GET /v1/hosts/{name}``)."""
+
+    name: str
+    state: str  # active, cordoned, draining (a host that beats is not down)
+    generation: int
+    last_heartbeat: float
+
+
 class HeartbeatIn(BaseModel):
     model_config = ConfigDict(extra="forbid")
     stats: HostStatsIn | None = None

@@ -39,7 +39,8 @@ class Clock:
 
 def settings(db_url: str, **over: Any) -> Settings:
     data: dict[str, Any] = {"db": {"url": db_url}, "auth": {"tokens": token_config()},
-                            "dispatch": {"enabled": False}, "reconcile": {"interval_s": 0}}
+                            "dispatch": {"enabled": False}, "reconcile": {"interval_s": 0},
+                            "stats": {"heartbeat_flush_s": 0}}  # write-through: tests read at once
     for k, v in over.items():
         data.setdefault(k, {}).update(v)
     return Settings(**data)

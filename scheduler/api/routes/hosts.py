@@ -8,7 +8,7 @@ from fastapi import APIRouter, Request, Response
 
 from scheduler.api.deps import CurrentPrincipal
 from scheduler.api.errors import ERRORS
-from scheduler.schemas.hosts import HeartbeatIn, HostPublic, HostRegister, HostsPublic, HostStatsPublic
+from scheduler.schemas.hosts import HeartbeatIn, HeartbeatOut, HostPublic, HostRegister, HostsPublic, HostStatsPublic
 from scheduler.service.hosts import HostService
 
 router = APIRouter(prefix="/v1/hosts", tags=["hosts"], responses=ERRORS)
@@ -28,8 +28,8 @@ def register_host(body: HostRegister, request: Request, response: Response, p: C
     return out
 
 
-@router.post("/{name}/heartbeat", response_model=HostPublic)
-def heartbeat(name: str, request: Request, p: CurrentPrincipal, body: HeartbeatIn | None = None) -> HostPublic:
+@router.post("/{name}/heartbeat", response_model=HeartbeatOut)
+def heartbeat(name: str, request: Request, p: CurrentPrincipal, body: HeartbeatIn | None = None) -> HeartbeatOut:
     """Alive; with ``stats``, the host's IO-health signal since its last heartbeat (stored,
     downsampled: ``GET /v1/hosts/{name}/stats``)."""
     p.require("host")

@@ -28,6 +28,7 @@ def upgrade() -> None:
                                                      "irqs_per_s", "foreign_cpu_s", "io_cpu_busy_max")],
         *[sa.Column(c, f, nullable=True) for c in ("psi_stall", "psi_some_avg10_max", "probe_p99_ms_max")],
     )
+    op.create_index("ix_host_stats_bucket", "host_stats", ["bucket"])  # retention deletes by age
 
 
 def downgrade() -> None:

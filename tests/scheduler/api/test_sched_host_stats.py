@@ -53,6 +53,7 @@ def test_heartbeats_fold_into_buckets(api) -> None:
 
 def test_old_buckets_go_and_bad_stats_change_nothing(api) -> None:
     assert beat(api, {"stats": stats(T0)}) == 200
+    api.app.state.hosts.clock = lambda: T0 + 2 * 86400
     assert beat(api, {"stats": stats(T0 + 2 * 86400)}) == 200  # retention 1 day: the first goes
     assert [i["start"] for i in api.get("/v1/hosts/oss-1/stats", headers=ADM).json()["items"]] == [T0 + 2 * 86400]
     for field, value in (("samples", "10"), ("io_cpu_busy", 1.5), ("foreign_threads_max", True),
@@ -87,3 +88,23 @@ def _size(db) -> int:  # type: ignore[no-untyped-def]
         pages, free, size = (c.execute(f"PRAGMA {p}").fetchone()[0] for p in ("page_count", "freelist_count",
                                                                               "page_size"))
     return (pages - free) * size
+
+
+def test_batched_heartbeats_are_checked_at_once_and_written_together(db_url) -> None:
+    """With stats.heartbeat_flush_s > 0 a heartbeat is checked on a read (404, 403 at once)
+    and written with the others in one transaction per flush."""
+    with make_client(db_url, clock=Clock(T0), stats={"heartbeat_flush_s": 30}) as api:
+        for name in ("oss-1", "oss-2"):
+            assert api.post("/v1/hosts", json=host_body(name, SMALL), headers=HOST).status_code == 201
+        svc = api.app.state.hosts
+        before = api.get("/v1/hosts/oss-1", headers=ADM).json()["last_heartbeat"]
+        api.app.state.hosts.clock = lambda: T0 + 42
+        for name in ("oss-1", "oss-2", "oss-1"):
+            r = api.post(f"/v1/hosts/{name}/heartbeat", json={"stats": stats(T0 + 42)}, headers=HOST)
+            assert r.status_code == 200 and r.json()["last_heartbeat"] == T0 + 42
+        assert api.post("/v1/hosts/nope/heartbeat", headers=HOST).status_code == 404
+        assert api.get("/v1/hosts/oss-1", headers=ADM).json()["last_heartbeat"] == before  # not yet written
+        assert svc.flush() == 2  # two hosts, one transaction
+        assert api.get("/v1/hosts/oss-1", headers=ADM).json()["last_heartbeat"] == T0 + 42
+        assert api.get("/v1/hosts/oss-1/stats", headers=ADM).json()["items"][0]["heartbeats"] == 2
+        assert svc.flush() == 0
