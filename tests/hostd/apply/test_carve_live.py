@@ -5,10 +5,6 @@ IO service process moved onto its CPU. The host must end exactly as it began."""
 from __future__ import annotations
 
 import os
-import signal
-import subprocess
-import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -41,23 +37,6 @@ def _cpus_allowed(pid: int) -> str:
         if line.startswith("Cpus_allowed_list:"):
             return line.split(":", 1)[1].strip()
     raise AssertionError("no Cpus_allowed_list")
-
-
-@pytest.fixture
-def standin(tmp_path: Path):
-    tag = f"hyb-io-standin-test-{os.getpid()}"
-    proc = subprocess.Popen([sys.executable, "-m", "tools.io_service_standin", "--tag", tag,
-                             "--dir", str(tmp_path)])
-    time.sleep(0.3)
-    try:
-        yield proc, tag
-    finally:
-        proc.send_signal(signal.SIGTERM)
-        try:
-            proc.wait(5)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def test_carve_this_host_and_restore_it(standin, tmp_path: Path) -> None:

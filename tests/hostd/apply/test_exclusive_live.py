@@ -6,7 +6,6 @@ refuses is reported, and uncarve puts every affinity back exactly as it was."""
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 import time
@@ -43,21 +42,16 @@ def irq_affinities() -> dict[str, str]:
 
 
 @pytest.fixture
-def procs(tmp_path: Path):
-    tag = f"hyb-io-standin-excl-{os.getpid()}"
-    io = subprocess.Popen([sys.executable, "-m", "tools.io_service_standin", "--tag", tag, "--dir", str(tmp_path)])
+def procs(standin):
+    """The IO service stand-in, and a foreign busy loop pinned to CPU 0."""
+    io, tag = standin
     loop = subprocess.Popen([sys.executable, "-c", "import os; os.sched_setaffinity(0, {0})\nwhile True: pass"])
     time.sleep(0.3)
     try:
         yield io, tag, loop
     finally:
-        for p in (io, loop):
-            p.send_signal(signal.SIGTERM)
-            try:
-                p.wait(5)
-            except subprocess.TimeoutExpired:
-                p.kill()
-                p.wait()
+        loop.kill()
+        loop.wait()
 
 
 def test_carve_takes_io_cpus_from_everything_else_and_uncarve_gives_them_back(procs, tmp_path: Path) -> None:
