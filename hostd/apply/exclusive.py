@@ -32,11 +32,11 @@ from hostd.apply.cgroups import CpusetFs, pid_cpuset_cgroup
 from hostd.apply.steps import Context, MakeDir, Step, WriteAttr
 from hostd.apply.sysfs import write_attr
 from hostd.cpulist import format_cpu_list, parse_cpu_list
+from hostd.health.readers import PF_KTHREAD, split_stat
 
 log = logging.getLogger(__name__)
 
 HOST_CGROUP = "hyb-host"
-PF_KTHREAD = 0x00200000
 PF_NO_SETAFFINITY = 0x04000000
 
 
@@ -164,13 +164,14 @@ def plan_exclusive(layout: Layout, root: Path, fs: CpusetFs, *, exclude_pids: fr
         return [], [Unmovable("host", "io_cpus are every online CPU: nowhere to move the rest to")]
     steps: list[Step] = []
     unmovable: list[Unmovable] = []
+    procs = _processes(root)  # one scan of /proc for the tasks and the kernel threads
     if fs.version == 1:
-        s, u = _v1_tasks(root, fs, rest, exclude_pids, io_cgroup)
+        s, u = _v1_tasks(root, fs, rest, exclude_pids, procs)
     else:
         s, u = _v2_partition(fs, io_cgroup)
     steps += s
     unmovable += u
-    s, u = _kthreads(root, io, rest)
+    s, u = _kthreads(root, io, rest, procs)
     steps += s
     unmovable += u
     steps += _irqs(root, io, rest)
@@ -186,7 +187,7 @@ def _online(root: Path) -> set[int]:
 
 
 def _v1_tasks(root: Path, fs: CpusetFs, rest: list[int], exclude: frozenset[int],
-              io_cgroup: str) -> tuple[list[Step], list[Unmovable]]:
+              procs: list[tuple[int, str, int]]) -> tuple[list[Step], list[Unmovable]]:
     host = fs.path(HOST_CGROUP)
     steps: list[Step] = []
     if not host.is_dir():
@@ -201,8 +202,8 @@ def _v1_tasks(root: Path, fs: CpusetFs, rest: list[int], exclude: frozenset[int]
     want = format_cpu_list(rest)
     if cur_cpus != want:
         steps.append(WriteAttr(str(host / fs.cpus_file), cur_cpus, want))
-    for pid, comm, kthread in _processes(root):
-        if pid in exclude or kthread:
+    for pid, comm, flags in procs:
+        if pid in exclude or flags & PF_KTHREAD:
             continue
         try:
             where = pid_cpuset_cgroup(root, pid, 1)
@@ -219,21 +220,21 @@ def _v2_partition(fs: CpusetFs, io_cgroup: str) -> tuple[list[Step], list[Unmova
     attr = fs.path(io_cgroup) / "cpuset.cpus.partition"
     if not attr.exists():
         return [], [Unmovable("cgroup v2", f"{attr} is missing: this kernel has no cpuset partitions")]
-    cur = attr.read_text().split()[0] if attr.read_text().split() else "member"
+    cur = (attr.read_text().split() or ["member"])[0]
     if cur == "root":
         return [], []
     return [BestEffortAttr(str(attr), cur, "root", f"cpuset partition of {io_cgroup}")], []
 
 
-def _kthreads(root: Path, io: set[int], rest: list[int]) -> tuple[list[Step], list[Unmovable]]:
+def _kthreads(root: Path, io: set[int], rest: list[int],
+              procs: list[tuple[int, str, int]]) -> tuple[list[Step], list[Unmovable]]:
     steps: list[Step] = []
     unmovable: list[Unmovable] = []
     per_cpu = 0
-    for pid, comm, kthread in _processes(root):
-        if not kthread:
+    for pid, comm, flags in procs:
+        if not flags & PF_KTHREAD:
             continue
-        flags = _flags(root, pid)
-        cpus = _affinity(root, pid)
+        cpus = _cpus_allowed(root / f"proc/{pid}/status")
         if cpus is None or not (set(cpus) & io):
             continue
         if flags & PF_NO_SETAFFINITY:
@@ -282,32 +283,25 @@ def _workqueue(root: Path, io: set[int], online: set[int]) -> list[Step]:
     return [BestEffortAttr(str(attr), cur, f"{want:x}", "unbound workqueue cpumask")]
 
 
-def _processes(root: Path) -> list[tuple[int, str, bool]]:
+def _processes(root: Path) -> list[tuple[int, str, int]]:
+    """(pid, comm, flags) of every process, from /proc/<pid>/stat."""
     out = []
     for d in os.listdir(root / "proc"):
         if not d.isdigit():
             continue
-        flags = _flags(root, int(d))
         try:
-            comm = (root / f"proc/{d}/comm").read_text().strip()
-        except OSError:
+            parts = split_stat((root / f"proc/{d}/stat").read_text())
+            if parts is not None:
+                out.append((int(d), parts[1], int(parts[2][6])))
+        except (OSError, ValueError, IndexError):
             continue
-        out.append((int(d), comm, bool(flags & PF_KTHREAD)))
     return sorted(out)
 
 
-def _flags(root: Path, pid: int) -> int:
+def _cpus_allowed(status: Path) -> list[int] | None:
+    """Cpus_allowed_list of a /proc status file (what sched_getaffinity says, for any root)."""
     try:
-        line = (root / f"proc/{pid}/stat").read_text()
-        return int(line.rpartition(")")[2].split()[6])
-    except (OSError, ValueError, IndexError):
-        return 0
-
-
-def _affinity(root: Path, pid: int) -> list[int] | None:
-    """Cpus_allowed_list of /proc/<pid>/status (what sched_getaffinity says, for any root)."""
-    try:
-        for line in (root / f"proc/{pid}/status").read_text().splitlines():
+        for line in status.read_text().splitlines():
             if line.startswith("Cpus_allowed_list:"):
                 return sorted(parse_cpu_list(line.split(":", 1)[1].strip()))
     except (OSError, ValueError):
@@ -316,16 +310,14 @@ def _affinity(root: Path, pid: int) -> list[int] | None:
 
 
 def _affinities(root: Path, pid: int) -> dict[str, str]:
+    """Each thread's CPU affinity, to put back at uncarve."""
     out: dict[str, str] = {}
     try:
         tids = os.listdir(root / f"proc/{pid}/task")
     except OSError:
         return out
     for tid in tids:
-        try:
-            for line in (root / f"proc/{pid}/task/{tid}/status").read_text().splitlines():
-                if line.startswith("Cpus_allowed_list:"):
-                    out[tid] = line.split(":", 1)[1].strip()
-        except OSError:
-            continue
+        cpus = _cpus_allowed(root / f"proc/{pid}/task/{tid}/status")
+        if cpus is not None:
+            out[tid] = format_cpu_list(cpus)
     return out

@@ -101,17 +101,26 @@ def read_threads(fs: HostFs) -> dict[int, Thread]:
     return out
 
 
+def split_stat(line: str) -> tuple[str, str, list[str]] | None:
+    """A ``/proc/<pid>[/task/<tid>]/stat`` line -> (pid, comm, fields from field 3 on:
+    ``[0]`` state, ``[6]`` flags, ``[11]``/``[12]`` utime/stime, ``[36]`` processor).
+    The comm may hold spaces and parentheses: it ends at the last ``)``."""
+    head, sep, tail = line.rpartition(")")
+    if not sep:
+        return None
+    pid, _, comm = head.partition(" (")
+    return pid, comm, tail.split()
+
+
 def _thread(path: os.PathLike, pid: int) -> Thread | None:
     try:
         with open(path) as f:
-            line = f.read()
+            parts = split_stat(f.read())
     except OSError:
         return None
-    head, sep, tail = line.rpartition(")")  # comm may hold spaces and parentheses
-    if not sep:
+    if parts is None:
         return None
-    tid_s, _, comm = head.partition(" (")
-    f = tail.split()  # f[0] is field 3 (state)
+    tid_s, comm, f = parts
     try:
         return Thread(int(tid_s), pid, comm, int(f[36]), int(f[11]) + int(f[12]), bool(int(f[6]) & PF_KTHREAD))
     except (ValueError, IndexError):
