@@ -137,7 +137,7 @@ def heartbeat_many(*, session: Session, beats: dict[str, float], heartbeat_timeo
         part = names[i:i + 500]
         last.update(session.execute(select(Host.name, Host.last_heartbeat).where(Host.name.in_(part))).all())
     gone = [n for n in names if n not in last]
-    back = [n for n in last if beats[n] - last[n] > heartbeat_timeout_s]
+    back = {n for n in last if beats[n] - last[n] > heartbeat_timeout_s}
     for n in back:
         heartbeat(session=session, name=n, now=beats[n], heartbeat_timeout_s=heartbeat_timeout_s)
     rest = [{"b_name": n, "b_t": beats[n]} for n in last if n not in back]

@@ -34,7 +34,7 @@ class HostService:
         self.timeout = heartbeat_timeout_s
         self.clock = clock
         # Heartbeats are checked on a read and written in batches, one transaction per
-        # ``heartbeat_flush_s`` (0: each on its own, as it comes): at fleet scale (700-10,000
+        # ``heartbeat_flush_s`` (0: each flushed at once, as it comes): at fleet scale (700-10,000
         # a second) a write transaction each took SQLite's writer lock from the claims.
         self.flush_s = heartbeat_flush_s
         self._beats: dict[str, tuple[float, list[HostStatsIn]]] = {}
@@ -69,13 +69,6 @@ class HostService:
                   stats: HostStatsIn | None = None) -> HeartbeatOut:
         now = self.clock()
         try:
-            if self.flush_s <= 0:
-                with self.store.write() as s:
-                    self._may_act(s, name, actor=actor, admin=admin, bound_host=bound_host)
-                    h = host_repo.heartbeat(session=s, name=name, now=now, heartbeat_timeout_s=self.timeout)
-                    self._fold(s, name, [stats] if stats else [])
-                    return HeartbeatOut(name=h.name, state=h.admin_state, generation=h.generation,
-                                        last_heartbeat=h.last_heartbeat)
             with self.store.read() as s:  # no writer lock: the check, and 404 for an unknown host
                 self._may_act(s, name, actor=actor, admin=admin, bound_host=bound_host)
                 h = host_repo.get_host(session=s, name=name)
@@ -86,17 +79,12 @@ class HostService:
         with self._beats_lock:
             _, pending = self._beats.get(name, (now, []))
             self._beats[name] = (now, pending + ([stats] if stats else []))
-            if self._flusher is None:
+            if self._flusher is None and self.flush_s > 0:
                 self._flusher = threading.Thread(target=self._flush_loop, name="heartbeats", daemon=True)
                 self._flusher.start()
+        if self.flush_s <= 0:
+            self.flush()  # write-through: the same statements, at once
         return out
-
-    def _fold(self, s: Session, name: str, stats: list[HostStatsIn]) -> None:
-        buckets: dict[tuple[str, int], dict] = {}
-        for st in stats:
-            stats_repo.fold(buckets, name, st, self.bucket_s)
-        stats_repo.add_many(session=s, rows=buckets)
-        self._expire(s)
 
     def _expire(self, s: Session) -> None:
         """Retention, at most once per window (an index on the bucket makes it a range delete)."""
