@@ -223,8 +223,7 @@ def vm_neighbour(threads: int, seconds: float, work: Path):
     state = work / "libvirtd"
     ctl = str(REPO / "tools/libvirtd-ctl.sh")
     with ExitStack() as st:
-        mnt = _hugetlbfs(st)
-        del mnt
+        _hugetlbfs(st)
         pool.write_text(str(int(pages_before) + 256))
         st.callback(pool.write_text, pages_before)
         subprocess.run(["bash", ctl, "start", str(state)], check=True)
@@ -271,6 +270,7 @@ def _test_helpers(name: str):  # type: ignore[no-untyped-def]
 
 
 def _hugetlbfs(st: ExitStack) -> Path:
+    """A 2 MiB hugetlbfs mount, made (and unmounted at the end) if the host has none."""
     for line in Path("/proc/mounts").read_text().splitlines():
         dev, mnt, fstype = line.split()[:3]
         if fstype == "hugetlbfs":

@@ -54,6 +54,11 @@ class Probe:
             raise ProbeSpecError(f"{spec!r}: command needs a command line")
         return cls(kind, target, timeout_s)
 
+    @property
+    def spec(self) -> str:
+        """The ``io_probe`` string this probe was parsed from."""
+        return self.target if self.kind == "http" else f"{self.kind}:{self.target}"
+
     def __call__(self) -> tuple[bool, float, str]:
         """(ok, seconds, error) of one probe."""
         t0 = time.perf_counter()

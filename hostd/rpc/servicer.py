@@ -188,9 +188,8 @@ class HostdService(pb_grpc.HostdServicer):
             s = self.sampler
             if s is None:
                 return pb.HostStatsResponse(host=self.host)
-            probe = f"{s.probe.kind}:{s.probe.target}" if s.probe and s.probe.kind != "http" else \
-                (s.probe.target if s.probe else "")
-            return pb.HostStatsResponse(host=self.host, interval_seconds=s.interval_s, probe=probe,
+            return pb.HostStatsResponse(host=self.host, interval_seconds=s.interval_s,
+                                        probe=s.probe.spec if s.probe else "",
                                         samples=[stats_to_proto(x) for x in s.latest(max(1, request.last))])
         return self._call(context, stats)
 
