@@ -13,6 +13,7 @@ from pydantic import BaseModel
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from scheduler.errors import Forbidden, SchedulerError
+from scheduler.repo import vms as vm_repo
 
 log = logging.getLogger(__name__)
 
@@ -59,8 +60,6 @@ def field_path(loc: tuple) -> str:
 def audit_refusal(req: Request, e: SchedulerError) -> None:
     """A refused authorisation (403), in a transaction of its own: ``auth.denied`` with the
     call and the reason; the tenant's own principal's refusals are the tenant's to see."""
-    from scheduler.repo import vms as vm_repo
-
     p = req.scope.get("state", {}).get("principal")
     if p is None:
         return
