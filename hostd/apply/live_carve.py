@@ -18,7 +18,7 @@ from pathlib import Path
 
 from api.layout import Layout
 from hostd.apply.cgroups import CpusetFs, find_pids, pid_cpuset_cgroup
-from hostd.apply.exclusive import BestEffortAttr, KthreadAffinity, MoveOff, Unmovable, plan_exclusive
+from hostd.apply.exclusive import EXCLUSIVE_STEPS, BestEffortAttr, Unmovable, plan_exclusive
 from hostd.apply.steps import (
     STEP_KINDS,
     Context,
@@ -38,7 +38,7 @@ log = logging.getLogger(__name__)
 
 IO_CGROUP = "hyb-io"
 JOURNAL_VERSION = 1
-STEPS = {**STEP_KINDS, **{c.kind: c for c in (BestEffortAttr, MoveOff, KthreadAffinity)}}  # journal kinds
+STEPS = {**STEP_KINDS, **{c.kind: c for c in EXCLUSIVE_STEPS}}  # journal kinds
 
 
 @dataclass(frozen=True)
