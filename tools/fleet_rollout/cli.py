@@ -1,11 +1,250 @@
-"""`fleet-rollout` console script. Wave-by-wave fleet conversion is not built yet:
-this entry point says so instead of pretending."""
+"""`fleet-rollout`: convert and upgrade a storage fleet wave by wave, gated on the IO
+service's health, resumable after any crash.
+
+Exit codes: 0 done (or the command did what it says), 1 error (the message names the
+field), 2 usage, 3 the rollout stopped short: halted, paused, aborted or rolled back.
+"""
 
 from __future__ import annotations
 
+import argparse
+import json
+import logging
+import os
 import sys
+import time
+from pathlib import Path
+
+from rich.console import Console
+
+from tools.fleet_rollout.clients import HostdClients, Scheduler, SchedulerError, Tls
+from tools.fleet_rollout.engine import Engine, Options
+from tools.fleet_rollout.inventory import Host, from_ansible_inventory, from_scheduler_items, select
+from tools.fleet_rollout.plan import Plan, make_plan
+from tools.fleet_rollout.preflight import preflight
+from tools.fleet_rollout.render import render_plan, render_status, status_dict
+from tools.fleet_rollout.spec import RolloutSpec, SpecError, load_spec
+from tools.fleet_rollout.store import StoreError, Store
+
+log = logging.getLogger(__name__)
+
+EXIT_STOPPED = 3
+EPILOG = """examples:
+  fleet-rollout plan convert.toml                 waves, racks, hosts skipped and why
+  fleet-rollout run convert.toml                  start (or continue) the rollout it names
+  fleet-rollout status convert-r12 [--json]
+  fleet-rollout pause convert-r12                 the running controller stops at the next step
+  fleet-rollout resume convert-r12                continue a paused or halted rollout here
+  fleet-rollout abort convert-r12                 stop; hosts mid-change are rolled back
+  fleet-rollout rollback convert-r12              undo every converted host, last wave first
+environment: FLEET_ROLLOUT_DB, FLEET_ROLLOUT_SCHEDULER_URL, FLEET_ROLLOUT_TOKEN_FILE,
+  FLEET_ROLLOUT_SCHEDULER_CA, FLEET_ROLLOUT_TLS_DIR stand for the options of the same name.
+"""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    env = os.environ.get
+    p = argparse.ArgumentParser(prog="fleet-rollout", description=__doc__.split("\n\n")[0], epilog=EPILOG,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--db", type=Path, default=Path(env("FLEET_ROLLOUT_DB", "/var/lib/fleet-rollout/rollouts.db")),
+                   help="the rollouts' durable state (SQLite)")
+    p.add_argument("--scheduler-url", default=env("FLEET_ROLLOUT_SCHEDULER_URL", ""))
+    p.add_argument("--token-file", type=Path, default=_path(env("FLEET_ROLLOUT_TOKEN_FILE")),
+                   help="an admin token for the scheduler (cordon, uncordon)")
+    p.add_argument("--scheduler-ca", type=Path, default=_path(env("FLEET_ROLLOUT_SCHEDULER_CA")))
+    p.add_argument("--tls-dir", type=Path, default=_path(env("FLEET_ROLLOUT_TLS_DIR")),
+                   help="ca.crt, fleet-rollout.crt and fleet-rollout.key for hostd's mTLS")
+    p.add_argument("--plaintext", action="store_true", help="gRPC without TLS (local development only)")
+    p.add_argument("--lease-ttl", type=float, default=15.0, help="seconds a dead controller blocks the next")
+    p.add_argument("-v", "--verbose", action="store_true")
+    sub = p.add_subparsers(dest="cmd", required=True)
+    pl = sub.add_parser("plan", help="inventory + preflight -> waves (changes nothing)")
+    pl.add_argument("spec", type=Path)
+    pl.add_argument("--json", action="store_true")
+    pl.add_argument("--no-preflight", action="store_true", help="plan from the inventory alone (no RPCs)")
+    r = sub.add_parser("run", help="start the rollout a spec names, or continue it")
+    r.add_argument("spec", type=Path)
+    r.add_argument("--json", action="store_true", help="print the final status as JSON")
+    st = sub.add_parser("status", help="where a rollout stands")
+    st.add_argument("name", nargs="?")
+    st.add_argument("--json", action="store_true")
+    st.add_argument("--transitions", action="store_true", help="every recorded transition (with --json)")
+    for verb, what in (("pause", "stop at the next step boundary"), ("resume", "continue here"),
+                       ("abort", "stop and roll back hosts mid-change"),
+                       ("rollback", "roll back every changed host, last wave first")):
+        c = sub.add_parser(verb, help=what)
+        c.add_argument("name")
+        c.add_argument("--json", action="store_true")
+    return p
+
+
+def _path(v: str | None) -> Path | None:
+    return Path(v) if v else None
 
 
 def main(argv: list[str] | None = None) -> int:
-    print("fleet-rollout: not implemented yet (see README, status)", file=sys.stderr)
-    return 2
+    args = build_parser().parse_args(argv)
+    logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
+                        format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    console = Console(stderr=False)
+    try:
+        return COMMANDS[args.cmd](args, console)
+    except SpecError as e:
+        print(f"fleet-rollout: {e.field}: {e.reason}", file=sys.stderr)
+    except (StoreError, SchedulerError) as e:
+        print(f"fleet-rollout: {e}", file=sys.stderr)
+    return 1
+
+
+# ------------------------------------------------------------------ wiring
+
+
+def _hostd(args: argparse.Namespace, spec: RolloutSpec | None = None) -> HostdClients:
+    if args.plaintext:
+        return HostdClients(None, spec.limits.rpc_timeout_s if spec else 10.0)
+    if args.tls_dir is None:
+        raise SpecError("--tls-dir", "hostd's mTLS needs the CA and the fleet-rollout client certificate "
+                                     "(or --plaintext for local development)")
+    return HostdClients(Tls.from_dir(args.tls_dir), spec.limits.rpc_timeout_s if spec else 10.0)
+
+
+def _scheduler(args: argparse.Namespace) -> Scheduler | None:
+    if not args.scheduler_url:
+        return None
+    if args.token_file is None:
+        raise SpecError("--token-file", "the scheduler needs an admin token")
+    try:
+        token = args.token_file.read_text().strip()
+    except OSError as e:
+        raise SpecError("--token-file", f"{e.filename}: {e.strerror}") from None
+    return Scheduler(args.scheduler_url, token, ca=args.scheduler_ca)
+
+
+def _inventory(args: argparse.Namespace, spec: RolloutSpec, base: Path) -> list[Host]:
+    if spec.inventory.source == "scheduler":
+        sched = _scheduler(args)
+        if sched is None:
+            raise SpecError("inventory.source", "is 'scheduler' but no --scheduler-url is given")
+        try:
+            hosts = from_scheduler_items(sched.hosts())
+        finally:
+            sched.close()
+    else:
+        path = Path(spec.inventory.source)
+        hosts = from_ansible_inventory(path if path.is_absolute() else base / path)
+    return select(hosts, spec.inventory.select) if spec.inventory.select else hosts
+
+
+def make_rollout_plan(args: argparse.Namespace, spec: RolloutSpec, base: Path, *, check: bool = True) -> Plan:
+    hosts = _inventory(args, spec, base)
+    refused = {}
+    if check:
+        clients = _hostd(args, spec)
+        try:
+            refused = preflight(clients, hosts, spec)
+        finally:
+            clients.close()
+    return make_plan(hosts, spec, refused)
+
+
+# ------------------------------------------------------------------ commands
+
+
+def _plan(args: argparse.Namespace, console: Console) -> int:
+    spec = load_spec(args.spec)
+    plan = make_rollout_plan(args, spec, args.spec.parent, check=not args.no_preflight)
+    if args.json:
+        print(json.dumps({"name": spec.name, "policy_digest": spec.policy_digest, **plan.to_dict()}, indent=2))
+    else:
+        render_plan(plan, console)
+    return 0
+
+
+def _run(args: argparse.Namespace, console: Console) -> int:
+    spec = load_spec(args.spec)
+    store = Store(args.db)
+    if spec.name in store.rollouts():
+        stored = store.rollout(spec.name).spec
+        if stored.model_dump(exclude={"policy_text"}) != spec.model_dump(exclude={"policy_text"}) \
+                or stored.policy_digest != spec.policy_digest:
+            raise SpecError("name", f"rollout {spec.name} exists with a different spec: give the new one "
+                                    "another name (status/resume/rollback act on this one)")
+        if store.rollout(spec.name).state != "running":
+            raise StoreError(f"rollout {spec.name} is {store.rollout(spec.name).state}: "
+                             f"`fleet-rollout resume {spec.name}` continues it")
+    else:
+        plan = make_rollout_plan(args, spec, args.spec.parent)
+        if not args.json:
+            render_plan(plan, console)
+        store.create(spec, plan)
+    return _drive(args, store, spec.name, console)
+
+
+def _drive(args: argparse.Namespace, store: Store, name: str, console: Console) -> int:
+    spec = store.rollout(name).spec
+    hostd, sched = _hostd(args, spec), _scheduler(args)
+
+    def event(host: str, frm: str, to: str) -> None:
+        if not args.json and to in ("verified", "failed", "rolled_back"):
+            console.print(f"{host}: {frm} -> {to}", highlight=False, markup=False)
+    try:
+        final = Engine(store, name, hostd, sched, Options(lease_ttl_s=args.lease_ttl), on_event=event).run()
+    finally:
+        hostd.close()
+        if sched:
+            sched.close()
+    return _show(args, store, name, console, ok=final in ("done", "rolled_back") and args.cmd != "abort"
+                 or (args.cmd == "abort" and final == "aborted"))
+
+
+def _show(args: argparse.Namespace, store: Store, name: str, console: Console, *, ok: bool = True) -> int:
+    st = status_dict(store, name)
+    if getattr(args, "transitions", False):
+        st["transitions"] = store.transitions(name)
+    if args.json:
+        print(json.dumps(st, indent=2))
+    else:
+        render_status(st, console)
+    return 0 if ok else EXIT_STOPPED
+
+
+def _status(args: argparse.Namespace, console: Console) -> int:
+    store = Store(args.db)
+    names = [args.name] if args.name else store.rollouts()
+    if not names:
+        console.print(f"no rollouts in {args.db}")
+        return 0
+    for n in names:
+        _show(args, store, n, console)
+    return 0
+
+
+def _operator(to: str, allowed: tuple[str, ...], drive: bool):  # type: ignore[no-untyped-def]
+    def cmd(args: argparse.Namespace, console: Console) -> int:
+        store = Store(args.db)
+        r = store.rollout(args.name)
+        if r.state not in allowed:
+            raise StoreError(f"rollout {args.name} is {r.state}: {args.cmd} applies to "
+                             f"{' or '.join(allowed)}")
+        store.set_rollout(args.name, to, f"{args.cmd} by {store.holder}", fenced=False)
+        lease = store.lease(args.name)
+        if drive and not (lease and lease[1] > time.time() and lease[0] != store.holder):
+            return _drive(args, store, args.name, console)
+        console.print(f"rollout {args.name}: {to}" + (f" (the controller {lease[0]} acts on it)" if lease else ""),
+                      highlight=False, markup=False)
+        return 0
+    return cmd
+
+
+COMMANDS = {
+    "plan": _plan, "run": _run, "status": _status,
+    "pause": _operator("paused", ("running",), drive=False),
+    "resume": _operator("running", ("paused", "halted"), drive=True),
+    "abort": _operator("aborting", ("running", "paused", "halted", "aborting"), drive=True),
+    "rollback": _operator("rolling_back", ("running", "paused", "halted", "done", "aborted", "rolling_back"),
+                          drive=True),
+}
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,178 @@
+"""What the controller acts through: hostd's gRPC API (mTLS, the ``fleet-rollout``
+client certificate, which hostd lets call Carve/Uncarve) and the scheduler's REST API
+(cordon/uncordon, the host list). Errors become ``HostUnreachable`` (the host counts as
+failed) or ``HostRefused`` (hostd's own error code and message, kept for the record)."""
+
+from __future__ import annotations
+
+import subprocess
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import grpc
+import httpx
+
+from api import hostd_pb2 as pb
+from api import hostd_pb2_grpc as pb_grpc
+from tools.fleet_rollout.gates import Sample
+
+UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
+
+
+class HostError(Exception):
+    pass
+
+
+class HostUnreachable(HostError):
+    pass
+
+
+class HostRefused(HostError):
+    pass
+
+
+@dataclass(frozen=True)
+class Tls:
+    ca: Path
+    cert: Path
+    key: Path
+
+    @classmethod
+    def from_dir(cls, d: Path, name: str = "fleet-rollout") -> Tls:
+        return cls(d / "ca.crt", d / f"{name}.crt", d / f"{name}.key")
+
+
+@dataclass
+class HostInfo:
+    version: str
+    carved_digest: str
+    journal_steps: int
+    reboot_pending: list[str]
+    vms: int
+    vms_running: int
+    started: float
+
+    def to_dict(self) -> dict:
+        return dict(self.__dict__)
+
+
+def sample_of(s: pb.HostStats) -> Sample:
+    return Sample(at=s.at_unix,
+                  psi_some_avg10=s.psi_some_avg10 if s.HasField("psi_some_avg10") else None,
+                  probe_p99_ms=s.probe_p99_ms if s.HasField("probe_p99_ms") else None,
+                  foreign_cpu=s.foreign_cpu_seconds / s.interval_seconds if s.interval_seconds else 0.0,
+                  probe_failed=s.probe_failed)
+
+
+@dataclass
+class HostdClients:
+    """One channel per hostd address, opened on first use."""
+
+    tls: Tls | None  # None: plaintext (local development)
+    timeout_s: float = 10.0
+    _channels: dict[str, tuple[grpc.Channel, pb_grpc.HostdStub]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def _stub(self, address: str) -> pb_grpc.HostdStub:
+        with self._lock:
+            if address not in self._channels:
+                if self.tls is None:
+                    ch = grpc.insecure_channel(address)
+                else:
+                    creds = grpc.ssl_channel_credentials(self.tls.ca.read_bytes(), self.tls.key.read_bytes(),
+                                                         self.tls.cert.read_bytes())
+                    ch = grpc.secure_channel(address, creds)
+                self._channels[address] = (ch, pb_grpc.HostdStub(ch))
+            return self._channels[address][1]
+
+    def close(self) -> None:
+        with self._lock:
+            for ch, _ in self._channels.values():
+                ch.close()
+            self._channels.clear()
+
+    def _call(self, address: str, method: str, req: object, timeout_s: float | None = None):  # type: ignore[no-untyped-def]
+        try:
+            return getattr(self._stub(address), method)(req, timeout=timeout_s or self.timeout_s)
+        except grpc.RpcError as e:
+            code = e.code()  # type: ignore[attr-defined]
+            if code in UNREACHABLE:
+                raise HostUnreachable(f"{address}: {code.name.lower()}: {e.details()}") from None  # type: ignore[attr-defined]
+            raise HostRefused(e.details() or code.name) from None  # type: ignore[attr-defined]
+
+    def info(self, address: str) -> HostInfo:
+        r = self._call(address, "GetHostInfo", pb.GetHostInfoRequest())
+        return HostInfo(r.hostd_version, r.carved_policy_digest, r.journal_steps, list(r.reboot_pending),
+                        r.vms, r.vms_running, r.started_unix)
+
+    def plan_carve(self, address: str, policy: str) -> pb.PlanCarveResponse:
+        return self._call(address, "PlanCarve", pb.PlanCarveRequest(policy_toml=policy))
+
+    def carve(self, address: str, policy: str, digest: str) -> pb.CarveResponse:
+        return self._call(address, "Carve", pb.CarveRequest(policy_toml=policy, policy_digest=digest),
+                          timeout_s=max(self.timeout_s, 120))
+
+    def uncarve(self, address: str, *, drained: bool) -> pb.UncarveResponse:
+        return self._call(address, "Uncarve", pb.UncarveRequest(drained=drained), timeout_s=max(self.timeout_s, 120))
+
+    def stats(self, address: str, last: int) -> tuple[float, list[Sample]]:
+        r = self._call(address, "GetHostStats", pb.GetHostStatsRequest(last=last))
+        return r.interval_seconds, [sample_of(s) for s in r.samples]
+
+    def vm_ids(self, address: str) -> set[str]:
+        return {v.vm_id for v in self._call(address, "ListVMs", pb.ListVMsRequest()).vms}
+
+
+class SchedulerError(Exception):
+    pass
+
+
+class Scheduler:
+    """The scheduler's REST API with an admin token (cordon and uncordon hosts)."""
+
+    def __init__(self, url: str, token: str, *, ca: Path | None = None, timeout_s: float = 10.0):
+        self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
+                                 verify=str(ca) if ca else True, timeout=timeout_s)
+
+    def close(self) -> None:
+        self.http.close()
+
+    def _req(self, method: str, path: str, **kw) -> dict:  # type: ignore[no-untyped-def]
+        try:
+            r = self.http.request(method, path, **kw)
+        except httpx.HTTPError as e:
+            raise SchedulerError(f"scheduler {method} {path}: {e}") from None
+        if r.status_code >= 400:
+            try:
+                body = r.json()
+                detail = f"{body.get('code', r.status_code)}: {body.get('detail', '')}"
+            except ValueError:
+                detail = str(r.status_code)
+            raise SchedulerError(f"scheduler {method} {path}: {detail}")
+        return r.json()
+
+    def hosts(self) -> list[dict]:
+        return self._req("GET", "/v1/hosts")["items"]
+
+    def host(self, name: str) -> dict:
+        return self._req("GET", f"/v1/hosts/{name}")
+
+    def set_state(self, name: str, state: str) -> None:
+        verb = {"active": "uncordon", "cordoned": "cordon", "draining": "drain"}[state]
+        self._req("POST", f"/v1/hosts/{name}/{verb}")
+
+
+def run_hook(argv: list[str], host: str, address: str, timeout_s: float) -> tuple[int, str]:
+    """The operator's reboot/upgrade command for one host ({host}, {address} substituted)."""
+    args = [a.replace("{host}", host).replace("{address}", address) for a in argv]
+    t0 = time.monotonic()
+    try:
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        return -1, f"timed out after {timeout_s:.0f} s"
+    except OSError as e:
+        return -1, f"{args[0]}: {e.strerror}"
+    tail = (r.stderr or r.stdout).strip().splitlines()[-1:] or [""]
+    return r.returncode, f"exit {r.returncode} in {time.monotonic() - t0:.1f} s {tail[0]}".strip()

@@ -1,0 +1,400 @@
+"""The controller: drives each host through its states, wave by wave, and survives
+its own death.
+
+Per host (``STATES``): pending -> baselined -> cordoned -> carving [-> rebooting]
+-> soaking -> verified, or -> failed -> rolling_back -> rolled_back. Each state names
+the step still to do; a step's side effect is idempotent (cordon; Carve by policy
+digest; a reboot is detected by hostd's start time, never redone) and its transition
+is written after it, with what it measured. So a controller SIGKILLed anywhere redoes
+at most the step it was in, which then changes nothing, and never skips one.
+
+The rollout: one wave at a time; at most ``limits.concurrency`` hosts in flight and
+``limits.per_rack`` per rack; a wave whose failures exceed its budget halts the
+rollout; a gate that cannot decide pauses it. Operators pause, resume, abort and roll
+back through the store (tools/fleet_rollout/cli.py); a running controller sees that
+at its next step boundary.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import threading
+import time
+from collections import Counter
+from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
+
+from tools.fleet_rollout.clients import HostdClients, HostError, HostUnreachable, Scheduler, SchedulerError, run_hook
+from tools.fleet_rollout.gates import Sample, Verdict, judge
+from tools.fleet_rollout.spec import RolloutSpec
+from tools.fleet_rollout.store import HostRow, LeaseLost, StaleState, Store
+
+log = logging.getLogger(__name__)
+
+DONE = ("verified", "rolled_back")
+FAILED = ("failed", "rolling_back", "rolled_back")
+# Rollout states: running, paused, halted, aborting, aborted, rolling_back, rolled_back, done.
+ACTIVE = ("running", "aborting", "rolling_back")
+ROLLBACK_FROM = ("baselined", "cordoned", "carving", "rebooting", "soaking", "verified")
+
+
+class Pause(Exception):
+    """Stop driving this host and pause the rollout (a gate could not decide)."""
+
+
+class Stop(Exception):
+    """The rollout is no longer running: leave the host where it is."""
+
+
+@dataclass
+class Options:
+    lease_ttl_s: float = 15.0
+    poll_s: float = 0.5
+    stats_wait_s: float = 30.0  # how long a baseline/soak may wait for samples beyond its window
+
+
+class Engine:
+    def __init__(self, store: Store, name: str, hostd: HostdClients, scheduler: Scheduler | None,
+                 opts: Options | None = None, on_event: Callable[[str, str, str], None] | None = None):
+        self.store = store
+        self.name = name
+        self.hostd = hostd
+        self.scheduler = scheduler
+        self.opts = opts or Options()
+        self.spec: RolloutSpec = store.rollout(name).spec
+        self.on_event = on_event or (lambda host, frm, to: None)
+        self._lost = threading.Event()
+        self.steps = 0  # host steps taken (the bench divides CPU by it)
+
+    # ---------------------------------------------------------------- the rollout
+
+    def run(self) -> str:
+        """Drive the rollout until it is done, halted, paused, aborted or rolled back;
+        return that state. Holds the lease meanwhile (LeaseHeld if another run does)."""
+        self.store.acquire(self.name, self.opts.lease_ttl_s)
+        stop_renew = threading.Event()
+        renewer = threading.Thread(target=self._renew, args=(stop_renew,), name="lease", daemon=True)
+        renewer.start()
+        try:
+            return self._loop()
+        finally:
+            stop_renew.set()
+            renewer.join()
+            if not self._lost.is_set():
+                self.store.release(self.name)
+
+    def _renew(self, stop: threading.Event) -> None:
+        while not stop.wait(self.opts.lease_ttl_s / 3):
+            try:
+                self.store.renew(self.name, self.opts.lease_ttl_s)
+            except LeaseLost:
+                log.error("lost the lease of %s: stopping", self.name)
+                self._lost.set()
+                return
+
+    def _state(self) -> str:
+        return "lost" if self._lost.is_set() else self.store.rollout(self.name).state
+
+    def _loop(self) -> str:
+        pool = ThreadPoolExecutor(max_workers=self.spec.limits.concurrency, thread_name_prefix="host")
+        running: dict[str, Future] = {}
+        try:
+            while True:
+                for n in [n for n, f in running.items() if f.done()]:
+                    running.pop(n).result()  # a bug in a driver surfaces here, not silently
+                r = self.store.rollout(self.name)
+                if self._lost.is_set():
+                    return "lost"
+                if r.state not in ACTIVE:
+                    if running:  # let in-flight hosts reach a step boundary
+                        time.sleep(self.opts.poll_s)
+                        continue
+                    return r.state
+                hosts = self._work(r.state, r.wave)
+                if not hosts and not running:
+                    nxt = self._next(r.state, r.wave)
+                    if nxt is not None:
+                        return nxt
+                    continue
+                self._dispatch(hosts, running, pool)
+                time.sleep(self.opts.poll_s)
+        finally:
+            pool.shutdown(wait=True)
+
+    def _work(self, state: str, wave: int) -> list[HostRow]:
+        """The hosts that still need driving, in order."""
+        if state == "running":
+            return [h for h in self.store.hosts(self.name, wave=wave)
+                    if h.state not in DONE and not (h.state == "failed" and h.data.get("rollback_failed"))]
+        if state == "aborting":  # hosts mid-change go back; verified ones stay
+            return [h for h in self.store.hosts(self.name)
+                    if h.state in ROLLBACK_FROM[:-1] + ("failed", "rolling_back")
+                    and not h.data.get("rollback_failed")]
+        # rolling_back: the whole rollout, newest wave first
+        todo = [h for h in self.store.hosts(self.name)
+                if h.state in ROLLBACK_FROM + ("failed", "rolling_back") and not h.data.get("rollback_failed")]
+        if not todo:
+            return []
+        last = max(h.wave for h in todo)
+        return [h for h in todo if h.wave == last]
+
+    def _next(self, state: str, wave: int) -> str | None:
+        """Nothing left in this wave: the next wave, or the rollout's end (returned)."""
+        if state == "aborting":
+            self.store.set_rollout(self.name, "aborted", "aborted by the operator; hosts mid-change rolled back")
+            return "aborted"
+        if state == "rolling_back":
+            stuck = [h.name for h in self.store.hosts(self.name) if h.data.get("rollback_failed")]
+            final = "rolled_back" if not stuck else "halted"
+            self.store.set_rollout(self.name, final, f"could not roll back: {', '.join(stuck)}" if stuck else "")
+            return final
+        hosts = self.store.hosts(self.name, wave=wave)
+        failures = sum(1 for h in hosts if h.state in FAILED)
+        budget = self.spec.max_failures(wave)
+        if failures > budget:
+            why = f"wave {wave}: {failures} failed hosts, over its budget of {budget}"
+            self.store.set_rollout(self.name, "halted", why, detail={"failed": [h.name for h in hosts
+                                                                               if h.state in FAILED]})
+            return "halted"
+        r = self.store.rollout(self.name)
+        if wave + 1 < r.waves:
+            self.store.set_rollout(self.name, "running", wave=wave + 1,
+                                   detail={"wave_done": wave, "failed": failures})
+            return None
+        self.store.set_rollout(self.name, "done", f"{r.waves} waves")
+        return "done"
+
+    def _dispatch(self, hosts: list[HostRow], running: dict[str, Future], pool: ThreadPoolExecutor) -> None:
+        racks = Counter(h.rack for h in hosts if h.name in running)
+        cap = self.spec.limits.concurrency
+        # Hosts already mid-way (a resumed run) first: they hold a rack's slot anyway.
+        for h in sorted(hosts, key=lambda h: (h.state == "pending", h.seq)):
+            if len(running) >= cap:
+                break
+            if h.name in running or racks[h.rack] >= self.spec.limits.per_rack:
+                continue
+            racks[h.rack] += 1
+            running[h.name] = pool.submit(self._drive, h.name)
+
+    # ---------------------------------------------------------------- one host
+
+    def _drive(self, host: str) -> None:
+        try:
+            while True:
+                st = self._state()
+                if st not in ACTIVE:
+                    return
+                h = self.store.host(self.name, host)
+                step = self._step_for(st, h)
+                if step is None:
+                    return
+                self.steps += 1
+                step(h)
+        except (Stop, LeaseLost, StaleState) as e:
+            log.info("%s: %s", host, e)
+        except Pause as e:
+            self.store.set_rollout(self.name, "paused", str(e), fenced=False)
+
+    def _step_for(self, rollout_state: str, h: HostRow) -> Callable[[HostRow], None] | None:
+        if h.data.get("rollback_failed") and h.state == "failed":
+            return None
+        if rollout_state in ("aborting", "rolling_back") and h.state in ROLLBACK_FROM + ("failed",):
+            return self._begin_rollback
+        return {"pending": self._baseline, "baselined": self._cordon, "cordoned": self._begin_change,
+                "carving": self._change, "rebooting": self._await_reboot, "soaking": self._soak,
+                "failed": self._begin_rollback, "rolling_back": self._rollback}.get(h.state)
+
+    def _move(self, h: HostRow, to: str, detail: dict | None = None, data: dict | None = None) -> None:
+        self.store.move(self.name, h.name, h.state, to, detail, data)
+        self.on_event(h.name, h.state, to)
+
+    def _fail(self, h: HostRow, why: str, detail: dict | None = None) -> None:
+        log.warning("%s failed in %s: %s", h.name, h.state, why)
+        self._move(h, "failed", {"step": h.state, "reason": why, **(detail or {})}, {"failed_in": h.state})
+
+    def _wait(self, seconds: float) -> None:
+        end = time.monotonic() + seconds
+        while (left := end - time.monotonic()) > 0:
+            if self._state() not in ACTIVE:
+                raise Stop("the rollout is no longer running")
+            time.sleep(min(left, self.opts.poll_s))
+
+    def _baseline(self, h: HostRow) -> None:
+        try:
+            info = self.hostd.info(h.address)
+            prior = self.scheduler.host(h.name)["admin_state"] if self.scheduler else ""
+            base = self._window(h, self.spec.steps.baseline_s, since=None)
+            vms = sorted(self.hostd.vm_ids(h.address)) if self.spec.kind == "hostd" else []
+        except (HostError, SchedulerError) as e:
+            return self._fail(h, str(e))
+        self._move(h, "baselined", {"samples": len(base), "hostd": info.to_dict(), "admin_state": prior},
+                   {"prior_digest": info.carved_digest, "prior_admin": prior, "prior_started": info.started,
+                    "prior_version": info.version, "vms": vms, "baseline": [s.to_dict() for s in base]})
+
+    def _cordon(self, h: HostRow) -> None:
+        try:
+            if self.scheduler:
+                self.scheduler.set_state(h.name, "cordoned")
+        except SchedulerError as e:
+            return self._fail(h, str(e))
+        self._move(h, "cordoned")
+
+    def _begin_change(self, h: HostRow) -> None:
+        # The intent is written before the side effect: a resumed run in "carving" asks
+        # hostd again, and hostd's idempotency (digest, version) says whether it happened.
+        self._move(h, "carving", data={"change_started": time.time()})
+
+    def _change(self, h: HostRow) -> None:
+        if self.spec.kind == "hostd":
+            return self._upgrade(h)
+        try:
+            r = self.hostd.carve(h.address, self.spec.policy_text, self.spec.policy_digest)
+        except HostError as e:
+            return self._fail(h, f"carve: {e}")
+        detail = {"changed": r.changed, "steps": len(r.steps), "cannot_move": list(r.cannot_move),
+                  "reboot_required": list(r.reboot_required)}
+        if r.reboot_required and self.spec.steps.reboot_command:
+            return self._move(h, "rebooting", detail)
+        self._move(h, "soaking", detail, {"soak_since": time.time()})
+
+    def _upgrade(self, h: HostRow) -> None:
+        try:
+            info = self.hostd.info(h.address)
+        except HostUnreachable:
+            info = None
+        if info is None or info.version != self.spec.hostd_version:
+            rc, out = run_hook(self.spec.steps.upgrade_command, h.name, h.address, self.spec.steps.upgrade_timeout_s)
+            if rc != 0:
+                return self._fail(h, f"upgrade command: {out}")
+            info = self._await_start(h, self.spec.steps.upgrade_timeout_s)
+            if info is None:
+                return self._fail(h, "hostd did not come back after the upgrade")
+        if info.version != self.spec.hostd_version:
+            return self._fail(h, f"hostd reports {info.version}, not {self.spec.hostd_version}")
+        lost = set(h.data.get("vms", [])) - self.hostd.vm_ids(h.address)
+        if lost:
+            return self._fail(h, f"VMs lost in the upgrade: {', '.join(sorted(lost))}")
+        self._move(h, "soaking", {"version": info.version, "vms": len(h.data.get("vms", []))},
+                   {"soak_since": time.time()})
+
+    def _await_start(self, h: HostRow, timeout_s: float) -> object | None:
+        """hostd back with a start time after the change began (a restart happened)."""
+        end = time.monotonic() + timeout_s
+        while time.monotonic() < end:
+            try:
+                info = self.hostd.info(h.address)
+                if info.started > h.data.get("prior_started", 0):
+                    return info
+            except HostError:
+                pass
+            self._wait(1.0)
+        return None
+
+    def _await_reboot(self, h: HostRow) -> None:
+        # The intent is recorded before the command runs, so a resumed run never reboots
+        # the host twice: it only waits for hostd's new start time (or fails the host).
+        if not h.data.get("reboot_ran"):
+            self.store.move(self.name, h.name, "rebooting", "rebooting", {"reboot": "command started"},
+                            {"reboot_ran": time.time()})
+            rc, out = run_hook(self.spec.steps.reboot_command, h.name, h.address, self.spec.steps.reboot_timeout_s)
+            if rc != 0:
+                return self._fail(self.store.host(self.name, h.name), f"reboot command: {out}")
+        info = self._await_start(h, self.spec.steps.reboot_timeout_s)
+        h = self.store.host(self.name, h.name)
+        if info is None:
+            return self._fail(h, "hostd did not come back after the reboot")
+        self._move(h, "soaking", {"rebooted": True}, {"soak_since": time.time()})
+
+    def _window(self, h: HostRow, seconds: float, since: float | None) -> list[Sample]:
+        """IO-health samples of ``h`` covering ``seconds`` (after ``since`` if given),
+        waiting for hostd to have them."""
+        if seconds <= 0:
+            return []
+        deadline = time.monotonic() + seconds + self.opts.stats_wait_s
+        while True:
+            interval, samples = self.hostd.stats(h.address, last=900)
+            if interval <= 0:
+                raise HostError(f"{h.name}: the IO-health signal is off (io_health_interval_s = 0)")
+            start = (since if since is not None else time.time() - seconds)
+            got = [s for s in samples if s.at >= start]
+            if (len(got) + 1) * interval >= seconds or time.monotonic() > deadline:
+                return got
+            self._wait(min(interval, seconds))
+
+    def _soak(self, h: HostRow) -> None:
+        since = h.data.get("soak_since", time.time())
+        self._wait(since + self.spec.steps.soak_s - time.time())
+        try:
+            soak = self._window(h, self.spec.steps.soak_s, since=since)
+        except HostError as e:
+            return self._fail(h, f"soak: {e}")
+        controls, used = self._controls(h, since)
+        baseline = [Sample.from_dict(d) for d in h.data.get("baseline", [])]
+        v: Verdict = judge(soak, baseline if self.spec.steps.baseline_s > 0 else None, controls, self.spec.gate)
+        detail = {"verdict": v.to_dict(), "controls": used, "samples": len(soak)}
+        if v.decision == "undecided":
+            self.store.note(self.name, h.name, {"gate": "undecided", **detail})
+            raise Pause(f"{h.name}: the gate could not decide ({'; '.join(v.reasons)})")
+        if v.decision == "fail":
+            return self._fail(h, "gate: " + "; ".join(v.reasons), detail)
+        try:
+            if self.scheduler:
+                self.scheduler.set_state(h.name, h.data.get("prior_admin") or "active")
+        except SchedulerError as e:
+            return self._fail(h, str(e), detail)
+        self._move(h, "verified", detail)
+
+    def _controls(self, h: HostRow, since: float) -> tuple[list[Sample], list[str]]:
+        """Unconverted hosts of this rollout over the same window, other racks first."""
+        want = self.spec.gate.controls
+        if not want:
+            return [], []
+        pending = [c for c in self.store.hosts(self.name) if c.state == "pending"]
+        pending.sort(key=lambda c: (c.rack == h.rack, c.seq))
+        out: list[Sample] = []
+        used: list[str] = []
+        for c in pending:
+            if len(used) >= want:
+                break
+            try:
+                interval, samples = self.hostd.stats(c.address, last=math.ceil(self.spec.steps.soak_s) + 5)
+            except HostError:
+                continue
+            got = [s for s in samples if s.at >= since]
+            if got:
+                out += got
+                used.append(c.name)
+        return out, used
+
+    # ---------------------------------------------------------------- rollback
+
+    def _begin_rollback(self, h: HostRow) -> None:
+        self._move(h, "rolling_back", {"from": h.state}, {"rollback_from": h.state})
+
+    def _rollback(self, h: HostRow) -> None:
+        """Cordon, drain, undo the change, check it is undone, restore the admin state."""
+        try:
+            if self.scheduler:
+                self.scheduler.set_state(h.name, "draining")
+            info = self.hostd.info(h.address)
+            if self.spec.kind == "convert":
+                if info.carved_digest or info.journal_steps:
+                    self.hostd.uncarve(h.address, drained=True)
+            elif self.spec.kind == "policy":
+                raise HostError("rolling back a policy upgrade needs the previous policy: carve it with a "
+                                "new rollout (kind = policy)")
+            else:
+                raise HostError("rolling back a hostd upgrade: run a rollout with the previous version")
+            after = self.hostd.info(h.address)
+            if after.carved_digest != h.data.get("prior_digest", ""):
+                raise HostError(f"after uncarve hostd reports digest {after.carved_digest!r}, "
+                                f"not {h.data.get('prior_digest', '')!r}")
+            if self.scheduler:
+                self.scheduler.set_state(h.name, h.data.get("prior_admin") or "active")
+        except (HostError, SchedulerError) as e:
+            log.error("%s: rollback failed: %s", h.name, e)
+            self._move(h, "failed", {"rollback": "failed", "reason": str(e)}, {"rollback_failed": str(e)})
+            return
+        self._move(h, "rolled_back", {"digest": after.carved_digest, "admin_state": h.data.get("prior_admin", "")})

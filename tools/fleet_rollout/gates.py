@@ -1,0 +1,137 @@
+"""The gate: is the IO service on a converted host worse than before, and worse than
+on unconverted hosts over the same window?
+
+Automated canary analysis in the way Kayenta/Spinnaker does it, scaled down: each
+metric's samples over the soak window are compared with (1) the host's own baseline
+window before the change and (2) the pooled samples of control hosts (not converted)
+over the same soak window, with a one-sided Mann-Whitney U test (scipy): a metric
+fails a comparison when the soak samples are significantly higher (p < alpha) *and*
+their median rose by more than the spec allows (plus a small absolute floor, so a
+metric at zero does not fail on noise). Ceilings (PSI, foreign CPU on io_cpus, failed
+probes) fail on their own. Too few samples, or none, is *undecided*: the rollout
+pauses for the operator instead of passing the host.
+
+Pure: samples in, verdict out; the engine fetches the samples (GetHostStats).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+
+from scipy.stats import mannwhitneyu
+
+from tools.fleet_rollout.spec import Gate
+
+# Absolute rise a comparison must also exceed, per metric (units of the metric).
+RISE_FLOOR = {"psi_some_avg10": 1.0, "probe_p99_ms": 0.2}
+CEILING_QUANTILE = 0.9  # ceilings judge the window's 90th percentile, not one spike
+
+
+@dataclass(frozen=True)
+class Sample:
+    """One IO-health interval of one host (a GetHostStats sample, reduced)."""
+
+    at: float
+    psi_some_avg10: float | None
+    probe_p99_ms: float | None
+    foreign_cpu: float  # CPU-seconds per second of foreign threads on io_cpus
+    probe_failed: int
+
+    def to_dict(self) -> dict:
+        return {"at": self.at, "psi": self.psi_some_avg10, "p99": self.probe_p99_ms,
+                "foreign": self.foreign_cpu, "failed": self.probe_failed}
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Sample:
+        return cls(d["at"], d["psi"], d["p99"], d["foreign"], d["failed"])
+
+
+@dataclass
+class Verdict:
+    decision: str  # "pass" | "fail" | "undecided"
+    reasons: list[str] = field(default_factory=list)
+    numbers: dict[str, dict] = field(default_factory=dict)
+
+    def to_dict(self) -> dict:
+        return {"decision": self.decision, "reasons": self.reasons, "numbers": self.numbers}
+
+
+def _values(samples: Sequence[Sample], metric: str) -> list[float]:
+    return [v for s in samples if (v := getattr(s, metric)) is not None]
+
+
+def _quantile(v: list[float], q: float) -> float:
+    v = sorted(v)
+    return v[min(len(v) - 1, int(q * len(v)))]
+
+
+def compare(soak: list[float], ref: list[float], rise_pct: float, floor: float, alpha: float,
+            min_samples: int) -> tuple[str, dict]:
+    """One metric, one reference: ("pass" | "fail" | "undecided", the numbers)."""
+    if len(soak) < min_samples or len(ref) < min_samples:
+        return "undecided", {"n": len(soak), "n_ref": len(ref), "why": f"fewer than {min_samples} samples"}
+    m_soak, m_ref = statistics.median(soak), statistics.median(ref)
+    if len(set(soak) | set(ref)) == 1:
+        p = 1.0  # identical constants: nothing to test (scipy would warn)
+    else:
+        p = float(mannwhitneyu(soak, ref, alternative="greater").pvalue)
+    allowed = m_ref * (1 + rise_pct / 100) + floor
+    nums = {"median": round(m_soak, 4), "median_ref": round(m_ref, 4), "p": round(p, 6),
+            "allowed": round(allowed, 4), "n": len(soak), "n_ref": len(ref)}
+    return ("fail" if p < alpha and m_soak > allowed else "pass"), nums
+
+
+def judge(soak: Sequence[Sample], baseline: Sequence[Sample] | None, controls: Sequence[Sample],
+          gate: Gate) -> Verdict:
+    """``baseline`` None: the spec measures no baseline (steps.baseline_s = 0)."""
+    v = Verdict("pass")
+    if len(soak) < gate.min_samples:
+        return Verdict("undecided", [f"soak window has {len(soak)} samples, fewer than {gate.min_samples}"])
+    rises = {"psi_some_avg10": gate.psi_rise_pct, "probe_p99_ms": gate.probe_p99_rise_pct}
+    for metric, pct in rises.items():
+        s = _values(soak, metric)
+        if not s and not _values(baseline or [], metric):
+            continue  # the host does not measure it (no probe; no PSI): nothing to judge
+        refs = [("baseline", _values(baseline, metric))] if baseline is not None else []
+        if controls:
+            refs.append(("controls", _values(controls, metric)))
+        for ref_name, ref in refs:
+            d, nums = compare(s, ref, pct, RISE_FLOOR[metric], gate.alpha, gate.min_samples)
+            v.numbers[f"{metric}/{ref_name}"] = nums
+            if d == "fail":
+                v.reasons.append(f"{metric} rose over its {ref_name}: median {nums['median']} > allowed "
+                                 f"{nums['allowed']} (p={nums['p']})")
+            elif d == "undecided":
+                v.reasons.append(f"{metric} vs {ref_name}: {nums['why']}")
+            v.decision = _worse(v.decision, d)
+    _ceilings(soak, gate, v)
+    return v
+
+
+def _ceilings(soak: Sequence[Sample], gate: Gate, v: Verdict) -> None:
+    psi = _values(soak, "psi_some_avg10")
+    if gate.psi_some_avg10_max is not None and psi:
+        q = _quantile(psi, CEILING_QUANTILE)
+        v.numbers["psi_some_avg10/ceiling"] = {"p90": q, "max": gate.psi_some_avg10_max}
+        if q > gate.psi_some_avg10_max:
+            v.reasons.append(f"psi_some_avg10 p90 {q} over the ceiling {gate.psi_some_avg10_max}")
+            v.decision = "fail"
+    if gate.foreign_cpu_max is not None:
+        q = _quantile(_values(soak, "foreign_cpu"), CEILING_QUANTILE)
+        v.numbers["foreign_cpu/ceiling"] = {"p90": round(q, 4), "max": gate.foreign_cpu_max}
+        if q > gate.foreign_cpu_max:
+            v.reasons.append(f"foreign CPU on io_cpus p90 {q:.3f} s/s over the ceiling {gate.foreign_cpu_max}")
+            v.decision = "fail"
+    if gate.probe_failed_max is not None:
+        failed = sum(s.probe_failed for s in soak)
+        v.numbers["probe_failed/ceiling"] = {"sum": failed, "max": gate.probe_failed_max}
+        if failed > gate.probe_failed_max:
+            v.reasons.append(f"{failed} failed probes over the allowed {gate.probe_failed_max}")
+            v.decision = "fail"
+
+
+def _worse(a: str, b: str) -> str:
+    order = {"pass": 0, "undecided": 1, "fail": 2}
+    return a if order[a] >= order[b] else b

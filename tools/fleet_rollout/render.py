@@ -1,0 +1,81 @@
+"""What `fleet-rollout plan` and `status` print: rich tables, or JSON."""
+
+from __future__ import annotations
+
+from collections import Counter
+
+from rich.console import Console
+from rich.table import Table
+
+from tools.fleet_rollout.plan import Plan
+from tools.fleet_rollout.store import Store
+
+HOST_STATES = ("pending", "baselined", "cordoned", "carving", "rebooting", "soaking", "verified", "failed",
+               "rolling_back", "rolled_back")
+
+
+def render_plan(plan: Plan, console: Console) -> None:
+    t = Table(title=f"{plan.hosts} hosts in {len(plan.waves)} waves")
+    for col in ("wave", "hosts", "racks", "first hosts"):
+        t.add_column(col, justify="right" if col in ("wave", "hosts", "racks") else "left")
+    for i, w in enumerate(plan.waves):
+        names = ", ".join(h.name for h in w[:4]) + (", ..." if len(w) > 4 else "")
+        t.add_row(str(i) + (" (canary)" if i == 0 and len(w) == 1 else ""), str(len(w)),
+                  str(len({h.rack for h in w})), names)
+    console.print(t)
+    if plan.skipped:
+        s = Table(title=f"{len(plan.skipped)} hosts skipped (not attempted)")
+        s.add_column("host")
+        s.add_column("why")
+        for h, why in plan.skipped:
+            s.add_row(h.name, why)
+        console.print(s)
+
+
+def status_dict(store: Store, name: str) -> dict:
+    r = store.rollout(name)
+    hosts = store.hosts(name)
+    lease = store.lease(name)
+    waves: list[Counter] = [Counter() for _ in range(r.waves)]
+    for h in hosts:
+        waves[h.wave][h.state] += 1
+    problems = [{"host": h.name, "wave": h.wave, "state": h.state,
+                 "reason": _last_reason(store, name, h.name)}
+                for h in hosts if h.state in ("failed", "rolling_back", "rolled_back")]
+    return {"name": name, "kind": r.spec.kind, "state": r.state, "reason": r.reason, "wave": r.wave,
+            "waves": [dict(c) for c in waves], "hosts": len(hosts), "skipped": r.skipped,
+            "lease": {"holder": lease[0], "expires": lease[1]} if lease else None,
+            "policy_digest": r.spec.policy_digest, "problems": problems}
+
+
+def _last_reason(store: Store, name: str, host: str) -> str:
+    for t in reversed(store.transitions(name, host)):
+        if t["detail"].get("reason"):
+            return str(t["detail"]["reason"])
+    return ""
+
+
+def render_status(st: dict, console: Console) -> None:
+    head = f"rollout {st['name']} ({st['kind']}): {st['state']}"
+    if st["reason"]:
+        head += f" - {st['reason']}"
+    console.print(head, highlight=False, markup=False)
+    if st["lease"]:
+        console.print(f"run by {st['lease']['holder']}", highlight=False, markup=False)
+    t = Table()
+    t.add_column("wave", justify="right")
+    for s in HOST_STATES:
+        t.add_column(s.replace("_", " "), justify="right")
+    for i, c in enumerate(st["waves"]):
+        mark = " <" if i == st["wave"] and st["state"] in ("running", "paused", "halted") else ""
+        t.add_row(f"{i}{mark}", *[str(c.get(s, "")) for s in HOST_STATES])
+    console.print(t)
+    if st["problems"]:
+        p = Table(title="failed hosts")
+        for col in ("host", "wave", "state", "reason"):
+            p.add_column(col)
+        for x in st["problems"]:
+            p.add_row(x["host"], str(x["wave"]), x["state"], x["reason"])
+        console.print(p)
+    if st["skipped"]:
+        console.print(f"{len(st['skipped'])} hosts skipped at plan time (status --json lists them)")

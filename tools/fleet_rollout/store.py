@@ -1,0 +1,260 @@
+"""The rollout's durable state: SQLite (WAL), one row per host, one row per transition.
+
+Every transition is a compare-and-set on the host's state, written together with its
+record (the decision and its measured numbers) in one transaction, and only while the
+writer holds the rollout's lease: a controller whose lease lapsed and was taken over
+cannot write behind its successor's back (the lease is the fencing token).
+
+The lease has a TTL; the holder renews it. A controller killed by SIGKILL leaves a
+lease that lapses after the TTL, so the next ``run`` takes over without an operator.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import sqlite3
+import threading
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+
+from tools.fleet_rollout.inventory import Host
+from tools.fleet_rollout.plan import Plan
+from tools.fleet_rollout.spec import RolloutSpec
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS rollouts (
+  name TEXT PRIMARY KEY, spec TEXT NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '',
+  wave INTEGER NOT NULL DEFAULT 0, waves INTEGER NOT NULL, skipped TEXT NOT NULL,
+  created REAL NOT NULL, updated REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS hosts (
+  rollout TEXT NOT NULL, name TEXT NOT NULL, wave INTEGER NOT NULL, seq INTEGER NOT NULL,
+  rack TEXT NOT NULL, address TEXT NOT NULL, host TEXT NOT NULL, state TEXT NOT NULL,
+  data TEXT NOT NULL DEFAULT '{}', updated REAL NOT NULL, PRIMARY KEY (rollout, name));
+CREATE INDEX IF NOT EXISTS hosts_state ON hosts (rollout, wave, state);
+CREATE TABLE IF NOT EXISTS transitions (
+  id INTEGER PRIMARY KEY AUTOINCREMENT, rollout TEXT NOT NULL, host TEXT NOT NULL,
+  from_state TEXT NOT NULL, to_state TEXT NOT NULL, at REAL NOT NULL, holder TEXT NOT NULL,
+  detail TEXT NOT NULL);
+CREATE INDEX IF NOT EXISTS transitions_host ON transitions (rollout, host, id);
+CREATE TABLE IF NOT EXISTS leases (
+  rollout TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL);
+"""
+
+ROLLOUT = "-"  # the host column of a rollout-level transition (state, wave, pause...)
+
+
+class StoreError(RuntimeError):
+    pass
+
+
+class LeaseHeld(StoreError):
+    def __init__(self, rollout: str, holder: str, expires: float):
+        super().__init__(f"rollout {rollout} is being run by {holder} (lease until "
+                         f"{time.strftime('%H:%M:%S', time.localtime(expires))}; it lapses if that run dies)")
+        self.holder = holder
+
+
+class LeaseLost(StoreError):
+    pass
+
+
+class StaleState(StoreError):
+    """The host was not in the state the writer thought (another writer moved it)."""
+
+
+@dataclass
+class HostRow:
+    name: str
+    wave: int
+    seq: int
+    rack: str
+    address: str
+    host: Host
+    state: str
+    data: dict
+    updated: float
+
+
+@dataclass
+class RolloutRow:
+    name: str
+    spec: RolloutSpec
+    state: str
+    reason: str
+    wave: int
+    waves: int
+    skipped: list[dict]
+    created: float
+    updated: float
+
+
+def default_holder() -> str:
+    return f"{os.environ.get('USER', 'root')}@{socket.gethostname()}:{os.getpid()}"
+
+
+class Store:
+    def __init__(self, path: Path, holder: str | None = None):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        self.path = path
+        self.holder = holder or default_holder()
+        self.db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a commit survives a process kill
+        self.db.executescript(SCHEMA)
+        self.lock = threading.RLock()  # one connection, shared by the controller's threads
+
+    def _q(self, sql: str, args: tuple = ()) -> list[tuple]:
+        with self.lock:
+            return self.db.execute(sql, args).fetchall()
+
+    def close(self) -> None:
+        self.db.close()
+
+    @contextmanager
+    def tx(self) -> Iterator[sqlite3.Connection]:
+        with self.lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+
+    # ------------------------------------------------------------ rollouts
+
+    def create(self, spec: RolloutSpec, plan: Plan) -> None:
+        now = time.time()
+        with self.tx() as db:
+            if db.execute("SELECT 1 FROM rollouts WHERE name=?", (spec.name,)).fetchone():
+                raise StoreError(f"rollout {spec.name} exists (status, resume, or rollback it)")
+            db.execute("INSERT INTO rollouts VALUES (?,?,?,?,?,?,?,?,?)",
+                       (spec.name, spec.to_json(), "running", "", 0, len(plan.waves),
+                        json.dumps([{"host": h.name, "reason": r} for h, r in plan.skipped]), now, now))
+            seq = 0
+            rows = []
+            for w, hosts in enumerate(plan.waves):
+                for h in hosts:
+                    rows.append((spec.name, h.name, w, seq, h.rack, h.address, json.dumps(h.to_dict()),
+                                 "pending", "{}", now))
+                    seq += 1
+            db.executemany("INSERT INTO hosts VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
+            db.execute("INSERT INTO transitions (rollout, host, from_state, to_state, at, holder, detail) "
+                       "VALUES (?,?,?,?,?,?,?)", (spec.name, ROLLOUT, "", "running", now, self.holder,
+                                                  json.dumps({"hosts": seq, "waves": len(plan.waves)})))
+
+    def rollout(self, name: str) -> RolloutRow:
+        rows = self._q("SELECT * FROM rollouts WHERE name=?", (name,))
+        if not rows:
+            raise StoreError(f"no rollout named {name} in {self.path}")
+        r = rows[0]
+        return RolloutRow(r[0], RolloutSpec.from_json(r[1]), r[2], r[3], r[4], r[5], json.loads(r[6]), r[7], r[8])
+
+    def rollouts(self) -> list[str]:
+        return [r[0] for r in self._q("SELECT name FROM rollouts ORDER BY created")]
+
+    def set_rollout(self, name: str, state: str, reason: str = "", *, wave: int | None = None,
+                    fenced: bool = True, detail: dict | None = None) -> None:
+        """Rollout-level transition. Operator commands (pause, abort) are not fenced: they
+        are how an operator talks to a running controller."""
+        now = time.time()
+        with self.tx() as db:
+            if fenced:
+                self._check_lease(db, name, now)
+            cur = db.execute("SELECT state, wave FROM rollouts WHERE name=?", (name,)).fetchone()
+            if cur is None:
+                raise StoreError(f"no rollout named {name}")
+            db.execute("UPDATE rollouts SET state=?, reason=?, wave=?, updated=? WHERE name=?",
+                       (state, reason, cur[1] if wave is None else wave, now, name))
+            db.execute("INSERT INTO transitions (rollout, host, from_state, to_state, at, holder, detail) "
+                       "VALUES (?,?,?,?,?,?,?)", (name, ROLLOUT, cur[0], state, now, self.holder,
+                                                  json.dumps({"reason": reason, "wave": wave, **(detail or {})})))
+
+    # ------------------------------------------------------------ hosts
+
+    _HOST_COLS = "SELECT name, wave, seq, rack, address, host, state, data, updated FROM hosts WHERE rollout=?"
+
+    @staticmethod
+    def _host_row(r: tuple) -> HostRow:
+        return HostRow(r[0], r[1], r[2], r[3], r[4], Host.from_dict(json.loads(r[5])), r[6], json.loads(r[7]), r[8])
+
+    def hosts(self, name: str, *, wave: int | None = None) -> list[HostRow]:
+        q, args = self._HOST_COLS, (name,)
+        if wave is not None:
+            q, args = q + " AND wave=?", (name, wave)
+        return [self._host_row(r) for r in self._q(q + " ORDER BY seq", args)]
+
+    def host(self, name: str, host: str) -> HostRow:
+        rows = self._q(self._HOST_COLS + " AND name=?", (name, host))
+        if not rows:
+            raise StoreError(f"rollout {name} has no host {host}")
+        return self._host_row(rows[0])
+
+    def move(self, name: str, host: str, frm: str, to: str, detail: dict | None = None,
+             data: dict | None = None) -> None:
+        """host: ``frm`` -> ``to``, with the decision's record; ``data`` merges into the
+        host's durable data (what later steps need: the baseline, the prior state)."""
+        now = time.time()
+        with self.tx() as db:
+            self._check_lease(db, name, now)
+            r = db.execute("SELECT state, data FROM hosts WHERE rollout=? AND name=?", (name, host)).fetchone()
+            if r is None or r[0] != frm:
+                raise StaleState(f"{host}: expected state {frm}, found {r[0] if r else 'nothing'}")
+            merged = {**json.loads(r[1]), **(data or {})}
+            db.execute("UPDATE hosts SET state=?, data=?, updated=? WHERE rollout=? AND name=?",
+                       (to, json.dumps(merged), now, name, host))
+            db.execute("INSERT INTO transitions (rollout, host, from_state, to_state, at, holder, detail) "
+                       "VALUES (?,?,?,?,?,?,?)", (name, host, frm, to, now, self.holder, json.dumps(detail or {})))
+
+    def note(self, name: str, host: str, detail: dict) -> None:
+        """A record without a state change (a retried RPC, an undecided gate)."""
+        st = self.host(name, host).state
+        with self.tx() as db:
+            self._check_lease(db, name, time.time())
+            db.execute("INSERT INTO transitions (rollout, host, from_state, to_state, at, holder, detail) "
+                       "VALUES (?,?,?,?,?,?,?)", (name, host, st, st, time.time(), self.holder, json.dumps(detail)))
+
+    def transitions(self, name: str, host: str | None = None) -> list[dict]:
+        q = "SELECT id, host, from_state, to_state, at, holder, detail FROM transitions WHERE rollout=?"
+        args: tuple = (name,)
+        if host is not None:
+            q += " AND host=?"
+            args += (host,)
+        return [{"id": r[0], "host": r[1], "from": r[2], "to": r[3], "at": r[4], "holder": r[5],
+                 "detail": json.loads(r[6])} for r in self._q(q + " ORDER BY id", args)]
+
+    # ------------------------------------------------------------ lease
+
+    def acquire(self, name: str, ttl_s: float) -> None:
+        now = time.time()
+        with self.tx() as db:
+            r = db.execute("SELECT holder, expires FROM leases WHERE rollout=?", (name,)).fetchone()
+            if r and r[0] != self.holder and r[1] > now:
+                raise LeaseHeld(name, r[0], r[1])
+            db.execute("INSERT INTO leases VALUES (?,?,?) ON CONFLICT(rollout) DO UPDATE SET holder=excluded.holder,"
+                       " expires=excluded.expires", (name, self.holder, now + ttl_s))
+
+    def renew(self, name: str, ttl_s: float) -> None:
+        now = time.time()
+        with self.tx() as db:
+            self._check_lease(db, name, now)
+            db.execute("UPDATE leases SET expires=? WHERE rollout=?", (now + ttl_s, name))
+
+    def release(self, name: str) -> None:
+        with self.tx() as db:
+            db.execute("DELETE FROM leases WHERE rollout=? AND holder=?", (name, self.holder))
+
+    def lease(self, name: str) -> tuple[str, float] | None:
+        rows = self._q("SELECT holder, expires FROM leases WHERE rollout=?", (name,))
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def _check_lease(self, db: sqlite3.Connection, name: str, now: float) -> None:
+        r = db.execute("SELECT holder, expires FROM leases WHERE rollout=?", (name,)).fetchone()
+        if r is None or r[0] != self.holder or r[1] <= now:
+            raise LeaseLost(f"rollout {name}: this controller ({self.holder}) no longer holds the lease"
+                            + (f" ({r[0]} does)" if r and r[0] != self.holder else ""))
