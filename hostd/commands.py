@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -12,19 +11,15 @@ from rich.console import Console
 
 from api.jsonmodel import SchemaError
 from api.layout import Layout
-from hostd.apply.cgroups import find_cpuset_fs
-from hostd.apply.live_carve import HostHandles, Journal, apply_layout, plan_steps, uncarve
-from hostd.apply.steps import Context, SystemMounter
 from hostd.carve.plan import plan_host
-from hostd.carve.policy import Policy, PolicyError, load_policy
+from hostd.carve.policy import Policy, PolicyError, load_policy, loads_policy
 from hostd.carve.render import render_layout, render_nofit
 from hostd.config import HostdConfig, load_config
 from hostd.discover import discover_host
 from hostd.discover.model import Topology
 from hostd.discover.render import render_topology
-from hostd.errors import BadPolicy, BadTopology, NoFit
-
-JOURNAL_NAME = "carve-journal.json"
+from hostd.errors import BadPolicy, BadTopology, NoFit, NotCarved
+from hostd.rpc.carving import JOURNAL_NAME, carve, journal_steps, uncarve_host
 EXIT_NOFIT = 3  # the policy does not fit this host (hostd/cli.py lists the exit codes)
 
 
@@ -97,55 +92,49 @@ def _show_plan(result: Layout | NoFit, as_json: bool, console: Console) -> int:
     return 0
 
 
-def handles_for(root: Path, *, exclusive: bool = False) -> HostHandles:
-    vf = None
-    if root == Path("/"):
-        from hostd.apply.netlink import NetlinkVfRates
-
-        vf = NetlinkVfRates()
-    return HostHandles(root=root, cpuset=find_cpuset_fs(root), vf_rates=vf,
-                       hugetlbfs_base=root / "dev", exclude_pids=frozenset({os.getpid(), os.getppid()}),
-                       exclusive=exclusive)
-
-
 def _carve(args, cfg, console) -> int:
-    _topo, result, policy = _plan_for(args, cfg)
+    """The same carve as the Carve RPC (hostd/rpc/carving.py): journaled, and recorded with
+    the policy's digest, so `hostd serve` serves the carved policy and GetHostInfo shows it."""
+    path: Path = args.policy or cfg.policy
+    try:
+        text = path.read_text()
+        policy = loads_policy(text, source=str(path))
+    except OSError as e:
+        raise BadPolicy(e.strerror or str(e), field=str(path)) from None
+    except PolicyError as e:
+        raise BadPolicy(e.reason, field=e.field) from None
+    result = plan_host(_topology(args, cfg, policy), policy)
     if isinstance(result, NoFit):
         return _show_plan(result, args.json, console)
-    h = handles_for(args.root or cfg.root, exclusive=policy.io_service.exclusive)
-    journal = Journal((args.state_dir or cfg.state_dir) / JOURNAL_NAME)
-    unmovable: list = []
-    if args.dry_run:
-        steps = plan_steps(result, h, unmovable)
-        verb = "would"
-    else:
-        steps = apply_layout(result, h, journal, Context(h.vf_rates, SystemMounter()), unmovable)
-        verb = "did"
-    refused = [s.skipped for s in steps if getattr(s, "skipped", "")]
+    state_dir = args.state_dir or cfg.state_dir
+    out = carve(text, policy, result, root=args.root or cfg.root, state_dir=state_dir, dry_run=args.dry_run)
     if args.json:
-        print_json({"dry_run": args.dry_run, "steps": [s.to_dict() for s in steps],
-                    "cannot_move": [str(u) for u in unmovable] + refused, "layout": result.to_dict()})
+        print_json({"dry_run": args.dry_run, "policy_digest": out.digest, "steps": [s.to_dict() for s in out.steps],
+                    "cannot_move": out.cannot_move, "layout": result.to_dict()})
         return 0
     render_layout(result, console)
-    if not steps:
+    if not out.steps:
         console.print("host already matches the layout: nothing to change")
-    for s in steps:
+    verb = "would" if args.dry_run else "did"
+    for s in out.steps:
         console.print(f"  {verb}: {s.describe()}", highlight=False, markup=False)
-    for why in [str(u) for u in unmovable] + refused:
+    for why in out.cannot_move:
         console.print(f"  cannot move off io_cpus: {why}", highlight=False, markup=False)
-    if not args.dry_run and steps:
-        console.print(f"journal: {journal.path} (`hostd uncarve` restores)")
+    if not args.dry_run:
+        console.print(f"carved with policy {path} (sha256 {out.digest}); journal: {state_dir / JOURNAL_NAME} "
+                      "(`hostd uncarve` restores)", highlight=False, markup=False)
     return 0
 
 
 def _uncarve(args, cfg, console) -> int:
-    journal = Journal((args.state_dir or cfg.state_dir) / JOURNAL_NAME)
+    state_dir = args.state_dir or cfg.state_dir
     if args.dry_run:
-        for s in reversed(journal.load()):
+        for s in reversed(journal_steps(state_dir)):
             console.print(f"  would undo: {s.describe()}", highlight=False, markup=False)
         return 0
-    h = handles_for(cfg.root)
-    for s in uncarve(journal, Context(h.vf_rates, SystemMounter())):
+    if not journal_steps(state_dir):
+        raise NotCarved(f"nothing to undo: no journal at {state_dir / JOURNAL_NAME}", field="state")
+    for s in uncarve_host(state_dir, cfg.root):
         console.print(f"  undid: {s.describe()}", highlight=False, markup=False)
     return 0
 

@@ -36,8 +36,9 @@ class HostdConfig(BaseSettings):
     # Plaintext gRPC, for local development only; must be said explicitly.
     plaintext: bool = False
     # Client certificate names (SAN DNS/URI or CN) that may call the RPCs that change
-    # VMs or the host (CreateVM, DeleteVM, StartVM, StopVM, UpdateIOLimits). Any
-    # certificate the CA signed may call the read-only ones (Health, GetVM, ...).
+    # VMs or the host (CreateVM, DeleteVM, StartVM, StopVM, UpdateIOLimits, Carve,
+    # Uncarve). Any certificate the CA signed may call the read-only ones (Health,
+    # GetVM, GetHostInfo, PlanCarve, ...).
     rpc_mutating_callers: list[str] = ["scheduler", "fleet-rollout"]
     libvirt_uri: str = "qemu:///system"
     # Guest images a VM may name (hostd/apply/images.py).

@@ -154,3 +154,54 @@ class GuestProfileError(HostdError):
 
 class UnknownProfile(HostdError):
     code = "hyb.guest_profile.unknown"
+
+
+# ---------------------------------------------------------------- remote carve (fleet-rollout's RPCs)
+
+class PolicyInvalid(HostdError):
+    """A policy given in a request does not parse or validate (the caller's; a bad
+    policy *file* of this host is ``BadPolicy``)."""
+
+    code = "hyb.policy.invalid"
+
+
+class DigestMismatch(HostdError):
+    """The policy digest the caller planned with is not the digest of the text it sent."""
+
+    code = "hyb.policy.digest_mismatch"
+
+
+class CarveNoFit(HostdError):
+    """The policy does not fit this host; nothing was changed."""
+
+    code = "hyb.carve.nofit"
+
+
+class VmsWouldNotFit(HostdError):
+    """VMs on this host hold resources the new layout would not have; nothing was changed."""
+
+    code = "hyb.carve.vms_would_not_fit"
+
+
+class CarveFailed(HostdError):
+    """A carve step failed and the carve was rolled back: the host is as it was."""
+
+    code = "hyb.carve.failed"
+
+
+class CarveUnavailable(HostdError):
+    """This hostd has no remote carve (an in-process test server without one)."""
+
+    code = "hyb.carve.unavailable"
+
+
+class VmsRunning(HostdError):
+    """Uncarve while VMs run (or are being created or deleted); nothing was changed."""
+
+    code = "hyb.carve.vms_running"
+
+
+class NotDrained(HostdError):
+    """Uncarve while VMs exist and the caller did not say it drained the host."""
+
+    code = "hyb.carve.not_drained"

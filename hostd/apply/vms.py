@@ -22,7 +22,7 @@ import threading
 import time
 import uuid
 import xml.etree.ElementTree as ET
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 from api.layout import Layout
@@ -80,7 +80,7 @@ class VmManager:
         self.disk_check = disk_check
         self.vf_rates = vf_rates
         self.pf_drivers = pf_drivers or {}
-        self.vf_pci = vf_pci or {}
+        self.vf_pci = vf_pci if vf_pci is not None else {}  # shared with the renderer: kept, even empty
         self.profiles = profiles  # None: any (no profile store configured)
         self.overlays = overlays  # per-VM files (root disk overlay); None: images boot as they are
         self.metrics = metrics
@@ -89,6 +89,26 @@ class VmManager:
         self._watchers: list[Callable[[VmEvent], None]] = []
         self.generation = 0
         self._crash_at = os.environ.get("HOSTD_CRASH_AT") if os.environ.get("HOSTD_TEST_FAULTS") == "1" else None
+
+    # ------------------------------------------------------------ the layout
+
+    @contextlib.contextmanager
+    def held(self) -> Iterator[None]:
+        """The manager's lock, for a caller that changes the host under the VMs (the
+        remote carve): no VM is created, started, changed or deleted meanwhile."""
+        with self._lock:
+            yield
+
+    def set_layout(self, layout: Layout, disk_check: DiskCheck | None = None) -> None:
+        """Serve VMs with ``layout`` from now on (after a carve). Every reader of the
+        layout runs under the lock or reads ``self.layout`` once, so a call sees the old
+        layout or the new one, never a mix."""
+        with self._lock:
+            self.layout = layout
+            if disk_check is not None:
+                self.disk_check = disk_check
+            self.generation += 1
+        log.info("serving VMs with a new layout vm_cpus=%s", list(layout.vm_cpus))
 
     # ------------------------------------------------------------ events
 
@@ -450,9 +470,10 @@ class VmManager:
     # ------------------------------------------------------------ inventory
 
     def inventory(self) -> dict:
+        lay = self.layout  # once: a carve may swap it meanwhile
         used = self.ledger.usage()
         nodes = []
-        for n in self.layout.nodes:
+        for n in lay.nodes:
             nodes.append({"node": n.node, "vm_cpus": list(n.vm_cpus),
                           "used_cpus": sorted(c for c in used.cpus if c in n.vm_cpus),
                           "hugepages": [{"size_kb": t.size_kb, "total": t.count,
@@ -461,13 +482,13 @@ class VmManager:
         pfs = [{"name": p.name, "node": -1 if p.node is None else p.node, "vfs_total": p.numvfs,
                 "vfs_used": sum(1 for pf, _ in used.vfs if pf == p.name),
                 "bandwidth_mbps": p.bandwidth_mbps, "reserved_mbps": used.min_rate_mbps.get(p.name, 0),
-                "min_tx_rate_supported": self.min_rate_supported(p.name)} for p in self.layout.pfs]
+                "min_tx_rate_supported": self.min_rate_supported(p.name)} for p in lay.pfs]
         owner = {d.name: r.vm_id for r in self.ledger.list() for d in r.claim.disks}
         disks = [{"name": d.name, "id": d.id or "", "node": -1 if d.node is None else d.node,
                   "size_bytes": d.size_bytes, "bytes_sec_budget": d.bytes_sec, "iops_budget": d.iops,
                   "bytes_sec_used": used.disks.get(d.name, (0, 0))[0],
                   "iops_used": used.disks.get(d.name, (0, 0))[1], "vm_id": owner.get(d.name, "")}
-                 for d in self.layout.disks]
+                 for d in lay.disks]
         return {"generation": self.generation, "nodes": nodes, "pfs": pfs, "disks": disks}
 
 

@@ -169,12 +169,20 @@ def policy_from_dict(data: dict) -> Policy:
         raise PolicyError(loc or "policy", err["msg"].removeprefix("Value error, ")) from None
 
 
+def loads_policy(text: str, *, source: str = "policy") -> Policy:
+    """A policy from its TOML text (a rollout ships it in a request); ``source`` names
+    the text in a TOML syntax error."""
+    try:
+        data = tomllib.loads(text)
+    except tomllib.TOMLDecodeError as e:
+        raise PolicyError(source, f"not valid TOML: {e}") from None
+    return policy_from_dict(data)
+
+
 def load_policy(path: Path) -> Policy:
     try:
-        data = tomllib.loads(path.read_text())
-    except tomllib.TOMLDecodeError as e:
-        raise PolicyError(str(path), f"not valid TOML: {e}") from None
+        text = path.read_text()
     except OSError as e:
         raise PolicyError(str(path), e.strerror or str(e)) from None
-    return policy_from_dict(data)
+    return loads_policy(text, source=str(path))
 

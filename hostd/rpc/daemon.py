@@ -14,8 +14,10 @@ import os
 import signal
 import socket
 import threading
+from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
+from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 
 import grpc
@@ -31,22 +33,21 @@ from hostd.apply.libvirt_host import LibvirtHost, start_event_loop
 from hostd.apply.live_carve import IO_CGROUP
 from hostd.apply.overlays import Overlays
 from hostd.apply.vms import VmManager
-from hostd.carve.plan import plan_host
-from hostd.carve.policy import Policy, PolicyError, load_policy
 from hostd.config import HostdConfig
-from hostd.discover import DiskProbe, discover_host
 from hostd.discover.fs import HostFs
 from hostd.discover.model import Topology
 from hostd.domain.designer import HostFacts
 from hostd.domain.guest_profiles import Profile, load_profiles
 from hostd.domain.metadata import NS
 from hostd.domain.renderer import DomainRenderer
-from hostd.errors import ConfigError, HostdError, NoFit, StartupError
+from hostd.errors import ConfigError, HostdError
 from hostd.health.probe import Probe, ProbeSpecError
 from hostd.health.readers import cgroup_threads
-from hostd.health.sampler import Sampler, Where
+from hostd.health.sampler import Sampler
+from hostd.health.sampler import Where as SampleWhere
 from hostd.metrics import Metrics
 from hostd.rpc.callers import CallerCheck
+from hostd.rpc.carver import HostCarver, Served, Where, disk_probe, served_policy
 from hostd.rpc.health import HealthCheck
 from hostd.rpc.register import Registrar, registration
 from hostd.rpc.servicer import HostdService
@@ -67,6 +68,21 @@ class Daemon:
     registrar: Registrar | None = None
     sampler: Sampler | None = None
 
+    def served(self, s: Served) -> None:
+        """A carve (or uncarve) changed the layout VMs are served with (the manager has it
+        already): VF addresses, the IO-health signal's io_cpus and cgroups, and the
+        scheduler's registration follow."""
+        self.topo, self.layout = s.topo, s.layout
+        # One dict each, shared with the domain renderer: VFs the carve made get their PCI
+        # addresses (the carver holds the manager's lock while it calls this).
+        self.manager.vf_pci.clear()
+        self.manager.vf_pci.update({(n.name, v.index): v.pci for n in s.topo.nics for v in n.vfs})
+        self.manager.pf_drivers.update({n.name: n.driver for n in s.topo.nics})
+        if self.sampler:
+            self.sampler.io_cpus, self.sampler.where = s.layout.io_cpus, _sampler_where(self.cfg, s.layout)
+        if self.registrar:
+            self.registrar.update(_registration(self.cfg, s.topo, s.layout, self.manager, self.port))
+
     def stop(self, grace_s: float = 5.0) -> None:
         self.stop_event.set()
         if self.sampler:
@@ -78,18 +94,17 @@ class Daemon:
         self.manager.ledger.close()
 
 
-def _load_layout(cfg: HostdConfig) -> tuple[Policy, Topology, Layout]:
+def _where(cfg: HostdConfig) -> Where:
+    return Where(root=cfg.root, state_dir=cfg.state_dir, policy_file=cfg.policy, virt_type=cfg.virt_type)
+
+
+def hostd_version() -> str:
+    """hostd.__version__ (hostd/__init__.py): the installed distribution's version. Read
+    here, not imported: the package root has no layer of its own to import from."""
     try:
-        policy = load_policy(cfg.policy)
-    except PolicyError as e:
-        raise StartupError(e.reason, field=f"policy {e.field}") from None
-    topo = discover_host(cfg.root, allow=tuple(policy.disks.allow), wipe_ok=tuple(policy.disks.wipe_ok),
-                         virt_type=cfg.virt_type,
-                         probe_versions=cfg.root == Path("/"))
-    layout = plan_host(topo, policy)
-    if isinstance(layout, NoFit):
-        raise StartupError(f"the policy does not fit this host: {layout}", field=layout.field)
-    return policy, topo, layout
+        return version("hybrid-kvm")
+    except PackageNotFoundError:
+        return "0+unknown"
 
 
 def _profiles(cfg: HostdConfig) -> dict[str, Profile]:
@@ -111,7 +126,10 @@ def _credentials(cfg: HostdConfig) -> grpc.ServerCredentials | None:
 
 
 def start(cfg: HostdConfig) -> Daemon:
-    policy, topo, layout = _load_layout(cfg)
+    """Serve with the carved policy if the host was carved (carve-state.json), else the
+    policy file."""
+    served = served_policy(_where(cfg))
+    policy, topo, layout = served.policy, served.topo, served.layout
     metrics = Metrics()
     start_event_loop()
     lv = LibvirtHost(cfg.libvirt_uri, NS)
@@ -128,7 +146,7 @@ def start(cfg: HostdConfig) -> Daemon:
     manager = VmManager(
         layout=layout, siblings=siblings, ledger=Ledger(cfg.state_dir / "ledger.db"), libvirt=lv,
         images=ImageStore(cfg.image_dir), render=DomainRenderer(facts, profiles),
-        disk_check=DiskProbe(cfg.root, tuple(policy.disks.allow), tuple(policy.disks.wipe_ok)), vf_rates=vf_rates,
+        disk_check=disk_probe(policy, _where(cfg)), vf_rates=vf_rates,
         pf_drivers={n.name: n.driver for n in topo.nics}, vf_pci=vf_pci, profiles=frozenset(profiles),
         overlays=Overlays(cfg.state_dir / "vms"), metrics=metrics,
         disk_hold=DiskHold(cfg.root / "dev", missing_ok=cfg.root != Path("/")))
@@ -152,10 +170,12 @@ def start(cfg: HostdConfig) -> Daemon:
     creds = _credentials(cfg)
     callers = CallerCheck(frozenset(cfg.rpc_mutating_callers) if creds else None)
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"))
+    after: list[Callable[[Served], None]] = []  # the registrar's, once it exists
+    carver = HostCarver(_where(cfg), manager, served, on_served=lambda s: [fn(s) for fn in after])
     pb_grpc.add_HostdServicer_to_server(
         HostdService(manager, host=topo.host.hostname or socket.gethostname(),
                      layout_json=layout.to_json(None), health=health, metrics=metrics, callers=callers,
-                     sampler=sampler), server)
+                     sampler=sampler, carver=carver, version=hostd_version()), server)
     port = server.add_secure_port(cfg.listen, creds) if creds else server.add_insecure_port(cfg.listen)
     if port == 0:
         raise ConfigError(f"cannot listen on {cfg.listen}", field="listen")
@@ -167,7 +187,9 @@ def start(cfg: HostdConfig) -> Daemon:
     log.info("hostd serving listen=%s port=%d tls=%s virt_type=%s vms=%d", cfg.listen, port,
              creds is not None, cfg.virt_type, len(manager.list()))
     registrar = _registrar(cfg, topo, layout, manager, port, sampler)
-    return Daemon(cfg, topo, layout, manager, lv, server, port, stop_event, registrar, sampler)
+    d = Daemon(cfg, topo, layout, manager, lv, server, port, stop_event, registrar, sampler)
+    after.append(d.served)
+    return d
 
 
 def _refresh_metrics(metrics: Metrics, lv: LibvirtHost, manager: VmManager) -> None:
@@ -193,6 +215,16 @@ def _sampler(cfg: HostdConfig, layout: Layout, metrics: Metrics) -> Sampler | No
         probe = Probe.parse(cfg.io_probe, cfg.io_probe_timeout_s)
     except ProbeSpecError as e:
         raise ConfigError(str(e), field="io_probe") from None
+    s = Sampler(cfg.root, layout.io_cpus, _sampler_where(cfg, layout),
+                interval_s=cfg.io_health_interval_s, probe=probe, probe_interval_s=cfg.io_probe_interval_s,
+                metrics=metrics)
+    s.start()
+    log.info("io-health signal interval=%.1fs io_cpus=%s probe=%s", s.interval_s, list(layout.io_cpus),
+             cfg.io_probe or "none")
+    return s
+
+
+def _sampler_where(cfg: HostdConfig, layout: Layout) -> SampleWhere:
     fs = find_cpuset_fs(cfg.root)
     io_dir = vm_dir = throttle = None
     psi = "proc/pressure/cpu"
@@ -205,13 +237,14 @@ def _sampler(cfg: HostdConfig, layout: Layout, metrics: Metrics) -> Sampler | No
         first = next(iter(sorted(cgroup_threads(HostFs(cfg.root), io_dir))), None)
         cpu_dir = cpu_controller_cgroup(cfg.root, first) if first else None
         throttle = str(cpu_dir.relative_to(cfg.root)) if cpu_dir else None
-    s = Sampler(cfg.root, layout.io_cpus, Where(io_dir, vm_dir, psi=psi, throttle_cgroup=throttle),
-                interval_s=cfg.io_health_interval_s, probe=probe, probe_interval_s=cfg.io_probe_interval_s,
-                metrics=metrics)
-    s.start()
-    log.info("io-health signal interval=%.1fs io_cpus=%s probe=%s", s.interval_s, list(layout.io_cpus),
-             cfg.io_probe or "none")
-    return s
+    return SampleWhere(io_dir, vm_dir, psi=psi, throttle_cgroup=throttle)
+
+
+def _registration(cfg: HostdConfig, topo: Topology, layout: Layout, manager: VmManager, port: int) -> dict:
+    name = cfg.host_name or topo.host.hostname or socket.gethostname()
+    return registration(topo, layout, name=name, address=cfg.advertise_address or f"{name}:{port}",
+                        rack=cfg.rack, labels=dict(cfg.labels),
+                        min_rate={p.name: manager.min_rate_supported(p.name) for p in layout.pfs})
 
 
 def _registrar(cfg: HostdConfig, topo: Topology, layout: Layout, manager: VmManager,
@@ -224,10 +257,7 @@ def _registrar(cfg: HostdConfig, topo: Topology, layout: Layout, manager: VmMana
         token = cfg.scheduler_token_file.read_text().strip()
     except OSError as e:
         raise ConfigError(f"{e.filename}: {e.strerror}", field="scheduler_token_file") from None
-    name = cfg.host_name or topo.host.hostname or socket.gethostname()
-    body = registration(topo, layout, name=name, address=cfg.advertise_address or f"{name}:{port}",
-                        rack=cfg.rack, labels=dict(cfg.labels),
-                        min_rate={p.name: manager.min_rate_supported(p.name) for p in layout.pfs})
+    body = _registration(cfg, topo, layout, manager, port)
     r = Registrar(cfg.scheduler_url, token, body, interval_s=cfg.heartbeat_s, ca=cfg.scheduler_ca, stats=sampler)
     r.start()
     return r

@@ -59,15 +59,26 @@ class Registrar:
         self.client = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=10,
                                    verify=str(ca) if ca else True)
         self.registered = False
+        self._generation = 0  # bumps with each new body (update)
         self._stop = threading.Event()
 
     def register(self) -> None:
-        r = self.client.post(f"{self.url}/v1/hosts", json=self.body)
+        gen = self._generation  # before the body: a newer body makes the next beat register again
+        body = self.body
+        r = self.client.post(f"{self.url}/v1/hosts", json=body)
         if r.status_code not in (200, 201):
             raise RuntimeError(f"scheduler refused registration: {r.status_code} {r.text[:300]}")
-        self.registered = True
-        log.info("registered with scheduler url=%s host=%s status=%d", self.url, self.body["name"],
+        self.registered = gen == self._generation
+        log.info("registered with scheduler url=%s host=%s status=%d", self.url, body["name"],
                  r.status_code)
+
+    def update(self, body: dict) -> None:
+        """A new registration (the host was carved again): sent on the next beat, which
+        registers afresh instead of heartbeating."""
+        self.body = body
+        self._generation += 1
+        self.registered = False
+        log.info("registration changed host=%s: re-registering on the next beat", body["name"])
 
     def beat(self) -> None:
         if not self.registered:

@@ -22,11 +22,13 @@ from hostd.apply.ledger import VmRecord
 from hostd.apply.vms import VmEvent, VmManager
 from hostd.carve.vmclaim import CellReq, VfReq
 from hostd.carve.vmspec import DiskSpec, IoTune, VmSpec
-from hostd.errors import HostdError, SpecInvalid
+from hostd.errors import CarveUnavailable, HostdError, SpecInvalid
 from hostd.health.sampler import Sampler
 from hostd.health.signal import HostStats
 from hostd.metrics import Metrics
 from hostd.rpc.callers import CallerCheck
+from hostd.rpc.carver import HostCarver
+from hostd.rpc.carving import boot_changes
 
 log = logging.getLogger(__name__)
 
@@ -43,6 +45,20 @@ _STATUS = {
     "hyb.spec.invalid": grpc.StatusCode.INVALID_ARGUMENT,
     "hyb.host.libvirt_unavailable": grpc.StatusCode.UNAVAILABLE,
     "hyb.rpc.forbidden": grpc.StatusCode.PERMISSION_DENIED,
+    # the remote carve (api/hostd.proto documents each)
+    "hyb.policy.invalid": grpc.StatusCode.INVALID_ARGUMENT,
+    "hyb.policy.digest_mismatch": grpc.StatusCode.INVALID_ARGUMENT,
+    "hyb.carve.nofit": grpc.StatusCode.FAILED_PRECONDITION,
+    "hyb.carve.vms_would_not_fit": grpc.StatusCode.FAILED_PRECONDITION,
+    "hyb.carve.vms_running": grpc.StatusCode.FAILED_PRECONDITION,
+    "hyb.carve.not_drained": grpc.StatusCode.FAILED_PRECONDITION,
+    # tried and undone: the host is as it was, a retry may succeed once the cause is gone
+    "hyb.carve.failed": grpc.StatusCode.ABORTED,
+    "hyb.carve.unavailable": grpc.StatusCode.UNIMPLEMENTED,
+    "hyb.host.bad_policy": grpc.StatusCode.FAILED_PRECONDITION,
+    "hyb.host.apply_failed": grpc.StatusCode.FAILED_PRECONDITION,
+    "hyb.host.io_service_not_found": grpc.StatusCode.FAILED_PRECONDITION,
+    "hyb.host.device_busy": grpc.StatusCode.UNAVAILABLE,
 }
 
 EVENT_QUEUE = 1024  # per WatchEvents stream; a stream that falls this far behind is ended
@@ -108,16 +124,34 @@ def stats_to_proto(s: HostStats) -> pb.HostStats:
 
 
 class HostdService(pb_grpc.HostdServicer):
+    """``layout_json`` is what GetInventory reports until a carve changes the manager's
+    layout; from then on the manager's. ``carver``: the remote carve (None: the four
+    carve RPCs answer hyb.carve.unavailable)."""
+
     def __init__(self, manager: VmManager, *, host: str, layout_json: str,
                  health: Callable[[], pb.HealthResponse], metrics: Metrics | None = None,
-                 callers: CallerCheck = CallerCheck(frozenset({"scheduler"})), sampler: Sampler | None = None):
+                 callers: CallerCheck = CallerCheck(frozenset({"scheduler"})), sampler: Sampler | None = None,
+                 carver: HostCarver | None = None, version: str = ""):
         self.m = manager
         self.callers = callers
         self.sampler = sampler
         self.host = host
-        self.layout_json = layout_json
+        self._layout = (manager.layout, layout_json)
         self.health = health
         self.metrics = metrics
+        self.carver = carver
+        self.version = version
+
+    @property
+    def layout_json(self) -> str:
+        if self.m.layout is not self._layout[0]:
+            self._layout = (self.m.layout, self.m.layout.to_json(None))
+        return self._layout[1]
+
+    def _carver(self) -> HostCarver:
+        if self.carver is None:
+            raise CarveUnavailable("this hostd was started without the remote carve", field="carve")
+        return self.carver
 
     def _count(self, method: str, code: str) -> None:
         if self.metrics:
@@ -192,6 +226,45 @@ class HostdService(pb_grpc.HostdServicer):
                                         probe=s.probe.spec if s.probe else "",
                                         samples=[stats_to_proto(x) for x in s.latest(max(1, request.last))])
         return self._call(context, stats)
+
+    # ------------------------------------------------------------ the remote carve
+
+    def GetHostInfo(self, request, context):
+        def info() -> pb.HostInfo:
+            i = self._carver().info()
+            return pb.HostInfo(host=self.host, hostd_version=self.version, carved_policy_digest=i.carved_digest,
+                               journal_steps=i.journal_steps, reboot_pending=i.reboot_pending, vms=i.vms,
+                               vms_running=i.vms_running, started_unix=i.started_unix,
+                               policy_digest=i.policy_digest)
+        return self._call(context, info)
+
+    def PlanCarve(self, request, context):
+        def plan() -> pb.PlanCarveResponse:
+            p = self._carver().plan(request.policy_toml)
+            out = pb.PlanCarveResponse(policy_digest=p.digest, already_carved=p.already_carved)
+            if p.nofit is not None:
+                out.nofit.CopyFrom(pb.NoFitReason(field=p.nofit.field, reason=p.nofit.reason))
+                return out
+            assert p.layout is not None
+            out.layout_json = p.layout.to_json(None)
+            out.reboot_required.extend(boot_changes(p.layout))
+            out.steps.extend(s.describe() for s in p.steps)
+            out.cannot_move.extend(p.cannot_move)
+            out.vm_conflicts.extend(p.vm_conflicts)
+            return out
+        return self._call(context, plan)
+
+    def Carve(self, request, context):
+        def carve() -> pb.CarveResponse:
+            c = self._carver().carve(request.policy_toml, request.policy_digest)
+            return pb.CarveResponse(policy_digest=c.digest, changed=c.changed,
+                                    steps=[s.describe() for s in c.steps], cannot_move=c.cannot_move,
+                                    reboot_required=boot_changes(c.layout))
+        return self._call(context, carve)
+
+    def Uncarve(self, request, context):
+        return self._call(context, lambda: pb.UncarveResponse(
+            steps=[s.describe() for s in self._carver().uncarve(request.drained)]))
 
     def WatchEvents(self, request, context) -> Iterator[pb.VMEvent]:
         q: queue.Queue[VmEvent | None] = queue.Queue(EVENT_QUEUE)

@@ -8,7 +8,8 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 RPCS = {"CreateVM", "DeleteVM", "GetVM", "ListVMs", "StartVM", "StopVM", "GetHostStats",
-        "UpdateIOLimits", "GetInventory", "Health", "WatchEvents"}
+        "UpdateIOLimits", "GetInventory", "Health", "WatchEvents",
+        "GetHostInfo", "PlanCarve", "Carve", "Uncarve"}
 
 
 def test_proto_compiles_cleanly(tmp_path: Path) -> None:
@@ -35,3 +36,25 @@ def test_generated_stubs_are_current() -> None:
     proto = REPO / "api/hostd.proto"
     for stub in ("api/hostd_pb2.py", "api/hostd_pb2_grpc.py"):
         assert (REPO / stub).stat().st_mtime >= proto.stat().st_mtime, f"{stub} older than hostd.proto"
+
+
+def test_remote_carve_messages_carry_what_fleet_rollout_reads() -> None:
+    """fleet-rollout's side of the carve RPCs reads these fields by name (and field
+    numbers are the wire contract: renumbering one is a v2 change)."""
+    from api import hostd_pb2 as pb
+
+    def fields(msg) -> dict[str, int]:
+        return {f.name: f.number for f in msg.DESCRIPTOR.fields}
+
+    assert fields(pb.HostInfo) == {"host": 1, "hostd_version": 2, "carved_policy_digest": 3, "journal_steps": 4,
+                                   "reboot_pending": 5, "vms": 6, "vms_running": 7, "started_unix": 8,
+                                   "policy_digest": 9}
+    assert fields(pb.PlanCarveRequest) == {"policy_toml": 1}
+    assert fields(pb.NoFitReason) == {"field": 1, "reason": 2}
+    assert fields(pb.PlanCarveResponse) == {"policy_digest": 1, "layout_json": 2, "nofit": 3, "reboot_required": 4,
+                                            "steps": 5, "cannot_move": 6, "vm_conflicts": 7, "already_carved": 8}
+    assert fields(pb.CarveRequest) == {"policy_toml": 1, "policy_digest": 2}
+    assert fields(pb.CarveResponse) == {"policy_digest": 1, "changed": 2, "steps": 3, "cannot_move": 4,
+                                        "reboot_required": 5}
+    assert fields(pb.UncarveRequest) == {"drained": 1}
+    assert fields(pb.UncarveResponse) == {"steps": 1}

@@ -58,6 +58,8 @@ def test_another_hosts_certificate_reads_but_cannot_change(hostd) -> None:
         "StartVM": lambda: intruder.StartVM(pb.VMRef(vm_id=vm.vm_id), timeout=10),
         "StopVM": lambda: intruder.StopVM(pb.StopVMRequest(vm_id=vm.vm_id), timeout=10),
         "UpdateIOLimits": lambda: intruder.UpdateIOLimits(pb.UpdateIOLimitsRequest(vm_id=vm.vm_id), timeout=10),
+        "Carve": lambda: intruder.Carve(pb.CarveRequest(policy_toml="", policy_digest=""), timeout=10),
+        "Uncarve": lambda: intruder.Uncarve(pb.UncarveRequest(drained=True), timeout=10),
     }
     assert set(calls) == MUTATING
     for method, call in calls.items():

@@ -1,0 +1,255 @@
+"""The carve of one host, shared by `hostd carve` (the CLI) and the Carve RPC: the
+handles for where it acts (the host, or a host tree under ``root``), the journaled
+apply, and the carve state that names the policy the host was carved with.
+
+``carve-state.json`` (in ``state_dir``, beside ``carve-journal.json``) holds the
+policy text, its digest, the layout and the time. It is written atomically after the
+journal, so a host is either carved with a recorded policy or not; ``hostd serve``
+plans with the carved policy in preference to its policy file, so an upgrade carved
+remotely survives a restart; uncarve removes it.
+
+Where ``root`` is a tree (not ``/``), nothing outside the tree is touched: the
+exclusive part of the carve is off (it would sched_setaffinity PIDs read from the
+tree's /proc, which may be real processes of this machine), hugetlbfs mounts are
+recorded in the tree's /proc/mounts instead of mount(2), and there is no netlink.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+import time
+from collections import defaultdict
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from api.layout import Layout
+from hostd.apply.cgroups import find_cpuset_fs
+from hostd.apply.ledger import VmRecord
+from hostd.apply.live_carve import HostHandles, Journal, apply_layout, plan_steps, uncarve
+from hostd.apply.steps import Context, Mounter, Step, SystemMounter
+from hostd.carve.policy import Policy
+from hostd.cpulist import format_cpu_list
+from hostd.errors import ApplyFailed, HostdError
+
+log = logging.getLogger(__name__)
+
+JOURNAL_NAME = "carve-journal.json"
+STATE_NAME = "carve-state.json"
+STATE_VERSION = 1
+
+
+def policy_digest(text: str) -> str:
+    """sha256 hex of the policy text's UTF-8 bytes: the policy's identity across a fleet."""
+    return hashlib.sha256(text.encode()).hexdigest()
+
+
+def boot_changes(layout: Layout) -> list[str]:
+    """The kernel command line changes a layout still needs, ``param=value`` each."""
+    return [f"{b.param}={b.value}" for b in layout.reboot_required]
+
+
+# ---------------------------------------------------------------- carve state
+
+
+@dataclass(frozen=True)
+class CarveState:
+    digest: str
+    policy_toml: str
+    layout_json: str
+    carved_unix: float
+
+
+def load_state(state_dir: Path) -> CarveState | None:
+    path = state_dir / STATE_NAME
+    try:
+        data = json.loads(path.read_text())
+    except FileNotFoundError:
+        return None
+    except (OSError, json.JSONDecodeError) as e:
+        raise HostdError(f"{path}: {e}", field="state") from None
+    if data.get("version") != STATE_VERSION:
+        raise HostdError(f"{path} has version {data.get('version')}, expected {STATE_VERSION}", field="state")
+    st = CarveState(data["digest"], data["policy_toml"], data["layout_json"], data["carved_unix"])
+    if policy_digest(st.policy_toml) != st.digest:
+        raise HostdError(f"{path}: the digest does not match the policy text", field="state")
+    return st
+
+
+def save_state(state_dir: Path, st: CarveState) -> None:
+    """Write-rename-fsync: a crash leaves the old state or the new one, never a part."""
+    state_dir.mkdir(parents=True, exist_ok=True)
+    path = state_dir / STATE_NAME
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w") as f:
+        json.dump({"version": STATE_VERSION, **asdict(st)}, f, indent=1)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    dfd = os.open(state_dir, os.O_RDONLY)
+    try:
+        os.fsync(dfd)
+    finally:
+        os.close(dfd)
+
+
+def clear_state(state_dir: Path) -> None:
+    (state_dir / STATE_NAME).unlink(missing_ok=True)
+
+
+# ---------------------------------------------------------------- where the carve acts
+
+
+class TreeMounter:
+    """Mounts on a host tree: recorded in ``<root>/proc/mounts`` (what the planner reads),
+    never mount(2). Undo restores the file byte for byte."""
+
+    def __init__(self, root: Path):
+        self.root = root
+
+    def _entry(self, path: Path, pagesize_kb: int | None = None) -> str:
+        where = "/" + str(path.relative_to(self.root))
+        return f"hugetlbfs {where} hugetlbfs rw,relatime,pagesize={pagesize_kb}K 0 0" if pagesize_kb \
+            else f"hugetlbfs {where} hugetlbfs "
+
+    def _lines(self) -> tuple[Path, str]:
+        p = self.root / "proc/mounts"
+        return p, p.read_text() if p.exists() else ""
+
+    def mount_hugetlbfs(self, path: Path, pagesize_kb: int) -> None:
+        if not path.is_dir():
+            raise ApplyFailed(f"mount {path}: not a directory", field=str(path))
+        p, text = self._lines()
+        entry = self._entry(path, pagesize_kb)
+        p.write_text(text + entry + "\n" if not text or text.endswith("\n") else text + "\n" + entry)
+
+    def umount(self, path: Path) -> None:
+        p, text = self._lines()
+        lines = text.split("\n")
+        hit = next((i for i, ln in enumerate(lines) if ln.startswith(self._entry(path))), None)
+        if hit is None:
+            raise ApplyFailed(f"umount {path}: not mounted", field=str(path))
+        del lines[hit]
+        p.write_text("\n".join(lines))
+
+    def is_mounted(self, path: Path) -> bool:
+        return any(ln.startswith(self._entry(path)) for ln in self._lines()[1].split("\n"))
+
+
+def handles_for(root: Path, *, exclusive: bool = False) -> HostHandles:
+    """Where a carve acts. On a tree the exclusive carve is forced off (see the module doc)."""
+    vf = None
+    if root == Path("/"):
+        from hostd.apply.netlink import NetlinkVfRates
+
+        vf = NetlinkVfRates()
+    elif exclusive:
+        log.info("carve on a host tree root=%s: the exclusive (live affinity) part is off", root)
+    return HostHandles(root=root, cpuset=find_cpuset_fs(root), vf_rates=vf,
+                       hugetlbfs_base=root / "dev", exclude_pids=frozenset({os.getpid(), os.getppid()}),
+                       exclusive=exclusive and root == Path("/"))
+
+
+def context_for(h: HostHandles) -> Context:
+    mounter: Mounter = SystemMounter() if h.root == Path("/") else TreeMounter(h.root)
+    return Context(h.vf_rates, mounter)
+
+
+# ---------------------------------------------------------------- carve, uncarve
+
+
+@dataclass(frozen=True)
+class Carved:
+    digest: str
+    layout: Layout
+    steps: list[Step]  # done (or, dry run, that would be done)
+    cannot_move: list[str]
+    dry_run: bool
+
+    @property
+    def changed(self) -> bool:
+        return bool(self.steps) and not self.dry_run
+
+
+def carve(text: str, policy: Policy, layout: Layout, *, root: Path, state_dir: Path,
+          dry_run: bool = False) -> Carved:
+    """Make the host under ``root`` match ``layout`` (planned from ``policy``, whose TOML
+    is ``text``), journaled in ``state_dir``; then record the carve state. A failing
+    step rolls this carve back and raises (ApplyFailed or the step's HostdError)."""
+    h = handles_for(root, exclusive=policy.io_service.exclusive)
+    journal = Journal(state_dir / JOURNAL_NAME)
+    unmovable: list = []
+    digest = policy_digest(text)
+    if dry_run:
+        steps = plan_steps(layout, h, unmovable)
+    else:
+        steps = apply_layout(layout, h, journal, context_for(h), unmovable)
+        save_state(state_dir, CarveState(digest, text, layout.to_json(None), time.time()))
+        log.info("carved digest=%s steps=%d root=%s", digest[:12], len(steps), root)
+    refused = [s.skipped for s in steps if getattr(s, "skipped", "")]
+    return Carved(digest, layout, steps, [str(u) for u in unmovable] + refused, dry_run)
+
+
+def journal_steps(state_dir: Path) -> list[Step]:
+    return Journal(state_dir / JOURNAL_NAME).load()
+
+
+def uncarve_host(state_dir: Path, root: Path) -> list[Step]:
+    """Undo the journal, newest first, and forget the carved policy. An empty journal
+    is nothing to do ([]). A failing undo raises ApplyFailed and keeps what is left
+    in the journal (and the state), so a second uncarve can finish."""
+    journal = Journal(state_dir / JOURNAL_NAME)
+    undone = uncarve(journal, context_for(handles_for(root))) if journal.load() else []
+    clear_state(state_dir)
+    log.info("uncarved steps=%d root=%s", len(undone), root)
+    return undone
+
+
+# ---------------------------------------------------------------- VMs a new layout must hold
+
+
+def vm_conflicts(layout: Layout, records: Iterable[VmRecord]) -> list[str]:
+    """The VMs ``layout`` would not hold, each ``name (vm_id, state): why``: vCPUs on CPUs
+    that are not its VM CPUs, an emulator on its IO CPUs, hugepages beyond its pools, VF
+    slots or disks it has not got, disk IO beyond its budgets. Every VM with a claim
+    counts, stopped ones too: StartVM boots a VM on the claim it holds."""
+    vm, host = set(layout.vm_cpus), set(layout.host_cpus)
+    pools = {(n.node, t.size_kb): t.count for n in layout.nodes for t in n.hugepages}
+    slots = {(p.name, s.index) for p in layout.pfs for s in p.slots}
+    budgets = {d.name: d for d in layout.disks}
+    recs = list(records)
+    why: dict[str, list[str]] = {r.vm_id: [] for r in recs}
+    pages: dict[tuple[int, int], list[tuple[str, int]]] = defaultdict(list)
+    disk_use: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
+    for r in recs:
+        c, w = r.claim, why[r.vm_id]
+        off = sorted(x for x in c.vcpu_pins if x not in vm)
+        if off:
+            w.append(f"vCPUs on CPUs {format_cpu_list(off)}, not VM CPUs of the new layout")
+        emu = sorted(x for x in c.emulator_cpus if x not in vm | host)
+        if emu:
+            w.append(f"emulator on CPUs {format_cpu_list(emu)}, IO-service CPUs of the new layout")
+        for cell in c.numa_cells:
+            pages[(cell.node, c.size_kb)].append((r.vm_id, cell.pages))
+        w += [f"VF {v.pf}/{v.index} is not a VF slot of the new layout" for v in c.vfs if (v.pf, v.index) not in slots]
+        for d in c.disks:
+            if d.name not in budgets:
+                w.append(f"disk {d.name} is not assignable in the new layout")
+            else:
+                disk_use[d.name].append((r.vm_id, d.bytes_sec, d.iops))
+    for (node, size), users in pages.items():
+        total, have = sum(n for _, n in users), pools.get((node, size), 0)
+        if total > have:
+            for vm_id, _ in users:
+                why[vm_id].append(f"node {node} {size} kB hugepages: VMs hold {total}, the new pool has {have}")
+    for name, users in disk_use.items():
+        b = budgets[name]
+        for label, used, cap in (("bytes/s", sum(u[1] for u in users), b.bytes_sec),
+                                 ("IOPS", sum(u[2] for u in users), b.iops)):
+            if cap and used > cap:
+                for vm_id, *_ in users:
+                    why[vm_id].append(f"disk {name}: VMs use {used} {label}, the new budget is {cap}")
+    return [f"{r.name} ({r.vm_id}, {r.state}): {'; '.join(why[r.vm_id])}" for r in recs if why[r.vm_id]]
