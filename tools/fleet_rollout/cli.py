@@ -19,12 +19,17 @@ from rich.console import Console
 
 from tools.fleet_rollout.clients import HostdClients, Scheduler, SchedulerError, Tls
 from tools.fleet_rollout.engine import Engine, Options
-from tools.fleet_rollout.inventory import Host, from_ansible_inventory, from_scheduler_items, select
+from tools.fleet_rollout.inventory import (
+    Host,
+    from_ansible_inventory,
+    from_scheduler_items,
+    select,
+)
 from tools.fleet_rollout.plan import Plan, make_plan
 from tools.fleet_rollout.preflight import preflight
 from tools.fleet_rollout.render import render_plan, render_status, status_dict
 from tools.fleet_rollout.spec import RolloutSpec, SpecError, load_spec
-from tools.fleet_rollout.store import StoreError, Store
+from tools.fleet_rollout.store import Store, StoreError
 
 log = logging.getLogger(__name__)
 

@@ -169,7 +169,7 @@ def run_hook(argv: list[str], host: str, address: str, timeout_s: float) -> tupl
     args = [a.replace("{host}", host).replace("{address}", address) for a in argv]
     t0 = time.monotonic()
     try:
-        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s)
+        r = subprocess.run(args, capture_output=True, text=True, timeout=timeout_s, check=False)
     except subprocess.TimeoutExpired:
         return -1, f"timed out after {timeout_s:.0f} s"
     except OSError as e:

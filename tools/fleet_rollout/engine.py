@@ -26,7 +26,14 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
-from tools.fleet_rollout.clients import HostdClients, HostError, HostUnreachable, Scheduler, SchedulerError, run_hook
+from tools.fleet_rollout.clients import (
+    HostdClients,
+    HostError,
+    HostUnreachable,
+    Scheduler,
+    SchedulerError,
+    run_hook,
+)
 from tools.fleet_rollout.gates import Sample, Verdict, judge
 from tools.fleet_rollout.spec import RolloutSpec
 from tools.fleet_rollout.store import HostRow, LeaseLost, StaleState, Store
@@ -359,7 +366,7 @@ class Engine:
             if len(used) >= want:
                 break
             try:
-                interval, samples = self.hostd.stats(c.address, last=math.ceil(self.spec.steps.soak_s) + 5)
+                _, samples = self.hostd.stats(c.address, last=math.ceil(self.spec.steps.soak_s) + 5)
             except HostError:
                 continue
             got = [s for s in samples if s.at >= since]

@@ -72,7 +72,7 @@ def from_ansible_inventory(path: Path) -> list[Host]:
         raise SpecError("inventory.source", f"{path}: no such file")
     exe = shutil.which("ansible-inventory", path=str(Path(sys.executable).parent)) or "ansible-inventory"
     try:
-        r = subprocess.run([exe, "-i", str(path), "--list"], capture_output=True, text=True, timeout=120,
+        r = subprocess.run([exe, "-i", str(path), "--list"], capture_output=True, text=True, timeout=120, check=False,
                            env={"ANSIBLE_INVENTORY_UNPARSED_FAILED": "true", "ANSIBLE_NOCOLOR": "1",
                                 "PATH": "/usr/bin:/bin", "HOME": "/tmp"})
     except FileNotFoundError:

@@ -62,7 +62,7 @@ def make_plan(hosts: list[Host], spec: RolloutSpec, refused: Mapping[str, str] |
     refused = refused or {}
     names = [h.name for h in hosts]
     if len(set(names)) != len(names):
-        dup = sorted({n for n in names if names.count(n) > 1})[0]
+        dup = min({n for n in names if names.count(n) > 1})
         raise SpecError("inventory", f"host {dup} is listed twice")
     skipped = tuple((h, refused[h.name]) for h in sorted(hosts, key=lambda h: h.name) if h.name in refused)
     eligible = rack_order([h for h in hosts if h.name not in refused])

@@ -10,7 +10,13 @@ import pytest
 from tools.fleet_rollout.inventory import Host
 from tools.fleet_rollout.plan import make_plan
 from tools.fleet_rollout.spec import parse_spec
-from tools.fleet_rollout.store import LeaseHeld, LeaseLost, StaleState, Store, StoreError
+from tools.fleet_rollout.store import (
+    LeaseHeld,
+    LeaseLost,
+    StaleState,
+    Store,
+    StoreError,
+)
 
 
 def created(path: Path, holder: str = "a") -> Store:

@@ -1,0 +1,114 @@
+"""An in-memory fleet for the engine's logic tests: each fake host keeps what hostd
+keeps (carved digest, journal, VMs, an IO-health history) and counts every side
+effect, so a test can say "carved exactly once" after any number of controller
+crashes. The real fleet (real hostd processes on host trees) is tests/fleet/."""
+
+from __future__ import annotations
+
+import random
+import threading
+import time
+from dataclasses import dataclass, field
+from types import SimpleNamespace
+
+from tools.fleet_rollout.clients import HostInfo, HostRefused, HostUnreachable
+from tools.fleet_rollout.gates import Sample
+
+
+class Crash(BaseException):
+    """The controller process died (everything after it must not run)."""
+
+
+@dataclass
+class FakeHost:
+    digest: str = ""
+    carves: int = 0  # carves that changed the host
+    uncarves: int = 0
+    psi: float = 1.0
+    degraded_after_carve: bool = False
+    broken_carve: bool = False
+    unreachable: bool = False
+    started: float = field(default_factory=time.time)
+
+
+class FakeFleet:
+    """Plays HostdClients and Scheduler for the engine."""
+
+    def __init__(self, names: list[str]):
+        self.hosts = {n: FakeHost() for n in names}
+        self.admin = dict.fromkeys(names, "active")
+        self.crash_at: int | None = None  # crash the controller at the N-th side effect
+        self.effects = 0
+        self.dead = False
+        self.lock = threading.Lock()
+
+    def _h(self, address: str) -> FakeHost:
+        if self.dead:
+            raise Crash()
+        h = self.hosts[address.split(":")[0]]
+        if h.unreachable:
+            raise HostUnreachable(f"{address}: unavailable")
+        return h
+
+    def _effect(self) -> None:
+        """A side effect happened; maybe the controller dies right after it."""
+        with self.lock:
+            self.effects += 1
+            if self.crash_at is not None and self.effects >= self.crash_at:
+                self.dead = True
+                raise Crash()
+
+    # HostdClients
+    def info(self, address: str) -> HostInfo:
+        h = self._h(address)
+        return HostInfo("0.1.0", h.digest, 3 if h.digest else 0, [], 0, 0, h.started)
+
+    def carve(self, address: str, policy: str, digest: str) -> SimpleNamespace:
+        h = self._h(address)
+        if h.broken_carve:
+            raise HostRefused("hyb.carve.failed [hugepages]: write refused; rolled back")
+        changed = h.digest != digest
+        if changed:
+            h.digest = digest
+            h.carves += 1
+            if h.degraded_after_carve:
+                h.psi = 30.0
+            self._effect()
+        return SimpleNamespace(changed=changed, steps=["x"] * 3 if changed else [], cannot_move=[],
+                               reboot_required=[])
+
+    def uncarve(self, address: str, *, drained: bool) -> SimpleNamespace:
+        h = self._h(address)
+        if h.digest:
+            h.digest = ""
+            h.uncarves += 1
+            h.psi = 1.0
+            self._effect()
+        return SimpleNamespace(steps=[])
+
+    def stats(self, address: str, last: int) -> tuple[float, list[Sample]]:
+        h = self._h(address)
+        rnd = random.Random(hash(address))
+        now = time.time()
+        return 0.05, [Sample(now - i * 0.05, max(0.0, h.psi + rnd.gauss(0, 0.2)), None, 0.0, 0)
+                      for i in range(min(last, 200))][::-1]
+
+    def vm_ids(self, address: str) -> set[str]:
+        self._h(address)
+        return set()
+
+    def close(self) -> None:
+        pass
+
+    # Scheduler
+    def host(self, name: str) -> dict:
+        if self.dead:
+            raise Crash()
+        return {"admin_state": self.admin[name]}
+
+    def set_state(self, name: str, state: str) -> None:
+        if self.dead:
+            raise Crash()
+        if self.admin[name] != state:
+            self.admin[name] = state
+            self._effect()

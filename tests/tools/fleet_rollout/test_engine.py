@@ -1,0 +1,123 @@
+"""The engine's state machine on an in-memory fleet (fakefleet.py): waves, budgets,
+rollback, gates, and a controller that dies after every possible side effect and is
+resumed by a new one. The same paths on real hostd processes are in tests/fleet/."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from fakefleet import Crash, FakeFleet
+
+from tools.fleet_rollout.engine import Engine, Options
+from tools.fleet_rollout.inventory import Host
+from tools.fleet_rollout.plan import make_plan
+from tools.fleet_rollout.spec import parse_spec
+from tools.fleet_rollout.store import Store
+
+NAMES = [f"h{i}" for i in range(8)]
+SPEC = {"name": "r1", "policy": "p", "policy_text": "[io_service]\ncpus = \"0\"\n",
+        "waves": {"canary": 1, "percent": [50, 100], "max_failures": [0, 1]},
+        "limits": {"concurrency": 4, "per_rack": 2},
+        "steps": {"baseline_s": 0.5, "soak_s": 0.5},
+        "gate": {"min_samples": 5, "controls": 2, "alpha": 0.05}}
+OPTS = Options(lease_ttl_s=5, poll_s=0.01, stats_wait_s=1)
+
+
+def rollout(tmp_path: Path, fleet: FakeFleet, holder: str = "c1", **over) -> tuple[Store, Engine]:  # type: ignore[no-untyped-def]
+    store = Store(tmp_path / "r.db", holder=holder)
+    spec = parse_spec({**SPEC, **over})
+    if "r1" not in store.rollouts():
+        store.create(spec, make_plan([Host(n, f"{n}:7443", f"r{i % 3}") for i, n in enumerate(NAMES)], spec))
+    return store, Engine(store, "r1", fleet, fleet, OPTS)  # type: ignore[arg-type]
+
+
+def states(store: Store) -> dict[str, str]:
+    return {h.name: h.state for h in store.hosts("r1")}
+
+
+def test_every_host_converted_and_restored_to_its_admin_state(tmp_path: Path) -> None:
+    fleet = FakeFleet(NAMES)
+    fleet.admin["h5"] = "cordoned"  # an operator had cordoned it: it stays so
+    store, eng = rollout(tmp_path, fleet)
+    assert eng.run() == "done"
+    assert set(states(store).values()) == {"verified"}
+    assert all(h.carves == 1 for h in fleet.hosts.values())
+    assert fleet.admin == {**dict.fromkeys(NAMES, "active"), "h5": "cordoned"}
+    assert store.lease("r1") is None  # released
+
+
+def test_a_degraded_host_fails_its_gate_and_is_rolled_back(tmp_path: Path) -> None:
+    fleet = FakeFleet(NAMES)
+    store, eng = rollout(tmp_path, fleet)
+    bad = store.hosts("r1", wave=1)[0].name
+    fleet.hosts[bad].degraded_after_carve = True
+    assert eng.run() == "done"  # wave 1's budget is 1 failure
+    assert states(store)[bad] == "rolled_back"
+    assert fleet.hosts[bad].digest == "" and fleet.hosts[bad].uncarves == 1
+    fail = next(t for t in store.transitions("r1", bad) if t["to"] == "failed")
+    assert "psi_some_avg10" in fail["detail"]["reason"]
+    assert fail["detail"]["verdict"]["numbers"]["psi_some_avg10/baseline"]["p"] < 0.05
+
+
+def test_a_failure_over_the_budget_halts_before_the_next_wave(tmp_path: Path) -> None:
+    fleet = FakeFleet(NAMES)
+    store, eng = rollout(tmp_path, fleet)
+    canary = store.hosts("r1", wave=0)[0].name
+    fleet.hosts[canary].broken_carve = True
+    assert eng.run() == "halted"
+    r = store.rollout("r1")
+    assert "wave 0: 1 failed hosts, over its budget of 0" in r.reason
+    assert states(store)[canary] == "rolled_back"
+    assert all(h.carves == 0 for h in fleet.hosts.values())  # wave 1 never started
+
+
+def test_an_unreachable_host_counts_as_failed_and_its_rollback_waits(tmp_path: Path) -> None:
+    fleet = FakeFleet(NAMES)
+    store, eng = rollout(tmp_path, fleet)
+    h = store.hosts("r1", wave=1)[2].name
+    fleet.hosts[h].unreachable = True
+    assert eng.run() == "done"
+    row = store.host("r1", h)
+    assert row.state == "failed" and "unavailable" in row.data["rollback_failed"]
+
+
+def test_rollback_undoes_every_host_last_wave_first(tmp_path: Path) -> None:
+    fleet = FakeFleet(NAMES)
+    store, eng = rollout(tmp_path, fleet)
+    assert eng.run() == "done"
+    store.set_rollout("r1", "rolling_back", "test", fenced=False)
+    assert Engine(store, "r1", fleet, fleet, OPTS).run() == "rolled_back"  # type: ignore[arg-type]
+    assert all(h.digest == "" and h.uncarves == 1 for h in fleet.hosts.values())
+    order = [t["host"] for t in store.transitions("r1") if t["to"] == "rolled_back" and t["host"] != "-"]
+    wave = {h.name: h.wave for h in store.hosts("r1")}
+    assert [wave[n] for n in order] == sorted((wave[n] for n in order), reverse=True)
+
+
+@pytest.mark.parametrize("crash_at", range(1, 30, 2))
+def test_a_controller_killed_after_any_side_effect_resumes_without_redoing_one(tmp_path: Path,
+                                                                               crash_at: int) -> None:
+    fleet = FakeFleet(NAMES)
+    fleet.crash_at = crash_at
+    store, _ = rollout(tmp_path, fleet)
+    bad = store.hosts("r1", wave=1)[1].name
+    fleet.hosts[bad].degraded_after_carve = True
+    runs = 0
+    while True:
+        runs += 1
+        try:
+            final = Engine(Store(tmp_path / "r.db", holder=f"c{runs}"), "r1", fleet, fleet,  # type: ignore[arg-type]
+                           Options(lease_ttl_s=0.2, poll_s=0.01, stats_wait_s=1)).run()
+            break
+        except Crash:
+            fleet.dead = False
+            fleet.crash_at = None  # one crash; the next controller finishes
+    assert runs == (2 if crash_at <= fleet.effects else 1)
+    assert final == "done"
+    for name, h in fleet.hosts.items():
+        if name == bad:
+            assert (h.carves, h.uncarves, h.digest) == (1, 1, "")
+            assert states(store)[name] == "rolled_back"
+        else:
+            assert (h.carves, h.uncarves) == (1, 0), name
+            assert states(store)[name] == "verified"
