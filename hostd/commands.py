@@ -19,7 +19,9 @@ from hostd.discover import discover_host
 from hostd.discover.model import Topology
 from hostd.discover.render import render_topology
 from hostd.errors import BadPolicy, BadTopology, NoFit, NotCarved
-from hostd.rpc.carving import JOURNAL_NAME, carve, journal_steps, uncarve_host
+from hostd.rpc.carving import JOURNAL_NAME, carve, handles_for, journal_steps, uncarve_host
+
+__all__ = ["run", "handles_for", "print_json"]  # handles_for lives with the shared carve (rpc/carving.py)
 EXIT_NOFIT = 3  # the policy does not fit this host (hostd/cli.py lists the exit codes)
 
 
