@@ -1,0 +1,518 @@
+#!/usr/bin/env python3
+"""bench/fleetsim: a fleet of real `hostd serve` processes on this one machine.
+
+Each simulated host is a real hostd process with its own generated host tree as root
+(``fleetsim_tree.py``: 1 node, 8 CPUs, cgroup v1 cpuset, a 2 MiB pool, the IO service in
+its /proc), its own state dir, its own gRPC port on 127.0.0.1 (mTLS from the dev CA),
+libvirt's test driver (each process its own in-memory hypervisor), registered with a
+real scheduler with its rack and labels, heartbeating every ``heartbeat_s`` with the IO
+signal sampled every second. One animator thread keeps every tree alive (fleetsim_tree).
+
+    fleet = SimFleet(workdir, n_hosts=50, racks=10, scheduler_url=url, host_token=tok,
+                     certs=tls_dir, admin_token=admin)
+    try:
+        fleet.start()                 # trees, configs, processes (bounded pool), registered
+        fleet.degrade("sim-0003")     # PSI high, a foreign thread on io_cpus, probe refused
+        fleet.kill("sim-0004"); fleet.restart("sim-0004")   # SIGKILL by PID; same state dir
+        fleet.unreachable("sim-0005") # SIGSTOP: gRPC calls time out, heartbeats stop
+        fleet.break_carve("sim-0006") # the carve's hugepage write is refused midway
+    finally:
+        fleet.stop()                  # every process it started, by PID
+
+The hypervisor outlives hostd on a real host; here it dies with the process. So
+``restart(keep_vms=True)`` plays the surviving hypervisor: it hands the new process a
+test-driver node file holding a domain (with hostd's metadata) for every VM the ledger
+records as running or stopped, and hostd's reconcile finds them as after a hostd
+restart on a real host. ``keep_vms=False`` is a host reboot: every domain is gone.
+
+As a bench (root; starts its own scheduler, SQLite, TLS):
+
+    .venv/bin/python bench/fleetsim.py --hosts 50 --racks 10 --idle 20
+prints the start time, each hostd's RSS and idle CPU, and the animator's cost.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import os
+import shutil
+import signal
+import sqlite3
+import ssl
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Self
+from xml.sax.saxutils import escape
+
+import httpx
+from fleetsim_tree import CPUSET, IO_TAG, Animator, write_tree
+
+REPO = Path(__file__).resolve().parents[1]
+POLICY = f"""# fleetsim: what every simulated host carves
+[io_service]
+process = "{IO_TAG}"
+cpus = "0"
+[host]
+cpus = "1"
+[[hugepages.pools]]
+size = "2M"
+count_per_node = 2048
+[hugepages]
+io_floor_percent = 20
+"""
+NODE_EMPTY = "<node/>\n"
+
+
+@dataclass
+class SimHost:
+    name: str
+    rack: str
+    labels: dict[str, str]
+    root: Path  # its host tree
+    state_dir: Path
+    port: int
+    config_path: Path
+    log: Path
+    hypervisor: Path  # the test driver's node file this process loads
+    probe_port: int | None = None
+    proc: subprocess.Popen | None = field(default=None, repr=False)
+    started_s: float = 0.0  # spawn -> ready file, last start
+
+    @property
+    def pid(self) -> int | None:
+        return self.proc.pid if self.proc and self.proc.poll() is None else None
+
+    @property
+    def address(self) -> str:
+        return f"localhost:{self.port}"
+
+
+def default_labels(i: int, n: int) -> dict[str, str]:
+    """Five waves in host order (wave 0 is the first fifth), every third host on HDDs."""
+    return {"wave": str(i * 5 // max(n, 1)), "disk": "hdd" if i % 3 == 2 else "nvme"}
+
+
+class SimFleet:
+    def __init__(self, workdir: Path, n_hosts: int, racks: int, *, scheduler_url: str, host_token: str,
+                 certs: Path, admin_token: str = "", policy: str = POLICY, io_cpus: tuple[int, ...] = (0,),
+                 heartbeat_s: float = 2.0, probe: bool = True, tick_s: float = 0.5, parallel: int = 0,
+                 prefix: str = "sim", labels: Callable[[int, int], dict[str, str]] = default_labels,
+                 trees_dir: Path | None = None, real_host: bool = False):
+        """``host_token``: a scheduler token with the host scope (every host registers
+        with it); ``admin_token``: for ``wait_registered``; ``certs``: a dev CA directory
+        (tools/make-dev-ca.sh) holding hostd's server certificate; ``parallel``: hostd
+        processes starting at once (default: 2 per CPU); ``trees_dir``: where the host trees
+        go (default: a new directory in /dev/shm, removed by ``stop``: the animator replaces
+        files by rename, ~30 times cheaper on tmpfs than on ext4, where each rename over a
+        file flushes it; else ``workdir/trees``)."""
+        if real_host:
+            raise NotImplementedError("real_host: run the real machine's hostd beside the fleet with "
+                                      "tests/procs.py Hostd (root, libvirtd); fleetsim holds simulated hosts")
+        self.workdir = Path(workdir)
+        self.url, self.host_token, self.admin_token, self.certs = scheduler_url, host_token, admin_token, certs
+        self.policy_text, self.io_cpus, self.heartbeat_s, self.probe = policy, io_cpus, heartbeat_s, probe
+        self.parallel = parallel or 2 * (os.cpu_count() or 1)
+        self.animator = Animator(tick_s)
+        self.env = {k: v for k, v in os.environ.items() if not k.startswith("HOSTD_")}
+        self.workdir.mkdir(parents=True, exist_ok=True)
+        self._own_trees = trees_dir is None and os.access("/dev/shm", os.W_OK)
+        if self._own_trees:
+            self.trees_dir = Path(tempfile.mkdtemp(prefix=f"fleetsim-{os.getpid()}-", dir="/dev/shm"))
+            (self.workdir / "trees").unlink(missing_ok=True)
+            (self.workdir / "trees").symlink_to(self.trees_dir)
+        else:
+            self.trees_dir = Path(trees_dir or self.workdir / "trees")
+        self.hosts: list[SimHost] = []
+        for i in range(n_hosts):
+            name = f"{prefix}-{i:04d}"
+            d = self.workdir / "hosts" / name
+            self.hosts.append(SimHost(name=name, rack=f"r{i % racks:02d}", labels=labels(i, n_hosts),
+                                      root=self.trees_dir / name, state_dir=d / "state", port=0,
+                                      config_path=d / "hostd.toml", log=d / "hostd.log",
+                                      hypervisor=d / "hypervisor.xml"))
+        self._by_name = {h.name: h for h in self.hosts}
+        self.start_s = 0.0
+
+    def host(self, name: str) -> SimHost:
+        return self._by_name[name]
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # ------------------------------------------------------------------ start / stop
+
+    def prepare(self) -> None:
+        """Trees, configs, the shared image and policy; nothing started."""
+        from hostd.apply.images import ImageStore
+
+        images = self.workdir / "images"
+        if not (images / "smoke").exists():
+            (self.workdir / "vmlinuz").write_bytes(b"fleetsim: the test driver boots nothing")
+            ImageStore(images).add("smoke", "1", "kernel", {"kernel": self.workdir / "vmlinuz"})
+        (self.workdir / "policy.toml").write_text(self.policy_text)
+        token = self.workdir / "host.token"
+        token.write_text(self.host_token)
+        token.chmod(0o600)
+        ports = _free_ports(len(self.hosts))
+        for h, port in zip(self.hosts, ports):
+            write_tree(h.root, h.name)
+            h.state_dir.mkdir(parents=True, exist_ok=True)
+            h.hypervisor.write_text(NODE_EMPTY)
+            h.port = port
+            h.probe_port = self.animator.add(h.name, h.root, self.io_cpus, self.probe).probe_port
+            self._write_config(h)
+
+    def _write_config(self, h: SimHost) -> None:
+        c = self.certs
+        keys: dict[str, object] = {
+            "virt_type": "kvm", "policy": self.workdir / "policy.toml", "state_dir": h.state_dir, "root": h.root,
+            "listen": f"127.0.0.1:{h.port}", "metrics_listen": "", "tls_cert": c / "hostd.crt",
+            "tls_key": c / "hostd.key", "tls_ca": c / "ca.crt", "libvirt_uri": f"test://{h.hypervisor}",
+            "image_dir": self.workdir / "images", "lock_guest_memory": False, "watchdog_s": 5.0,
+            "scheduler_url": self.url, "scheduler_token_file": self.workdir / "host.token",
+            "scheduler_ca": c / "ca.crt", "host_name": h.name, "advertise_address": h.address,
+            "rack": h.rack, "heartbeat_s": self.heartbeat_s, "io_health_interval_s": 1.0,
+            "io_probe": f"tcp:127.0.0.1:{h.probe_port}" if h.probe_port else "",
+            "io_probe_timeout_s": 0.5}
+        text = "".join(f"{k} = {_toml(v)}\n" for k, v in keys.items())
+        text += "[labels]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in h.labels.items())
+        h.config_path.write_text(text)
+
+    def start(self, timeout_s: float = 600) -> None:
+        """Prepare, start every hostd (``parallel`` at a time, each waited on by its ready
+        file), then wait until the scheduler lists every host (needs ``admin_token``)."""
+        t0 = time.monotonic()
+        self.prepare()
+        self.animator.start()
+        self._start_many(self.hosts, timeout_s)
+        if self.admin_token:
+            self.wait_registered(timeout_s=max(30.0, timeout_s - (time.monotonic() - t0)))
+        self.start_s = time.monotonic() - t0
+
+    def _start_many(self, hosts: list[SimHost], timeout_s: float) -> None:
+        pending, starting = list(hosts), []
+        deadline = time.monotonic() + timeout_s
+        while pending or starting:
+            while pending and len(starting) < self.parallel:
+                h = pending.pop(0)
+                self._spawn(h)
+                starting.append(h)
+            for h in list(starting):
+                if self._ready(h):
+                    starting.remove(h)
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"hostd not ready after {timeout_s:.0f} s: {[h.name for h in starting]}")
+            time.sleep(0.05)
+
+    def _spawn(self, h: SimHost) -> None:
+        ready = h.config_path.parent / "ready"
+        ready.unlink(missing_ok=True)
+        argv = [sys.executable, "-m", "hostd.cli", "--config", str(h.config_path), "serve", "--ready-file", str(ready)]
+        with open(h.log, "a") as log:
+            h.proc = subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                      stdin=subprocess.DEVNULL)
+        h.started_s = time.monotonic()
+
+    def _ready(self, h: SimHost) -> bool:
+        ready = h.config_path.parent / "ready"
+        if ready.exists() and len(ready.read_text().split()) == 2:
+            h.started_s = time.monotonic() - h.started_s
+            return True
+        if h.proc is not None and h.proc.poll() is not None:
+            raise RuntimeError(f"{h.name}: hostd exited {h.proc.returncode}:\n{h.log.read_text()[-3000:]}")
+        return False
+
+    def wait_registered(self, names: list[str] | None = None, timeout_s: float = 60) -> dict[str, dict]:
+        """The scheduler's view (GET /v1/hosts) once it lists every host named (default all)."""
+        want = set(names or self._by_name)
+        deadline = time.monotonic() + timeout_s
+        with self.api() as api:
+            while True:
+                got = {h["name"]: h for h in api.get("/v1/hosts").raise_for_status().json()["items"]}
+                if want <= set(got):
+                    return got
+                if time.monotonic() > deadline:
+                    raise TimeoutError(f"not registered after {timeout_s:.0f} s: {sorted(want - set(got))[:10]}")
+                time.sleep(0.5)
+
+    def api(self) -> httpx.Client:
+        """The scheduler's REST API with the admin token."""
+        return httpx.Client(base_url=self.url, headers={"Authorization": f"Bearer {self.admin_token}"},
+                            verify=ssl.create_default_context(cafile=str(self.certs / "ca.crt")), timeout=30)
+
+    def stop(self) -> None:
+        """Stop every process this fleet started, by PID (SIGCONT first for stopped ones,
+        SIGTERM, SIGKILL after 15 s), then the animator; mended carve faults."""
+        live = [h for h in self.hosts if h.pid]
+        for h in live:
+            _signal(h, signal.SIGCONT)
+            _signal(h, signal.SIGTERM)
+        deadline = time.monotonic() + 15
+        for h in live:
+            try:
+                h.proc.wait(max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                h.proc.kill()
+                h.proc.wait()
+        self.animator.stop()
+        for h in self.hosts:
+            if h.root.exists():
+                self.repair_carve(h.name)
+        if self._own_trees:
+            shutil.rmtree(self.trees_dir, ignore_errors=True)
+
+    # ------------------------------------------------------------------ faults
+
+    def degrade(self, name: str, on: bool = True) -> None:
+        """The host's IO signal goes bad: PSI some avg10 25-45 %, a foreign thread
+        (``scrub-backup``) burning 0.9 CPU on an io_cpu, its TCP probe refused.
+        ``on=False`` heals it."""
+        self.animator.degrade(name, on)
+
+    def kill(self, name: str) -> None:
+        """SIGKILL the host's hostd by PID (the tree, state and VMs' ledger stay)."""
+        h = self.host(name)
+        if h.pid:
+            _signal(h, signal.SIGCONT)
+            h.proc.kill()
+            h.proc.wait()
+
+    def restart(self, name: str, *, keep_vms: bool = True, timeout_s: float = 120) -> None:
+        """Start the host's hostd again on the same state dir and port (killing it first
+        if it runs). ``keep_vms``: the hypervisor kept its domains (a hostd restart);
+        False: they are gone (a host reboot)."""
+        h = self.host(name)
+        self.kill(name)
+        h.hypervisor.write_text(surviving_domains(h.state_dir / "ledger.db") if keep_vms else NODE_EMPTY)
+        self._start_many([h], timeout_s)
+
+    def unreachable(self, name: str) -> None:
+        """SIGSTOP the hostd: its port still accepts connections (the kernel's backlog),
+        no call is answered (gRPC deadlines expire), no heartbeat is sent."""
+        _signal(self.host(name), signal.SIGSTOP)
+
+    def reachable(self, name: str) -> None:
+        _signal(self.host(name), signal.SIGCONT)
+
+    def break_carve(self, name: str) -> Path:
+        """The next carve of this host fails midway: its node's 2 MiB ``nr_hugepages`` is
+        made immutable (chattr +i), so the pool write, after the cpuset steps, is refused
+        with EPERM (like a kernel refusing it) and the carve rolls back. Returns the file."""
+        attr = self._pool_attr(name)
+        subprocess.run(["chattr", "+i", str(attr)], check=True, capture_output=True)
+        return attr
+
+    def repair_carve(self, name: str) -> None:
+        attr = self._pool_attr(name)
+        if attr.exists():
+            subprocess.run(["chattr", "-i", str(attr)], check=False, capture_output=True)
+
+    def _pool_attr(self, name: str) -> Path:
+        return self.host(name).root / "sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages"
+
+    # ------------------------------------------------------------------ clients, measures
+
+    def stub(self, name: str, client: str = "scheduler"):  # type: ignore[no-untyped-def]
+        """(gRPC stub, channel) to the host's hostd with the dev CA's ``client`` certificate
+        (``scheduler`` or ``fleet-rollout`` may mutate). Close the channel."""
+        import grpc
+
+        from api import hostd_pb2_grpc as pb_grpc
+
+        c = self.certs
+        creds = grpc.ssl_channel_credentials((c / "ca.crt").read_bytes(), (c / f"{client}.key").read_bytes(),
+                                             (c / f"{client}.crt").read_bytes())
+        ch = grpc.secure_channel(self.host(name).address, creds)
+        return pb_grpc.HostdStub(ch), ch
+
+    def carved(self, name: str) -> bool:
+        """Whether the host's tree shows a carve (the IO service's cpuset exists)."""
+        return (self.host(name).root / CPUSET / "hyb-io").is_dir()
+
+    def usage(self) -> dict[str, tuple[int, float]]:
+        """name -> (RSS bytes, CPU seconds so far) of each running hostd."""
+        out = {}
+        for h in self.hosts:
+            if h.pid:
+                try:
+                    status = Path(f"/proc/{h.pid}/status").read_text()
+                    stat = Path(f"/proc/{h.pid}/stat").read_text().rsplit(")", 1)[1].split()
+                except OSError:
+                    continue
+                rss = next(int(ln.split()[1]) * 1024 for ln in status.splitlines() if ln.startswith("VmRSS:"))
+                out[h.name] = (rss, (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"))
+        return out
+
+
+def surviving_domains(ledger: Path) -> str:
+    """A test-driver node file with one domain per VM the ledger holds as running or
+    stopped, carrying hostd's metadata (what the hypervisor of a real host still has
+    after hostd died). The test driver starts every domain of the file."""
+    from hostd.carve.vmclaim import Claim
+    from hostd.carve.vmspec import VmSpec
+    from hostd.domain.metadata import VmMetadata
+
+    if not ledger.exists():
+        return NODE_EMPTY
+    db = sqlite3.connect(f"file:{ledger}?mode=ro", uri=True)
+    try:
+        rows = db.execute("SELECT vm_id, request_id, name, claim_json, spec_json, created FROM vms "
+                          "WHERE state IN ('running', 'stopped')").fetchall()
+    finally:
+        db.close()
+    doms = []
+    for vm_id, request_id, name, claim, spec, created in rows:
+        md = VmMetadata(vm_id, request_id, int(created), Claim.from_dict(json.loads(claim)),
+                        VmSpec.from_dict(json.loads(spec)))
+        sp = md.spec
+        doms.append(f"<domain type='kvm'><name>{escape(name)}</name><uuid>{vm_id}</uuid>"
+                    f"<metadata>{md.to_xml()}</metadata><memory unit='MiB'>{sp.memory_mib}</memory>"
+                    f"<vcpu>{sp.vcpus}</vcpu><os><type arch='x86_64'>hvm</type></os></domain>")
+    return "<node>\n" + "\n".join(doms) + "\n</node>\n"
+
+
+def _signal(h: SimHost, sig: int) -> None:
+    if h.pid:
+        try:
+            os.kill(h.pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _free_ports(n: int) -> list[int]:
+    """n distinct free ports on 127.0.0.1 (held open together, so none repeats)."""
+    import socket
+
+    socks = []
+    try:
+        for _ in range(n):
+            s = socket.socket()
+            s.bind(("127.0.0.1", 0))
+            socks.append(s)
+        return [s.getsockname()[1] for s in socks]
+    finally:
+        for s in socks:
+            s.close()
+
+
+def _toml(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, (int, float)):
+        return str(v)
+    return json.dumps(str(v))  # a JSON string is a valid TOML basic string
+
+
+def sha256(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
+
+
+def write_scheduler_config(path: Path, *, port: int, certs: Path, db: Path, admin_token: str,
+                           host_token: str, extra: str = "") -> Path:
+    """A scheduler.toml for a fleet: HTTPS from the dev CA, SQLite, dispatch with the
+    scheduler's client certificate, an admin and a host token; ``extra`` is appended."""
+    path.write_text(f"""log_level = "WARNING"
+[server]
+host = "127.0.0.1"
+port = {port}
+tls_cert = "{certs / 'scheduler-api.crt'}"
+tls_key = "{certs / 'scheduler-api.key'}"
+[db]
+url = "sqlite:///{db}"
+[dispatch]
+ca = "{certs / 'ca.crt'}"
+cert = "{certs / 'scheduler.crt'}"
+key = "{certs / 'scheduler.key'}"
+server_name = "localhost"
+[[auth.tokens]]
+name = "ops"
+sha256 = "{sha256(admin_token)}"
+scopes = ["admin"]
+[[auth.tokens]]
+name = "hostd"
+sha256 = "{sha256(host_token)}"
+scopes = ["host"]
+{extra}""")
+    return path
+
+
+def dev_certs(d: Path, clients: tuple[str, ...] = ("fleet-rollout",)) -> Path:
+    subprocess.run(["bash", str(REPO / "tools/make-dev-ca.sh"), str(d)], check=True, capture_output=True,
+                   env={**os.environ, "DEV_CA_CLIENTS": " ".join(clients)})
+    return d
+
+
+# ---------------------------------------------------------------------- the bench
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description="Start a simulated fleet of real hostd processes, measure it, stop it.",
+                                 epilog="example: bench/fleetsim.py --hosts 50 --racks 10 --idle 20")
+    ap.add_argument("--hosts", type=int, default=50)
+    ap.add_argument("--racks", type=int, default=10)
+    ap.add_argument("--idle", type=float, default=20.0, help="seconds to measure the idle fleet")
+    ap.add_argument("--parallel", type=int, default=0, help="hostd processes starting at once (2 per CPU)")
+    ap.add_argument("--tick", type=float, default=0.5, help="the animator's period (s)")
+    ap.add_argument("--heartbeat", type=float, default=2.0, help="hostd heartbeat_s")
+    ap.add_argument("--no-probe", action="store_true", help="no TCP probe of the IO service stand-in")
+    ap.add_argument("--workdir", type=Path, help="keep everything here (default: a temp dir, removed)")
+    args = ap.parse_args(argv)
+    sys.path.insert(0, str(REPO / "tests"))
+    from procs import Scheduler, free_port  # tests/procs.py: daemons stopped by PID
+    from procstat import machine, machine_load, tree_cpu_s
+
+    tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="fleetsim-")
+    work = args.workdir or Path(tmp.name)
+    work.mkdir(parents=True, exist_ok=True)
+    certs = dev_certs(work / "tls")
+    port = free_port()
+    admin, host_tok = "fleetsim-admin", "fleetsim-host"
+    write_scheduler_config(work / "scheduler.toml", port=port, certs=certs, db=work / "scheduler.db",
+                           admin_token=admin, host_token=host_tok)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOSTD_", "HYB_SCHED_"))}
+    sched = Scheduler(work / "scheduler.toml", port, env, work / "scheduler.log", ca=certs / "ca.crt")
+    fleet = SimFleet(work / "fleet", args.hosts, args.racks, scheduler_url=sched.url, host_token=host_tok,
+                     admin_token=admin, certs=certs, heartbeat_s=args.heartbeat, probe=not args.no_probe,
+                     tick_s=args.tick, parallel=args.parallel)
+    try:
+        sched.start()
+        fleet.start()
+        each = sorted(h.started_s for h in fleet.hosts)
+        print(f"{args.hosts} hosts started and registered in {fleet.start_s:.1f} s "
+              f"(parallel {fleet.parallel}; spawn->ready median {statistics.median(each):.1f} s, max {each[-1]:.1f} s)")
+        time.sleep(3)  # past the start's import burst
+        u0, m0, a0, s0 = fleet.usage(), machine(), fleet.animator.busy_s, tree_cpu_s(sched.proc.pid)
+        t0 = time.monotonic()
+        time.sleep(args.idle)
+        dt = time.monotonic() - t0
+        u1, m1, a1, s1 = fleet.usage(), machine(), fleet.animator.busy_s, tree_cpu_s(sched.proc.pid)
+        rss = sorted(r for r, _ in u1.values())
+        cpu = sorted((u1[n][1] - u0[n][1]) / dt * 100 for n in u1 if n in u0)
+        busy, steal = machine_load(m0, m1)
+        print(f"hostd RSS: median {statistics.median(rss) / 2**20:.1f} MiB, max {rss[-1] / 2**20:.1f} MiB, "
+              f"total {sum(rss) / 2**30:.2f} GiB")
+        print(f"hostd idle CPU: median {statistics.median(cpu):.2f} %, max {cpu[-1]:.2f} % of a CPU "
+              f"(heartbeat {args.heartbeat:g} s, IO sample 1 s, probe {'off' if args.no_probe else '1 s'})")
+        print(f"animator: {(a1 - a0) / dt * 100:.1f} % of a CPU (tick {args.tick:g} s); scheduler: "
+              f"{(s1 - s0) / dt * 100:.1f} %; machine: {busy:.2f} of {os.cpu_count()} CPUs busy, steal {steal:.2f}")
+        return 0
+    finally:
+        fleet.stop()
+        sched.stop()
+        if tmp:
+            tmp.cleanup()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
