@@ -228,12 +228,23 @@ class Engine:
                 raise Stop("the rollout is no longer running")
             time.sleep(min(left, self.opts.poll_s))
 
+    def _rpc(self, fn: Callable, *args, **kw):  # type: ignore[no-untyped-def,type-arg]
+        """A hostd call, retried while the host does not answer, for limits.unreachable_s."""
+        end = time.monotonic() + self.spec.limits.unreachable_s
+        while True:
+            try:
+                return fn(*args, **kw)
+            except HostUnreachable:
+                if time.monotonic() >= end:
+                    raise
+                self._wait(1.0)
+
     def _baseline(self, h: HostRow) -> None:
         try:
-            info = self.hostd.info(h.address)
+            info = self._rpc(self.hostd.info, h.address)
             prior = self.scheduler.host(h.name)["admin_state"] if self.scheduler else ""
             base = self._window(h, self.spec.steps.baseline_s, since=None)
-            vms = sorted(self.hostd.vm_ids(h.address)) if self.spec.kind == "hostd" else []
+            vms = sorted(self._rpc(self.hostd.vm_ids, h.address)) if self.spec.kind == "hostd" else []
         except (HostError, SchedulerError) as e:
             return self._fail(h, str(e))
         self._move(h, "baselined", {"samples": len(base), "hostd": info.to_dict(), "admin_state": prior},
@@ -257,7 +268,7 @@ class Engine:
         if self.spec.kind == "hostd":
             return self._upgrade(h)
         try:
-            r = self.hostd.carve(h.address, self.spec.policy_text, self.spec.policy_digest)
+            r = self._rpc(self.hostd.carve, h.address, self.spec.policy_text, self.spec.policy_digest)
         except HostError as e:
             return self._fail(h, f"carve: {e}")
         detail = {"changed": r.changed, "steps": len(r.steps), "cannot_move": list(r.cannot_move),
@@ -321,7 +332,7 @@ class Engine:
             return []
         deadline = time.monotonic() + seconds + self.opts.stats_wait_s
         while True:
-            interval, samples = self.hostd.stats(h.address, last=900)
+            interval, samples = self._rpc(self.hostd.stats, h.address, last=900)
             if interval <= 0:
                 raise HostError(f"{h.name}: the IO-health signal is off (io_health_interval_s = 0)")
             start = (since if since is not None else time.time() - seconds)
@@ -385,16 +396,16 @@ class Engine:
         try:
             if self.scheduler:
                 self.scheduler.set_state(h.name, "draining")
-            info = self.hostd.info(h.address)
+            info = self._rpc(self.hostd.info, h.address)
             if self.spec.kind == "convert":
                 if info.carved_digest or info.journal_steps:
-                    self.hostd.uncarve(h.address, drained=True)
+                    self._rpc(self.hostd.uncarve, h.address, drained=True)
             elif self.spec.kind == "policy":
                 raise HostError("rolling back a policy upgrade needs the previous policy: carve it with a "
                                 "new rollout (kind = policy)")
             else:
                 raise HostError("rolling back a hostd upgrade: run a rollout with the previous version")
-            after = self.hostd.info(h.address)
+            after = self._rpc(self.hostd.info, h.address)
             if after.carved_digest != h.data.get("prior_digest", ""):
                 raise HostError(f"after uncarve hostd reports digest {after.carved_digest!r}, "
                                 f"not {h.data.get('prior_digest', '')!r}")

@@ -70,6 +70,9 @@ class Limits(_Strict):
     concurrency: Annotated[int, Field(ge=1, le=10000)] = 20  # hosts in flight fleet-wide
     per_rack: Annotated[int, Field(ge=1)] = 1  # hosts in flight per failure domain
     rpc_timeout_s: Annotated[float, Field(gt=0, le=600)] = 10.0
+    # A host that does not answer for this long fails its step (a hostd restarting under
+    # systemd comes back well within it; a dead host does not).
+    unreachable_s: Annotated[float, Field(ge=0, le=3600)] = 30.0
 
 
 class Steps(_Strict):

@@ -4,6 +4,7 @@ resumed by a new one. The same paths on real hostd processes are in tests/fleet/
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -18,7 +19,7 @@ from tools.fleet_rollout.store import Store
 NAMES = [f"h{i}" for i in range(8)]
 SPEC = {"name": "r1", "policy": "p", "policy_text": "[io_service]\ncpus = \"0\"\n",
         "waves": {"canary": 1, "percent": [50, 100], "max_failures": [0, 1]},
-        "limits": {"concurrency": 4, "per_rack": 2},
+        "limits": {"concurrency": 4, "per_rack": 2, "unreachable_s": 1.0},
         "steps": {"baseline_s": 0.5, "soak_s": 0.5},
         "gate": {"min_samples": 5, "controls": 2, "alpha": 0.05}}
 OPTS = Options(lease_ttl_s=5, poll_s=0.01, stats_wait_s=1)
@@ -80,6 +81,16 @@ def test_an_unreachable_host_counts_as_failed_and_its_rollback_waits(tmp_path: P
     assert eng.run() == "done"
     row = store.host("r1", h)
     assert row.state == "failed" and "unavailable" in row.data["rollback_failed"]
+
+
+def test_a_host_that_comes_back_within_the_grace_continues(tmp_path: Path) -> None:
+    fleet = FakeFleet(NAMES)
+    store, eng = rollout(tmp_path, fleet)
+    h = store.hosts("r1", wave=1)[0].name
+    fleet.hosts[h].unreachable = True  # a hostd restarting under systemd
+    threading.Timer(0.6, lambda: setattr(fleet.hosts[h], "unreachable", False)).start()
+    assert eng.run() == "done"
+    assert states(store)[h] == "verified" and fleet.hosts[h].carves == 1
 
 
 def test_rollback_undoes_every_host_last_wave_first(tmp_path: Path) -> None:
