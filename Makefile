@@ -16,7 +16,7 @@ sysdeps:
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
 	@$(VPY) -m pip install -q --upgrade pip
-	@$(VPY) -m pip install -q -e '.[test]'
+	@$(VPY) -m pip install -q -e '.[test,fleet]'
 	@touch $(STAMP)
 
 venv: $(STAMP)
