@@ -53,7 +53,7 @@ from typing import Self
 from xml.sax.saxutils import escape
 
 import httpx
-from fleetsim_tree import CPUSET, IO_TAG, Animator, write_tree
+from fleetsim_tree import CPUSET, IO_TAG, POOL, Animator, write_tree
 
 REPO = Path(__file__).resolve().parents[1]
 POLICY = f"""# fleetsim: what every simulated host carves
@@ -319,7 +319,7 @@ class SimFleet:
             subprocess.run(["chattr", "-i", str(attr)], check=False, capture_output=True)
 
     def _pool_attr(self, name: str) -> Path:
-        return self.host(name).root / "sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages"
+        return self.host(name).root / POOL / "nr_hugepages"
 
     # ------------------------------------------------------------------ clients, measures
 

@@ -2,7 +2,7 @@
 animator that plays the kernel for every tree of a fleet.
 
 A tree (``write_tree``) is small and true to a Linux 6.1 kernel where hostd reads it:
-1 NUMA node, 8 CPUs without SMT (written by ``tests/data/hosts/treegen.py``, like the
+1 NUMA node, 8 CPUs without SMT, a SATA boot disk (written by ``tests/data/hosts/treegen.py``, like the
 recorded shapes), cgroup v1 with cpuset mounted in ``/proc/mounts``, a 2 MiB hugepage pool
 (empty: the carve fills it) and a 2 MiB hugetlbfs already mounted (a carve mounts
 nothing), two IRQs with ``smp_affinity_list``, the unbound workqueue mask, and two
@@ -17,6 +17,7 @@ each IRQ's ``smp_affinity_list`` allows), each thread's CPU time and last CPU in
 ``/proc/<pid>/task/<tid>/stat`` (a CPU its cpuset cgroup allows), PSI in
 ``/proc/pressure/cpu``, and cgroup membership: a PID written to a cpuset's ``cgroup.procs``
 (the carve's move) shows in that cgroup's ``tasks`` and the process's ``/proc/<pid>/cgroup``,
+and a pool size written to ``nr_hugepages`` is granted (free and global counts follow),
 as the kernel would. Healthy hosts get plausible noise; a degraded one CPU pressure
 (PSI some avg10 25-45 %), a foreign thread burning 0.9 CPU on an io_cpu, and a failing
 probe. The same thread answers the fleet's TCP probes: one listening socket per host
@@ -51,6 +52,8 @@ MEM_KB = 32 * 1024 * 1024
 IO_TAG = "hyb-sim-ossd"  # the policy's io_service.process
 IO_PID, AGENT_PID, NOISY_PID = 4194401, 4194410, 4194420  # > PID_MAX_LIMIT: never a real task
 CPUSET = "sys/fs/cgroup/cpuset"
+AHCI = "pci0000:00/0000:00:17.0"
+POOL = "sys/devices/system/node/node0/hugepages/hugepages-2048kB"
 IRQS = {"30": "IR-PCI-MSIX-0000:5e:00.0    1-edge      nvme0q1", "31": "IR-PCI-MSIX-0000:3b:00.0    0-edge      ens1f0-TxRx-0"}
 IRQ_RATE = {"30": 900.0, "31": 300.0}  # per second
 LOC_RATE = 250.0  # local timer interrupts per CPU per second
@@ -100,7 +103,10 @@ def write_tree(root: Path, hostname: str) -> None:
                        sockets=1, cores=tuple(range(NCPU)), threads=1),
         nodes=(tg.NodeDesc(MEM_KB, MEM_KB * 3 // 4, {2048: (0, 0, 0)}, (10,)),),
         sizes=(2048,), resv={}, hugepagesize_kb=2048, cgroup="v1",
-        mounts=(tg.MountDesc("253:0", "/", "ext4", "/dev/mapper/vg0-root"),
+        disks=(tg.DiskDesc("sda", "8:0", 937703088, f"{AHCI}/ata1/host0/target0:0:0/0:0:0:0",
+                           model="INTEL SSDSC2KB48", wwid="naa.55cd2e414f1a2b3c", numa_node=0, pci=AHCI,
+                           parts=(tg.PartDesc("sda1", "8:1", 937701040),)),),
+        mounts=(tg.MountDesc("8:1", "/", "ext4", "/dev/sda1", "rw,relatime,errors=remount-ro"),
                 tg.MountDesc("0:45", "/dev/hugepages", "hugetlbfs", "hugetlbfs", "rw,relatime,pagesize=2M")),
         probe={"kvm": {"present": True, "api_version": 12}, "libvirt_version": "9.0.0", "qemu_version": "7.2.0"})
     tg.write_host(desc, root.parent)
@@ -172,6 +178,7 @@ class TreeState:
     psi_total_us: float = 0.0
     member: dict[int, str] = field(default_factory=dict)  # pid -> cpuset cgroup ("/", "/hyb-io")
     seen: dict[str, tuple[int, int]] = field(default_factory=dict)  # cgroup.procs -> (mtime, size)
+    pool: str = "0"  # the 2 MiB pool's nr_hugepages the kernel last saw
     rng: random.Random = field(default_factory=random.Random)
 
     def __post_init__(self) -> None:
@@ -288,6 +295,7 @@ class Animator:
 
     def _advance(self, st: TreeState, dt: float) -> None:
         self._membership(st)
+        self._pool(st)
         rng, cpus_of = st.rng, self._cgroup_cpus(st)
         used = [0.0] * NCPU
         lines = {}
@@ -344,6 +352,22 @@ class Animator:
                 _put(f"{r}/proc/{pid}/task/{tid}/stat", line)
             except FileNotFoundError:
                 pass  # the process is gone (healed while this tick ran)
+
+    def _pool(self, st: TreeState) -> None:
+        """A pool size written to the node's nr_hugepages is granted whole: free pages and
+        the global pool follow (the test driver's guests take none)."""
+        node = f"{st.root}/{POOL}"
+        try:
+            with open(f"{node}/nr_hugepages") as f:
+                nr = f.read().strip()
+        except OSError:
+            return
+        if nr == st.pool or not nr.isdigit():
+            return
+        st.pool = nr
+        glob = f"{st.root}/sys/kernel/mm/hugepages/hugepages-2048kB"
+        for path in (f"{node}/free_hugepages", f"{glob}/nr_hugepages", f"{glob}/free_hugepages"):
+            _put(path, nr + "\n")
 
     def _cgroup_cpus(self, st: TreeState) -> dict[str, list[int]]:
         out = {}

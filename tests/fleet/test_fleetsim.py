@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 import pytest
 from fleetsim import SimFleet, dev_certs, write_scheduler_config
-from fleetsim_tree import CPUSET, IO_PID, NOISY_PID
+from fleetsim_tree import CPUSET, IO_PID, NOISY_PID, POOL
 from procs import REPO, Scheduler, free_port
 
 from api import hostd_pb2 as pb
@@ -167,7 +167,8 @@ def test_unreachable_host_times_calls_out(fleet: SimFleet) -> None:
 def test_broken_tree_fails_the_carve_midway_and_rolls_back(fleet: SimFleet) -> None:
     """`hostd carve` on a sim host's tree (the CLI the Carve RPC shares its code with):
     the pool write is refused after the cpuset steps ran; all of them are undone. Mended,
-    the carve goes through and the animator shows the IO service in its cpuset."""
+    the carve goes through, the animator shows the IO service in its cpuset and grants the
+    pool, and the running hostd's signal counts the IO service's CPU as its own."""
     h = fleet.hosts[5]
     carve = [sys.executable, "-m", "hostd.cli", "--config", str(h.config_path), "carve", "--json"]
     attr = fleet.break_carve(h.name)
@@ -184,6 +185,9 @@ def test_broken_tree_fails_the_carve_midway_and_rolls_back(fleet: SimFleet) -> N
         assert r.returncode == 0, r.stderr
         assert attr.read_text().strip() == "2048" and fleet.carved(h.name)
         wait(lambda: "hyb-io" in (h.root / f"proc/{IO_PID}/cgroup").read_text(), "the IO service moved", 5)
+        wait(lambda: (h.root / POOL / "free_hugepages").read_text().strip() == "2048", "the pool granted", 5)
+        moved = wait(lambda: [s for s in stats(fleet, h.name, 1) if s.cpu_io_service > 0], "hyb-io sampled", 10)
+        assert not [f for f in moved[0].top_foreign if f.pid == IO_PID]  # its own CPUs are not foreign
     finally:
         subprocess.run([sys.executable, "-m", "hostd.cli", "--config", str(h.config_path), "uncarve"],
                        check=False, capture_output=True, cwd=REPO, timeout=60)
