@@ -73,6 +73,9 @@ class Engine:
         self.spec: RolloutSpec = store.rollout(name).spec
         self.on_event = on_event or (lambda host, frm, to: None)
         self._lost = threading.Event()
+        # Hosts whose rollback failed before (unreachable, refused) get one more try per run
+        # when the operator rolls back or aborts: that is how they ask to retry.
+        self._retried: set[str] = set()
         self.steps = 0  # host steps taken (the bench divides CPU by it)
 
     # ---------------------------------------------------------------- the rollout
@@ -135,13 +138,14 @@ class Engine:
         if state == "running":
             return [h for h in self.store.hosts(self.name, wave=wave)
                     if h.state not in DONE and not (h.state == "failed" and h.data.get("rollback_failed"))]
+        def retry(h: HostRow) -> bool:
+            return not h.data.get("rollback_failed") or h.name not in self._retried
         if state == "aborting":  # hosts mid-change go back; verified ones stay
             return [h for h in self.store.hosts(self.name)
-                    if h.state in ROLLBACK_FROM[:-1] + ("failed", "rolling_back")
-                    and not h.data.get("rollback_failed")]
+                    if h.state in ROLLBACK_FROM[:-1] + ("failed", "rolling_back") and retry(h)]
         # rolling_back: the whole rollout, newest wave first
         todo = [h for h in self.store.hosts(self.name)
-                if h.state in ROLLBACK_FROM + ("failed", "rolling_back") and not h.data.get("rollback_failed")]
+                if h.state in ROLLBACK_FROM + ("failed", "rolling_back") and retry(h)]
         if not todo:
             return []
         last = max(h.wave for h in todo)
@@ -153,7 +157,8 @@ class Engine:
             self.store.set_rollout(self.name, "aborted", "aborted by the operator; hosts mid-change rolled back")
             return "aborted"
         if state == "rolling_back":
-            stuck = [h.name for h in self.store.hosts(self.name) if h.data.get("rollback_failed")]
+            stuck = [h.name for h in self.store.hosts(self.name)
+                     if h.state == "failed" and h.data.get("rollback_failed")]
             final = "rolled_back" if not stuck else "halted"
             self.store.set_rollout(self.name, final, f"could not roll back: {', '.join(stuck)}" if stuck else "")
             return final
@@ -205,9 +210,13 @@ class Engine:
             self.store.set_rollout(self.name, "paused", str(e), fenced=False)
 
     def _step_for(self, rollout_state: str, h: HostRow) -> Callable[[HostRow], None] | None:
+        undoing = rollout_state in ("aborting", "rolling_back")
         if h.data.get("rollback_failed") and h.state == "failed":
-            return None
-        if rollout_state in ("aborting", "rolling_back") and h.state in ROLLBACK_FROM + ("failed",):
+            if not undoing or h.name in self._retried:
+                return None
+            self._retried.add(h.name)
+            return self._begin_rollback
+        if undoing and h.state in ROLLBACK_FROM + ("failed",):
             return self._begin_rollback
         return {"pending": self._baseline, "baselined": self._cordon, "cordoned": self._begin_change,
                 "carving": self._change, "rebooting": self._await_reboot, "soaking": self._soak,
@@ -415,4 +424,5 @@ class Engine:
             log.error("%s: rollback failed: %s", h.name, e)
             self._move(h, "failed", {"rollback": "failed", "reason": str(e)}, {"rollback_failed": str(e)})
             return
-        self._move(h, "rolled_back", {"digest": after.carved_digest, "admin_state": h.data.get("prior_admin", "")})
+        self._move(h, "rolled_back", {"digest": after.carved_digest, "admin_state": h.data.get("prior_admin", "")},
+                   {"rollback_failed": ""})

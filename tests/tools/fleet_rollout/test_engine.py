@@ -118,7 +118,7 @@ def test_a_controller_killed_after_any_side_effect_resumes_without_redoing_one(t
         runs += 1
         try:
             final = Engine(Store(tmp_path / "r.db", holder=f"c{runs}"), "r1", fleet, fleet,  # type: ignore[arg-type]
-                           Options(lease_ttl_s=0.2, poll_s=0.01, stats_wait_s=1)).run()
+                           Options(lease_ttl_s=2, poll_s=0.01, stats_wait_s=1)).run()
             break
         except Crash:
             fleet.dead = False
