@@ -288,6 +288,8 @@ class Animator:
                             self._advance(st, now - last)
                     except OSError as e:  # a tree being removed, a cgroup dir mid-rmdir
                         log.debug("animator %s: %s", st.root, e)
+                    except Exception:
+                        log.exception("animator %s", st.root)
                 last, next_tick = now, max(next_tick + self.tick_s, now)
                 self.ticks += 1
                 self.busy_s += time.thread_time() - c0

@@ -101,10 +101,9 @@ def test_degrade_shows_in_hostd_and_scheduler(fleet: SimFleet) -> None:
         noisy = [f for f in last.top_foreign if f.pid == NOISY_PID]
         assert noisy and noisy[0].cpu == 0 and noisy[0].comm == "scrub-backup" and not noisy[0].kernel
         assert all(s.psi_some_avg10 < 1 for s in stats(fleet, good))
-        with fleet.api() as api:  # the heartbeat (every 2 s) carries it to the scheduler
-            hist = wait(lambda: (b := api.get(f"/v1/hosts/{bad}/stats").json()["items"]) and
-                        (b[-1]["psi_some_avg10_max"] or 0) > 20 and b[-1]["probe_failed"] > 0 and b, "stats", 10)
-            assert hist[-1]["foreign_cpu_s"] > 0.5
+        with fleet.api() as api:  # the heartbeat (every 2 s) carries it to the scheduler's history
+            wait(lambda: (b := api.get(f"/v1/hosts/{bad}/stats").json()["items"]) and
+                 (b[-1]["psi_some_avg10_max"] or 0) > 20 and b[-1]["probe_failed"] > 0, "stats", 10)
     finally:
         fleet.degrade(bad, on=False)
     wait(lambda: all(s.psi_some_avg10 < 1 and s.probe_ok and not s.probe_failed for s in stats(fleet, bad, 2)),
