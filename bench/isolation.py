@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""The IO service next to a CPU-hungry neighbour, four ways, in one run (root):
+"""The IO service next to a CPU-hungry, then a memory/IO-hungry neighbour, in one run (root):
 
   (a)  baseline: the IO side alone on io_cpus;
   (b1) cgroup quota: N busy threads (stress-ng) in a cgroup with a CFS quota of the VM's
@@ -15,9 +15,26 @@ every 10 ms and every 1 s from its cgroup (cpuacct.usage), in % of one CPU: CFS 
 a quota per period at tick granularity, so a quota'd group bursts above it at 10 ms
 while looking obedient at 1 s; a VM cannot use more than its vCPUs at any granularity.
 
+The memory/IO-hungry neighbour, the same ways (second table): stress-ng vm, cache, io
+(sync(2) in a loop) and hdd (buffered writes) workers writing to the filesystem the IO
+service's data lives on (fio reads a written file there, O_DIRECT), (b1) under the quota,
+(b2) quota + cpuset; (c) in the VM: two dd loops through 32 MiB buffers and two buffered
+dd writers to the VM's own raw disk (a preallocated loop file opened with direct IO, so no
+host page cache). The smoke guest has no stressor for this, so the bench boots it with
+rdinit=/bin/sh and a script after "--" that starts the guest's own /init in the
+background (the guest image is unchanged). Also printed: what the host's disk wrote
+(MB/s) and the host's peak Dirty + Writeback memory.
+
+Deleting a large file (third table): a file written for real (--delete-gib, at most a
+quarter of the free space) is unlinked on the shared ext4 (a loop-device ext4 when the
+data's filesystem is not ext4) a fifth into the window while the IO side runs. The VM
+side of it is not available: the smoke guest has no ext4 driver (a module in Debian's
+kernel, not in its initramfs) and no mkfs.
+
     python3 bench/isolation.py                  # 10 s per case, 2 repeats
     python3 bench/isolation.py --seconds 30 --repeats 3 --threads 16
     python3 bench/isolation.py --short --json   # the mechanism only (make test runs it)
+    python3 bench/isolation.py --cases a --io-cases a,b2,c --delete-gib 0
 
 Ratios are against (a) measured in the same run; the machine's steal time is printed
 (noise: a hypervisor's steal moves latencies more than anything here).
@@ -28,6 +45,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import signal
 import statistics
 import subprocess
@@ -159,7 +177,26 @@ def fio_result(p: subprocess.Popen) -> dict[str, float]:
         raise RuntimeError(f"fio failed: {err.strip()[:300]}") from None
     pct = job["clat_ns"]["percentile"]
     return {"io_p50_us": pct["50.000000"] / 1000, "io_p99_us": pct["99.000000"] / 1000,
-            "io_p999_us": pct["99.900000"] / 1000, "io_requests": job["total_ios"]}
+            "io_p999_us": pct["99.900000"] / 1000, "io_max_us": job["clat_ns"]["max"] / 1000,
+            "io_requests": job["total_ios"]}
+
+
+def dirty_kib() -> int:
+    """Dirty + Writeback in /proc/meminfo (KiB): the host's page cache still to be written."""
+    kv = dict(line.split(":", 1) for line in Path("/proc/meminfo").read_text().splitlines())
+    return int(kv["Dirty"].split()[0]) + int(kv["Writeback"].split()[0])
+
+
+def disk_stat(path: Path) -> Path | None:
+    """The block device stat file under ``path``'s filesystem (None on overlay/tmpfs)."""
+    dev = os.stat(path).st_dev
+    f = Path(f"/sys/dev/block/{os.major(dev)}:{os.minor(dev)}/stat")
+    return f if f.exists() else None
+
+
+def sectors_written(stat: Path | None, field: int = 6) -> int:
+    """Sectors written (field 6) or discarded (13) by a block device since boot."""
+    return int(stat.read_text().split()[field]) if stat else 0
 
 
 # ---------------------------------------------------------------- neighbours
@@ -181,10 +218,23 @@ def v1_group(controller: str, name: str, **attrs: str):
                 time.sleep(0.1)
 
 
+# The memory/IO neighbour on the host (stress-ng adds --temp-path, the shared filesystem),
+# and its counterpart in the guest, started by the kernel as init's arguments ("--"):
+# no double quotes inside (the kernel's quoting), the guest's /init in the background
+# (devtmpfs first: a background job's stdin is /dev/null).
+MEM_IO_STRESS = "--vm 2 --vm-bytes 1G --cache 2 --io 1 --hdd 2 --hdd-bytes 1G"
+_GUEST_MEM_IO = ("mount -t devtmpfs dev /dev; /init & while [ ! -b /dev/vda ]; do sleep 0.1; done; "
+                 "echo HYB-MEMIO-STARTED > /dev/console; "
+                 + "(while :; do dd if=/dev/zero of=/dev/null bs=32M count=64 2>/dev/null; done) & " * 2
+                 + "(while :; do dd if=/dev/zero of=/dev/vda bs=1M count=900 2>/dev/null; done) & "
+                 "while :; do dd if=/dev/zero of=/dev/vda bs=1M seek=900 count=100 2>/dev/null; sync; done")
+GUEST_MEM_IO_CMDLINE = f'console=ttyS0 panic=-1 rdinit=/bin/sh -- -c "{_GUEST_MEM_IO}"'
+
+
 @contextmanager
-def cgroup_neighbour(mode: str, threads: int, quota_cpus: int, vm_cpu: int, seconds: float):
-    """stress-ng --cpu N in cpu (quota) + cpuacct groups, and a cpuset for "b2"; yields
-    (CpuMeter's usage file, the cpu group for its throttling counters)."""
+def cgroup_neighbour(mode: str, stress: str, quota_cpus: int, vm_cpu: int, seconds: float):
+    """``stress-ng <stress>`` in cpu (quota) + cpuacct groups, and a cpuset for "b2";
+    yields (CpuMeter's usage file, the cpu group for its throttling counters)."""
     with ExitStack() as st:
         cpu = st.enter_context(v1_group("cpu", f"hyb-bench-{mode}", **{"cpu.cfs_period_us": str(PERIOD_US),
                                                                       "cpu.cfs_quota_us": str(quota_cpus * PERIOD_US)}))
@@ -196,8 +246,8 @@ def cgroup_neighbour(mode: str, threads: int, quota_cpus: int, vm_cpu: int, seco
                                                                                       "cpuset.cpus": str(vm_cpu)})))
         join = "; ".join(f"echo $$ > {g}/tasks" for g in groups)
         every = set(range(os.cpu_count() or 1))  # the bench keeps itself off io_cpus; the neighbour may not
-        p = subprocess.Popen(["sh", "-c", f"{join}; exec stress-ng --cpu {threads} --timeout {int(seconds) + 30}s "
-                              "--quiet"], start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, every))
+        p = subprocess.Popen(["sh", "-c", f"{join}; exec stress-ng {stress} --timeout {int(seconds) + 30}s --quiet"],
+                             start_new_session=True, preexec_fn=lambda: os.sched_setaffinity(0, every))
         try:
             time.sleep(0.5)  # its workers are forked and burning
             yield cgroup_usage(acct), cpu
@@ -208,9 +258,12 @@ def cgroup_neighbour(mode: str, threads: int, quota_cpus: int, vm_cpu: int, seco
 
 
 @contextmanager
-def vm_neighbour(threads: int, seconds: float, work: Path):
+def vm_neighbour(work: Path, cmdline: str, marker: str, disk: bool = False):
     """A VM created through a real hostd (libvirtd + QEMU), its one vCPU pinned to the VM
-    CPU, 256 MiB of 2 MiB pages, burning ``threads`` busy loops in the guest."""
+    CPU, 256 MiB of 2 MiB pages, booting the smoke guest with ``cmdline`` (burning, or the
+    memory/IO script), ready once ``marker`` is on its console. With ``disk``, its raw disk
+    is a 1 GiB file written beforehand and opened with direct IO by the loop device (no
+    host page cache, no block allocation), limited to its budget: 100 MiB/s, 5000 IOPS."""
     procs = _test_helpers("procs")  # the test suite's daemon helpers: one way to run hostd
     Hostd, grpc_stub, hostd_workdir, write_hostd_config = (procs.Hostd, procs.grpc_stub, procs.hostd_workdir,
                                                             procs.write_hostd_config)
@@ -231,12 +284,12 @@ def vm_neighbour(threads: int, seconds: float, work: Path):
         smoke = Path("/var/cache/hybrid-kvm/smoke")
         subprocess.run(["bash", str(REPO / "guestimages/smoke/build.sh"), str(smoke)], check=True,
                        capture_output=True)
-        loop = _loop(st, work / "vm-disk.img")
+        loop = _loop(st, work / "vm-disk.img", size=1 << 30 if disk else 256 << 20, written=disk)
         certs = hostd_workdir(work, {"kernel": smoke / "vmlinuz", "initrd": smoke / "initrd.img"}, pages=256,
                               disk=Path(loop).name)
-        ImageStore(work / "images").add("smoke-burn", "1", "kernel",
+        ImageStore(work / "images").add("smoke-bench", "1", "kernel",
                                         {"kernel": smoke / "vmlinuz", "initrd": smoke / "initrd.img"},
-                                        cmdline=f"console=ttyS0 panic=-1 hyb.burn={threads}")
+                                        cmdline=cmdline)
         cfg = write_hostd_config(work / "hostd.toml", policy=work / "policy.toml", state=work / "state",
                                  images=work / "images", certs=certs, libvirt_uri="qemu:///system",
                                  io_health_interval_s=0)
@@ -244,18 +297,21 @@ def vm_neighbour(threads: int, seconds: float, work: Path):
         st.callback(hostd.stop)
         stub, ch = grpc_stub(hostd.port, certs)
         st.callback(ch.close)
+        tune = pb.IoTune(total_bytes_sec=100 << 20, total_iops_sec=5000)  # the disk's whole budget (policy)
+        disks = [pb.DiskRequest(disk=Path(loop).name, iotune=tune)] if disk else []
         vm = stub.CreateVM(pb.CreateVMRequest(request_id="bench-iso", name="hyb-bench-iso", vcpus=1, memory_mib=256,
-                                              image="smoke-burn"), timeout=120)
+                                              image="smoke-bench", disks=disks), timeout=120)
         st.callback(lambda: stub.DeleteVM(pb.DeleteVMRequest(vm_id=vm.vm_id), timeout=60))
         console = work / "state/vms/hyb-bench-iso/console.log"
         deadline = time.monotonic() + 180
-        while "HYB-BURN-STARTED" not in (console.read_text(errors="replace") if console.exists() else ""):
+        while not any(line.startswith(marker) for line in  # not the kernel's echo of its cmdline
+                      (console.read_text(errors="replace") if console.exists() else "").splitlines()):
             if time.monotonic() > deadline:
-                raise RuntimeError("the guest's burner did not start:\n" + console.read_text(errors="replace")[-2000:])
+                raise RuntimeError(f"no {marker} from the guest:\n" + console.read_text(errors="replace")[-2000:])
             time.sleep(0.5)
         pid = int(Path("/run/libvirt/qemu/hyb-bench-iso.pid").read_text())
         time.sleep(1.0)
-        yield process_usage(pid), None, list(vm.vcpu_pins)
+        yield process_usage(pid), None, list(vm.vcpu_pins), loop
 
 
 def _test_helpers(name: str):  # type: ignore[no-untyped-def]
@@ -282,13 +338,46 @@ def _hugetlbfs(st: ExitStack) -> Path:
     return mnt
 
 
-def _loop(st: ExitStack, img: Path) -> str:
-    with open(img, "wb") as f:
-        f.truncate(256 << 20)
-    dev = subprocess.run(["losetup", "--find", "--show", str(img)], check=True, capture_output=True,
-                         text=True).stdout.strip()
+def _loop(st: ExitStack, img: Path, size: int = 256 << 20, written: bool = False) -> str:
+    """A loop device on ``img``: sparse, or ``written`` (real blocks) and opened with direct IO."""
+    if written:
+        _write_file(img, size)
+    else:
+        with open(img, "wb") as f:
+            f.truncate(size)
+    dev = subprocess.run(["losetup", "--find", "--show", *(["--direct-io=on"] if written else []), str(img)],
+                         check=True, capture_output=True, text=True).stdout.strip()
     st.callback(subprocess.run, ["losetup", "-d", dev], check=False)
     return dev
+
+
+def _write_file(path: Path, size: int) -> None:
+    """``size`` bytes written for real (not sparse, not zeros) and fsynced."""
+    block = os.urandom(1 << 20) * 8
+    with open(path, "wb") as f:
+        f.writelines(block for _ in range(size // len(block)))
+        f.write(block[:size % len(block)])
+        f.flush()
+        os.fsync(f.fileno())
+
+
+@contextmanager
+def shared_ext4(work: Path, need: int):
+    """A directory on an ext4 with ``need`` bytes free: ``work``'s own filesystem when it
+    is ext4, else a loop-device ext4 made here (unmounted and detached at the end)."""
+    fstype = subprocess.run(["findmnt", "-n", "-o", "FSTYPE", "-T", str(work)], check=True,
+                            capture_output=True, text=True).stdout.strip()
+    if fstype == "ext4":
+        yield work
+        return
+    with ExitStack() as st:
+        dev = _loop(st, work / "ext4.img", size=need + (512 << 20))
+        subprocess.run(["mkfs.ext4", "-q", "-F", dev], check=True, capture_output=True)
+        mnt = work / "ext4"
+        mnt.mkdir()
+        subprocess.run(["mount", dev, str(mnt)], check=True)
+        st.callback(subprocess.run, ["umount", str(mnt)], check=False)
+        yield mnt
 
 
 # ---------------------------------------------------------------- one case
@@ -300,48 +389,145 @@ def throttle(cpu_group: Path | None) -> tuple[int, int]:
     return int(kv["nr_throttled"]), int(kv["throttled_time"])
 
 
-def measure(io_cpu: int, io_dev: str, seconds: float, iops: int, usage: Callable[[], int] | None,
-            cpu_group: Path | None) -> dict[str, float]:
-    steal0, thr0 = steal_ticks(), throttle(cpu_group)
-    ct, fi = cyclictest(io_cpu, seconds), fio(io_cpu, io_dev, seconds, iops)
-    meter = CpuMeter(usage) if usage else None
-    if meter:
-        with meter:
-            time.sleep(seconds)
-    out = cyclictest_result(ct) | fio_result(fi)
+def measure(io_cpu: int, target: str, seconds: float, iops: int, usage: Callable[[], int] | None = None,
+            cpu_group: Path | None = None, disk: Path | None = None,
+            during: Callable[[], dict[str, float]] | None = None) -> dict[str, float]:
+    """The IO side for ``seconds``; with ``disk`` (a block stat file) also what that disk
+    wrote and the host's peak dirty memory; ``during`` runs a fifth into the window."""
+    steal0, thr0, w0, d0 = steal_ticks(), throttle(cpu_group), sectors_written(disk), sectors_written(disk, 13)
+    end = time.monotonic() + seconds
+    ct, fi = cyclictest(io_cpu, seconds), fio(io_cpu, target, seconds, iops)
+    extra: dict[str, float] = {}
+    with ExitStack() as st:
+        meter = st.enter_context(CpuMeter(usage)) if usage else None
+        dirty = st.enter_context(CpuMeter(dirty_kib, 0.1)) if disk else None
+        if during:
+            time.sleep(seconds / 5)
+            extra = during()
+        time.sleep(max(0.0, end - time.monotonic()))
+    out = cyclictest_result(ct) | fio_result(fi) | extra
     thr1 = throttle(cpu_group)
     out |= {"steal_cpus": (steal_ticks() - steal0) / os.sysconf("SC_CLK_TCK") / seconds,
             "nr_throttled": thr1[0] - thr0[0], "throttled_ms": (thr1[1] - thr0[1]) / 1e6}
     if meter:
         out |= {f"cpu_{k}": v for k, v in meter.stats().items()}
+    if dirty:
+        out |= {"disk_write_mbs": (sectors_written(disk) - w0) * 512 / seconds / 1e6,
+                "disk_discard_mib": (sectors_written(disk, 13) - d0) * 512 / 2**20,
+                "dirty_max_mib": max((v for _, v in dirty.samples), default=0) / 1024}
     return out
 
 
+def settle() -> None:
+    """Between memory/IO cases: the last neighbour's dirty pages written, clean ones
+    dropped, so each case starts from the same page cache."""
+    os.sync()
+    Path("/proc/sys/vm/drop_caches").write_text("1")
+    time.sleep(1.0)
+
+
+def unlink_timed(path: Path) -> Callable[[], dict[str, float]]:
+    def go() -> dict[str, float]:
+        t0 = time.monotonic()
+        path.unlink()
+        return {"unlink_ms": (time.monotonic() - t0) * 1000}
+    return go
+
+
+VM_DELETE_NA = ("the smoke guest has no ext4 driver (a module in Debian's cloud kernel, not in its "
+                "initramfs) and no mkfs, so it cannot hold a file on its raw disk")
+
+
+def cpu_case(case: str, args: argparse.Namespace, work: Path, io_dev: str) -> dict[str, float]:
+    secs, iops = args.seconds, args.iops
+    if case == "a":
+        return measure(args.io_cpu, io_dev, secs, iops)
+    if case in ("b1", "b2"):
+        with cgroup_neighbour(case, f"--cpu {args.threads}", args.vcpus, args.vm_cpu, secs) as (usage, grp):
+            return measure(args.io_cpu, io_dev, secs, iops, usage, grp)
+    (work / "vm").mkdir(exist_ok=True)
+    with vm_neighbour(work / "vm", f"console=ttyS0 panic=-1 hyb.burn={args.threads}",
+                      "HYB-BURN-STARTED") as (usage, grp, pins, _):
+        return measure(args.io_cpu, io_dev, secs, iops, usage, grp) | {"vcpu_pins": pins}
+
+
+def memio_case(case: str, args: argparse.Namespace, work: Path, data: Path) -> dict[str, float]:
+    """The IO side reading ``data`` (on the shared filesystem) next to the memory/IO
+    neighbour; (c) also gives what the guest wrote to its raw disk (its loop device)."""
+    secs, iops, disk = args.seconds, args.iops, disk_stat(work)
+    settle()
+    if case == "a":
+        return measure(args.io_cpu, str(data), secs, iops, disk=disk)
+    if case in ("b1", "b2"):
+        with cgroup_neighbour(case, f"{MEM_IO_STRESS} --temp-path {work}", args.vcpus, args.vm_cpu,
+                              secs) as (usage, grp):
+            return measure(args.io_cpu, str(data), secs, iops, usage, grp, disk)
+    (work / "vm-memio").mkdir(exist_ok=True)
+    with vm_neighbour(work / "vm-memio", GUEST_MEM_IO_CMDLINE, "HYB-MEMIO-STARTED",
+                      disk=True) as (usage, grp, pins, vm_dev):
+        vm_disk = Path(f"/sys/block/{Path(vm_dev).name}/stat")
+        w0 = sectors_written(vm_disk)
+        r = measure(args.io_cpu, str(data), secs, iops, usage, grp, disk)
+        return r | {"vcpu_pins": pins, "vm_disk_write_mbs": (sectors_written(vm_disk) - w0) * 512 / secs / 1e6}
+
+
+def delete_case(args: argparse.Namespace, shared: Path, data: Path, size: int) -> dict[str, float]:
+    """A ``size``-byte file written for real on ``shared``, unlinked while the IO side reads ``data``."""
+    big = shared / "big.bin"
+    try:
+        _write_file(big, size)
+        settle()
+        r = measure(args.io_cpu, str(data), args.seconds, args.iops, disk=disk_stat(shared),
+                    during=unlink_timed(big))
+        return r | {"file_gib": size / 2**30}
+    finally:
+        big.unlink(missing_ok=True)
+
+
 def run(args: argparse.Namespace) -> dict[str, list[dict[str, float]]]:
-    io_cpu, vm_cpu = args.io_cpu, args.vm_cpu
     # The bench itself (its meter thread, and the hostd/libvirtd it starts) stays off the
     # IO CPU, as the carve keeps host daemons off it; cyclictest and fio pin themselves there.
-    os.sched_setaffinity(0, set(os.sched_getaffinity(0)) - {io_cpu} or {vm_cpu})
+    os.sched_setaffinity(0, set(os.sched_getaffinity(0)) - {args.io_cpu} or {args.vm_cpu})
     results: dict[str, list[dict[str, float]]] = {c: [] for c in args.cases}
+    results |= {f"mem-{c}": [] for c in args.io_cases}
     with tempfile.TemporaryDirectory(prefix="hyb-iso-") as tmp, ExitStack() as st:
         work = Path(tmp)
         io_dev = _loop(st, work / "io-disk.img")
         with open(io_dev, "rb") as f:  # sparse reads: the request path, not the medium
             f.read(1 << 20)
+        data = work / "io-data.bin"  # the memory/IO tables: real blocks on the shared filesystem
+        if args.io_cases or args.delete_gib:
+            _write_file(data, 256 << 20)
+        big = int(min(args.delete_gib, shutil.disk_usage(work).free / 4 / 2**30) * 2**30)
+        if big:
+            shared = st.enter_context(shared_ext4(work, big + (256 << 20)))
+            del_data = data if shared == work else shared / "io-data.bin"
+            if shared != work:
+                _write_file(del_data, 256 << 20)
+            del_base = "mem-a" if del_data == data and "a" in args.io_cases else "del-a"
+            results |= {del_base: results.get(del_base, []), "del-host": []}
         for rep in range(args.repeats):
+            step = f"[{rep + 1}/{args.repeats}]"
             for case in args.cases:
-                print(f"[{rep + 1}/{args.repeats}] {case} ...", file=sys.stderr, flush=True)
-                if case == "a":
-                    results[case].append(measure(io_cpu, io_dev, args.seconds, args.iops, None, None))
-                elif case in ("b1", "b2"):
-                    with cgroup_neighbour(case, args.threads, args.vcpus, vm_cpu, args.seconds) as (usage, grp):
-                        results[case].append(measure(io_cpu, io_dev, args.seconds, args.iops, usage, grp))
-                else:
-                    (work / "vm").mkdir(exist_ok=True)
-                    with vm_neighbour(args.threads, args.seconds, work / "vm") as (usage, grp, pins):
-                        r = measure(io_cpu, io_dev, args.seconds, args.iops, usage, grp)
-                        results[case].append(r | {"vcpu_pins": pins})
+                print(f"{step} {case} ...", file=sys.stderr, flush=True)
+                results[case].append(cpu_case(case, args, work, io_dev))
+            for case in args.io_cases:
+                print(f"{step} memory/IO {case} ...", file=sys.stderr, flush=True)
+                results[f"mem-{case}"].append(memio_case(case, args, work, data))
+            if big:
+                print(f"{step} delete {big / 2**30:.1f} GiB ...", file=sys.stderr, flush=True)
+                if del_base == "del-a":
+                    settle()
+                    results["del-a"].append(measure(args.io_cpu, str(del_data), args.seconds, args.iops,
+                                                    disk=disk_stat(shared)))
+                results["del-host"].append(delete_case(args, shared, del_data, big))
+        if big:
+            results["del-vm"] = [{"not_available": VM_DELETE_NA}]  # type: ignore[dict-item]
+            results["del-base"] = [{"case": del_base}]  # type: ignore[dict-item]
     return results
+
+
+NAMES = {"a": "(a) baseline", "b1": "(b1) cgroup quota", "b2": "(b2) quota + cpuset", "c": "(c) carved VM"}
 
 
 def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace) -> None:
@@ -357,27 +543,56 @@ def report(results: dict[str, list[dict[str, float]]], args: argparse.Namespace)
         if not vals:
             return "-"
         m = statistics.median(vals)
+        if key in ("steal_cpus", "file_gib"):
+            return f"{m:.3f}" if key == "steal_cpus" else f"{m:.1f}"
         return f"{m:.0f}" if len(vals) == 1 else f"{m:.0f} [{min(vals):.0f}-{max(vals):.0f}]"
-    t = Table(title=f"isolation: io_cpu {args.io_cpu}, neighbour {args.threads} threads, quota/vCPUs "
-                    f"{args.vcpus}, {args.seconds:.0f} s x {args.repeats}")
-    cols = [("neighbour CPU % max 10ms", "cpu_max_10ms"), ("p99 10ms", "cpu_p99_10ms"),
-            ("max 1s", "cpu_max_1s"), ("wake p99 us", "wake_p99_us"), ("wake max us", "wake_max_us"),
-            ("io p50 us", "io_p50_us"), ("io p99 us", "io_p99_us"), ("io p99.9 us", "io_p999_us"),
-            ("throttled", "nr_throttled"), ("steal CPUs", "steal_cpus")]
-    t.add_column("case")
-    for name, _ in cols:
-        t.add_column(name, justify="right")
-    names = {"a": "(a) baseline", "b1": "(b1) cgroup quota", "b2": "(b2) quota + cpuset", "c": "(c) carved VM"}
-    for case in args.cases:
-        t.add_row(names[case], *[spread(case, k) if k != "steal_cpus" else f"{med(case, k) or 0:.3f}"
-                                 for _, k in cols])
-    Console().print(t)
-    for key in ("wake_p99_us", "io_p99_us"):
-        base = med("a", key)
-        if base:
-            ratios = ", ".join(f"{c}/a = {med(c, key) / base:.2f}" for c in args.cases
-                               if c != "a" and med(c, key))
-            print(f"{key}: {ratios}")
+
+    def table(title: str, rows: list[tuple[str, str]], cols: list[tuple[str, str]], base: str,
+              keys: tuple[str, ...]) -> None:
+        t = Table(title=title)
+        t.add_column("case")
+        for name, _ in cols:
+            t.add_column(name, justify="right")
+        for key, label in rows:
+            na = next((r["not_available"] for r in results.get(key, []) if "not_available" in r), None)
+            cells = ["not available"] + ["-"] * (len(cols) - 1) if na else [spread(key, k) for _, k in cols]
+            t.add_row(label, *cells)
+        Console(width=max(200, shutil.get_terminal_size().columns)).print(t)
+        for key, label in rows:
+            for r in results.get(key, []):
+                if "not_available" in r:
+                    print(f"{label}: not available: {r['not_available']}")
+        for k in keys:
+            b = med(base, k)
+            if b and len(rows) > 1:
+                ratios = ", ".join(f"{c}/{base} = {med(c, k) / b:.2f}" for c, _ in rows if c != base and med(c, k))
+                print(f"{k}: {ratios}")
+
+    io_cols = [("wake p99 us", "wake_p99_us"), ("wake max us", "wake_max_us"), ("io p50 us", "io_p50_us"),
+               ("io p99 us", "io_p99_us"), ("io p99.9 us", "io_p999_us")]
+    head = f"{args.seconds:.0f} s x {args.repeats}, io_cpu {args.io_cpu}, quota/vCPUs {args.vcpus}"
+    if args.cases:
+        table(f"isolation, CPU neighbour ({args.threads} threads): {head}", [(c, NAMES[c]) for c in args.cases],
+              [("neighbour CPU % max 10ms", "cpu_max_10ms"), ("p99 10ms", "cpu_p99_10ms"), ("max 1s", "cpu_max_1s"),
+               *io_cols, ("throttled", "nr_throttled"), ("steal CPUs", "steal_cpus")], "a",
+              ("wake_p99_us", "io_p99_us"))
+    if args.io_cases:
+        table(f"isolation, memory/IO neighbour (stress-ng {MEM_IO_STRESS}; in the VM dd): {head}",
+              [(f"mem-{c}", NAMES[c]) for c in args.io_cases],
+              [("neighbour CPU % p99 10ms", "cpu_p99_10ms"), ("max 1s", "cpu_max_1s"), *io_cols,
+               ("io max us", "io_max_us"), ("disk MB/s written", "disk_write_mbs"),
+               ("VM disk MB/s", "vm_disk_write_mbs"), ("dirty max MiB", "dirty_max_mib"),
+               ("throttled", "nr_throttled"), ("steal CPUs", "steal_cpus")],
+              "mem-a", ("wake_p99_us", "io_p50_us", "io_p99_us", "io_p999_us"))
+    if "del-host" in results:
+        base = results["del-base"][0]["case"]
+        table(f"isolation, deleting a large file on the shared ext4: {head}",
+              [(base, "(a) baseline"), ("del-host", "(d1) delete on the shared ext4"),
+               ("del-vm", "(d2) delete in the VM, its raw disk")],
+              [*io_cols, ("io max us", "io_max_us"), ("unlink ms", "unlink_ms"), ("file GiB", "file_gib"),
+               ("disk MB/s written", "disk_write_mbs"), ("disk MiB discarded", "disk_discard_mib"),
+               ("steal CPUs", "steal_cpus")], base,
+              ("wake_p99_us", "io_p99_us", "io_p999_us", "io_max_us"))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -390,13 +605,23 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--io-cpu", type=int, default=0)
     p.add_argument("--vm-cpu", type=int, default=max(os.sched_getaffinity(0)))
     p.add_argument("--iops", type=int, default=500, help="fio's request rate")
-    p.add_argument("--cases", default="a,b1,b2,c")
+    p.add_argument("--cases", default="a,b1,b2,c", help="the CPU neighbour's cases")
+    p.add_argument("--io-cases", help="the memory/IO neighbour's cases (default a,b1,b2,c; none with --short)")
+    p.add_argument("--delete-gib", type=float, help="the file the delete scenario writes and unlinks (default 8, "
+                   "at most a quarter of the free space; 0: no delete scenario, as with --short)")
     p.add_argument("--short", action="store_true", help="3 s, 1 repeat: the mechanism, not the latencies")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
     args.cases = [c for c in args.cases.split(",") if c]
+    io_cases = args.io_cases if args.io_cases is not None else "" if args.short else "a,b1,b2,c"
+    args.io_cases = [c for c in io_cases.split(",") if c]
+    if args.delete_gib is None:
+        args.delete_gib = 0.0 if args.short else 8.0
+    if any(c not in NAMES for c in args.cases + args.io_cases):
+        p.error(f"cases are {','.join(NAMES)}")
     if args.short:
         args.seconds, args.repeats = 3.0, 1
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # the cleanups run on kill <pid> too
     if os.geteuid() != 0:
         print("isolation: needs root (cgroups, loop devices, libvirtd)", file=sys.stderr)
         return 2
