@@ -93,6 +93,7 @@ class SimHost:
     probe_port: int | None = None
     proc: subprocess.Popen | None = field(default=None, repr=False)
     started_s: float = 0.0  # spawn -> ready file, last start
+    port_retries: int = 0
 
     @property
     def pid(self) -> int | None:
@@ -238,7 +239,16 @@ class SimFleet:
             h.started_s = time.monotonic() - h.started_s
             return True
         if h.proc is not None and h.proc.poll() is not None:
-            raise RuntimeError(f"{h.name}: hostd exited {h.proc.returncode}:\n{h.log.read_text()[-3000:]}")
+            tail = h.log.read_text()[-3000:]
+            if "Address already in use" in tail and h.port_retries < 3:
+                # the free port was taken between picking and binding (another process on
+                # this machine): a new port, a new config, the same host
+                h.port_retries += 1
+                h.port = _free_ports(1)[0]
+                self._write_config(h)
+                self._spawn(h)
+                return False
+            raise RuntimeError(f"{h.name}: hostd exited {h.proc.returncode}:\n{tail}")
         return False
 
     def wait_registered(self, names: list[str] | None = None, timeout_s: float = 60) -> dict[str, dict]:
