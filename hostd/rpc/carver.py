@@ -129,6 +129,7 @@ class Info:
     vms_running: int
     started_unix: float
     policy_digest: str
+    carved_policy_toml: str = ""
 
 
 class HostCarver:
@@ -154,7 +155,7 @@ class HostCarver:
         return Info(carved_digest=st.digest if st else "", journal_steps=len(journal_steps(self.where.state_dir)),
                     reboot_pending=boot_changes(self.served.layout) if st else [], vms=len(vms),
                     vms_running=sum(r.state == "running" for r in vms), started_unix=self.started,
-                    policy_digest=self.served.digest)
+                    policy_digest=self.served.digest, carved_policy_toml=st.policy_toml if st else "")
 
     def plan(self, text: str) -> Planned:
         text, policy = self._parse(text)

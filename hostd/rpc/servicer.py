@@ -235,7 +235,7 @@ class HostdService(pb_grpc.HostdServicer):
             return pb.HostInfo(host=self.host, hostd_version=self.version, carved_policy_digest=i.carved_digest,
                                journal_steps=i.journal_steps, reboot_pending=i.reboot_pending, vms=i.vms,
                                vms_running=i.vms_running, started_unix=i.started_unix,
-                               policy_digest=i.policy_digest)
+                               policy_digest=i.policy_digest, carved_policy_toml=i.carved_policy_toml)
         return self._call(context, info)
 
     def PlanCarve(self, request, context):

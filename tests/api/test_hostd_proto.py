@@ -48,7 +48,7 @@ def test_remote_carve_messages_carry_what_fleet_rollout_reads() -> None:
 
     assert fields(pb.HostInfo) == {"host": 1, "hostd_version": 2, "carved_policy_digest": 3, "journal_steps": 4,
                                    "reboot_pending": 5, "vms": 6, "vms_running": 7, "started_unix": 8,
-                                   "policy_digest": 9}
+                                   "policy_digest": 9, "carved_policy_toml": 10}
     assert fields(pb.PlanCarveRequest) == {"policy_toml": 1}
     assert fields(pb.NoFitReason) == {"field": 1, "reason": 2}
     assert fields(pb.PlanCarveResponse) == {"policy_digest": 1, "layout_json": 2, "nofit": 3, "reboot_required": 4,

@@ -18,6 +18,7 @@ hypervisor is libvirt's test driver (docstring of bench/fleetsim.py)."""
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import random
@@ -228,7 +229,7 @@ def test_a_rollout_with_faults_and_a_controller_killed_at_random(fleet) -> None:
         mine = [t for t in tr if t["host"] == h.name and t["from"] != t["to"]]
         changed = [t for t in mine if t["to"] in ("soaking", "rebooting") and t["detail"].get("changed")]
         assert len(changed) <= 1, (h.name, mine)
-        for a, b in zip(mine, mine[1:]):
+        for a, b in itertools.pairwise(mine):
             assert a["to"] == b["from"], (h.name, a, b)
     # the scheduler: converted hosts back to active, the failed ones left cordoned or draining
     with f.api() as api:

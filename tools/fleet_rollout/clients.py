@@ -53,9 +53,10 @@ class HostInfo:
     vms: int
     vms_running: int
     started: float
+    carved_policy: str = ""  # the carved policy's text (what a rollback carves again)
 
     def to_dict(self) -> dict:
-        return dict(self.__dict__)
+        return {k: v for k, v in self.__dict__.items() if k != "carved_policy"}
 
 
 def sample_of(s: pb.HostStats) -> Sample:
@@ -105,7 +106,7 @@ class HostdClients:
     def info(self, address: str) -> HostInfo:
         r = self._call(address, "GetHostInfo", pb.GetHostInfoRequest())
         return HostInfo(r.hostd_version, r.carved_policy_digest, r.journal_steps, list(r.reboot_pending),
-                        r.vms, r.vms_running, r.started_unix)
+                        r.vms, r.vms_running, r.started_unix, r.carved_policy_toml)
 
     def plan_carve(self, address: str, policy: str) -> pb.PlanCarveResponse:
         return self._call(address, "PlanCarve", pb.PlanCarveRequest(policy_toml=policy))

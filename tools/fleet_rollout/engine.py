@@ -257,7 +257,7 @@ class Engine:
         except (HostError, SchedulerError) as e:
             return self._fail(h, str(e))
         self._move(h, "baselined", {"samples": len(base), "hostd": info.to_dict(), "admin_state": prior},
-                   {"prior_digest": info.carved_digest, "prior_admin": prior, "prior_started": info.started,
+                   {"prior_digest": info.carved_digest, "prior_policy": info.carved_policy, "prior_admin": prior, "prior_started": info.started,
                     "prior_version": info.version, "vms": vms, "baseline": [s.to_dict() for s in base]})
 
     def _cordon(self, h: HostRow) -> None:
@@ -401,19 +401,19 @@ class Engine:
         self._move(h, "rolling_back", {"from": h.state}, {"rollback_from": h.state})
 
     def _rollback(self, h: HostRow) -> None:
-        """Cordon, drain, undo the change, check it is undone, restore the admin state."""
+        """Cordon, drain, put the host's carve back as it was before (uncarve, or carve its
+        earlier policy again), check it is, restore the admin state."""
         try:
             if self.scheduler:
                 self.scheduler.set_state(h.name, "draining")
-            info = self._rpc(self.hostd.info, h.address)
-            if self.spec.kind == "convert":
-                if info.carved_digest or info.journal_steps:
-                    self._rpc(self.hostd.uncarve, h.address, drained=True)
-            elif self.spec.kind == "policy":
-                raise HostError("rolling back a policy upgrade needs the previous policy: carve it with a "
-                                "new rollout (kind = policy)")
-            else:
+            if self.spec.kind == "hostd":
                 raise HostError("rolling back a hostd upgrade: run a rollout with the previous version")
+            info = self._rpc(self.hostd.info, h.address)
+            prior = h.data.get("prior_digest", "")
+            if prior and info.carved_digest != prior:  # it had a policy: carve that one again
+                self._rpc(self.hostd.carve, h.address, h.data.get("prior_policy", ""), prior)
+            elif not prior and (info.carved_digest or info.journal_steps):  # it had none: uncarve
+                self._rpc(self.hostd.uncarve, h.address, drained=True)
             after = self._rpc(self.hostd.info, h.address)
             if after.carved_digest != h.data.get("prior_digest", ""):
                 raise HostError(f"after uncarve hostd reports digest {after.carved_digest!r}, "

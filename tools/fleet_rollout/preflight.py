@@ -19,6 +19,10 @@ def refusal(clients: HostdClients, host: Host, spec: RolloutSpec) -> str | None:
         if spec.kind == "hostd":
             info = clients.info(host.address)
             return f"already runs hostd {info.version}" if info.version == spec.hostd_version else None
+        if spec.kind == "convert":
+            info = clients.info(host.address)
+            if info.carved_digest and info.carved_digest != spec.policy_digest:
+                return f"already converted with policy {info.carved_digest[:12]} (a kind = policy rollout changes it)"
         r = clients.plan_carve(host.address, spec.policy_text)
     except HostError as e:
         return f"preflight: {e}"

@@ -229,6 +229,7 @@ def test_carve_changes_the_tree_and_a_second_carve_changes_nothing(host: Host) -
 
     info = stub.GetHostInfo(pb.GetHostInfoRequest(), timeout=10)
     assert info.carved_policy_digest == info.policy_digest == digest(UPGRADE)
+    assert info.carved_policy_toml == UPGRADE  # what a rollout records to carve it again on rollback
     assert info.journal_steps == len(c.steps)
     assert "isolcpus=managed_irq,domain,2-7" in info.reboot_pending
     state = json.loads((host.state / STATE_NAME).read_text())
@@ -256,7 +257,7 @@ def test_a_failing_step_rolls_the_whole_carve_back(host: Host) -> None:
     assert "not a directory" in e.details() and "every step of this carve was undone" in e.details()
     assert changed(before, snapshot(host.root)) == []
     info = host.stub().GetHostInfo(pb.GetHostInfoRequest(), timeout=10)
-    assert info.carved_policy_digest == "" and info.journal_steps == 0
+    assert info.carved_policy_digest == "" and info.journal_steps == 0 and info.carved_policy_toml == ""
     assert info.policy_digest == digest(CONFIGURED)
     assert host.stub().GetInventory(pb.GetInventoryRequest(), timeout=10).nodes[0].hugepages[0].total == 64
 
@@ -299,7 +300,7 @@ def test_uncarve_restores_the_tree_exactly(host: Host) -> None:
     assert changed(before, snapshot(host.root)) == []
     assert not (host.state / STATE_NAME).exists()
     info = stub.GetHostInfo(pb.GetHostInfoRequest(), timeout=10)
-    assert info.carved_policy_digest == "" and info.journal_steps == 0 and list(info.reboot_pending) == []
+    assert info.carved_policy_digest == "" and info.journal_steps == 0 and info.carved_policy_toml == "" and list(info.reboot_pending) == []
     assert info.policy_digest == digest(CONFIGURED)  # back to the policy file's layout
     assert stub.GetInventory(pb.GetInventoryRequest(), timeout=10).nodes[0].hugepages[0].total == 64
     assert list(stub.Uncarve(pb.UncarveRequest(), timeout=30).steps) == []  # idempotent

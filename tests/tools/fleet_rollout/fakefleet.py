@@ -22,6 +22,7 @@ class Crash(BaseException):
 @dataclass
 class FakeHost:
     digest: str = ""
+    policy: str = ""
     carves: int = 0  # carves that changed the host
     uncarves: int = 0
     psi: float = 1.0
@@ -61,7 +62,7 @@ class FakeFleet:
     # HostdClients
     def info(self, address: str) -> HostInfo:
         h = self._h(address)
-        return HostInfo("0.1.0", h.digest, 3 if h.digest else 0, [], 0, 0, h.started)
+        return HostInfo("0.1.0", h.digest, 3 if h.digest else 0, [], 0, 0, h.started, h.policy)
 
     def carve(self, address: str, policy: str, digest: str) -> SimpleNamespace:
         h = self._h(address)
@@ -69,7 +70,7 @@ class FakeFleet:
             raise HostRefused("hyb.carve.failed [hugepages]: write refused; rolled back")
         changed = h.digest != digest
         if changed:
-            h.digest = digest
+            h.digest, h.policy = digest, policy
             h.carves += 1
             if h.degraded_after_carve:
                 h.psi = 30.0
@@ -80,7 +81,7 @@ class FakeFleet:
     def uncarve(self, address: str, *, drained: bool) -> SimpleNamespace:
         h = self._h(address)
         if h.digest:
-            h.digest = ""
+            h.digest = h.policy = ""
             h.uncarves += 1
             h.psi = 1.0
             self._effect()

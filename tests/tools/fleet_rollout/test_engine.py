@@ -13,7 +13,7 @@ from fakefleet import Crash, FakeFleet
 from tools.fleet_rollout.engine import Engine, Options
 from tools.fleet_rollout.inventory import Host
 from tools.fleet_rollout.plan import make_plan
-from tools.fleet_rollout.spec import parse_spec
+from tools.fleet_rollout.spec import parse_spec, policy_digest
 from tools.fleet_rollout.store import Store
 
 NAMES = [f"h{i}" for i in range(8)]
@@ -59,6 +59,21 @@ def test_a_degraded_host_fails_its_gate_and_is_rolled_back(tmp_path: Path) -> No
     fail = next(t for t in store.transitions("r1", bad) if t["to"] == "failed")
     assert "psi_some_avg10" in fail["detail"]["reason"]
     assert fail["detail"]["verdict"]["numbers"]["psi_some_avg10/baseline"]["p"] < 0.05
+
+
+def test_a_policy_upgrade_rolls_a_failed_host_back_to_its_earlier_policy(tmp_path: Path) -> None:
+    fleet = FakeFleet(NAMES)
+    for h in fleet.hosts.values():
+        h.digest, h.policy = policy_digest("old"), "old"
+    store, eng = rollout(tmp_path, fleet, kind="policy", policy_text="[hugepages]\nio_floor_percent = 9\n")
+    bad = store.hosts("r1", wave=1)[0].name
+    fleet.hosts[bad].degraded_after_carve = True
+    assert eng.run() == "done"
+    assert (fleet.hosts[bad].digest, fleet.hosts[bad].policy, fleet.hosts[bad].uncarves) == \
+        (policy_digest("old"), "old", 0)
+    assert states(store)[bad] == "rolled_back"
+    new = store.rollout("r1").spec.policy_digest
+    assert all(h.digest == new for n, h in fleet.hosts.items() if n != bad)
 
 
 def test_a_failure_over_the_budget_halts_before_the_next_wave(tmp_path: Path) -> None:
