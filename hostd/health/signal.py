@@ -86,6 +86,9 @@ class HostStats:
     probe_p50_ms: float | None = None
     probe_p99_ms: float | None = None
     extra: dict[str, float] = field(default_factory=dict)
+    # the part of foreign_cpu_s used by kernel threads (per-CPU ones cannot be moved off
+    # io_cpus; a gate on what a carve can change leaves them out)
+    foreign_kernel_cpu_s: float = 0.0
 
 
 def diff(a: Sample, b: Sample, io_cpus: tuple[int, ...]) -> HostStats:
@@ -132,4 +135,4 @@ def diff(a: Sample, b: Sample, io_cpus: tuple[int, ...]) -> HostStats:
         foreign_cpu_s=sum(f.cpu_s for f in foreign), irqs_on_io_cpus_per_s=sum(i.per_s for i in irq_rate),
         psi_some_avg10=b.psi.some_avg10 if b.psi else None, psi_some_stall=psi_stall,
         throttled_periods=thr_n, throttled_ms=thr_ms, top_foreign=tuple(foreign[:TOP]),
-        top_irqs=tuple(irq_rate[:TOP]))
+        top_irqs=tuple(irq_rate[:TOP]), foreign_kernel_cpu_s=sum(f.cpu_s for f in foreign if f.kthread))

@@ -63,7 +63,9 @@ def sample_of(s: pb.HostStats) -> Sample:
     return Sample(at=s.at_unix,
                   psi_some_avg10=s.psi_some_avg10 if s.HasField("psi_some_avg10") else None,
                   probe_p99_ms=s.probe_p99_ms if s.HasField("probe_p99_ms") else None,
-                  foreign_cpu=s.foreign_cpu_seconds / s.interval_seconds if s.interval_seconds else 0.0,
+                  # user threads only: per-CPU kernel threads stay on io_cpus whatever the carve does
+                  foreign_cpu=(max(0.0, s.foreign_cpu_seconds - s.foreign_kernel_cpu_seconds) / s.interval_seconds
+                               if s.interval_seconds else 0.0),
                   probe_failed=s.probe_failed)
 
 

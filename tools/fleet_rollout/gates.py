@@ -36,7 +36,7 @@ class Sample:
     at: float
     psi_some_avg10: float | None
     probe_p99_ms: float | None
-    foreign_cpu: float  # CPU-seconds per second of foreign threads on io_cpus
+    foreign_cpu: float  # CPU-seconds per second of foreign user threads on io_cpus
     probe_failed: int
 
     def to_dict(self) -> dict:

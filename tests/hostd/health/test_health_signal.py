@@ -96,6 +96,7 @@ def test_two_samples_give_exact_rates(tmp_path: Path, version: int) -> None:
                                                                     (40, "kworker/0:1", True)]
     assert (st.foreign_threads, st.foreign_kernel_threads) == (2, 1)
     assert st.foreign_cpu_s == pytest.approx((HZ // 10 + 1) / HZ)
+    assert st.foreign_kernel_cpu_s == pytest.approx(1 / HZ)  # the kworker's part
     assert st.irqs_on_io_cpus_per_s == pytest.approx(500 / dt)  # CPU 1's 7 and the timer's are not counted
     assert st.top_irqs[0].irq == "30" and "nvme0q0" in st.top_irqs[0].name
     assert st.io_cpu_busy == pytest.approx(0.3)  # 300 of cpu0's 1000 ticks busy
