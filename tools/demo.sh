@@ -7,7 +7,11 @@
 #   4. a VM is POSTed to the scheduler: placed, dispatched, booted (smoke guest,
 #      vCPU pinned, hugepage RAM, a loop device as raw disk with an IO throttle)
 #   5. kvm-utils profiles vm-exits (of a tiny KVM guest: guests under TCG make none)
-#   6. the VM is deleted, daemons stopped (by PID), the carve undone
+#   6. the VM is deleted
+#   7. fleet-rollout rolls a new policy (more hugepages) over this host and 3 simulated
+#      hosts (real hostd processes on generated trees): one simulated host's IO signal
+#      degrades once it is carved, its gate fails, and it is rolled back
+#   8. daemons stopped (by PID), the carve undone
 set -euo pipefail
 cd "$(dirname "$0")/.."
 REPO=$(pwd)
@@ -59,7 +63,7 @@ say "hostd plan"
 "${HOSTD[@]}" plan --virt-type qemu --policy "$STATE/policy.toml"
 
 say "stand-in for the resident IO service, then hostd carve"
-$PY -m tools.io_service_standin --dir "$STATE" --tag hyb-io-standin &
+$PY -m tools.io_service_standin --dir "$STATE" --tag ossd-standin &
 PIDS+=($!)
 sleep 0.5
 echo "stand-in pid ${PIDS[0]}, CPUs before: $(grep Cpus_allowed_list /proc/${PIDS[0]}/status | cut -f2)"
@@ -78,7 +82,7 @@ HOSTD_IMAGE_DIR="$STATE/images" "${HOSTD[@]}" image add smoke --kernel $SMOKE/vm
   --initrd $SMOKE/initrd.img --cmdline "console=ttyS0 panic=-1"
 
 say "scheduler on SQLite, hostd with mTLS (dev CA from tools/make-dev-ca.sh)"
-bash tools/make-dev-ca.sh "$STATE/tls" >/dev/null
+DEV_CA_CLIENTS=fleet-rollout bash tools/make-dev-ca.sh "$STATE/tls" >/dev/null
 sha() { printf '%s' "$1" | sha256sum | cut -d' ' -f1; }
 cat > "$STATE/scheduler.toml" <<EOF
 log_level = "WARNING"
@@ -167,4 +171,44 @@ for _ in $(seq 60); do [ "$(api -o /dev/null -w '%{http_code}' "$API/v1/vms/$VM_
 VM_ID=""
 echo "domains left: $(virsh -c qemu:///system list --all --name | grep -c . || true)"
 echo "host CPUs used by VMs: $(api "$API/v1/hosts/demo-host" | $PY -c 'import json,sys; print(json.load(sys.stdin)["nodes"][0]["used_cpus"])')"
+say "fleet-rollout: a new policy (160 x 2 MiB pages) over this host and 3 simulated hosts"
+echo "The simulated hosts are real hostd processes on generated host trees (bench/fleetsim.py);"
+echo "the last one's IO signal degrades the moment it is carved (a scrubber on its IO CPU)."
+printf '%s' "$ADMIN_TOKEN" > "$STATE/admin.token"
+PYTHONPATH=bench $PY tools/demo/simhosts.py "$STATE/sim" 3 "$API" "$STATE/host.token" "$STATE/admin.token" \
+  "$STATE/tls" > "$STATE/simhosts.log" 2>&1 &
+PIDS+=($!)
+for _ in $(seq 600); do [ -f "$STATE/sim/ready" ] && break; sleep 0.2; done
+[ -f "$STATE/sim/ready" ] || { echo "simulated hosts did not start"; tail -n 20 "$STATE/simhosts.log"; exit 1; }
+sed 's/^count_per_node = 128 .*/count_per_node = 160/' "$STATE/policy.toml" > "$STATE/policy-v2.toml"
+cat > "$STATE/rollout.toml" <<EOF
+name = "demo-more-pages"
+kind = "policy"            # carved or not, hosts get policy-v2.toml; a failed one gets its old carve back
+policy = "policy-v2.toml"
+[waves]
+canary = 1                 # this host (its rack "" sorts first), then the rest
+percent = [100]
+max_failures = [0, 1]
+[limits]
+concurrency = 4
+per_rack = 1
+unreachable_s = 10
+[steps]
+baseline_s = 5
+soak_s = 8
+[gate]
+min_samples = 4
+alpha = 0.05
+controls = 0               # a real machine and simulated trees are not alike: each against itself
+psi_rise_pct = 200
+psi_some_avg10_max = 60       # v1 host: PSI is the whole host's, VMs and all
+foreign_cpu_max = 0.5
+EOF
+export FLEET_ROLLOUT_DB="$STATE/rollouts.db" FLEET_ROLLOUT_SCHEDULER_URL="$API" \
+  FLEET_ROLLOUT_TOKEN_FILE="$STATE/admin.token" FLEET_ROLLOUT_SCHEDULER_CA="$STATE/tls/ca.crt" \
+  FLEET_ROLLOUT_TLS_DIR="$STATE/tls"
+.venv/bin/fleet-rollout plan "$STATE/rollout.toml"
+.venv/bin/fleet-rollout run "$STATE/rollout.toml"
+echo "node0 2 MiB pool on this host now: $(cat /sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages) pages"
+
 say "done; cleanup stops the daemons it started and uncarves the host"
