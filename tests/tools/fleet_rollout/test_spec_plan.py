@@ -101,3 +101,15 @@ def test_ansible_inventory_racks_from_groups_and_vars() -> None:
     with pytest.raises(SpecError) as e:
         hosts_from_inventory_json(inv)
     assert "s3 is in two racks: r2, r9" in e.value.reason
+
+
+def test_the_example_spec_is_valid_and_shows_the_defaults(tmp_path: Path) -> None:
+    from tools.fleet_rollout.spec import RolloutSpec
+
+    example = Path(__file__).resolve().parents[3] / "tools/fleet_rollout/rollout.example.toml"
+    (tmp_path / "policy.toml").write_text(POLICY)
+    (tmp_path / "r.toml").write_text(example.read_text())
+    s = load_spec(tmp_path / "r.toml")
+    defaults = RolloutSpec(name="x", policy="p")
+    for part in ("waves", "limits", "steps", "gate"):
+        assert getattr(s, part) == getattr(defaults, part), part  # the comments say they are defaults
