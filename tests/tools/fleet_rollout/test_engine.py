@@ -5,6 +5,7 @@ resumed by a new one. The same paths on real hostd processes are in tests/fleet/
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -147,3 +148,42 @@ def test_a_controller_killed_after_any_side_effect_resumes_without_redoing_one(t
         else:
             assert (h.carves, h.uncarves) == (1, 0), name
             assert states(store)[name] == "verified"
+
+
+def _run_until(store: Store, eng: Engine, cond, then_state: str) -> str:  # type: ignore[no-untyped-def]
+    """Run the engine; when ``cond(states)`` holds, an operator sets ``then_state``."""
+    import concurrent.futures
+
+    with concurrent.futures.ThreadPoolExecutor(1) as ex:
+        fut = ex.submit(eng.run)
+        while not fut.done():
+            if cond(states(store)):
+                store.set_rollout("r1", then_state, "operator", fenced=False)
+                break
+            time.sleep(0.01)
+        return fut.result(timeout=60)
+
+
+def test_pause_stops_at_a_step_boundary_and_resume_finishes(tmp_path: Path) -> None:
+    fleet = FakeFleet(NAMES)
+    store, eng = rollout(tmp_path, fleet)
+    got = _run_until(store, eng, lambda st: list(st.values()).count("verified") >= 2, "paused")
+    assert got == "paused"
+    mid = states(store)
+    assert "pending" in mid.values()
+    store.set_rollout("r1", "running", "resumed", fenced=False)
+    assert Engine(store, "r1", fleet, fleet, OPTS).run() == "done"  # type: ignore[arg-type]
+    assert set(states(store).values()) == {"verified"}
+    assert all(h.carves == 1 for h in fleet.hosts.values())
+
+
+def test_abort_rolls_back_hosts_mid_change_and_keeps_converted_ones(tmp_path: Path) -> None:
+    fleet = FakeFleet(NAMES)
+    store, eng = rollout(tmp_path, fleet)
+    got = _run_until(store, eng, lambda st: "soaking" in st.values() and "verified" in st.values(), "aborting")
+    assert got == "aborted"
+    final = states(store)
+    assert set(final.values()) <= {"verified", "rolled_back", "pending"}
+    assert "rolled_back" in final.values() and "verified" in final.values()
+    for n, st in final.items():
+        assert bool(fleet.hosts[n].digest) == (st == "verified"), n
