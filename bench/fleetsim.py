@@ -91,8 +91,10 @@ class SimHost:
     log: Path
     hypervisor: Path  # the test driver's node file this process loads
     probe_port: int | None = None
-    proc: subprocess.Popen | None = field(default=None, repr=False)
+    proc: subprocess.Popen | None = field(default=None, repr=False)  # shared by a worker's hosts
+    group: int = 0  # its worker process (hosts_per_process > 1), else its own index
     started_s: float = 0.0  # spawn -> ready file, last start
+    spawned_at: float = 0.0  # monotonic time of the last spawn
     port_retries: int = 0
 
     @property
@@ -114,21 +116,30 @@ class SimFleet:
                  certs: Path, admin_token: str = "", policy: str = POLICY, io_cpus: tuple[int, ...] = (0,),
                  heartbeat_s: float = 2.0, probe: bool = True, tick_s: float = 0.5, parallel: int = 0,
                  prefix: str = "sim", labels: Callable[[int, int], dict[str, str]] = default_labels,
-                 trees_dir: Path | None = None, real_host: bool = False):
+                 trees_dir: Path | None = None, real_host: bool = False, hosts_per_process: int = 1,
+                 io_interval_s: float = 1.0):
         """``host_token``: a scheduler token with the host scope (every host registers
         with it); ``admin_token``: for ``wait_registered``; ``certs``: a dev CA directory
         (tools/make-dev-ca.sh) holding hostd's server certificate; ``parallel``: hostd
         processes starting at once (default: 4 per CPU: a start waits ~2/3 of its time); ``trees_dir``: where the host trees
         go (default: a new directory in /dev/shm, removed by ``stop``: the animator replaces
         files by rename, ~30 times cheaper on tmpfs than on ext4, where each rename over a
-        file flushes it; else ``workdir/trees``)."""
+        file flushes it; else ``workdir/trees``); ``hosts_per_process``: K > 1 serves K hosts'
+        hostd daemons from one worker process (bench/fleetsim_multi.py: ``daemon.start`` once per
+        host, each its own tree, state dir, port, test driver and registration), for fleets
+        past what separate processes allow; ``kill``, ``restart`` and ``unreachable`` then act
+        on the host's whole worker, all K hosts; ``parallel`` counts workers starting at once.
+        ``io_interval_s``: hostd's IO-health sample and probe interval."""
         if real_host:
             raise NotImplementedError("real_host: run the real machine's hostd beside the fleet with "
                                       "tests/procs.py Hostd (root, libvirtd); fleetsim holds simulated hosts")
         self.workdir = Path(workdir)
         self.url, self.host_token, self.admin_token, self.certs = scheduler_url, host_token, admin_token, certs
         self.policy_text, self.io_cpus, self.heartbeat_s, self.probe = policy, io_cpus, heartbeat_s, probe
-        self.parallel = parallel or 4 * (os.cpu_count() or 1)
+        self.per_process = max(1, hosts_per_process)
+        self.io_interval_s = io_interval_s
+        # a hostd start waits ~2/3 of its time; a worker's K starts are mostly CPU
+        self.parallel = parallel or (4 if self.per_process == 1 else 1) * (os.cpu_count() or 1)
         self.animator = Animator(tick_s)
         self.env = {k: v for k, v in os.environ.items() if not k.startswith("HOSTD_")}
         self.workdir.mkdir(parents=True, exist_ok=True)
@@ -146,7 +157,7 @@ class SimFleet:
             self.hosts.append(SimHost(name=name, rack=f"r{i % racks:02d}", labels=labels(i, n_hosts),
                                       root=self.trees_dir / name, state_dir=d / "state", port=0,
                                       config_path=d / "hostd.toml", log=d / "hostd.log",
-                                      hypervisor=d / "hypervisor.xml"))
+                                      hypervisor=d / "hypervisor.xml", group=i // self.per_process))
         self._by_name = {h.name: h for h in self.hosts}
         self.start_s = 0.0
 
@@ -191,7 +202,8 @@ class SimFleet:
             "image_dir": self.workdir / "images", "lock_guest_memory": False, "watchdog_s": 5.0,
             "scheduler_url": self.url, "scheduler_token_file": self.workdir / "host.token",
             "scheduler_ca": c / "ca.crt", "host_name": h.name, "advertise_address": h.address,
-            "rack": h.rack, "heartbeat_s": self.heartbeat_s, "io_health_interval_s": 1.0,
+            "rack": h.rack, "heartbeat_s": self.heartbeat_s, "io_health_interval_s": self.io_interval_s,
+            "io_probe_interval_s": self.io_interval_s,
             "io_probe": f"tcp:127.0.0.1:{h.probe_port}" if h.probe_port else "",
             "io_probe_timeout_s": 0.5}
         text = "".join(f"{k} = {_toml(v)}\n" for k, v in keys.items())
@@ -209,44 +221,74 @@ class SimFleet:
             self.wait_registered(timeout_s=max(30.0, timeout_s - (time.monotonic() - t0)))
         self.start_s = time.monotonic() - t0
 
+    def group(self, name: str) -> list[SimHost]:
+        """The hosts served by the same process as ``name`` (itself alone unless
+        hosts_per_process > 1)."""
+        g = self.host(name).group
+        return [h for h in self.hosts if h.group == g]
+
     def _start_many(self, hosts: list[SimHost], timeout_s: float) -> None:
-        pending, starting = list(hosts), []
+        """Start the processes of ``hosts`` (in worker mode: their whole workers), at most
+        ``parallel`` starting at once, each done when every host it serves is ready."""
+        units: list[list[SimHost]] = []
+        for h in hosts:
+            if all(u[0].group != h.group for u in units):
+                units.append(self.group(h.name) if self.per_process > 1 else [h])
+        pending, starting, ready = units, [], set()
         deadline = time.monotonic() + timeout_s
         while pending or starting:
             while pending and len(starting) < self.parallel:
-                h = pending.pop(0)
-                self._spawn(h)
-                starting.append(h)
-            for h in list(starting):
-                if self._ready(h):
-                    starting.remove(h)
+                u = pending.pop(0)
+                self._spawn(u)
+                starting.append(u)
+            for u in list(starting):
+                ready |= {h.name for h in u if h.name not in ready and self._ready(h)}
+                if all(h.name in ready for h in u):
+                    starting.remove(u)
             if time.monotonic() > deadline:
-                raise TimeoutError(f"hostd not ready after {timeout_s:.0f} s: {[h.name for h in starting]}")
+                raise TimeoutError(f"hostd not ready after {timeout_s:.0f} s: "
+                                   f"{[h.name for u in starting for h in u if h.name not in ready]}")
             time.sleep(0.05)
 
-    def _spawn(self, h: SimHost) -> None:
-        ready = h.config_path.parent / "ready"
-        ready.unlink(missing_ok=True)
-        argv = [sys.executable, "-m", "hostd.cli", "--config", str(h.config_path), "serve", "--ready-file", str(ready)]
+    def _spawn(self, unit: list[SimHost]) -> None:
+        """One `hostd serve` process for one host, or one worker (fleetsim_multi.py) for
+        a group of hosts (logging to its first host's hostd.log)."""
+        h = unit[0]
+        for x in unit:
+            (x.config_path.parent / "ready").unlink(missing_ok=True)
+        if self.per_process == 1:
+            ready = h.config_path.parent / "ready"
+            argv = [sys.executable, "-m", "hostd.cli", "--config", str(h.config_path), "serve",
+                    "--ready-file", str(ready)]
+        else:
+            argv = [sys.executable, str(REPO / "bench/fleetsim_multi.py"), *(str(x.config_path.parent) for x in unit)]
         with open(h.log, "a") as log:
-            h.proc = subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
-                                      stdin=subprocess.DEVNULL)
-        h.started_s = time.monotonic()
+            proc = subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
+                                    stdin=subprocess.DEVNULL)
+        now = time.monotonic()
+        for x in unit:
+            x.proc, x.spawned_at = proc, now
 
     def _ready(self, h: SimHost) -> bool:
+        """Whether the host serves; sets ``started_s`` (spawn -> ready) and takes the port
+        it bound."""
         ready = h.config_path.parent / "ready"
-        if ready.exists() and len(ready.read_text().split()) == 2:
-            h.started_s = time.monotonic() - h.started_s
+        text = ready.read_text().split() if ready.exists() else []
+        if len(text) == 2:
+            h.started_s = time.monotonic() - h.spawned_at
+            if int(text[1]) != h.port:  # the worker replaced a port taken meanwhile
+                h.port = int(text[1])
+                self._write_config(h)
             return True
         if h.proc is not None and h.proc.poll() is not None:
             tail = h.log.read_text()[-3000:]
-            if "Address already in use" in tail and h.port_retries < 3:
+            if "Address already in use" in tail and h.port_retries < 3 and self.per_process == 1:
                 # the free port was taken between picking and binding (another process on
                 # this machine): a new port, a new config, the same host
                 h.port_retries += 1
                 h.port = _free_ports(1)[0]
                 self._write_config(h)
-                self._spawn(h)
+                self._spawn([h])
                 return False
             raise RuntimeError(f"{h.name}: hostd exited {h.proc.returncode}:\n{tail}")
         return False
@@ -272,7 +314,7 @@ class SimFleet:
     def stop(self) -> None:
         """Stop every process this fleet started, by PID (SIGCONT first for stopped ones,
         SIGTERM, SIGKILL after 15 s), then the animator; mended carve faults."""
-        live = [h for h in self.hosts if h.pid]
+        live = list({h.pid: h for h in self.hosts if h.pid}.values())  # one per process
         for h in live:
             _signal(h, signal.SIGCONT)
             _signal(h, signal.SIGTERM)
@@ -299,7 +341,8 @@ class SimFleet:
         self.animator.degrade(name, on)
 
     def kill(self, name: str) -> None:
-        """SIGKILL the host's hostd by PID (the tree, state and VMs' ledger stay)."""
+        """SIGKILL the host's hostd by PID (the tree, state and VMs' ledger stay). In worker
+        mode (hosts_per_process > 1) the worker dies: every host of ``group(name)``."""
         h = self.host(name)
         if h.pid:
             _signal(h, signal.SIGCONT)
@@ -309,15 +352,17 @@ class SimFleet:
     def restart(self, name: str, *, keep_vms: bool = True, timeout_s: float = 120) -> None:
         """Start the host's hostd again on the same state dir and port (killing it first
         if it runs). ``keep_vms``: the hypervisor kept its domains (a hostd restart);
-        False: they are gone (a host reboot)."""
-        h = self.host(name)
+        False: they are gone (a host reboot). In worker mode, every host of the worker."""
         self.kill(name)
-        h.hypervisor.write_text(surviving_domains(h.state_dir / "ledger.db") if keep_vms else NODE_EMPTY)
-        self._start_many([h], timeout_s)
+        hosts = self.group(name) if self.per_process > 1 else [self.host(name)]
+        for h in hosts:
+            h.hypervisor.write_text(surviving_domains(h.state_dir / "ledger.db") if keep_vms else NODE_EMPTY)
+        self._start_many(hosts, timeout_s)
 
     def unreachable(self, name: str) -> None:
         """SIGSTOP the hostd: its port still accepts connections (the kernel's backlog),
-        no call is answered (gRPC deadlines expire), no heartbeat is sent."""
+        no call is answered (gRPC deadlines expire), no heartbeat is sent. In worker mode,
+        every host of the worker."""
         _signal(self.host(name), signal.SIGSTOP)
 
     def reachable(self, name: str) -> None:
@@ -359,17 +404,29 @@ class SimFleet:
         return (self.host(name).root / CPUSET / "hyb-io").is_dir()
 
     def usage(self) -> dict[str, Usage]:
-        """What each running hostd uses so far (memory now, CPU since its start)."""
+        """What each running hostd uses so far (memory now, CPU since its start). In worker
+        mode a host's share: its worker's usage divided by the hosts it serves."""
         out = {}
+        by_pid: dict[int, list[SimHost]] = {}
         for h in self.hosts:
             if h.pid:
-                try:
-                    mem = {ln.split(":")[0]: int(ln.split()[1]) * 1024
-                           for ln in Path(f"/proc/{h.pid}/smaps_rollup").read_text().splitlines()[1:]}
-                    stat = Path(f"/proc/{h.pid}/stat").read_text().rsplit(")", 1)[1].split()
-                except OSError:
-                    continue
-                out[h.name] = Usage(mem["Rss"], mem["Pss"], (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"))
+                by_pid.setdefault(h.pid, []).append(h)
+        for pid, hosts in by_pid.items():
+            u = process_usage(pid)
+            if u is None:
+                continue
+            k = len(hosts)
+            for h in hosts:
+                out[h.name] = Usage(u.rss // k, u.pss // k, u.cpu_s / k)
+        return out
+
+    def process_usage(self) -> dict[int, tuple[Usage, int]]:
+        """Each running process of the fleet: (its usage, hosts it serves)."""
+        out = {}
+        for pid in {h.pid for h in self.hosts if h.pid}:
+            u = process_usage(pid)
+            if u is not None:
+                out[pid] = (u, sum(1 for h in self.hosts if h.pid == pid))
         return out
 
 
@@ -378,6 +435,17 @@ class Usage:
     rss: int  # bytes, shared libraries counted whole in every process
     pss: int  # bytes, shared pages divided among the processes sharing them: what N hosts cost
     cpu_s: float  # user + system
+
+
+def process_usage(pid: int) -> Usage | None:
+    """A process's memory now (RSS, PSS) and CPU so far; None once it is gone."""
+    try:
+        mem = {ln.split(":")[0]: int(ln.split()[1]) * 1024
+               for ln in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]}
+        stat = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    except OSError:
+        return None
+    return Usage(mem["Rss"], mem["Pss"], (int(stat[11]) + int(stat[12])) / os.sysconf("SC_CLK_TCK"))
 
 
 def surviving_domains(ledger: Path) -> str:
@@ -491,6 +559,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--tick", type=float, default=0.5, help="the animator's period (s)")
     ap.add_argument("--heartbeat", type=float, default=2.0, help="hostd heartbeat_s")
     ap.add_argument("--no-probe", action="store_true", help="no TCP probe of the IO service stand-in")
+    ap.add_argument("--per-process", type=int, default=1,
+                    help="hosts served by one worker process (bench/fleetsim_multi.py); 1: `hostd serve` each")
+    ap.add_argument("--io-interval", type=float, default=1.0, help="hostd's IO-health sample and probe interval (s)")
     ap.add_argument("--workdir", type=Path, help="keep everything here (default: a temp dir, removed)")
     args = ap.parse_args(argv)
     sys.path.insert(0, str(REPO / "tests"))
@@ -509,7 +580,8 @@ def main(argv: list[str] | None = None) -> int:
     sched = Scheduler(work / "scheduler.toml", port, env, work / "scheduler.log", ca=certs / "ca.crt")
     fleet = SimFleet(work / "fleet", args.hosts, args.racks, scheduler_url=sched.url, host_token=host_tok,
                      admin_token=admin, certs=certs, heartbeat_s=args.heartbeat, probe=not args.no_probe,
-                     tick_s=args.tick, parallel=args.parallel)
+                     tick_s=args.tick, parallel=args.parallel, hosts_per_process=args.per_process,
+                     io_interval_s=args.io_interval)
     try:
         sched.start()
         fleet.start()
@@ -523,13 +595,21 @@ def main(argv: list[str] | None = None) -> int:
         dt = time.monotonic() - t0
         u1, m1, a1, s1 = fleet.usage(), machine(), fleet.animator.busy_s, tree_cpu_s(sched.proc.pid)
         rss, pss = sorted(u.rss for u in u1.values()), sorted(u.pss for u in u1.values())
+        if args.per_process > 1:
+            procs = fleet.process_usage()
+            threads = sorted(int(ln.split()[1]) for pid in procs
+                             for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ln.startswith("Threads:"))
+            prss = sorted(u.rss for u, _ in procs.values())
+            print(f"{len(procs)} worker processes of {args.per_process} hosts: RSS median {statistics.median(prss) / 2**20:.0f} MiB, "
+                  f"threads median {statistics.median(threads)} (max {threads[-1]}); per host below is a worker's share")
         cpu = sorted((u1[n].cpu_s - u0[n].cpu_s) / dt * 100 for n in u1 if n in u0)
         busy, steal = machine_load(m0, m1)
         print(f"hostd RSS: median {statistics.median(rss) / 2**20:.1f} MiB, max {rss[-1] / 2**20:.1f} MiB; "
               f"PSS (shared pages split): median {statistics.median(pss) / 2**20:.1f} MiB, "
               f"fleet total {sum(pss) / 2**30:.2f} GiB")
         print(f"hostd idle CPU: median {statistics.median(cpu):.2f} %, max {cpu[-1]:.2f} % of a CPU "
-              f"(heartbeat {args.heartbeat:g} s, IO sample 1 s, probe {'off' if args.no_probe else '1 s'})")
+              f"(heartbeat {args.heartbeat:g} s, IO sample {args.io_interval:g} s, "
+              f"probe {'off' if args.no_probe else f'{args.io_interval:g} s'})")
         print(f"animator: {(a1 - a0) / dt * 100:.1f} % of a CPU (tick {args.tick:g} s); scheduler: "
               f"{(s1 - s0) / dt * 100:.1f} %; machine: {busy:.2f} of {os.cpu_count()} CPUs busy, steal {steal:.2f}")
         return 0
