@@ -12,7 +12,6 @@ process."""
 
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -20,37 +19,20 @@ from pathlib import Path
 
 import grpc
 import pytest
-from fleetsim import SimFleet, dev_certs, write_scheduler_config
+from fleetsim import SimFleet
 from fleetsim_tree import CPUSET, IO_PID, NOISY_PID, POOL
-from procs import REPO, Scheduler, free_port
+from procs import REPO
 
 from api import hostd_pb2 as pb
 
 pytestmark = [pytest.mark.slow]
-ADMIN, HOST_TOKEN = "fleet-admin-token", "fleet-host-token"
 N, RACKS = 10, 5
 
 
 @pytest.fixture(scope="module")
-def sched(tmp_path_factory: pytest.TempPathFactory):
-    w = tmp_path_factory.mktemp("fleet")
-    certs = dev_certs(w / "tls", ("fleet-rollout",))
-    port = free_port()
-    write_scheduler_config(w / "scheduler.toml", port=port, certs=certs, db=w / "scheduler.db",
-                           admin_token=ADMIN, host_token=HOST_TOKEN)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOSTD_", "HYB_SCHED_"))}
-    s = Scheduler(w / "scheduler.toml", port, env, w / "scheduler.log", ca=certs / "ca.crt")
-    try:
-        s.start()
-        yield {"sched": s, "certs": certs, "dir": w}
-    finally:
-        s.stop()
-
-
-@pytest.fixture(scope="module")
 def fleet(sched):
-    f = SimFleet(sched["dir"] / "sim", N, RACKS, scheduler_url=sched["sched"].url, host_token=HOST_TOKEN,
-                 admin_token=ADMIN, certs=sched["certs"])
+    f = SimFleet(sched["dir"] / "sim", N, RACKS, scheduler_url=sched["sched"].url, host_token=sched["host_token"],
+                 admin_token=sched["admin"], certs=sched["certs"])
     try:
         f.start(timeout_s=120)
         yield f
@@ -194,7 +176,7 @@ def test_broken_tree_fails_the_carve_midway_and_rolls_back(fleet: SimFleet) -> N
 
 
 def test_stop_leaves_no_process(sched, tmp_path: Path) -> None:
-    f = SimFleet(tmp_path / "sim2", 3, 1, scheduler_url=sched["sched"].url, host_token=HOST_TOKEN,
+    f = SimFleet(tmp_path / "sim2", 3, 1, scheduler_url=sched["sched"].url, host_token=sched["host_token"],
                  certs=sched["certs"], prefix="stop")
     try:
         f.start(timeout_s=60)

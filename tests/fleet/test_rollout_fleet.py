@@ -29,8 +29,8 @@ import time
 from pathlib import Path
 
 import pytest
-from fleetsim import SimFleet, dev_certs, write_scheduler_config
-from procs import REPO, Scheduler, free_port
+from fleetsim import SimFleet
+from procs import REPO
 
 from api import hostd_pb2 as pb
 from tools.fleet_rollout.inventory import Host
@@ -38,7 +38,6 @@ from tools.fleet_rollout.plan import make_plan
 from tools.fleet_rollout.spec import parse_spec
 
 pytestmark = [pytest.mark.slow]
-ADMIN, HOST_TOKEN = "rollout-admin-token", "rollout-host-token"
 N, RACKS = 32, 8
 SPEC = """name = "{name}"
 kind = "convert"
@@ -70,29 +69,18 @@ foreign_cpu_max = 0.5
 
 
 @pytest.fixture(scope="module")
-def fleet(tmp_path_factory: pytest.TempPathFactory):
-    w = tmp_path_factory.mktemp("rollout")
-    certs = dev_certs(w / "tls", ("fleet-rollout",))
-    port = free_port()
-    write_scheduler_config(w / "scheduler.toml", port=port, certs=certs, db=w / "scheduler.db",
-                           admin_token=ADMIN, host_token=HOST_TOKEN)
-    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOSTD_", "HYB_SCHED_"))}
-    s = Scheduler(w / "scheduler.toml", port, env, w / "scheduler.log", ca=certs / "ca.crt")
-    f = None
+def fleet(sched):  # type: ignore[no-untyped-def]
+    s, w = sched["sched"], sched["dir"]
+    f = SimFleet(w / "sim", N, RACKS, scheduler_url=s.url, host_token=sched["host_token"], admin_token=sched["admin"],
+                 certs=sched["certs"])
     try:
-        s.start()
-        f = SimFleet(w / "sim", N, RACKS, scheduler_url=s.url, host_token=HOST_TOKEN, admin_token=ADMIN,
-                     certs=certs)
         f.start(timeout_s=300)
-        f.wait_registered()
-        (w / "admin.token").write_text(ADMIN)
+        (w / "admin.token").write_text(sched["admin"])
         (w / "scheduler.url").write_text(s.url)
         (w / "policy.toml").write_text(f.policy_text)
         yield f, w
     finally:
-        if f is not None:
-            f.stop()
-        s.stop()
+        f.stop()
 
 
 def cli(w: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
