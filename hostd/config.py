@@ -72,6 +72,10 @@ class HostdConfig(BaseSettings):
     io_probe: str = ""
     io_probe_timeout_s: float = Field(1.0, gt=0, le=30)
     io_probe_interval_s: float = Field(1.0, gt=0, le=300)
+    # The release this hostd was installed from (deploy/ansible writes the bundle's id
+    # there): GetHostInfo's hostd_version is "<package version>+<release id>" when it
+    # exists, so a rollout of a new build is told apart from the old one.
+    release_file: Path = Path("/opt/hybrid-kvm/.release-id")
 
 
 def load_config(path: Path | None) -> HostdConfig:

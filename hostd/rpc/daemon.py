@@ -98,13 +98,19 @@ def _where(cfg: HostdConfig) -> Where:
     return Where(root=cfg.root, state_dir=cfg.state_dir, policy_file=cfg.policy, virt_type=cfg.virt_type)
 
 
-def hostd_version() -> str:
-    """hostd.__version__ (hostd/__init__.py): the installed distribution's version. Read
-    here, not imported: the package root has no layer of its own to import from."""
+def hostd_version(release_file: Path | None = None) -> str:
+    """hostd.__version__ (hostd/__init__.py): the installed distribution's version (read
+    here, not imported: the package root has no layer of its own to import from), with
+    the release id of the bundle it came from when ``release_file`` holds one."""
     try:
-        return version("hybrid-kvm")
+        v = version("hybrid-kvm")
     except PackageNotFoundError:
-        return "0+unknown"
+        v = "0+unknown"
+    try:
+        rid = release_file.read_text().strip()[:12] if release_file else ""
+    except OSError:
+        rid = ""
+    return f"{v}+{rid}" if rid and "+" not in v else v
 
 
 def _profiles(cfg: HostdConfig) -> dict[str, Profile]:
@@ -175,7 +181,7 @@ def start(cfg: HostdConfig) -> Daemon:
     pb_grpc.add_HostdServicer_to_server(
         HostdService(manager, host=topo.host.hostname or socket.gethostname(),
                      layout_json=layout.to_json(None), health=health, metrics=metrics, callers=callers,
-                     sampler=sampler, carver=carver, version=hostd_version()), server)
+                     sampler=sampler, carver=carver, version=hostd_version(cfg.release_file)), server)
     port = server.add_secure_port(cfg.listen, creds) if creds else server.add_insecure_port(cfg.listen)
     if port == 0:
         raise ConfigError(f"cannot listen on {cfg.listen}", field="listen")

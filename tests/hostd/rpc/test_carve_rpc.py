@@ -104,7 +104,8 @@ class Host:
             virt_type="qemu", policy=tmp / "policy.toml", state_dir=self.state, root=self.root,
             listen="127.0.0.1:0", tls_cert=certs / "hostd.crt", tls_key=certs / "hostd.key",
             tls_ca=certs / "ca.crt", libvirt_uri="test:///default", image_dir=tmp / "images",
-            lock_guest_memory=False, metrics_listen="", io_health_interval_s=0, watchdog_s=60)
+            lock_guest_memory=False, metrics_listen="", io_health_interval_s=0, watchdog_s=60,
+            release_file=tmp / "release-id")
         self.d: daemon.Daemon | None = None
         self.channels: list[grpc.Channel] = []
 
@@ -348,6 +349,18 @@ def test_host_info_names_this_hostd(host: Host) -> None:
     setup = (REPO / "setup.cfg").read_text()
     assert info.hostd_version == hostd.__version__ and f"version = {info.hostd_version}\n" in setup
     assert info.host and info.vms == 0 and info.vms_running == 0 and info.started_unix > 0
+
+
+def test_host_info_names_the_release_it_was_installed_from(tmp_path: Path, certs: Path) -> None:
+    """deploy/ansible writes the bundle's id to release_file: a new build under the same
+    package version still reports a new version, which a hostd rollout checks."""
+    h = Host(tmp_path, certs)
+    (tmp_path / "release-id").write_text("4f2a9c0e1b7d55aa0000\n")
+    try:
+        info = h.start().stub().GetHostInfo(pb.GetHostInfoRequest(), timeout=10)
+    finally:
+        h.stop()
+    assert info.hostd_version == f"{hostd.__version__}+4f2a9c0e1b7d"
 
 
 def test_a_restarted_hostd_serves_the_carved_policy(host: Host) -> None:
