@@ -126,8 +126,8 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
 
 
 class SchedulerApp(FastAPI):
-    """FastAPI with the claim request answered ahead of the middleware stack and the
-    router (``api/fastpath.py``); every other request, and every claim that path hands
+    """FastAPI with claims and heartbeats answered ahead of the middleware stack and the
+    router (``api/fastpath.py``); every other request, and every one that path hands
     back, goes through the application as usual."""
 
     async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
@@ -139,6 +139,10 @@ class SchedulerApp(FastAPI):
                 return
         if fastpath.claims(scope):
             receive = await fastpath.create(self, scope, receive, send)
+            if receive is None:
+                return
+        elif fastpath.beats(scope):
+            receive = await fastpath.heartbeat(self, scope, receive, send)
             if receive is None:
                 return
         await super().__call__(scope, receive, send)

@@ -108,3 +108,30 @@ def test_batched_heartbeats_are_checked_at_once_and_written_together(db_url) -> 
         assert api.get("/v1/hosts/oss-1", headers=ADM).json()["last_heartbeat"] == T0 + 42
         assert api.get("/v1/hosts/oss-1/stats", headers=ADM).json()["items"][0]["heartbeats"] == 2
         assert svc.flush() == 0
+
+
+def test_the_heartbeat_fast_path_answers_as_the_route_would(api) -> None:  # type: ignore[no-untyped-def]
+    """Heartbeats are answered ahead of the router (scheduler/api/fastpath.py); what it
+    hands over (no host scope, a body that does not validate or is not JSON) gets the
+    application's answers, and every refusal is audited once."""
+    from scheduler.api import fastpath
+
+    path = {"type": "http", "method": "POST", "query_string": b""}
+    assert fastpath.beats(path | {"path": "/v1/hosts/oss-1/heartbeat"})
+    for other in ("/v1/hosts/heartbeat", "/v1/hosts//heartbeat", "/v1/hosts/a/b/heartbeat", "/v1/hosts/oss-1"):
+        assert not fastpath.beats(path | {"path": other}), other
+    assert not fastpath.beats({"type": "lifespan"})
+
+    r = api.post("/v1/hosts/oss-1/heartbeat", json={"stats": stats(T0 + 5)}, headers=HOST)
+    assert r.status_code == 200 and r.json() == {"name": "oss-1", "state": "active", "generation": 1,
+                                                 "last_heartbeat": T0}
+    r = api.post("/v1/hosts/oss-9/heartbeat", headers=HOST)
+    assert r.status_code == 404 and r.json()["error"]["code"] == "hyb.host.not_found"
+    r = api.post("/v1/hosts/oss-1/heartbeat", json={"stats": stats(T0, io_cpu_busy=2)}, headers=HOST)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "stats.io_cpu_busy"
+    r = api.post("/v1/hosts/oss-1/heartbeat", content=b"{}", headers=HOST | {"Content-Type": "text/plain"})
+    assert r.status_code == 422
+    before = len(api.get("/v1/audit?action=auth.denied", headers=ADM).json()["items"])
+    r = api.post("/v1/hosts/oss-1/heartbeat", headers=TA)  # a tenant token: no host scope
+    assert r.status_code == 403 and r.json()["error"]["code"] == "hyb.auth.forbidden"
+    assert len(api.get("/v1/audit?action=auth.denied", headers=ADM).json()["items"]) == before + 1
