@@ -164,6 +164,48 @@ def host_steps(db: Path, name: str) -> int:
         c.close()
 
 
+def check_verified(fleet: SimFleet, db: Path, certs: Path) -> list[str]:
+    """Hosts the record calls verified whose hostd does not report the spec's policy
+    digest, or whose tree shows no carve; their transitions go to disagree.json."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    from tools.fleet_rollout.clients import HostdClients, HostError, Tls
+    from tools.fleet_rollout.spec import policy_digest
+
+    want = policy_digest(fleet.policy_text)
+    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+    try:
+        verified = [r[0] for r in c.execute("SELECT name FROM hosts WHERE rollout = ? AND state = 'verified'",
+                                            (NAME,))]
+    finally:
+        c.close()
+    clients = HostdClients(Tls.from_dir(certs), 30.0)
+
+    def why(name: str) -> str:
+        try:
+            got = clients.info(fleet.host(name).address).carved_digest
+        except HostError as e:
+            got = f"error: {e}"
+        tree = fleet.carved(name)
+        return "" if got == want and tree else f"hostd digest {got[:12]!r}, tree carved {tree}"
+    try:
+        with ThreadPoolExecutor(32) as pool:
+            reasons = dict(zip(verified, pool.map(why, verified)))
+    finally:
+        clients.close()
+    wrong = sorted(n for n, r in reasons.items() if r)
+    if wrong:
+        c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
+        try:
+            dump = {n: {"why": reasons[n], "transitions": c.execute(
+                "SELECT from_state, to_state, at, detail FROM transitions WHERE rollout = ? AND host = ? ORDER BY id",
+                (NAME, n)).fetchall()} for n in wrong}
+        finally:
+            c.close()
+        (db.parent / "disagree.json").write_text(json.dumps(dump, indent=1))
+    return [f"{n}: {reasons[n]}" for n in wrong]
+
+
 def host_states(db: Path, name: str) -> dict[str, int]:
     c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
     try:
@@ -288,6 +330,9 @@ def main(argv: list[str] | None = None) -> int:
         carved = sum(1 for h in fleet.hosts if fleet.carved(h.name))
         print(f"rollout: {st['state']} in {run.wall_s:.0f} s; hosts {states}; carved trees {carved}/{args.hosts}; "
               f"problems {[(p['host'], p['state'], p['reason'][:80]) for p in st['problems']][:5]}", flush=True)
+        wrong = check_verified(fleet, work / "rollouts.db", certs)
+        print(f"verified hosts whose hostd or tree disagrees with the record: {len(wrong)}"
+              + (f" {wrong[:10]} (transitions in {work / 'disagree.json'})" if wrong else ""), flush=True)
         if run.rc != 0:
             print(run.err[-3000:], file=sys.stderr)
         per_step = run.cpu_s / max(1, steps) * 1000
@@ -309,7 +354,7 @@ def main(argv: list[str] | None = None) -> int:
               f"({hosts_cpu / dt:.2f} CPUs), animator {(a1 - a0) / dt * 100:.0f} % of a CPU "
               f"(tick {args.tick:g} s), scheduler {(s1 - s0) / dt * 100:.0f} %, controller "
               f"{run.cpu_s / dt * 100:.0f} %; machine {busy:.2f} of {os.cpu_count()} CPUs busy, steal {steal:.2f}")
-        return 0 if st["state"] == "done" else 1
+        return 0 if st["state"] == "done" and not wrong else 1
     finally:
         if fleet is not None:
             fleet.stop()
