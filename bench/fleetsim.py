@@ -184,13 +184,16 @@ class SimFleet:
         token = self.workdir / "host.token"
         token.write_text(self.host_token)
         token.chmod(0o600)
-        ports = _free_ports(len(self.hosts))
-        for h, port in zip(self.hosts, ports):
+        for h in self.hosts:
             write_tree(h.root, h.name)
             h.state_dir.mkdir(parents=True, exist_ok=True)
             h.hypervisor.write_text(NODE_EMPTY)
-            h.port = port
             h.probe_port = self.animator.add(h.name, h.root, self.io_cpus, self.probe).probe_port
+        # hostd ports once the probe listeners hold theirs (a listener bound later on port 0
+        # could take a hostd's port; gRPC binds with SO_REUSEPORT, so a hostd retrying onto
+        # another host's port would silently share its connections with that host's hostd)
+        for h, port in zip(self.hosts, _free_ports(len(self.hosts))):
+            h.port = port
             self._write_config(h)
 
     def _write_config(self, h: SimHost) -> None:
@@ -249,6 +252,11 @@ class SimFleet:
                 raise TimeoutError(f"hostd not ready after {timeout_s:.0f} s: "
                                    f"{[h.name for u in starting for h in u if h.name not in ready]}")
             time.sleep(0.05)
+        ports: dict[int, str] = {}
+        for h in self.hosts:
+            if h.port in ports:  # SO_REUSEPORT: both would answer, each some of the calls
+                raise RuntimeError(f"{h.name} and {ports[h.port]} both listen on port {h.port}")
+            ports[h.port] = h.name
 
     def _spawn(self, unit: list[SimHost]) -> None:
         """One `hostd serve` process for one host, or one worker (fleetsim_multi.py) for
