@@ -175,16 +175,27 @@ def start(cfg: HostdConfig) -> Daemon:
                          host_warnings=topo.host.warnings, sampler=sampler)
     creds = _credentials(cfg)
     callers = CallerCheck(frozenset(cfg.rpc_mutating_callers) if creds else None)
-    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"))
+    # no SO_REUSEPORT: a second hostd on a taken port must fail, not share its connections
+    server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"),
+                         options=[("grpc.so_reuseport", 0)])
     after: list[Callable[[Served], None]] = []  # the registrar's, once it exists
     carver = HostCarver(_where(cfg), manager, served, on_served=lambda s: [fn(s) for fn in after])
     pb_grpc.add_HostdServicer_to_server(
         HostdService(manager, host=topo.host.hostname or socket.gethostname(),
                      layout_json=layout.to_json(None), health=health, metrics=metrics, callers=callers,
                      sampler=sampler, carver=carver, version=hostd_version(cfg.release_file)), server)
-    port = server.add_secure_port(cfg.listen, creds) if creds else server.add_insecure_port(cfg.listen)
+    try:
+        port = server.add_secure_port(cfg.listen, creds) if creds else server.add_insecure_port(cfg.listen)
+    except RuntimeError:  # newer grpcio raises where older ones answered 0
+        port = 0
     if port == 0:
-        raise ConfigError(f"cannot listen on {cfg.listen}", field="listen")
+        # what started so far stops again: a failed start leaves no thread or file open
+        stop_event.set()
+        if sampler:
+            sampler.stop()
+        lv.close()
+        manager.ledger.close()
+        raise ConfigError(f"cannot listen on {cfg.listen} (in use, or not an address here)", field="listen")
     server.start()
     _refresh_metrics(metrics, lv, manager)
     if cfg.metrics_listen:

@@ -132,6 +132,10 @@ class SchedulerError(Exception):
     pass
 
 
+class SchedulerUnreachable(SchedulerError):
+    """No answer, or a 5xx: worth asking again (the engine retries for limits.unreachable_s)."""
+
+
 class Scheduler:
     """The scheduler's REST API with an admin token (cordon and uncordon hosts)."""
 
@@ -146,14 +150,15 @@ class Scheduler:
         try:
             r = self.http.request(method, path, **kw)
         except httpx.HTTPError as e:
-            raise SchedulerError(f"scheduler {method} {path}: {e}") from None
+            raise SchedulerUnreachable(f"scheduler {method} {path}: {e}") from None
         if r.status_code >= 400:
             try:
                 body = r.json()
                 detail = f"{body.get('code', r.status_code)}: {body.get('detail', '')}"
             except ValueError:
                 detail = str(r.status_code)
-            raise SchedulerError(f"scheduler {method} {path}: {detail}")
+            raise (SchedulerUnreachable if r.status_code >= 500 else SchedulerError)(
+                f"scheduler {method} {path}: {detail}")
         return r.json()
 
     def hosts(self) -> list[dict]:

@@ -32,6 +32,7 @@ from tools.fleet_rollout.clients import (
     HostUnreachable,
     Scheduler,
     SchedulerError,
+    SchedulerUnreachable,
     run_hook,
 )
 from tools.fleet_rollout.gates import Sample, Verdict, judge
@@ -105,7 +106,7 @@ class Engine:
                 return
 
     def _state(self) -> str:
-        return "lost" if self._lost.is_set() else self.store.rollout(self.name).state
+        return "lost" if self._lost.is_set() else self.store.state(self.name)[0]
 
     def _loop(self) -> str:
         pool = ThreadPoolExecutor(max_workers=self.spec.limits.concurrency, thread_name_prefix="host")
@@ -114,17 +115,17 @@ class Engine:
             while True:
                 for n in [n for n, f in running.items() if f.done()]:
                     running.pop(n).result()  # a bug in a driver surfaces here, not silently
-                r = self.store.rollout(self.name)
+                state, wave = self.store.state(self.name)
                 if self._lost.is_set():
                     return "lost"
-                if r.state not in ACTIVE:
+                if state not in ACTIVE:
                     if running:  # let in-flight hosts reach a step boundary
                         time.sleep(self.opts.poll_s)
                         continue
-                    return r.state
-                hosts = self._work(r.state, r.wave)
+                    return state
+                hosts = self._work(state, wave)
                 if not hosts and not running:
-                    nxt = self._next(r.state, r.wave)
+                    nxt = self._next(state, wave)
                     if nxt is not None:
                         return nxt
                     continue
@@ -136,15 +137,15 @@ class Engine:
     def _work(self, state: str, wave: int) -> list[HostRow]:
         """The hosts that still need driving, in order."""
         if state == "running":
-            return [h for h in self.store.hosts(self.name, wave=wave)
+            return [h for h in self.store.brief(self.name, wave=wave)
                     if h.state not in DONE and not (h.state == "failed" and h.data.get("rollback_failed"))]
         def retry(h: HostRow) -> bool:
             return not h.data.get("rollback_failed") or h.name not in self._retried
         if state == "aborting":  # hosts mid-change go back; verified ones stay
-            return [h for h in self.store.hosts(self.name)
+            return [h for h in self.store.brief(self.name)
                     if h.state in ROLLBACK_FROM[:-1] + ("failed", "rolling_back") and retry(h)]
         # rolling_back: the whole rollout, newest wave first
-        todo = [h for h in self.store.hosts(self.name)
+        todo = [h for h in self.store.brief(self.name)
                 if h.state in ROLLBACK_FROM + ("failed", "rolling_back") and retry(h)]
         if not todo:
             return []
@@ -157,12 +158,12 @@ class Engine:
             self.store.set_rollout(self.name, "aborted", "aborted by the operator; hosts mid-change rolled back")
             return "aborted"
         if state == "rolling_back":
-            stuck = [h.name for h in self.store.hosts(self.name)
+            stuck = [h.name for h in self.store.brief(self.name)
                      if h.state == "failed" and h.data.get("rollback_failed")]
             final = "rolled_back" if not stuck else "halted"
             self.store.set_rollout(self.name, final, f"could not roll back: {', '.join(stuck)}" if stuck else "")
             return final
-        hosts = self.store.hosts(self.name, wave=wave)
+        hosts = self.store.brief(self.name, wave=wave)
         failures = sum(1 for h in hosts if h.state in FAILED)
         budget = self.spec.max_failures(wave)
         if failures > budget:
@@ -238,20 +239,25 @@ class Engine:
             time.sleep(min(left, self.opts.poll_s))
 
     def _rpc(self, fn: Callable, *args, **kw):  # type: ignore[no-untyped-def,type-arg]
-        """A hostd call, retried while the host does not answer, for limits.unreachable_s."""
+        """A hostd or scheduler call, retried while it gets no answer (or a 5xx), for
+        limits.unreachable_s: a restarting hostd, a scheduler replica going away."""
         end = time.monotonic() + self.spec.limits.unreachable_s
         while True:
             try:
                 return fn(*args, **kw)
-            except HostUnreachable:
+            except (HostUnreachable, SchedulerUnreachable):
                 if time.monotonic() >= end:
                     raise
                 self._wait(1.0)
 
+    def _admin(self, name: str, state: str) -> None:
+        if self.scheduler:
+            self._rpc(self.scheduler.set_state, name, state)
+
     def _baseline(self, h: HostRow) -> None:
         try:
             info = self._rpc(self.hostd.info, h.address)
-            prior = self.scheduler.host(h.name)["admin_state"] if self.scheduler else ""
+            prior = self._rpc(self.scheduler.host, h.name)["admin_state"] if self.scheduler else ""
             base = self._window(h, self.spec.steps.baseline_s, since=None)
             vms = sorted(self._rpc(self.hostd.vm_ids, h.address)) if self.spec.kind == "hostd" else []
         except (HostError, SchedulerError) as e:
@@ -262,8 +268,7 @@ class Engine:
 
     def _cordon(self, h: HostRow) -> None:
         try:
-            if self.scheduler:
-                self.scheduler.set_state(h.name, "cordoned")
+            self._admin(h.name, "cordoned")
         except SchedulerError as e:
             return self._fail(h, str(e))
         self._move(h, "cordoned")
@@ -367,8 +372,7 @@ class Engine:
         if v.decision == "fail":
             return self._fail(h, "gate: " + "; ".join(v.reasons), detail)
         try:
-            if self.scheduler:
-                self.scheduler.set_state(h.name, h.data.get("prior_admin") or "active")
+            self._admin(h.name, h.data.get("prior_admin") or "active")
         except SchedulerError as e:
             return self._fail(h, str(e), detail)
         self._move(h, "verified", detail)
@@ -378,7 +382,7 @@ class Engine:
         want = self.spec.gate.controls
         if not want:
             return [], []
-        pending = [c for c in self.store.hosts(self.name) if c.state == "pending"]
+        pending = [c for c in self.store.brief(self.name) if c.state == "pending"]
         pending.sort(key=lambda c: (c.rack == h.rack, c.seq))
         out: list[Sample] = []
         used: list[str] = []
@@ -404,8 +408,7 @@ class Engine:
         """Cordon, drain, put the host's carve back as it was before (uncarve, or carve its
         earlier policy again), check it is, restore the admin state."""
         try:
-            if self.scheduler:
-                self.scheduler.set_state(h.name, "draining")
+            self._admin(h.name, "draining")
             if self.spec.kind == "hostd":
                 raise HostError("rolling back a hostd upgrade: run a rollout with the previous version")
             info = self._rpc(self.hostd.info, h.address)
@@ -418,8 +421,7 @@ class Engine:
             if after.carved_digest != h.data.get("prior_digest", ""):
                 raise HostError(f"after uncarve hostd reports digest {after.carved_digest!r}, "
                                 f"not {h.data.get('prior_digest', '')!r}")
-            if self.scheduler:
-                self.scheduler.set_state(h.name, h.data.get("prior_admin") or "active")
+            self._admin(h.name, h.data.get("prior_admin") or "active")
         except (HostError, SchedulerError) as e:
             log.error("%s: rollback failed: %s", h.name, e)
             self._move(h, "failed", {"rollback": "failed", "reason": str(e)}, {"rollback_failed": str(e)})

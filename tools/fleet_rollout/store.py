@@ -155,6 +155,13 @@ class Store:
         r = rows[0]
         return RolloutRow(r[0], RolloutSpec.from_json(r[1]), r[2], r[3], r[4], r[5], json.loads(r[6]), r[7], r[8])
 
+    def state(self, name: str) -> tuple[str, int]:
+        """(state, wave): what a running controller polls, without the spec."""
+        rows = self._q("SELECT state, wave FROM rollouts WHERE name=?", (name,))
+        if not rows:
+            raise StoreError(f"no rollout named {name} in {self.path}")
+        return rows[0][0], rows[0][1]
+
     def rollouts(self) -> list[str]:
         return [r[0] for r in self._q("SELECT name FROM rollouts ORDER BY created")]
 
@@ -188,6 +195,17 @@ class Store:
         if wave is not None:
             q, args = q + " AND wave=?", (name, wave)
         return [self._host_row(r) for r in self._q(q + " ORDER BY seq", args)]
+
+    def brief(self, name: str, *, wave: int | None = None) -> list[HostRow]:
+        """Hosts without their recorded data (baselines are large), for scheduling: ``data``
+        holds only ``rollback_failed``, ``host`` only name, address and rack."""
+        q = ("SELECT name, wave, seq, rack, address, state, json_extract(data, '$.rollback_failed'), updated "
+             "FROM hosts WHERE rollout=?")
+        args: tuple = (name,)
+        if wave is not None:
+            q, args = q + " AND wave=?", (name, wave)
+        return [HostRow(r[0], r[1], r[2], r[3], r[4], Host(r[0], r[4], r[3]), r[5],
+                        {"rollback_failed": r[6]} if r[6] else {}, r[7]) for r in self._q(q + " ORDER BY seq", args)]
 
     def host(self, name: str, host: str) -> HostRow:
         rows = self._q(self._HOST_COLS + " AND name=?", (name, host))

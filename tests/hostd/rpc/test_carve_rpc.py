@@ -26,6 +26,7 @@ from api.layout import Layout
 from hostd.apply.images import ImageStore
 from hostd.cli import main as hostd_cli
 from hostd.config import HostdConfig
+from hostd.errors import ConfigError
 from hostd.rpc import daemon
 from hostd.rpc.carving import STATE_NAME
 
@@ -401,3 +402,18 @@ def test_the_cli_carve_records_its_digest_for_hostd(tmp_path: Path, certs: Path)
     assert hostd_cli(["--config", str(cfg), "uncarve"]) == 0
     assert not (h.state / STATE_NAME).exists()
     assert changed(before, snapshot(h.root)) == []
+
+
+def test_a_second_hostd_on_a_taken_port_fails_instead_of_sharing_it(tmp_path: Path, certs: Path) -> None:
+    """gRPC binds with SO_REUSEPORT by default: a second hostd on the same port would
+    silently take half of the first one's connections (bench/fleetsim saw two simulated
+    hosts answer for each other). hostd turns it off, so the second one fails to start."""
+    first = Host(tmp_path / "a", certs).start()
+    try:
+        second = Host(tmp_path / "b", certs)
+        second.cfg = second.cfg.model_copy(update={"listen": f"127.0.0.1:{first.d.port}"})
+        with pytest.raises(ConfigError) as e:
+            second.start()
+        assert e.value.field == "listen"
+    finally:
+        first.stop()
