@@ -208,7 +208,9 @@ class SimFleet:
             "rack": h.rack, "heartbeat_s": self.heartbeat_s, "io_health_interval_s": self.io_interval_s,
             "io_probe_interval_s": self.io_interval_s,
             "io_probe": f"tcp:127.0.0.1:{h.probe_port}" if h.probe_port else "",
-            "io_probe_timeout_s": 0.5}
+            "io_probe_timeout_s": 0.5,
+            # the build this host runs (what a hostd rollout changes): "<version>+<id>"
+            "release_file": h.state_dir / "release-id"}
         text = "".join(f"{k} = {_toml(v)}\n" for k, v in keys.items())
         text += "[labels]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in h.labels.items())
         h.config_path.write_text(text)

@@ -345,10 +345,17 @@ class Engine:
         if seconds <= 0:
             return []
         deadline = time.monotonic() + seconds + self.opts.stats_wait_s
+        span = seconds + (time.time() - since if since is not None else 0.0)
+        interval = 1.0  # a guess until hostd says: ask for what the window needs, not all 900
         while True:
-            interval, samples = self._rpc(self.hostd.stats, h.address, last=900)
-            if interval <= 0:
+            last = min(900, math.ceil(span / interval) + 3)
+            got_interval, samples = self._rpc(self.hostd.stats, h.address, last=last)
+            if got_interval <= 0:
                 raise HostError(f"{h.name}: the IO-health signal is off (io_health_interval_s = 0)")
+            if got_interval < interval and last < 900:  # finer than guessed: ask again for enough
+                interval = got_interval
+                continue
+            interval = got_interval
             start = (since if since is not None else time.time() - seconds)
             got = [s for s in samples if s.at >= start]
             if (len(got) + 1) * interval >= seconds or time.monotonic() > deadline:

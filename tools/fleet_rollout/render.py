@@ -39,8 +39,7 @@ def status_dict(store: Store, name: str) -> dict:
     waves: list[Counter] = [Counter() for _ in range(r.waves)]
     for h in hosts:
         waves[h.wave][h.state] += 1
-    problems = [{"host": h.name, "wave": h.wave, "state": h.state,
-                 "reason": _last_reason(store, name, h.name)}
+    problems = [{"host": h.name, "wave": h.wave, "state": h.state, **_reasons(store, name, h.name)}
                 for h in hosts if h.state in ("failed", "rolling_back", "rolled_back")]
     return {"name": name, "kind": r.spec.kind, "state": r.state, "reason": r.reason, "wave": r.wave,
             "waves": [dict(c) for c in waves], "hosts": len(hosts), "skipped": r.skipped,
@@ -48,11 +47,16 @@ def status_dict(store: Store, name: str) -> dict:
             "policy_digest": r.spec.policy_digest, "problems": problems}
 
 
-def _last_reason(store: Store, name: str, host: str) -> str:
-    for t in reversed(store.transitions(name, host)):
-        if t["detail"].get("reason"):
-            return str(t["detail"]["reason"])
-    return ""
+def _reasons(store: Store, name: str, host: str) -> dict[str, str]:
+    """Why the host failed (the step's failure), and why its rollback failed, if it did."""
+    out = {"reason": "", "rollback": ""}
+    for t in store.transitions(name, host):
+        d = t["detail"]
+        if t["to"] == "failed" and d.get("rollback") == "failed":
+            out["rollback"] = str(d.get("reason", ""))
+        elif t["to"] == "failed" and d.get("reason"):
+            out["reason"] = str(d["reason"])
+    return out
 
 
 def render_status(st: dict, console: Console) -> None:
@@ -72,10 +76,10 @@ def render_status(st: dict, console: Console) -> None:
     console.print(t)
     if st["problems"]:
         p = Table(title="failed hosts")
-        for col in ("host", "wave", "state", "reason"):
+        for col in ("host", "wave", "state", "reason", "rollback"):
             p.add_column(col)
         for x in st["problems"]:
-            p.add_row(x["host"], str(x["wave"]), x["state"], x["reason"])
+            p.add_row(x["host"], str(x["wave"]), x["state"], x["reason"], x["rollback"])
         console.print(p)
     if st["skipped"]:
         console.print(f"{len(st['skipped'])} hosts skipped at plan time (status --json lists them)")
