@@ -39,7 +39,7 @@ from hostd.errors import (
 )
 from hostd.rpc.carving import (
     Carved,
-    boot_changes,
+    boot_pending,
     carve,
     handles_for,
     journal_steps,
@@ -153,7 +153,7 @@ class HostCarver:
         st = load_state(self.where.state_dir)
         vms = self.m.list()
         return Info(carved_digest=st.digest if st else "", journal_steps=len(journal_steps(self.where.state_dir)),
-                    reboot_pending=boot_changes(self.served.layout) if st else [], vms=len(vms),
+                    reboot_pending=boot_pending(self.served.layout, self.where.root) if st else [], vms=len(vms),
                     vms_running=sum(r.state == "running" for r in vms), started_unix=self.started,
                     policy_digest=self.served.digest, carved_policy_toml=st.policy_toml if st else "")
 

@@ -48,8 +48,18 @@ def policy_digest(text: str) -> str:
 
 
 def boot_changes(layout: Layout) -> list[str]:
-    """The kernel command line changes a layout still needs, ``param=value`` each."""
+    """The kernel command line changes a layout needs, ``param=value`` each."""
     return [f"{b.param}={b.value}" for b in layout.reboot_required]
+
+
+def boot_pending(layout: Layout, root: Path) -> list[str]:
+    """Those of ``boot_changes`` the running kernel was not booted with (``/proc/cmdline``
+    under ``root``): what a reboot still has to bring. All of them if it cannot be read."""
+    try:
+        booted = set((root / "proc/cmdline").read_text().split())
+    except OSError:
+        booted = set()
+    return [c for c in boot_changes(layout) if c not in booted]
 
 
 # ---------------------------------------------------------------- carve state

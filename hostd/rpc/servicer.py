@@ -28,7 +28,7 @@ from hostd.health.signal import HostStats
 from hostd.metrics import Metrics
 from hostd.rpc.callers import CallerCheck
 from hostd.rpc.carver import HostCarver
-from hostd.rpc.carving import boot_changes
+from hostd.rpc.carving import boot_changes, boot_pending
 
 log = logging.getLogger(__name__)
 
@@ -257,10 +257,11 @@ class HostdService(pb_grpc.HostdServicer):
 
     def Carve(self, request, context):
         def carve() -> pb.CarveResponse:
-            c = self._carver().carve(request.policy_toml, request.policy_digest)
+            carver = self._carver()
+            c = carver.carve(request.policy_toml, request.policy_digest)
             return pb.CarveResponse(policy_digest=c.digest, changed=c.changed,
                                     steps=[s.describe() for s in c.steps], cannot_move=c.cannot_move,
-                                    reboot_required=boot_changes(c.layout))
+                                    reboot_required=boot_pending(c.layout, carver.where.root))
         return self._call(context, carve)
 
     def Uncarve(self, request, context):

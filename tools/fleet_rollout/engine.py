@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from tools.fleet_rollout.clients import (
     HostdClients,
     HostError,
+    HostInfo,
     HostUnreachable,
     Scheduler,
     SchedulerError,
@@ -311,7 +312,7 @@ class Engine:
         self._move(h, "soaking", {"version": info.version, "vms": len(h.data.get("vms", []))},
                    {"soak_since": time.time()})
 
-    def _await_start(self, h: HostRow, timeout_s: float) -> object | None:
+    def _await_start(self, h: HostRow, timeout_s: float) -> HostInfo | None:
         """hostd back with a start time after the change began (a restart happened)."""
         end = time.monotonic() + timeout_s
         while time.monotonic() < end:
@@ -337,6 +338,9 @@ class Engine:
         h = self.store.host(self.name, h.name)
         if info is None:
             return self._fail(h, "hostd did not come back after the reboot")
+        if info.reboot_pending:
+            return self._fail(h, "back from the reboot without the boot-time changes: "
+                                 + " ".join(info.reboot_pending))
         self._move(h, "soaking", {"rebooted": True}, {"soak_since": time.time()})
 
     def _window(self, h: HostRow, seconds: float, since: float | None) -> list[Sample]:

@@ -234,6 +234,9 @@ def test_carve_changes_the_tree_and_a_second_carve_changes_nothing(host: Host) -
     assert info.carved_policy_toml == UPGRADE  # what a rollout records to carve it again on rollback
     assert info.journal_steps == len(c.steps)
     assert "isolcpus=managed_irq,domain,2-7" in info.reboot_pending
+    # after a reboot with them on the kernel command line, nothing is pending
+    (host.root / "proc/cmdline").write_text("BOOT_IMAGE=/vmlinuz ro " + " ".join(info.reboot_pending) + "\n")
+    assert list(stub.GetHostInfo(pb.GetHostInfoRequest(), timeout=10).reboot_pending) == []
     state = json.loads((host.state / STATE_NAME).read_text())
     assert state["digest"] == digest(UPGRADE) and state["policy_toml"] == UPGRADE
     # the daemon serves VMs with the new layout now
