@@ -113,7 +113,7 @@ def _hostd(args: argparse.Namespace, spec: RolloutSpec | None = None) -> HostdCl
     return HostdClients(Tls.from_dir(args.tls_dir), spec.limits.rpc_timeout_s if spec else 10.0)
 
 
-def _scheduler(args: argparse.Namespace) -> Scheduler | None:
+def _scheduler(args: argparse.Namespace, spec: RolloutSpec | None = None) -> Scheduler | None:
     if not args.scheduler_url:
         return None
     if args.token_file is None:
@@ -122,7 +122,8 @@ def _scheduler(args: argparse.Namespace) -> Scheduler | None:
         token = args.token_file.read_text().strip()
     except OSError as e:
         raise SpecError("--token-file", f"{e.filename}: {e.strerror}") from None
-    return Scheduler(args.scheduler_url, token, ca=args.scheduler_ca)
+    return Scheduler(args.scheduler_url, token, ca=args.scheduler_ca,
+                     connections=spec.limits.concurrency if spec else 20)
 
 
 def _inventory(args: argparse.Namespace, spec: RolloutSpec, base: Path) -> list[Host]:
@@ -187,7 +188,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
 def _drive(args: argparse.Namespace, store: Store, name: str, console: Console) -> int:
     spec = store.rollout(name).spec
-    hostd, sched = _hostd(args, spec), _scheduler(args)
+    hostd, sched = _hostd(args, spec), _scheduler(args, spec)
 
     def event(host: str, frm: str, to: str) -> None:
         if not args.json and to in ("verified", "failed", "rolled_back"):
