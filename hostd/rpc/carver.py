@@ -18,6 +18,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from api.layout import Layout
+from api.policy import policy_digest
 from hostd.apply.live_carve import plan_steps
 from hostd.apply.steps import Step
 from hostd.apply.vms import VmManager
@@ -44,7 +45,6 @@ from hostd.rpc.carving import (
     handles_for,
     journal_steps,
     load_state,
-    policy_digest,
     uncarve_host,
     vm_conflicts,
 )

@@ -16,7 +16,6 @@ recorded in the tree's /proc/mounts instead of mount(2), and there is no netlink
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -27,6 +26,7 @@ from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from api.layout import Layout
+from api.policy import policy_digest
 from hostd.apply.cgroups import find_cpuset_fs
 from hostd.apply.ledger import VmRecord
 from hostd.apply.live_carve import HostHandles, Journal, apply_layout, plan_steps, uncarve
@@ -40,11 +40,6 @@ log = logging.getLogger(__name__)
 JOURNAL_NAME = "carve-journal.json"
 STATE_NAME = "carve-state.json"
 STATE_VERSION = 1
-
-
-def policy_digest(text: str) -> str:
-    """sha256 hex of the policy text's UTF-8 bytes: the policy's identity across a fleet."""
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def boot_changes(layout: Layout) -> list[str]:

@@ -7,7 +7,6 @@ The spec is stored with the rollout, so a resumed run uses the spec it started w
 
 from __future__ import annotations
 
-import hashlib
 import tomllib
 from pathlib import Path
 from typing import Annotated, Literal
@@ -20,6 +19,8 @@ from pydantic import (
     field_validator,
     model_validator,
 )
+
+from api.policy import policy_digest
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 
@@ -145,11 +146,6 @@ class RolloutSpec(_Strict):
     @classmethod
     def from_json(cls, text: str) -> RolloutSpec:
         return cls.model_validate_json(text)
-
-
-def policy_digest(text: str) -> str:
-    """What hostd calls the policy's digest: sha256 of its text as given."""
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def _field(err: dict) -> str:
