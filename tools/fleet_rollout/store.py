@@ -144,9 +144,7 @@ class Store:
                                  "pending", "{}", now))
                     seq += 1
             db.executemany("INSERT INTO hosts VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
-            db.execute("INSERT INTO transitions (rollout, host, from_state, to_state, at, holder, detail) "
-                       "VALUES (?,?,?,?,?,?,?)", (spec.name, ROLLOUT, "", "running", now, self.holder,
-                                                  json.dumps({"hosts": seq, "waves": len(plan.waves)})))
+            self._record(db, spec.name, ROLLOUT, "", "running", now, {"hosts": seq, "waves": len(plan.waves)})
 
     def rollout(self, name: str) -> RolloutRow:
         rows = self._q("SELECT * FROM rollouts WHERE name=?", (name,))
@@ -178,9 +176,7 @@ class Store:
                 raise StoreError(f"no rollout named {name}")
             db.execute("UPDATE rollouts SET state=?, reason=?, wave=?, updated=? WHERE name=?",
                        (state, reason, cur[1] if wave is None else wave, now, name))
-            db.execute("INSERT INTO transitions (rollout, host, from_state, to_state, at, holder, detail) "
-                       "VALUES (?,?,?,?,?,?,?)", (name, ROLLOUT, cur[0], state, now, self.holder,
-                                                  json.dumps({"reason": reason, "wave": wave, **(detail or {})})))
+            self._record(db, name, ROLLOUT, cur[0], state, now, {"reason": reason, "wave": wave, **(detail or {})})
 
     # ------------------------------------------------------------ hosts
 
@@ -226,16 +222,23 @@ class Store:
             merged = {**json.loads(r[1]), **(data or {})}
             db.execute("UPDATE hosts SET state=?, data=?, updated=? WHERE rollout=? AND name=?",
                        (to, json.dumps(merged), now, name, host))
-            db.execute("INSERT INTO transitions (rollout, host, from_state, to_state, at, holder, detail) "
-                       "VALUES (?,?,?,?,?,?,?)", (name, host, frm, to, now, self.holder, json.dumps(detail or {})))
+            self._record(db, name, host, frm, to, now, detail or {})
 
     def note(self, name: str, host: str, detail: dict) -> None:
         """A record without a state change (a retried RPC, an undecided gate)."""
-        st = self.host(name, host).state
+        now = time.time()
         with self.tx() as db:
-            self._check_lease(db, name, time.time())
-            db.execute("INSERT INTO transitions (rollout, host, from_state, to_state, at, holder, detail) "
-                       "VALUES (?,?,?,?,?,?,?)", (name, host, st, st, time.time(), self.holder, json.dumps(detail)))
+            self._check_lease(db, name, now)
+            r = db.execute("SELECT state FROM hosts WHERE rollout=? AND name=?", (name, host)).fetchone()
+            if r is None:
+                raise StoreError(f"rollout {name} has no host {host}")
+            self._record(db, name, host, r[0], r[0], now, detail)
+
+    def _record(self, db: sqlite3.Connection, name: str, host: str, frm: str, to: str, at: float,
+                detail: dict) -> None:
+        """One transition's row (inside the caller's transaction): who, when, and the numbers."""
+        db.execute("INSERT INTO transitions (rollout, host, from_state, to_state, at, holder, detail) "
+                   "VALUES (?,?,?,?,?,?,?)", (name, host, frm, to, at, self.holder, json.dumps(detail)))
 
     def transitions(self, name: str, host: str | None = None) -> list[dict]:
         q = "SELECT id, host, from_state, to_state, at, holder, detail FROM transitions WHERE rollout=?"
