@@ -30,7 +30,8 @@ from pathlib import Path
 
 import pytest
 from fleetsim import SimFleet
-from procs import REPO
+from rollout_cli import BIN, rollout_env
+from rollout_cli import rollout as cli
 
 from api import hostd_pb2 as pb
 from tools.fleet_rollout.inventory import Host
@@ -75,24 +76,10 @@ def fleet(sched):  # type: ignore[no-untyped-def]
                  certs=sched["certs"])
     try:
         f.start(timeout_s=300)
-        (w / "admin.token").write_text(sched["admin"])
-        (w / "scheduler.url").write_text(s.url)
         (w / "policy.toml").write_text(f.policy_text)
         yield f, w
     finally:
         f.stop()
-
-
-def cli(w: Path, *args: str, timeout: float = 600) -> subprocess.CompletedProcess:
-    return subprocess.run([str(REPO / ".venv/bin/fleet-rollout"), *args], cwd=w, env=_env(w), text=True,
-                          capture_output=True, timeout=timeout, check=False)
-
-
-def _env(w: Path) -> dict[str, str]:
-    return {**os.environ, "FLEET_ROLLOUT_DB": str(w / "rollouts.db"),
-            "FLEET_ROLLOUT_SCHEDULER_URL": (w / "scheduler.url").read_text(),
-            "FLEET_ROLLOUT_TOKEN_FILE": str(w / "admin.token"),
-            "FLEET_ROLLOUT_SCHEDULER_CA": str(w / "tls/ca.crt"), "FLEET_ROLLOUT_TLS_DIR": str(w / "tls")}
 
 
 def host_info(fleet: SimFleet, name: str) -> pb.HostInfo:
@@ -115,7 +102,7 @@ def when_carved(fleet: SimFleet, name: str, act, stop: threading.Event) -> threa
     return t
 
 
-def test_a_rollout_with_faults_and_a_controller_killed_at_random(fleet) -> None:  # type: ignore[no-untyped-def]
+def test_a_rollout_with_faults_and_a_controller_killed_at_random(fleet, sched) -> None:  # type: ignore[no-untyped-def]
     f, w = fleet
     (w / "convert.toml").write_text(SPEC.format(name="convert-1", select="disk=nvme"))
     selected = [h for h in f.hosts if h.labels["disk"] == "nvme"]
@@ -137,7 +124,7 @@ def test_a_rollout_with_faults_and_a_controller_killed_at_random(fleet) -> None:
     snapshot = _tree_bytes(before[broken])
 
     # the plan: the canary, 25 % of the 22 NVMe hosts, the rest; HDD hosts not selected
-    r = cli(w, "plan", "convert.toml", "--json")
+    r = cli(sched, w, "plan", "convert.toml", "--json")
     assert r.returncode == 0, r.stderr
     got = json.loads(r.stdout)
     assert len(selected) == 22 and [len(x) for x in got["waves"]] == [1, 5, 16] and got["skipped"] == []
@@ -158,13 +145,13 @@ def test_a_rollout_with_faults_and_a_controller_killed_at_random(fleet) -> None:
     try:
         while True:
             assert time.monotonic() < deadline, "the rollout did not finish"
-            p = subprocess.Popen([str(REPO / ".venv/bin/fleet-rollout"), "--lease-ttl", "3", "run", "convert.toml",
-                                  "--json"], cwd=w, env=_env(w), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            p = subprocess.Popen([BIN, "--lease-ttl", "3", "run", "convert.toml", "--json"], cwd=w,
+                                 env=rollout_env(sched, w), stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                  text=True)
             if kills == 0:
                 # once the run has planned, the host that will stop answering stops
                 for _ in range(100):
-                    if (w / "rollouts.db").exists() and cli(w, "status", "convert-1").returncode == 0:
+                    if (w / "rollouts.db").exists() and cli(sched, w, "status", "convert-1").returncode == 0:
                         break
                     time.sleep(0.2)
                 f.unreachable(gone)
@@ -194,7 +181,7 @@ def test_a_rollout_with_faults_and_a_controller_killed_at_random(fleet) -> None:
     assert states[gone][0] == "failed"
 
     # the hosts themselves agree with the record
-    digest = json.loads(cli(w, "plan", "convert.toml", "--json", "--no-preflight").stdout)["policy_digest"]
+    digest = json.loads(cli(sched, w, "plan", "convert.toml", "--json", "--no-preflight").stdout)["policy_digest"]
     for h in selected:
         if h.name in (broken, degraded, gone):
             continue
@@ -212,7 +199,7 @@ def test_a_rollout_with_faults_and_a_controller_killed_at_random(fleet) -> None:
         ch.close()
 
     # every host's record: one path through the states, the carve changed it at most once
-    tr = json.loads(cli(w, "status", "convert-1", "--json", "--transitions").stdout)["transitions"]
+    tr = json.loads(cli(sched, w, "status", "convert-1", "--json", "--transitions").stdout)["transitions"]
     for h in selected:
         mine = [t for t in tr if t["host"] == h.name and t["from"] != t["to"]]
         changed = [t for t in mine if t["to"] in ("soaking", "rebooting") and t["detail"].get("changed")]
@@ -226,7 +213,7 @@ def test_a_rollout_with_faults_and_a_controller_killed_at_random(fleet) -> None:
     assert admin[degraded] == "active"  # rolled back: restored to what it was
     # the whole rollout back, last wave first: every converted host uncarved, the host that
     # came back retried; the host running a VM refuses (uncarve under a VM) and says so
-    r = cli(w, "rollback", "convert-1", "--json")
+    r = cli(sched, w, "rollback", "convert-1", "--json")
     assert r.returncode == 3, r.stderr
     st = json.loads(r.stdout)
     assert st["state"] == "halted" and st["reason"] == f"could not roll back: {with_vm}", st

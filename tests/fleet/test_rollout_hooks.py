@@ -16,8 +16,6 @@ did not take comes back without them, fails, and is rolled back (uncarved)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
 import sys
 import threading
 import time
@@ -25,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from fleetsim import SimFleet
-from procs import REPO
+from rollout_cli import rollout
 
 from api import hostd_pb2 as pb
 
@@ -66,7 +64,6 @@ def test_a_hostd_upgrade_keeps_every_vm_or_fails_the_host(sched) -> None:  # typ
 
         restarter(f, w, stop, keep_vms=lambda name: name != loser)
 
-        (w / "admin.token").write_text(sched["admin"])
         (w / "spec.toml").write_text(f'''name = "upgrade-r2"
 kind = "hostd"
 hostd_version = "{new}"
@@ -118,7 +115,6 @@ def test_a_reboot_brings_the_boot_time_changes_or_the_host_is_rolled_back(sched)
         assert any(p.startswith("isolcpus=") for p in params)
         restarter(f, w, stop, keep_vms=lambda name: False)  # a reboot: the hypervisor starts empty
         (w / "policy.toml").write_text(f.policy_text)
-        (w / "admin.token").write_text(sched["admin"])
         # rbt-0002's bootloader change does not take: it boots without the parameters
         (w / "spec.toml").write_text(f'''name = "convert-reboot"
 policy = "policy.toml"
@@ -144,7 +140,7 @@ reboot_timeout_s = 90
             info = _info(f, h.name)
             assert (info.carved_policy_digest != "") == (h.name != "rbt-0002"), h.name
             assert list(info.reboot_pending) == [], h.name
-        tr = [t for t in json.loads(_cli(sched, w, "status", "convert-reboot", "--json", "--transitions").stdout)
+        tr = [t for t in json.loads(rollout(sched, w, "status", "convert-reboot", "--json", "--transitions").stdout)
               ["transitions"] if t["host"] == "rbt-0000"]
         assert [t["to"] for t in tr if t["from"] != t["to"]] == ["baselined", "cordoned", "carving", "rebooting",
                                                                  "soaking", "verified"]
@@ -166,20 +162,9 @@ def restarter(f: SimFleet, w: Path, stop: threading.Event, keep_vms) -> None:  #
     threading.Thread(target=loop, daemon=True).start()
 
 
-def _env(sched, w: Path) -> dict[str, str]:  # type: ignore[no-untyped-def]
-    return {**os.environ, "FLEET_ROLLOUT_DB": str(w / "r.db"), "FLEET_ROLLOUT_SCHEDULER_URL": sched["sched"].url,
-            "FLEET_ROLLOUT_TOKEN_FILE": str(w / "admin.token"),
-            "FLEET_ROLLOUT_SCHEDULER_CA": str(sched["certs"] / "ca.crt"), "FLEET_ROLLOUT_TLS_DIR": str(sched["certs"])}
-
-
-def _cli(sched, w: Path, *args: str) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
-    return subprocess.run([str(REPO / ".venv/bin/fleet-rollout"), *args], env=_env(sched, w), text=True,
-                          capture_output=True, timeout=600, check=False)
-
-
 def run_done(sched, w: Path) -> dict:  # type: ignore[no-untyped-def]
     """`fleet-rollout run` of w/spec.toml; its final status, which must be done."""
-    r = _cli(sched, w, "run", str(w / "spec.toml"), "--json")
+    r = rollout(sched, w, "run", str(w / "spec.toml"), "--json")
     st = json.loads(r.stdout)
     assert r.returncode == 0 and st["state"] == "done", (r.stderr[-2000:], st)
     return st

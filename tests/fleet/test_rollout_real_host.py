@@ -20,6 +20,7 @@ import grpc
 import pytest
 from fleetsim import SimFleet
 from procs import REPO, Hostd, free_port, write_hostd_config
+from rollout_cli import rollout
 
 from api import hostd_pb2 as pb
 
@@ -73,7 +74,6 @@ def test_this_host_is_converted_with_the_fleet_and_rolled_back_exactly(sched, tm
     s, certs = sched["sched"], sched["certs"]
     (tmp_path / "policy.toml").write_text(POLICY)
     (tmp_path / "spec.toml").write_text(SPEC)
-    (tmp_path / "admin.token").write_text(sched["admin"])
     (tmp_path / "host.token").write_text(sched["host_token"])
     standin = subprocess.Popen([sys.executable, "-m", "tools.io_service_standin", "--dir", str(tmp_path),
                                 "--tag", f"ossd-standin-{os.getpid()}"], cwd=REPO)
@@ -94,10 +94,7 @@ def test_this_host_is_converted_with_the_fleet_and_rolled_back_exactly(sched, tm
         hostd.start()
         fleet.start(timeout_s=120)
         fleet.wait_registered(["this-host", "simr-0000", "simr-0001"])
-        env_cli = {**os.environ, "FLEET_ROLLOUT_DB": str(tmp_path / "r.db"), "FLEET_ROLLOUT_SCHEDULER_URL": s.url,
-                   "FLEET_ROLLOUT_TOKEN_FILE": str(tmp_path / "admin.token"),
-                   "FLEET_ROLLOUT_SCHEDULER_CA": str(certs / "ca.crt"), "FLEET_ROLLOUT_TLS_DIR": str(certs)}
-        r = _cli(env_cli, "run", str(tmp_path / "spec.toml"), "--json")
+        r = _cli(sched, tmp_path, "run", str(tmp_path / "spec.toml"), "--json")
         st = json.loads(r.stdout)
         assert r.returncode == 0 and st["state"] == "done" and st["problems"] == [], (r.stderr[-2000:], st)
         assert st["waves"] == [{"verified": 1}, {"verified": 2}]  # this host (rack "") is the canary
@@ -107,7 +104,7 @@ def test_this_host_is_converted_with_the_fleet_and_rolled_back_exactly(sched, tm
         info = _info(certs, port)
         assert info.carved_policy_toml == POLICY and info.journal_steps > 0
 
-        r = _cli(env_cli, "rollback", "real-1", "--json")
+        r = _cli(sched, tmp_path, "rollback", "real-1", "--json")
         assert r.returncode == 0 and json.loads(r.stdout)["state"] == "rolled_back", r.stderr[-2000:]
         assert _info(certs, port).carved_policy_digest == ""
         assert _allowed(standin.pid) == cpus_before and POOL.read_text() == pool_before
@@ -122,10 +119,9 @@ def test_this_host_is_converted_with_the_fleet_and_rolled_back_exactly(sched, tm
         standin.wait(10)
 
 
-def _cli(env: dict[str, str], *args: str) -> subprocess.CompletedProcess:
+def _cli(sched, work: Path, *args: str) -> subprocess.CompletedProcess:  # type: ignore[no-untyped-def]
     # a long lease: the carve leaves this busy 2-CPU machine one CPU for everything else
-    return subprocess.run([str(REPO / ".venv/bin/fleet-rollout"), "--lease-ttl", "60", *args], env=env, text=True,
-                          capture_output=True, timeout=300, check=False)
+    return rollout(sched, work, "--lease-ttl", "60", *args, timeout=300)
 
 
 def _allowed(pid: int) -> str:
