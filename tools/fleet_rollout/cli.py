@@ -170,14 +170,12 @@ def _run(args: argparse.Namespace, console: Console) -> int:
     spec = load_spec(args.spec)
     store = Store(args.db)
     if spec.name in store.rollouts():
-        stored = store.rollout(spec.name).spec
-        if stored.model_dump(exclude={"policy_text"}) != spec.model_dump(exclude={"policy_text"}) \
-                or stored.policy_digest != spec.policy_digest:
+        stored = store.rollout(spec.name)
+        if stored.spec != spec:  # every key, the policy's text included
             raise SpecError("name", f"rollout {spec.name} exists with a different spec: give the new one "
                                     "another name (status/resume/rollback act on this one)")
-        if store.rollout(spec.name).state != "running":
-            raise StoreError(f"rollout {spec.name} is {store.rollout(spec.name).state}: "
-                             f"`fleet-rollout resume {spec.name}` continues it")
+        if stored.state != "running":
+            raise StoreError(f"rollout {spec.name} is {stored.state}: `fleet-rollout resume {spec.name}` continues it")
     else:
         plan = make_rollout_plan(args, spec, args.spec.parent)
         if not args.json:
