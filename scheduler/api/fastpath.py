@@ -61,14 +61,18 @@ def claims(scope: Scope) -> bool:
             and not scope.get("query_string"))
 
 
+def _beat_host(path: str) -> str:
+    """The host a heartbeat path names (one path segment), or ""."""
+    if not (path.startswith(BEAT_PREFIX) and path.endswith(BEAT_SUFFIX)):
+        return ""
+    name = path[len(BEAT_PREFIX):-len(BEAT_SUFFIX)]
+    return name if "/" not in name else ""
+
+
 def beats(scope: Scope) -> bool:
-    """Is this request a heartbeat (the one path segment between prefix and suffix)?"""
-    if scope["type"] != "http" or scope["method"] != "POST":
-        return False
-    path = scope["path"]
-    return (path.startswith(BEAT_PREFIX)
-            and path.endswith(BEAT_SUFFIX) and "/" not in path[len(BEAT_PREFIX):-len(BEAT_SUFFIX)]
-            and len(path) > len(BEAT_PREFIX) + len(BEAT_SUFFIX) and not scope.get("query_string"))
+    """Is this request a heartbeat?"""
+    return (scope["type"] == "http" and scope["method"] == "POST" and not scope.get("query_string")
+            and bool(_beat_host(scope["path"])))
 
 
 async def heartbeat(app: Any, scope: Scope, receive: Receive, send: Send) -> Receive | None:
@@ -88,7 +92,7 @@ async def heartbeat(app: Any, scope: Scope, receive: Receive, send: Send) -> Rec
         beat = HeartbeatIn.model_validate_json(body) if body.strip() else None
     except (SchedulerError, ValidationError):
         return replay
-    name = scope["path"][len(BEAT_PREFIX):-len(BEAT_SUFFIX)]
+    name = _beat_host(scope["path"])
     try:
         out = await run_in_threadpool(app.state.hosts.heartbeat, name, actor=p.name, admin=p.admin,
                                       bound_host=p.host, stats=beat.stats if beat else None)
