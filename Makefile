@@ -11,7 +11,7 @@ STAMP   := $(VENV)/.installed
 .PHONY: demo test deps sysdeps venv stubs clean test-unit kernel-build images
 
 sysdeps:
-	@bash tools/install-deps.sh
+	@bash tools/dev/install-deps.sh
 
 $(STAMP): setup.cfg pyproject.toml
 	@test -x $(VPY) || $(PYTHON) -m venv $(VENV)
@@ -31,10 +31,10 @@ stubs: $(PROTO_OUT)
 deps: sysdeps venv stubs
 
 demo: deps
-	@bash tools/demo.sh
+	@bash tools/dev/demo.sh
 
 test: deps
-	@bash tools/run-tests.sh
+	@bash tools/dev/run-tests.sh
 
 test-unit: venv stubs
 	@$(VPY) -m pytest -q -m "not integration" tests

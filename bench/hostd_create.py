@@ -78,8 +78,8 @@ def run(runs: int, work: Path, undo: list) -> int:
         mnt.mkdir(exist_ok=True)
         sh("mount", "-t", "hugetlbfs", "-o", "pagesize=2M", "hugetlbfs", str(mnt))
         undo.append(lambda: sh("umount", str(mnt)))
-    sh("bash", str(REPO / "tools/libvirtd-ctl.sh"), "start", str(work / "libvirtd"))
-    undo.append(lambda: subprocess.run(["bash", str(REPO / "tools/libvirtd-ctl.sh"), "stop",
+    sh("bash", str(REPO / "tools/dev/libvirtd-ctl.sh"), "start", str(work / "libvirtd"))
+    undo.append(lambda: subprocess.run(["bash", str(REPO / "tools/dev/libvirtd-ctl.sh"), "stop",
                                         str(work / "libvirtd")]))
     img = work / "disk.img"
     with open(img, "wb") as f:
@@ -91,7 +91,7 @@ def run(runs: int, work: Path, undo: list) -> int:
     ImageStore(work / "images").add("smoke", "1", "kernel",
                                     {"kernel": smoke / "vmlinuz", "initrd": smoke / "initrd.img"},
                                     cmdline="console=ttyS0 panic=-1")
-    sh("bash", str(REPO / "tools/make-dev-ca.sh"), str(work / "tls"))
+    sh("bash", str(REPO / "tools/dev/make-dev-ca.sh"), str(work / "tls"))
     (work / "policy.toml").write_text(f"""[io_service]
 cpus = "0"
 [[hugepages.pools]]

@@ -264,7 +264,7 @@ def vm_neighbour(work: Path, cmdline: str, marker: str, disk: bool = False):
     memory/IO script), ready once ``marker`` is on its console. With ``disk``, its raw disk
     is a 1 GiB file written beforehand and opened with direct IO by the loop device (no
     host page cache, no block allocation), limited to its budget: 100 MiB/s, 5000 IOPS."""
-    procs = _test_helpers("procs")  # the test suite's daemon helpers: one way to run hostd
+    from tools.dev import procs  # the test suite's daemon helpers: one way to run hostd
     Hostd, grpc_stub, hostd_workdir, write_hostd_config = (procs.Hostd, procs.grpc_stub, procs.hostd_workdir,
                                                             procs.write_hostd_config)
 
@@ -274,7 +274,7 @@ def vm_neighbour(work: Path, cmdline: str, marker: str, disk: bool = False):
     pool = Path("/sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages")
     pages_before = pool.read_text().strip()
     state = work / "libvirtd"
-    ctl = str(REPO / "tools/libvirtd-ctl.sh")
+    ctl = str(REPO / "tools/dev/libvirtd-ctl.sh")
     with ExitStack() as st:
         _hugetlbfs(st)
         pool.write_text(str(int(pages_before) + 256))
@@ -312,17 +312,6 @@ def vm_neighbour(work: Path, cmdline: str, marker: str, disk: bool = False):
         pid = int(Path("/run/libvirt/qemu/hyb-bench-iso.pid").read_text())
         time.sleep(1.0)
         yield process_usage(pid), None, list(vm.vcpu_pins), loop
-
-
-def _test_helpers(name: str):  # type: ignore[no-untyped-def]
-    """A module of tests/ by file (not by sys.path: tests/hostd would shadow hostd)."""
-    import importlib.util
-
-    spec = importlib.util.spec_from_file_location(f"hyb_tests_{name}", REPO / "tests" / f"{name}.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 def _hugetlbfs(st: ExitStack) -> Path:

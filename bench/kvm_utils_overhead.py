@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import os
 import select
 import shutil
@@ -43,7 +42,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from procstat import tree_cpu_s
+from tools.dev.benchstats import median_ci, verdict
+from tools.dev.procstat import tree_cpu_s
 from tools.kvm_utils.bench import cache_dir, helper_argv
 
 REPO = Path(__file__).resolve().parents[1]
@@ -132,23 +132,6 @@ def detach(p: subprocess.Popen) -> tuple[float, float]:
         p.kill()
         p.communicate()
     return used
-
-
-def median_ci(xs: list[float], z: float = 1.96) -> tuple[float, float, float]:
-    """Median and a distribution-free ~95 % confidence interval for it (order statistics:
-    ranks n/2 -+ z*sqrt(n)/2, normal approximation of the binomial)."""
-    s = sorted(xs)
-    n = len(s)
-    half = z * math.sqrt(n) / 2
-    lo = max(0, math.floor(n / 2 - half))
-    hi = min(n - 1, math.ceil(n / 2 + half) - 1)
-    return statistics.median(s), s[lo], s[hi]
-
-
-def verdict(lo: float, hi: float, target: float | None) -> str:
-    if target is None:
-        return ""
-    return f"< {target:g} %: " + ("met" if hi < target else "exceeded" if lo > target else "inconclusive")
 
 
 class Debugfs:

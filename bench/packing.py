@@ -29,7 +29,7 @@ import time
 from scheduler.fit import HostView
 from scheduler.resources import Allocation, HostRes
 from scheduler.service.index import FleetIndex
-from scheduler_benchlib import (MIXES, Req, class_ceiling, describe, ffd_bound, fleet, host_res, overcommit,
+from tools.dev.schedbench import (MIXES, Req, class_ceiling, describe, ffd_bound, fleet, host_res, overcommit,
                                 trace)
 
 

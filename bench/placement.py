@@ -37,8 +37,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from procstat import machine, machine_load, tree_cpu_s
-from scheduler_benchlib import (MIXES, Conn, Req, Result, class_ceiling, create_database, fleet, ffd_bound, free_port,
+from tools.dev.procstat import machine, machine_load, tree_cpu_s
+from tools.dev.schedbench import (MIXES, Conn, Req, Result, class_ceiling, create_database, fleet, ffd_bound, free_port,
                                 host_res, overcommit, percentile, postgres, register_body, run_clients,
                                 run_open, stop, thread_cpu, trace, wait_http)
 
@@ -231,7 +231,7 @@ def main() -> int:
     p.add_argument("--stores", default="sqlite,pg",
                    help="comma list of sqlite, pg, pg-rows (PostgreSQL with placement.claim_lock = \"rows\")")
     p.add_argument("--mix", default="storage", choices=sorted(MIXES),
-                   help="request mix (bench/scheduler_benchlib.py MIXES; bench/packing.py compares them in process)")
+                   help="request mix (tools/dev/schedbench.py MIXES; bench/packing.py compares them in process)")
     p.add_argument("--no-openstack", action="store_true", help="skip the OpenStack Placement baseline")
     p.add_argument("--placement-venv", default="/var/cache/hybrid-kvm/placement-venv")
     p.add_argument("--placement-requests", type=int, default=2000,

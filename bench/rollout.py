@@ -15,8 +15,8 @@ Prints three numbers, each against its target or baseline measured in the same r
    what it would take if the controller and the hosts cost nothing. The limits-bound
    ideal (each wave in rounds of ``concurrency`` and ``per_rack``) is printed too.
 
-The fleet is bench/fleetsim.py's, in worker mode (``--per-process K``: K real hostd
-daemons per process, bench/fleetsim_multi.py), registered with a real scheduler (SQLite,
+The fleet is tools/dev/fleetsim.py's, in worker mode (``--per-process K``: K real hostd
+daemons per process, tools/dev/fleetsim_multi.py), registered with a real scheduler (SQLite,
 HTTPS), heartbeating every 10 s, one animator thread for every tree.
 
     .venv/bin/python bench/rollout.py                 # 1,000 hosts, 50 per process, 50 racks
@@ -39,10 +39,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
-sys.path[:0] = [str(REPO), str(REPO / "bench"), str(REPO / "tests")]
+from tools.dev.fleetsim import SimFleet, dev_certs, write_scheduler_config
 
-from fleetsim import SimFleet, dev_certs, write_scheduler_config
+REPO = Path(__file__).resolve().parents[1]
 
 ADMIN, HOST_TOKEN = "rollout-bench-admin", "rollout-bench-host"
 PLAN_TARGET_S = 1.0
@@ -230,7 +229,7 @@ def ideals(waves: list[list[str]], racks: dict[str, str], concurrency: int, per_
 
 
 def _machine():  # type: ignore[no-untyped-def]
-    from procstat import machine
+    from tools.dev.procstat import machine
     return machine()
 
 
@@ -258,8 +257,8 @@ def main(argv: list[str] | None = None) -> int:
         args.hosts, args.per_process, args.racks, args.baseline, args.soak = 20, 4, 5, 5.0, 6.0
         args.concurrency, args.per_rack, args.io_interval, args.tick, args.heartbeat = 10, 2, 1.0, 0.5, 5.0
         args.plan_hosts = 7000
-    from procs import Scheduler, free_port
-    from procstat import machine_load
+    from tools.dev.procs import Scheduler, free_port
+    from tools.dev.procstat import machine_load
 
     # 1. make_plan alone, before anything else runs here
     runs = plan_speed(args.plan_hosts)
@@ -371,7 +370,7 @@ def _threads(pid: int) -> int:
 
 
 def _tree_cpu(sched) -> float:  # type: ignore[no-untyped-def]
-    from procstat import tree_cpu_s
+    from tools.dev.procstat import tree_cpu_s
     return tree_cpu_s(sched.proc.pid)
 
 

@@ -1,6 +1,6 @@
 """Scheduler bench, one command:  .venv/bin/python bench/scheduler_fit.py [--hosts 1000]
 
-1. fit latency at N hosts (mixed shapes from bench/host_shapes.py, randomly half full):
+1. fit latency at N hosts (mixed shapes from tools/dev/host_shapes.py, randomly half full):
    the scheduler's walk (hosts in score order, stop after `candidates` fits) against the
    named baseline "full-scan" (fit every host, then rank: what a filter-then-weigh
    scheduler without an index does). Same hosts, same requests, same answers (checked).
@@ -18,7 +18,7 @@ import sys
 import tempfile
 import time
 
-from host_shapes import SHAPES, make_layout
+from tools.dev.host_shapes import SHAPES, make_layout
 from scheduler.fit import HostView, VmWant, fit_host, fit_vm
 from scheduler.resources import Allocation, host_from_layout
 

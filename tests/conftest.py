@@ -59,7 +59,7 @@ def libvirtd(hugetlbfs_2m: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     """libvirtd + virtlogd for qemu:///system, started after hugetlbfs is mounted
     (libvirtd finds hugetlbfs mounts only at start); stopped at the end if we started them."""
     state = tmp_path_factory.mktemp("libvirtd")
-    ctl = str(REPO / "tools/libvirtd-ctl.sh")
+    ctl = str(REPO / "tools/dev/libvirtd-ctl.sh")
     subprocess.run(["bash", ctl, "start", str(state)], check=True)
     _LIBVIRTD_STATE.append(state)  # for tests that restart the libvirtd we started
     try:
@@ -74,7 +74,7 @@ _LIBVIRTD_STATE: list[Path] = []
 
 @pytest.fixture
 def libvirtd_state(libvirtd: str) -> Path:
-    """tools/libvirtd-ctl.sh's state dir of this session (which daemons it started)."""
+    """tools/dev/libvirtd-ctl.sh's state dir of this session (which daemons it started)."""
     return _LIBVIRTD_STATE[-1]
 
 

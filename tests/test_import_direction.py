@@ -4,6 +4,8 @@ of the product packages (module level and inside functions alike):
 - ``api`` imports nothing of ours: it is the contract both daemons stand on;
 - ``scheduler`` and ``hostd`` never import each other;
 - ``tools.fleet_rollout`` and ``tools.hybctl`` talk to the others through ``api`` only;
+- ``tools.dev`` (development scripts, the library the tests and benches share) may import
+  anything, and no product module imports it;
 - inside ``hostd`` the layers only look down:
   helpers -> discover -> health -> carve -> domain -> apply -> rpc -> the command line.
 
@@ -40,6 +42,7 @@ ALLOWED = {
     "tools.kvm_utils": (),
     "tools.fleet_rollout": ("api",),
     "tools.hybctl": ("api",),
+    "tools.dev": ("api", "hostd", "scheduler", "tools.kvm_utils", "tools.fleet_rollout", "tools.hybctl"),
 }
 
 
@@ -135,6 +138,7 @@ def test_imports_follow_the_dependency_direction() -> None:
     ("import scheduler.fit\n", "hostd/fake.py", "scheduler.fit"),
     ("def f():\n    from hostd.rpc.daemon import start\n", "hostd/carve/fake.py", "hostd.rpc.daemon"),
     ("from ..apply import vms\n", "hostd/domain/fake.py", "hostd.apply"),
+    ("from tools.dev.procs import Hostd\n", "tools/fleet_rollout/fake.py", "tools.dev.procs"),
 ])
 def test_the_walk_sees_what_it_must_refuse(tmp_path: Path, monkeypatch, source, part, target) -> None:
     """The checker itself: a forbidden import, also lazy or relative, is found."""

@@ -47,7 +47,7 @@ since() { awk -v a="$1" -v b="$(now)" 'BEGIN{printf "%.1f", b-a}'; }
 [ "$(id -u)" = 0 ] || die "run as root (mmdebstrap --mode=root, file ownership in the image)"
 [ -r "$sources" ] || die "apt sources $sources not readable (set HYB_APT_SOURCES)"
 for t in mmdebstrap mke2fs qemu-img python3 tar; do
-  command -v "$t" >/dev/null || die "$t not found (tools/install-deps.sh installs it)"
+  command -v "$t" >/dev/null || die "$t not found (tools/dev/install-deps.sh installs it)"
 done
 
 mkdir -p "$out"

@@ -1,5 +1,5 @@
 """bench/rollout.py --short: the mechanism, not the numbers (those are the bench's to
-report). 20 simulated hosts served 4 per process (bench/fleetsim_multi.py: real hostd
+report). 20 simulated hosts served 4 per process (tools/dev/fleetsim_multi.py: real hostd
 daemons, each on its own tree, state dir, port and registration), a real scheduler, the
 real `fleet-rollout run` as a child process: the rollout ends done with every host
 verified in its record and carved in its tree, the controller's CPU per host step is a

@@ -136,7 +136,7 @@ def release_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 def _secrets(tmp_path: Path) -> Path:
     """secrets/<host>/ as an operator keeps it: the dev CA's hostd certificate and a token."""
     ca = tmp_path / "ca"
-    subprocess.run(["bash", str(REPO / "tools/make-dev-ca.sh"), str(ca), HOST], check=True,
+    subprocess.run(["bash", str(REPO / "tools/dev/make-dev-ca.sh"), str(ca), HOST], check=True,
                    capture_output=True)
     host = tmp_path / "secrets" / HOST
     host.mkdir(parents=True)
@@ -180,7 +180,7 @@ def test_bootstrap_installs_hostd_in_a_debian_root(debian_root: Path, release_di
         "[storage]\n"
         f"{HOST} ansible_host={debian_root} ansible_connection=hyb_chroot rack=r12 "
         "labels=\"{'disk': 'nvme', 'wave': '3'}\"\n")
-    policy = REPO / "tools/demo/demo-policy.toml"
+    policy = REPO / "tools/dev/demo-policy.toml"
     extra = ["-e", f"hostd_release_dir={release_dir}", "-e", f"hostd_secrets_root={secrets}",
              "-e", f"hostd_policy_file={policy}", "-e", "hostd_scheduler_url=https://sched.example:8700",
              "-e", "hostd_io_probe=tcp:127.0.0.1:6800",

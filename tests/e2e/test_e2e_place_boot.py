@@ -17,7 +17,7 @@ import httpx
 import libvirt
 import pytest
 
-from procs import Hostd, Scheduler, free_port, hostd_workdir, write_hostd_config
+from tools.dev.procs import Hostd, Scheduler, free_port, hostd_workdir, write_hostd_config
 
 pytestmark = [pytest.mark.root, pytest.mark.integration, pytest.mark.slow]
 PAGES = 128

@@ -6,8 +6,8 @@ from __future__ import annotations
 import os
 
 import pytest
-from fleetsim import dev_certs, write_scheduler_config
-from procs import Scheduler, free_port
+from tools.dev.fleetsim import dev_certs, write_scheduler_config
+from tools.dev.procs import Scheduler, free_port
 
 ADMIN, HOST_TOKEN = "fleet-admin-token", "fleet-host-token"
 

@@ -9,7 +9,7 @@ import os
 import subprocess
 from pathlib import Path
 
-from procs import REPO
+from tools.dev.procs import REPO
 
 BIN = str(REPO / ".venv/bin/fleet-rollout")
 

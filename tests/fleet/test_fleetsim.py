@@ -1,4 +1,4 @@
-"""bench/fleetsim.py: a fleet of real `hostd serve` processes on generated host trees,
+"""tools/dev/fleetsim.py: a fleet of real `hostd serve` processes on generated host trees,
 registered with a real scheduler (SQLite, HTTPS, mTLS from the dev CA).
 
 The hosts are generated trees (fleetsim_tree.py: 1 node, 8 CPUs, cgroup v1) kept alive by
@@ -19,9 +19,9 @@ from pathlib import Path
 
 import grpc
 import pytest
-from fleetsim import SimFleet
-from fleetsim_tree import CPUSET, IO_PID, NOISY_PID, POOL
-from procs import REPO
+from tools.dev.fleetsim import SimFleet
+from tools.dev.fleetsim_tree import CPUSET, IO_PID, NOISY_PID, POOL
+from tools.dev.procs import REPO
 
 from api import hostd_pb2 as pb
 

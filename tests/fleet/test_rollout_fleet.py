@@ -1,4 +1,4 @@
-"""fleet-rollout against a fleet of real hostd processes (bench/fleetsim.py: generated
+"""fleet-rollout against a fleet of real hostd processes (tools/dev/fleetsim.py: generated
 host trees, libvirt's test driver, a real scheduler on SQLite over HTTPS, mTLS with the
 dev CA's fleet-rollout certificate). The controller is the real `fleet-rollout` command,
 run as a process and SIGKILLed at random moments; faults go through the hosts' own
@@ -14,7 +14,7 @@ files and processes:
 - VMs on converted hosts: none lost.
 
 What differs from a real fleet: the trees' kernel is played by the animator, and the
-hypervisor is libvirt's test driver (docstring of bench/fleetsim.py)."""
+hypervisor is libvirt's test driver (docstring of tools/dev/fleetsim.py)."""
 
 from __future__ import annotations
 
@@ -29,7 +29,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fleetsim import SimFleet
+from tools.dev.fleetsim import SimFleet
 from rollout_cli import BIN, rollout_env
 from rollout_cli import rollout as cli
 

@@ -1,4 +1,4 @@
-"""The operator's hooks on real hostd processes (bench/fleetsim.py), with tests/fleet/
+"""The operator's hooks on real hostd processes (tools/dev/fleetsim.py), with tests/fleet/
 host_hook.py playing the upgrade and the reboot on the simulated hosts.
 
 A hostd upgrade: the upgrade
@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 import pytest
-from fleetsim import SimFleet
+from tools.dev.fleetsim import SimFleet
 from rollout_cli import rollout
 
 from api import hostd_pb2 as pb

@@ -1,7 +1,7 @@
 """This machine as one member of a rollout, carved for real: a `hostd serve` on root "/"
 (cgroup v1 cpusets, the 2 MiB pool, the exclusive carve moving every other task, IRQ and
 the workqueue mask off CPU 0), beside two simulated hosts, all registered with one real
-scheduler. A stand-in IO service (tools/io_service_standin.py) plays the resident one;
+scheduler. A stand-in IO service (tools/dev/io_service_standin.py) plays the resident one;
 VMs are not needed here, so hostd uses libvirt's test driver. The rollout converts all
 three and verifies them against their own baselines, then a rollback puts this host
 back exactly: the stand-in's CPUs, the pool, the cpusets. Whatever happens, the finally
@@ -18,8 +18,8 @@ from pathlib import Path
 
 import grpc
 import pytest
-from fleetsim import SimFleet
-from procs import REPO, Hostd, free_port, write_hostd_config
+from tools.dev.fleetsim import SimFleet
+from tools.dev.procs import REPO, Hostd, free_port, write_hostd_config
 from rollout_cli import rollout
 
 from api import hostd_pb2 as pb
@@ -75,7 +75,7 @@ def test_this_host_is_converted_with_the_fleet_and_rolled_back_exactly(sched, tm
     (tmp_path / "policy.toml").write_text(POLICY)
     (tmp_path / "spec.toml").write_text(SPEC)
     (tmp_path / "host.token").write_text(sched["host_token"])
-    standin = subprocess.Popen([sys.executable, "-m", "tools.io_service_standin", "--dir", str(tmp_path),
+    standin = subprocess.Popen([sys.executable, "-m", "tools.dev.io_service_standin", "--dir", str(tmp_path),
                                 "--tag", f"ossd-standin-{os.getpid()}"], cwd=REPO)
     port = free_port()
     cfg = write_hostd_config(tmp_path / "hostd.toml", policy=tmp_path / "policy.toml", state=tmp_path / "state",
@@ -132,7 +132,7 @@ def _allowed(pid: int) -> str:
 
 
 def _info(certs: Path, port: int) -> pb.HostInfo:
-    from procs import grpc_stub
+    from tools.dev.procs import grpc_stub
 
     stub, ch = grpc_stub(port, certs)
     try:

@@ -16,7 +16,7 @@ from hostd.metrics import Metrics
 
 ALERTS = Path(__file__).resolve().parents[2] / "hostd/alerts"
 PROMTOOL = shutil.which("promtool")
-pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool missing: tools/install-deps.sh installs "
+pytestmark = pytest.mark.skipif(PROMTOOL is None, reason="promtool missing: tools/dev/install-deps.sh installs "
                                                           "Debian's prometheus package")
 
 

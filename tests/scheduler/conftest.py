@@ -10,12 +10,12 @@ from pathlib import Path
 
 import pytest
 
-from scheduler_benchlib import PG_BIN, create_database, postgres
+from tools.dev.schedbench import PG_BIN, create_database, postgres
 
 
 @pytest.fixture(scope="session")
 def pg_server() -> Iterator[str]:
-    """A throwaway PostgreSQL server (bench/scheduler_benchlib.postgres); yields its base
+    """A throwaway PostgreSQL server (tools/dev/schedbench.py.postgres); yields its base
     URL (no database name)."""
     if not (PG_BIN / "postgres").exists():
         pytest.skip("PostgreSQL 15 server binaries not installed")

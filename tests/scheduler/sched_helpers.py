@@ -10,7 +10,7 @@ from typing import Any
 
 from fastapi.testclient import TestClient
 
-from host_shapes import SHAPES, Shape, make_layout
+from tools.dev.host_shapes import SHAPES, Shape, make_layout
 from scheduler.api.app import create_app
 from scheduler.config import Settings
 from scheduler.db.engine import Store

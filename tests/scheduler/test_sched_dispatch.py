@@ -1,5 +1,5 @@
 """Dispatch and reconcile against real hostd gRPC servers (mTLS, certificates from
-tools/make-dev-ca.sh) running in-process over libvirt's test driver with real SQLite
+tools/dev/make-dev-ca.sh) running in-process over libvirt's test driver with real SQLite
 ledgers, the same construction as tests/hostd/rpc/test_grpc_service.py."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 
 from api import hostd_pb2 as pb
-from hostd_inproc import LAYOUT, TWO_NODES, dev_certs, start_hostd
+from tools.dev.hostd_inproc import LAYOUT, TWO_NODES, dev_certs, start_hostd
 from sched_helpers import ADM, HOST, TA, make_client, vm_body
 from scheduler.config import DispatchConfig
 from scheduler.dispatch import HostdClients

@@ -1,5 +1,5 @@
 """Pure fitting (scheduler/fit.py): unit cases and hypothesis properties. Hosts are
-synthetic layouts (bench/host_shapes.py), the same shape hostd's carve planner emits."""
+synthetic layouts (tools/dev/host_shapes.py), the same shape hostd's carve planner emits."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from api.layout import DiskBudget, HugepageTarget, IoServiceTarget, Layout, NodeLayout, PfLayout, VfSlot
-from host_shapes import SHAPES, Shape, make_layout
+from tools.dev.host_shapes import SHAPES, Shape, make_layout
 from scheduler.fit import (
     DiskWant,
     HostView,

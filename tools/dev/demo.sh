@@ -13,7 +13,7 @@
 #      degrades once it is carved, its gate fails, and it is rolled back
 #   8. daemons stopped (by PID), the carve undone
 set -euo pipefail
-cd "$(dirname "$0")/.."
+cd "$(dirname "$0")/../.."
 REPO=$(pwd)
 PY=.venv/bin/python
 HOSTD=(.venv/bin/hostd)
@@ -41,7 +41,7 @@ cleanup() {
   for ((i=${#PIDS[@]}-1; i>=0; i--)); do
     kill "${PIDS[$i]}" 2>/dev/null && wait "${PIDS[$i]}" 2>/dev/null
   done
-  bash tools/libvirtd-ctl.sh stop "$STATE/libvirtd" 2>/dev/null
+  bash tools/dev/libvirtd-ctl.sh stop "$STATE/libvirtd" 2>/dev/null
   if [ -n "$CARVED" ]; then say "cleanup: hostd uncarve"; "${HOSTD[@]}" uncarve --state-dir "$STATE"; fi
   [ -n "$LOOP" ] && losetup -d "$LOOP"
   rm -rf "$STATE"
@@ -54,7 +54,7 @@ say "a loop device as the raw disk VMs may get (the allow-list names loop* only)
 truncate -s 256M "$STATE/disk.img"
 LOOP=$(losetup --find --show "$STATE/disk.img")
 echo "$LOOP"
-sed "s/^allow = .*/allow = [\"$(basename "$LOOP")\"]/" tools/demo/demo-policy.toml > "$STATE/policy.toml"
+sed "s/^allow = .*/allow = [\"$(basename "$LOOP")\"]/" tools/dev/demo-policy.toml > "$STATE/policy.toml"
 
 say "hostd discover (virt_type=qemu: this machine's /dev/kvm cannot boot a full guest)"
 "${HOSTD[@]}" discover --virt-type qemu --policy "$STATE/policy.toml"
@@ -63,7 +63,7 @@ say "hostd plan"
 "${HOSTD[@]}" plan --virt-type qemu --policy "$STATE/policy.toml"
 
 say "stand-in for the resident IO service, then hostd carve"
-$PY -m tools.io_service_standin --dir "$STATE" --tag ossd-standin &
+$PY -m tools.dev.io_service_standin --dir "$STATE" --tag ossd-standin &
 PIDS+=($!)
 sleep 0.5
 echo "stand-in pid ${PIDS[0]}, CPUs before: $(grep Cpus_allowed_list /proc/${PIDS[0]}/status | cut -f2)"
@@ -73,7 +73,7 @@ echo "stand-in CPUs after carve: $(grep Cpus_allowed_list /proc/${PIDS[0]}/statu
 echo "node0 2 MiB pool: $(cat /sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages) pages"
 
 say "libvirtd (after the carve: it finds hugetlbfs mounts only at start)"
-bash tools/libvirtd-ctl.sh start "$STATE/libvirtd"
+bash tools/dev/libvirtd-ctl.sh start "$STATE/libvirtd"
 
 say "the smoke guest image (Debian cloud kernel + busybox initramfs), registered with hostd"
 bash guestimages/smoke/build.sh /var/cache/hybrid-kvm/smoke
@@ -81,8 +81,8 @@ SMOKE=/var/cache/hybrid-kvm/smoke
 HOSTD_IMAGE_DIR="$STATE/images" "${HOSTD[@]}" image add smoke --kernel $SMOKE/vmlinuz \
   --initrd $SMOKE/initrd.img --cmdline "console=ttyS0 panic=-1"
 
-say "scheduler on SQLite, hostd with mTLS (dev CA from tools/make-dev-ca.sh)"
-DEV_CA_CLIENTS=fleet-rollout bash tools/make-dev-ca.sh "$STATE/tls" >/dev/null
+say "scheduler on SQLite, hostd with mTLS (dev CA from tools/dev/make-dev-ca.sh)"
+DEV_CA_CLIENTS=fleet-rollout bash tools/dev/make-dev-ca.sh "$STATE/tls" >/dev/null
 sha() { printf '%s' "$1" | sha256sum | cut -d' ' -f1; }
 cat > "$STATE/scheduler.toml" <<EOF
 log_level = "WARNING"
@@ -172,10 +172,10 @@ VM_ID=""
 echo "domains left: $(virsh -c qemu:///system list --all --name | grep -c . || true)"
 echo "host CPUs used by VMs: $(api "$API/v1/hosts/demo-host" | $PY -c 'import json,sys; print(json.load(sys.stdin)["nodes"][0]["used_cpus"])')"
 say "fleet-rollout: a new policy (160 x 2 MiB pages) over this host and 3 simulated hosts"
-echo "The simulated hosts are real hostd processes on generated host trees (bench/fleetsim.py);"
+echo "The simulated hosts are real hostd processes on generated host trees (tools/dev/fleetsim.py);"
 echo "the last one's IO signal degrades the moment it is carved (a scrubber on its IO CPU)."
 printf '%s' "$ADMIN_TOKEN" > "$STATE/admin.token"
-PYTHONPATH=bench $PY tools/demo/simhosts.py "$STATE/sim" 3 "$API" "$STATE/host.token" "$STATE/admin.token" \
+$PY -m tools.dev.simhosts "$STATE/sim" 3 "$API" "$STATE/host.token" "$STATE/admin.token" \
   "$STATE/tls" > "$STATE/simhosts.log" 2>&1 &
 PIDS+=($!)
 for _ in $(seq 600); do [ -f "$STATE/sim/ready" ] && break; sleep 0.2; done

@@ -1,5 +1,5 @@
 #!/usr/bin/env python3
-"""bench/fleetsim: a fleet of real `hostd serve` processes on this one machine.
+"""tools/dev/fleetsim: a fleet of real `hostd serve` processes on this one machine.
 
 Each simulated host is a real hostd process with its own generated host tree as root
 (``fleetsim_tree.py``: 1 node, 8 CPUs, cgroup v1 cpuset, a 2 MiB pool, the IO service in
@@ -29,7 +29,7 @@ designer's kvm domain XML as it is (virt_type stays "kvm"), but has no domain ev
 
 As a bench (starts its own scheduler, SQLite, TLS):
 
-    .venv/bin/python bench/fleetsim.py --hosts 50 --racks 10 --idle 20
+    .venv/bin/python tools/dev/fleetsim.py --hosts 50 --racks 10 --idle 20
 prints the start time, each hostd's RSS/PSS and idle CPU, and the animator's cost.
 Here (2 CPUs, 24 GiB, shared with other test runs): a hostd start costs ~0.5 CPU-s
 (10 hosts ready and registered in 5.5 s; 50 in 22 s when the machine was otherwise
@@ -61,9 +61,9 @@ from typing import Self
 from xml.sax.saxutils import escape
 
 import httpx
-from fleetsim_tree import CPUSET, IO_TAG, POOL, Animator, write_tree
+from tools.dev.fleetsim_tree import CPUSET, IO_TAG, POOL, Animator, write_tree
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 POLICY = f"""# fleetsim: what every simulated host carves
 [io_service]
 process = "{IO_TAG}"
@@ -120,19 +120,19 @@ class SimFleet:
                  io_interval_s: float = 1.0):
         """``host_token``: a scheduler token with the host scope (every host registers
         with it); ``admin_token``: for ``wait_registered``; ``certs``: a dev CA directory
-        (tools/make-dev-ca.sh) holding hostd's server certificate; ``parallel``: hostd
+        (tools/dev/make-dev-ca.sh) holding hostd's server certificate; ``parallel``: hostd
         processes starting at once (default: 4 per CPU: a start waits ~2/3 of its time); ``trees_dir``: where the host trees
         go (default: a new directory in /dev/shm, removed by ``stop``: the animator replaces
         files by rename, ~30 times cheaper on tmpfs than on ext4, where each rename over a
         file flushes it; else ``workdir/trees``); ``hosts_per_process``: K > 1 serves K hosts'
-        hostd daemons from one worker process (bench/fleetsim_multi.py: ``daemon.start`` once per
+        hostd daemons from one worker process (tools/dev/fleetsim_multi.py: ``daemon.start`` once per
         host, each its own tree, state dir, port, test driver and registration), for fleets
         past what separate processes allow; ``kill``, ``restart`` and ``unreachable`` then act
         on the host's whole worker, all K hosts; ``parallel`` counts workers starting at once.
         ``io_interval_s``: hostd's IO-health sample and probe interval."""
         if real_host:
             raise NotImplementedError("real_host: run the real machine's hostd beside the fleet with "
-                                      "tests/procs.py Hostd (root, libvirtd); fleetsim holds simulated hosts")
+                                      "tools/dev/procs.py Hostd (root, libvirtd); fleetsim holds simulated hosts")
         self.workdir = Path(workdir)
         self.url, self.host_token, self.admin_token, self.certs = scheduler_url, host_token, admin_token, certs
         self.policy_text, self.io_cpus, self.heartbeat_s, self.probe = policy, io_cpus, heartbeat_s, probe
@@ -271,7 +271,7 @@ class SimFleet:
             argv = [sys.executable, "-m", "hostd.cli", "--config", str(h.config_path), "serve",
                     "--ready-file", str(ready)]
         else:
-            argv = [sys.executable, str(REPO / "bench/fleetsim_multi.py"), *(str(x.config_path.parent) for x in unit)]
+            argv = [sys.executable, "-m", "tools.dev.fleetsim_multi", *(str(x.config_path.parent) for x in unit)]
         with open(h.log, "a") as log:
             proc = subprocess.Popen(argv, cwd=REPO, env=self.env, stdout=log, stderr=subprocess.STDOUT,
                                     stdin=subprocess.DEVNULL)
@@ -551,7 +551,7 @@ scopes = ["host"]
 
 
 def dev_certs(d: Path, clients: tuple[str, ...] = ("fleet-rollout",)) -> Path:
-    subprocess.run(["bash", str(REPO / "tools/make-dev-ca.sh"), str(d)], check=True, capture_output=True,
+    subprocess.run(["bash", str(REPO / "tools/dev/make-dev-ca.sh"), str(d)], check=True, capture_output=True,
                    env={**os.environ, "DEV_CA_CLIENTS": " ".join(clients)})
     return d
 
@@ -561,7 +561,7 @@ def dev_certs(d: Path, clients: tuple[str, ...] = ("fleet-rollout",)) -> Path:
 
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description="Start a simulated fleet of real hostd processes, measure it, stop it.",
-                                 epilog="example: bench/fleetsim.py --hosts 50 --racks 10 --idle 20")
+                                 epilog="example: tools/dev/fleetsim.py --hosts 50 --racks 10 --idle 20")
     ap.add_argument("--hosts", type=int, default=50)
     ap.add_argument("--racks", type=int, default=10)
     ap.add_argument("--idle", type=float, default=20.0, help="seconds to measure the idle fleet")
@@ -570,13 +570,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--heartbeat", type=float, default=2.0, help="hostd heartbeat_s")
     ap.add_argument("--no-probe", action="store_true", help="no TCP probe of the IO service stand-in")
     ap.add_argument("--per-process", type=int, default=1,
-                    help="hosts served by one worker process (bench/fleetsim_multi.py); 1: `hostd serve` each")
+                    help="hosts served by one worker process (tools/dev/fleetsim_multi.py); 1: `hostd serve` each")
     ap.add_argument("--io-interval", type=float, default=1.0, help="hostd's IO-health sample and probe interval (s)")
     ap.add_argument("--workdir", type=Path, help="keep everything here (default: a temp dir, removed)")
     args = ap.parse_args(argv)
-    sys.path.insert(0, str(REPO / "tests"))
-    from procs import Scheduler, free_port  # tests/procs.py: daemons stopped by PID
-    from procstat import machine, machine_load, tree_cpu_s
+    from tools.dev.procs import Scheduler, free_port  # tools/dev/procs.py: daemons stopped by PID
+    from tools.dev.procstat import machine, machine_load, tree_cpu_s
 
     tmp = None if args.workdir else tempfile.TemporaryDirectory(prefix="fleetsim-")
     work = args.workdir or Path(tmp.name)

@@ -1,4 +1,4 @@
-"""bench/fleetsim_multi: one process serving several simulated hosts, each a real hostd.
+"""tools/dev/fleetsim_multi: one process serving several simulated hosts, each a real hostd.
 
 Past what separate processes allow (a ``hostd serve`` costs ~81 MiB RSS / ~43 MiB PSS and
 ~0.5 CPU-s to start, mostly the interpreter and its imports), ``SimFleet(hosts_per_process=K)``
@@ -7,7 +7,7 @@ through ``hostd.rpc.daemon.start(cfg)`` with its own config (own host tree as ro
 dir, gRPC port, libvirt test-driver URI, scheduler registration), exactly what
 ``hostd serve`` runs, minus one interpreter per host.
 
-    python bench/fleetsim_multi.py HOST_DIR...
+    python tools/dev/fleetsim_multi.py HOST_DIR...
 
 Each HOST_DIR holds ``hostd.toml``; once its daemon serves, ``HOST_DIR/ready`` gets
 "<pid> <port>" (the port it bound: a port taken between the fleet picking it and the
@@ -32,7 +32,6 @@ import threading
 import time
 from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[1]
 log = logging.getLogger("fleetsim.multi")
 
 
@@ -89,5 +88,4 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.path.insert(0, str(REPO))
     sys.exit(main())

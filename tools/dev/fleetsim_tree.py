@@ -45,7 +45,7 @@ from hostd.cpulist import parse_cpu_list
 
 log = logging.getLogger(__name__)
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 HZ = os.sysconf("SC_CLK_TCK")
 NCPU = 8
 MEM_KB = 32 * 1024 * 1024

@@ -1,5 +1,5 @@
 """A real hostd gRPC server in-process, for functional tests of the API and of the
-scheduler's dispatch: mTLS with tools/make-dev-ca.sh certificates, a real SQLite
+scheduler's dispatch: mTLS with tools/dev/make-dev-ca.sh certificates, a real SQLite
 ledger, libvirt's own test driver (``test:///default``, a real libvirt without a
 daemon) and a recording stand-in for the VF rate driver (no SR-IOV hardware here)."""
 
@@ -24,7 +24,7 @@ from hostd.domain.metadata import NS, VmMetadata
 from hostd.rpc.callers import CallerCheck
 from hostd.rpc.servicer import HostdService
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 LAYOUT = Layout(
     nodes=(NodeLayout(0, (0,), (1,), (2, 3), (HugepageTarget(2048, 256),)),),
     pfs=(PfLayout("ens1f0", "0000:3b:00.0", 0, 2, 10000, (VfSlot(0, 0, 0), VfSlot(1, 0, 0))),),
@@ -63,7 +63,7 @@ def render(md: VmMetadata, image) -> str:  # type: ignore[no-untyped-def]
 
 def dev_certs(d: Path, clients: tuple[str, ...] = ()) -> Path:
     """The dev CA's certificates, plus a client certificate for each name in ``clients``."""
-    subprocess.run(["bash", str(REPO / "tools/make-dev-ca.sh"), str(d)], check=True, capture_output=True,
+    subprocess.run(["bash", str(REPO / "tools/dev/make-dev-ca.sh"), str(d)], check=True, capture_output=True,
                    env={**os.environ, "DEV_CA_CLIENTS": " ".join(clients)})
     return d
 

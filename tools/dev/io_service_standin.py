@@ -2,7 +2,7 @@
 and the carve integration tests). It does small synchronous writes and reads in a
 loop so it has real CPU and IO activity, and exits cleanly on SIGTERM.
 
-Usage: python -m tools.io_service_standin [--dir DIR] [--tag TAG]
+Usage: python -m tools.dev.io_service_standin [--dir DIR] [--tag TAG]
 The process is found by its command line: give `--tag NAME` and match it with
 `io_service.process = "NAME"` (pgrep -f style; the default tag is not on the command line).
 """

@@ -2,10 +2,10 @@
 # Start or stop libvirtd + virtlogd on hosts where PID 1 is not systemd (this
 # development machine, CI). Real hosts use the distribution's systemd units.
 #
-#   tools/libvirtd-ctl.sh start STATE_DIR   start what is not running; remember
+#   tools/dev/libvirtd-ctl.sh start STATE_DIR   start what is not running; remember
 #                                           in STATE_DIR which daemons we started
-#   tools/libvirtd-ctl.sh stop STATE_DIR    stop only the daemons we started (by PID)
-#   tools/libvirtd-ctl.sh restart-libvirtd STATE_DIR   restart libvirtd if we started it
+#   tools/dev/libvirtd-ctl.sh stop STATE_DIR    stop only the daemons we started (by PID)
+#   tools/dev/libvirtd-ctl.sh restart-libvirtd STATE_DIR   restart libvirtd if we started it
 #
 # Order matters (DESIGN.md): hugetlbfs must be mounted before libvirtd starts,
 # since libvirtd looks for hugetlbfs mounts only at start-up.

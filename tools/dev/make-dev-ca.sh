@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A development CA and certificates for mTLS between scheduler and hostd.
-#   tools/make-dev-ca.sh DIR [HOSTNAME...]
+#   tools/dev/make-dev-ca.sh DIR [HOSTNAME...]
 # writes DIR/ca.{crt,key}, DIR/hostd.{crt,key} and DIR/scheduler-api.{crt,key} (servers:
 # hostd's gRPC and the scheduler's HTTPS; SANs: the hostnames given, localhost, 127.0.0.1, ::1), DIR/scheduler.{crt,key} and DIR/fleet-rollout.{crt,key}
 # (clients hostd lets change VMs), plus a client certificate for each name in

@@ -17,7 +17,7 @@ import httpx
 
 from api import hostd_pb2_grpc as pb_grpc
 
-REPO = Path(__file__).resolve().parents[1]
+REPO = Path(__file__).resolve().parents[2]
 
 
 def free_port() -> int:
@@ -57,7 +57,7 @@ def hostd_workdir(tmp: Path, smoke_guest: dict, *, pages: int, disk: str,
     service, ``pages`` 2 MiB pages, ``disk`` as the only allow-listed disk (100 MiB/s,
     5000 IOPS by default)."""
     certs = tmp / "tls"
-    subprocess.run(["bash", str(REPO / "tools/make-dev-ca.sh"), str(certs)], check=True, capture_output=True)
+    subprocess.run(["bash", str(REPO / "tools/dev/make-dev-ca.sh"), str(certs)], check=True, capture_output=True)
     from hostd.apply.images import ImageStore
     ImageStore(tmp / "images").add("smoke", "1", "kernel",
                                    {"kernel": smoke_guest["kernel"], "initrd": smoke_guest["initrd"]},

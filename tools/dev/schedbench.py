@@ -23,8 +23,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from host_shapes import Shape, make_layout
-from procstat import cpu_s, stat_fields
+from tools.dev.host_shapes import Shape, make_layout
+from tools.dev.procstat import cpu_s, stat_fields
 from scheduler.fit import DiskWant, HostView, VfWant, VmWant, fit_host
 from scheduler.resources import Allocation, HostRes, Usage, host_from_layout
 

@@ -1,9 +1,9 @@
 """`make demo`'s simulated hosts: a few real hostd processes on generated host trees
-(bench/fleetsim.py), registered with the demo's scheduler, beside this machine's hostd.
+(tools/dev/fleetsim.py), registered with the demo's scheduler, beside this machine's hostd.
 One of them (the last) gets a degraded IO signal the moment it is carved, so the
 demo's rollout shows a gate failing and that host rolled back.
 
-Usage (PYTHONPATH=bench): python tools/demo/simhosts.py WORKDIR N SCHEDULER_URL HOST_TOKEN_FILE
+Usage: python -m tools.dev.simhosts WORKDIR N SCHEDULER_URL HOST_TOKEN_FILE
 ADMIN_TOKEN_FILE CERTS_DIR. Writes WORKDIR/ready when every host is registered; stops every
 process it started on SIGTERM.
 """
@@ -15,7 +15,7 @@ import sys
 import threading
 from pathlib import Path
 
-from fleetsim import SimFleet
+from tools.dev.fleetsim import SimFleet
 
 
 def main(argv: list[str]) -> int:

@@ -14,7 +14,7 @@ import pytest
 @pytest.fixture
 def standin(tmp_path: Path):
     tag = f"hyb-io-standin-test-{os.getpid()}"
-    proc = subprocess.Popen([sys.executable, "-m", "tools.io_service_standin", "--tag", tag,
+    proc = subprocess.Popen([sys.executable, "-m", "tools.dev.io_service_standin", "--tag", tag,
                              "--dir", str(tmp_path)])
     time.sleep(0.3)
     try:

@@ -114,7 +114,7 @@ def test_an_unmounted_ext4_filesystem_is_refused_unless_wipe_ok(manager, loop_di
 
 def test_an_lvm_physical_volume_is_refused(manager, loop_disk: Path) -> None:
     if shutil.which("pvcreate") is None:
-        pytest.fail("lvm2 is missing: tools/install-deps.sh installs it")
+        pytest.fail("lvm2 is missing: tools/dev/install-deps.sh installs it")
     env = {**os.environ, "DM_DISABLE_UDEV": "1", "LVM_SUPPRESS_FD_WARNINGS": "1"}
     subprocess.run(["pvcreate", "-q", "-y", "-ff", "--config", "devices { use_devicesfile = 0 }",
                     str(loop_disk)], check=True, env=env, capture_output=True)

@@ -17,7 +17,7 @@ from pathlib import Path
 import grpc
 import libvirt
 import pytest
-from hostd_inproc import dev_certs, render
+from tools.dev.hostd_inproc import dev_certs, render
 
 import hostd
 from api import hostd_pb2 as pb
@@ -409,7 +409,7 @@ def test_the_cli_carve_records_its_digest_for_hostd(tmp_path: Path, certs: Path)
 
 def test_a_second_hostd_on_a_taken_port_fails_instead_of_sharing_it(tmp_path: Path, certs: Path) -> None:
     """gRPC binds with SO_REUSEPORT by default: a second hostd on the same port would
-    silently take half of the first one's connections (bench/fleetsim saw two simulated
+    silently take half of the first one's connections (tools/dev/fleetsim saw two simulated
     hosts answer for each other). hostd turns it off, so the second one fails to start."""
     first = Host(tmp_path / "a", certs).start()
     try:

@@ -1,7 +1,7 @@
 """Who may call what: every hostd holds a certificate the fleet CA signed, so a stolen
 or compromised storage host can dial any other hostd over mTLS. Its certificate must
 get the read-only RPCs and nothing that changes a VM. Real gRPC over mTLS with
-certificates from tools/make-dev-ca.sh, a real ledger, libvirt's test driver."""
+certificates from tools/dev/make-dev-ca.sh, a real ledger, libvirt's test driver."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from hostd_inproc import dev_certs, start_hostd
+from tools.dev.hostd_inproc import dev_certs, start_hostd
 
 from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc

@@ -1,4 +1,4 @@
-"""The gRPC API over mTLS (certificates from tools/make-dev-ca.sh) on a real
+"""The gRPC API over mTLS (certificates from tools/dev/make-dev-ca.sh) on a real
 VmManager: libvirt's test driver in-process, a real SQLite ledger. The end-to-end
 path with libvirtd + QEMU is in tests/hostd/rpc/test_serve_live.py."""
 
@@ -9,7 +9,7 @@ from pathlib import Path
 
 import grpc
 import pytest
-from hostd_inproc import dev_certs, start_hostd
+from tools.dev.hostd_inproc import dev_certs, start_hostd
 
 from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc

@@ -21,7 +21,7 @@ from pathlib import Path
 import grpc
 import libvirt
 import pytest
-from procs import Hostd, grpc_stub, hostd_workdir, write_hostd_config
+from tools.dev.procs import Hostd, grpc_stub, hostd_workdir, write_hostd_config
 
 from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
@@ -229,7 +229,7 @@ def test_libvirt_events_and_libvirtd_restart(hostd_env, libvirtd_state):
         stub.StartVM(pb.VMRef(vm_id=vm.vm_id), timeout=60)
         assert stub.GetVM(pb.GetVMRequest(vm_id=vm.vm_id), timeout=10).state == pb.VM_STATE_RUNNING
 
-        r = subprocess.run(["bash", str(REPO / "tools/libvirtd-ctl.sh"), "restart-libvirtd", state],
+        r = subprocess.run(["bash", str(REPO / "tools/dev/libvirtd-ctl.sh"), "restart-libvirtd", state],
                            capture_output=True, text=True)
         if r.returncode == 3:
             pytest.skip(r.stderr.strip())

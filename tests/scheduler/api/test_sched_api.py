@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from host_shapes import Shape
+from tools.dev.host_shapes import Shape
 from sched_helpers import ADM, HOST, ONE_G, PLAIN, TA, TB, Clock, auth, host_body, make_client, vm_body
 
 REPO = Path(__file__).resolve().parents[3]

@@ -9,7 +9,7 @@ import asyncio
 
 import pytest
 
-from host_shapes import SHAPES
+from tools.dev.host_shapes import SHAPES
 from sched_helpers import ADM, HOST, TA, Clock, host_body, make_client, vm_body
 from scheduler.api import fastpath
 from scheduler.api.routes import vms as vm_routes

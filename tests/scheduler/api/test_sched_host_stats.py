@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import pytest
 
-from host_shapes import Shape
+from tools.dev.host_shapes import Shape
 from sched_helpers import ADM, HOST, TA, Clock, host_body, make_client
 
 SMALL = Shape("small", nodes=1, cores_per_node=4, smt=2, io_cores_per_node=1, host_cores=1,

@@ -11,7 +11,7 @@ import copy
 import pytest
 from sqlalchemy import select
 
-from host_shapes import Shape
+from tools.dev.host_shapes import Shape
 from sched_helpers import ADM, HOST, TA, TB, Clock, auth, host_body, make_client, vm_body
 from scheduler.db.models import Audit
 

@@ -1,5 +1,5 @@
 """The REST API on the wire: real `scheduler serve` processes (uvicorn) with HTTPS from
-the dev CA (tools/make-dev-ca.sh). A client that trusts another CA fails, plain HTTP to
+the dev CA (tools/dev/make-dev-ca.sh). A client that trusts another CA fails, plain HTTP to
 the TLS port gets no answer, mTLS refuses a client without a certificate, the server
 will not start on plain HTTP unless told to, and an unauthenticated 300 MB body is
 refused before the server reads it (its memory does not grow)."""
@@ -14,7 +14,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from procs import REPO, Scheduler, free_port
+from tools.dev.procs import REPO, Scheduler, free_port
 
 from sched_helpers import token_config
 
@@ -24,7 +24,7 @@ pytestmark = pytest.mark.integration
 @pytest.fixture(scope="module")
 def certs(tmp_path_factory) -> Path:
     d = tmp_path_factory.mktemp("tls")
-    subprocess.run(["bash", str(REPO / "tools/make-dev-ca.sh"), str(d)], check=True, capture_output=True)
+    subprocess.run(["bash", str(REPO / "tools/dev/make-dev-ca.sh"), str(d)], check=True, capture_output=True)
     return d
 
 
@@ -74,7 +74,7 @@ def test_https_with_the_right_ca_only(serve, certs: Path, tmp_path: Path) -> Non
     assert s.url.startswith("https://")
     assert httpx.get(f"{s.url}/readyz", verify=str(certs / "ca.crt")).status_code == 200
     other = tmp_path / "other"
-    subprocess.run(["bash", str(REPO / "tools/make-dev-ca.sh"), str(other)], check=True, capture_output=True)
+    subprocess.run(["bash", str(REPO / "tools/dev/make-dev-ca.sh"), str(other)], check=True, capture_output=True)
     with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
         httpx.get(f"{s.url}/readyz", verify=str(other / "ca.crt"))
     plain = s.url.replace("https://", "http://")

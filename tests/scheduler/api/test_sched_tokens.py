@@ -13,7 +13,7 @@ from pathlib import Path
 
 import httpx
 import pytest
-from procs import REPO, Scheduler, free_port
+from tools.dev.procs import REPO, Scheduler, free_port
 
 from sched_helpers import token_config
 

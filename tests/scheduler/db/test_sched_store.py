@@ -15,8 +15,8 @@ import httpx
 import pytest
 from sqlalchemy import inspect
 
-from host_shapes import Shape
-from procs import Scheduler, free_port
+from tools.dev.host_shapes import Shape
+from tools.dev.procs import Scheduler, free_port
 from sched_helpers import ADM, HOST, TA, host_body, token_config, vm_body
 from scheduler.db.engine import Store
 from scheduler.db.migrate import current, downgrade, upgrade

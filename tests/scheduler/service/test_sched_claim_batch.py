@@ -14,7 +14,7 @@ import time
 import pytest
 from sqlalchemy import select
 
-from host_shapes import SHAPES, Shape, make_layout
+from tools.dev.host_shapes import SHAPES, Shape, make_layout
 from sched_helpers import ADM, HOST, host_body, make_client
 from scheduler.db.models import LIVE, Audit, Host, Vm
 from scheduler.errors import NoValidHost

@@ -10,7 +10,7 @@ import random
 
 import pytest
 
-from host_shapes import SHAPES, Shape, make_layout
+from tools.dev.host_shapes import SHAPES, Shape, make_layout
 from sched_helpers import ONE_G, PLAIN
 from scheduler.fit import DiskWant, HostView, VfWant, VmWant, fit_host, fit_vm
 from scheduler.resources import Allocation, host_from_layout

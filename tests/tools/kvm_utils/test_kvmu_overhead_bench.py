@@ -8,7 +8,7 @@ import sys
 
 import pytest
 
-from kvm_utils_overhead import median_ci, verdict
+from tools.dev.benchstats import median_ci, verdict
 from kvmu_helpers import REPO
 
 
