@@ -32,6 +32,7 @@ from hostd.apply.steps import (
     step_from_dict,
 )
 from hostd.cpulist import format_cpu_list
+from hostd.discover.fs import HostFs
 from hostd.errors import ApplyFailed, HostdError, IoServiceNotFound, NotCarved
 
 log = logging.getLogger(__name__)
@@ -68,7 +69,7 @@ def plan_steps(layout: Layout, h: HostHandles, unmovable: list[Unmovable] | None
     steps += _cpuset_steps(layout, h)
     if h.exclusive and h.cpuset is not None and layout.io_cpus:
         io_pids = {s.pid for s in steps if isinstance(s, MovePid)}  # the IO service, on its way to its CPUs
-        s, u = plan_exclusive(layout, h.root, h.cpuset, exclude_pids=h.exclude_pids | io_pids | {os.getpid()},
+        s, u = plan_exclusive(layout, HostFs(h.root), h.cpuset, exclude_pids=h.exclude_pids | io_pids | {os.getpid()},
                               io_cgroup=_io_cgroup(layout))
         steps += s
         if unmovable is not None:

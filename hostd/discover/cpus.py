@@ -30,6 +30,12 @@ def nohz_full_cpus(fs: HostFs) -> frozenset[int]:
     return fs.cpu_list(f"{CPU_DIR}/nohz_full", optional=True) or frozenset()
 
 
+def online_cpus(fs: HostFs) -> frozenset[int]:
+    """The CPUs the kernel runs tasks on, as the host under ``fs`` says: empty when it
+    says nothing (no ``online`` file, no cpuN directories), never this machine's CPUs."""
+    return frozenset(_online(fs, cpu_ids(fs)))
+
+
 def _online(fs: HostFs, ids: list[int]) -> set[int]:
     listed = fs.cpu_list(f"{CPU_DIR}/online", optional=True)
     if listed is not None:

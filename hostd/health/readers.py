@@ -21,9 +21,8 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
+from hostd.discover.affinity import PF_KTHREAD, split_stat
 from hostd.discover.fs import HostFs
-
-PF_KTHREAD = 0x00200000
 
 
 @dataclass(frozen=True)
@@ -99,17 +98,6 @@ def read_threads(fs: HostFs) -> dict[int, Thread]:
             if t is not None:
                 out[t.tid] = t
     return out
-
-
-def split_stat(line: str) -> tuple[str, str, list[str]] | None:
-    """A ``/proc/<pid>[/task/<tid>]/stat`` line -> (pid, comm, fields from field 3 on:
-    ``[0]`` state, ``[6]`` flags, ``[11]``/``[12]`` utime/stime, ``[36]`` processor).
-    The comm may hold spaces and parentheses: it ends at the last ``)``."""
-    head, sep, tail = line.rpartition(")")
-    if not sep:
-        return None
-    pid, _, comm = head.partition(" (")
-    return pid, comm, tail.split()
 
 
 def _thread(path: os.PathLike, pid: int) -> Thread | None:

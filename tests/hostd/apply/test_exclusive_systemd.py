@@ -19,9 +19,12 @@ import pytest
 
 from api.layout import IoServiceTarget, Layout, NodeLayout
 from hostd.apply.cgroups import CpusetFs, find_cpuset_fs
-from hostd.apply.exclusive import DROPIN_NAME, DropIn, SystemdDropIns, Unmovable, plan_exclusive
+from hostd.apply.exclusive import plan_exclusive
 from hostd.apply.live_carve import HostHandles, Journal, apply_layout, plan_steps, uncarve
 from hostd.apply.steps import Context
+from hostd.apply.systemd_dropins import DROPIN_NAME, DropIn, SystemdDropIns
+from hostd.apply.unmovable import Unmovable
+from hostd.discover.fs import HostFs
 
 ETC = "etc/systemd/system"
 HEAD = "# hostd exclusive carve (io_cpus 0-1); `hostd uncarve` takes it back\n"
@@ -133,7 +136,7 @@ def test_no_dropins_without_systemd_or_on_cgroup_v1(host: Path) -> None:
     """cgroup v1: systemd's AllowedCPUs= needs the unified hierarchy; the hyb-host
     cpuset keeps new tasks off there."""
     v1 = CpusetFs(host / "sys/fs/cgroup", 1)
-    steps, _ = plan_exclusive(layout(PROCESS), host, v1, exclude_pids=frozenset(), io_cgroup="hyb-io")
+    steps, _ = plan_exclusive(layout(PROCESS), HostFs(host), v1, exclude_pids=frozenset(), io_cgroup="hyb-io")
     assert steps and dropins(steps) == []
     (host / "run/systemd/system").rmdir()
     assert dropins(plan_steps(layout(PROCESS), handles(host))) == []
@@ -171,7 +174,7 @@ def test_a_later_allowed_cpus_dropin_is_reported(host: Path) -> None:
     write(host, "usr/lib/systemd/system/user.slice.d/90-vendor.conf", "[Slice]\nAllowedCPUs=0-3\n")
     write(host, f"{ETC}/system.slice.d/99-notes.conf", "[Slice]\nCPUWeight=50\n")
     fs = find_cpuset_fs(host)
-    _, unmovable = plan_exclusive(layout(PROCESS), host, fs, exclude_pids=frozenset(), io_cgroup="hyb-io")
+    _, unmovable = plan_exclusive(layout(PROCESS), HostFs(host), fs, exclude_pids=frozenset(), io_cgroup="hyb-io")
     vendor = host / "usr/lib/systemd/system/user.slice.d/90-vendor.conf"
     assert [str(u) for u in unmovable] == [f"user.slice: {vendor} sets AllowedCPUs= after {DROPIN_NAME}, so it decides"]
 

@@ -1,16 +1,23 @@
 """The exclusive carve's plan on generated host trees (cgroup v1 and v2 layouts), so the
 v2 partition path this v1 machine cannot run is covered: which processes move, which
-kernel threads get a new affinity, which cannot move and why, IRQs and the workqueue."""
+kernel threads get a new affinity, which cannot move and why, IRQs and the workqueue; and
+a generated 8-CPU tree (tools/dev/fleetsim_tree.py) planned from its own online CPUs,
+never this machine's."""
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
+from tools.dev.fleetsim_tree import AGENT_PID, IO_PID, IO_TAG, write_tree
 
 from api.layout import IoServiceTarget, Layout, NodeLayout
-from hostd.apply.cgroups import CpusetFs
-from hostd.apply.exclusive import BestEffortAttr, KthreadAffinity, MakeDir, MoveOff, plan_exclusive
+from hostd.apply.cgroups import CpusetFs, find_cpuset_fs
+from hostd.apply.exclusive import HOST_CGROUP, BestEffortAttr, KthreadAffinity, MoveOff, plan_exclusive
+from hostd.apply.steps import MakeDir, WriteAttr
+from hostd.discover.fs import HostFs
+from hostd.errors import BadTopology
 
 PF_KTHREAD, PF_NO_SETAFFINITY = 0x00200000, 0x04000000
 LAYOUT = Layout(nodes=(NodeLayout(0, io_cpus=(0,), host_cpus=(1,), vm_cpus=(2, 3), hugepages=()),), pfs=(),
@@ -55,7 +62,7 @@ def host(tmp_path: Path, request):
 
 def test_the_plan_takes_io_cpus_from_the_rest(host) -> None:
     root, fs = host
-    steps, unmovable = plan_exclusive(LAYOUT, root, fs, exclude_pids=frozenset(), io_cgroup="hyb-io")
+    steps, unmovable = plan_exclusive(LAYOUT, HostFs(root), fs, exclude_pids=frozenset(), io_cgroup="hyb-io")
     moves = {s.pid: s for s in steps if isinstance(s, MoveOff)}
     if fs.version == 1:
         assert isinstance(steps[0], MakeDir) and steps[0].path.endswith("hyb-host")
@@ -77,5 +84,45 @@ def test_io_cpus_that_are_every_cpu_leave_nowhere_to_go(host) -> None:
     root, fs = host
     every = Layout(nodes=(NodeLayout(0, io_cpus=(0, 1, 2, 3), host_cpus=(), vm_cpus=(), hugepages=()),), pfs=(),
                    disks=(), io_service=IoServiceTarget("none", ""), vm_cgroup="machine", reboot_required=())
-    steps, unmovable = plan_exclusive(every, root, fs, exclude_pids=frozenset(), io_cgroup="hyb-io")
+    steps, unmovable = plan_exclusive(every, HostFs(root), fs, exclude_pids=frozenset(), io_cgroup="hyb-io")
     assert steps == [] and "nowhere to move" in str(unmovable[0])
+
+
+@pytest.fixture
+def sim_host(tmp_path: Path) -> Path:
+    """A generated 8-CPU host (cgroup v1, this machine has 2) with an IRQ pinned to io_cpus."""
+    root = tmp_path / "sim-host"
+    write_tree(root, "sim-host")
+    write(root, "proc/irq/31/smp_affinity_list", "0-1\n")
+    return root
+
+
+@pytest.mark.parametrize("online", ["online file", "cpuN directories only"])
+def test_a_tree_gets_its_own_online_cpus_not_this_machines(sim_host: Path, online: str) -> None:
+    """io_cpus 0-1 on an 8-CPU tree leave 2-7 for the rest, however the tree says which
+    CPUs are online (the code before read this machine's affinity when the tree had no
+    ``online`` file: on a 2-CPU machine, "nowhere to move the rest to")."""
+    if online != "online file":
+        (sim_host / "sys/devices/system/cpu/online").unlink()
+    layout = Layout(nodes=(NodeLayout(0, io_cpus=(0, 1), host_cpus=(2, 3), vm_cpus=(4, 5, 6, 7), hugepages=()),),
+                    pfs=(), disks=(), io_service=IoServiceTarget("process", IO_TAG), vm_cgroup="machine",
+                    reboot_required=())
+    host = HostFs(sim_host)
+    cpuset = find_cpuset_fs(sim_host)
+    steps, unmovable = plan_exclusive(layout, host, cpuset, exclude_pids=frozenset({IO_PID}), io_cgroup="hyb-io")
+    assert unmovable == []
+    hyb_host = [s for s in steps if isinstance(s, WriteAttr) and s.path.endswith(f"{HOST_CGROUP}/cpuset.cpus")]
+    assert [s.after for s in hyb_host] == ["2-7"]
+    moves = [s for s in steps if isinstance(s, MoveOff)]
+    assert [(m.pid, m.affinity) for m in moves] == [(AGENT_PID, {str(AGENT_PID): "0-7"})]
+    best = {s.what: (s.path, s.before, s.after) for s in steps if isinstance(s, BestEffortAttr)}
+    assert best == {"IRQ 30": (f"{host.root}/proc/irq/30/smp_affinity_list", "0-7", "2-7"),
+                    "IRQ 31": (f"{host.root}/proc/irq/31/smp_affinity_list", "0-1", "2-7"),
+                    "unbound workqueue cpumask": (f"{host.root}/sys/devices/virtual/workqueue/cpumask", "ff", "fc")}
+
+
+def test_a_tree_that_says_no_online_cpus_is_an_error(sim_host: Path) -> None:
+    shutil.rmtree(sim_host / "sys/devices/system/cpu")
+    with pytest.raises(BadTopology, match="/sys/devices/system/cpu: no online CPUs"):
+        plan_exclusive(LAYOUT, HostFs(sim_host), find_cpuset_fs(sim_host), exclude_pids=frozenset(),
+                       io_cgroup="hyb-io")
