@@ -5,7 +5,8 @@ At carve, in the same journal as the rest:
 - **tasks**: on cgroup v1 every process in the root cpuset moves to a ``hyb-host`` cpuset
   that has every CPU but ``io_cpus`` (its children are born there, so new tasks stay off);
   each of its threads' CPU affinity is recorded first, and ``uncarve`` moves it back and
-  restores those affinities exactly. On cgroup v2 the IO service's cgroup becomes a
+  restores those affinities exactly (what their children started there meanwhile goes
+  back to the root cpuset too). On cgroup v2 the IO service's cgroup becomes a
   cpuset partition root (``cpuset.cpus.partition = root``): its CPUs leave every other
   cgroup's effective set. Kernel threads that may move (unbound ones) get an affinity
   without ``io_cpus``;
@@ -57,6 +58,7 @@ from hostd.errors import BadTopology
 log = logging.getLogger(__name__)
 
 HOST_CGROUP = "hyb-host"
+RETURN_ROUNDS = 10
 
 
 @dataclass
@@ -161,7 +163,45 @@ class KthreadAffinity(Step):
         return f"kernel thread {self.pid} ({self.comm}) affinity {self.before} -> {self.after}{tail}"
 
 
-EXCLUSIVE_STEPS: tuple[type[Step], ...] = (BestEffortAttr, MoveOff, KthreadAffinity, SystemdDropIns)  # journal kinds
+@dataclass
+class ReturnBorn(Step):
+    """Nothing at carve. At uncarve, once every moved process went back: what was born in
+    the host cpuset while the carve stood (a moved server's new workers, a login's shell)
+    goes back to the root cpuset too, where its ancestors came from, so that the cpuset
+    can be removed (``rmdir`` of a cpuset that holds a task is EBUSY). In rounds, since
+    they may fork meanwhile; what is still there after them makes that ``rmdir`` fail,
+    and a second uncarve tries again."""
+
+    kind: ClassVar[str] = "return_born"
+    cgroup: str
+    home: str
+    procs_file: str = "cgroup.procs"
+
+    def apply(self, ctx: Context) -> None:
+        return
+
+    def undo(self, ctx: Context) -> None:
+        for _ in range(RETURN_ROUNDS):
+            try:
+                pids = (Path(self.cgroup) / self.procs_file).read_text().split()
+            except FileNotFoundError:
+                return
+            if not pids:
+                return
+            for pid in pids:
+                try:
+                    write_attr(Path(self.home) / self.procs_file, pid)
+                except OSError as e:
+                    if e.errno != errno.ESRCH:  # ended meanwhile
+                        raise
+            log.info("uncarve moved %d processes born in %s back to %s", len(pids), self.cgroup, self.home)
+
+    def describe(self) -> str:
+        return f"at uncarve, move what was born in {self.cgroup} meanwhile back to {self.home}"
+
+
+EXCLUSIVE_STEPS: tuple[type[Step], ...] = (BestEffortAttr, MoveOff, KthreadAffinity, ReturnBorn,
+                                           SystemdDropIns)  # journal kinds
 
 
 def plan_exclusive(layout: Layout, host: HostFs, cpuset: CpusetFs, *, exclude_pids: frozenset[int],
@@ -205,7 +245,8 @@ def _v1_tasks(host: HostFs, fs: CpusetFs, rest: list[int], exclude: frozenset[in
     ``io_cpus``), where its children are born too."""
     hostcg = fs.path(HOST_CGROUP)
     steps: list[Step] = []
-    if not hostcg.is_dir():
+    created = not hostcg.is_dir()
+    if created:
         steps.append(MakeDir(str(hostcg)))
         cur_cpus = cur_mems = ""
     else:
@@ -217,6 +258,8 @@ def _v1_tasks(host: HostFs, fs: CpusetFs, rest: list[int], exclude: frozenset[in
     want = format_cpu_list(rest)
     if cur_cpus != want:
         steps.append(WriteAttr(str(hostcg / fs.cpus_file), cur_cpus, want))
+    if created:  # ours to remove at uncarve, with what is born in it
+        steps.append(ReturnBorn(str(hostcg), str(fs.mount), fs.procs_file))
     for t in tasks:
         if t.pid in exclude or t.kthread:
             continue

@@ -1,11 +1,13 @@
 """io_cpus kept exclusive live, on this machine (cgroup v1): a foreign busy loop pinned
 to the IO service's CPU is moved off it by the carve (and the IO-health signal stops
 seeing it there), IRQs and the unbound workqueue mask leave that CPU, what the kernel
-refuses is reported, and uncarve puts every affinity back exactly as it was."""
+refuses is reported, and uncarve puts every affinity back exactly as it was, and takes
+back what the moved processes started meanwhile."""
 
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -54,14 +56,44 @@ def procs(standin):
         loop.wait()
 
 
-def test_carve_takes_io_cpus_from_everything_else_and_uncarve_gives_them_back(procs, tmp_path: Path) -> None:
+FORKER = "import subprocess, sys\nfor _ in sys.stdin:\n    print(subprocess.Popen(['sleep', '60']).pid, flush=True)\n"
+
+
+@pytest.fixture
+def forker():
+    """A process of the root cpuset that starts a child when asked (a server's new worker);
+    yields the process and ``fork()``, which returns the new child's pid."""
+    p = subprocess.Popen([sys.executable, "-c", FORKER], stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+    children: list[int] = []
+
+    def fork() -> int:
+        p.stdin.write("\n")
+        p.stdin.flush()
+        children.append(int(p.stdout.readline()))
+        return children[-1]
+
+    try:
+        yield p, fork
+    finally:
+        for c in children:
+            try:
+                os.kill(c, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+        p.kill()
+        p.wait()
+
+
+def test_carve_takes_io_cpus_from_everything_else_and_uncarve_gives_them_back(procs, forker, tmp_path: Path) -> None:
     io, tag, loop = procs
+    parent, fork = forker
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs")
     fs = find_cpuset_fs(ROOT)
     assert fs is not None and fs.version == 1, "this test is for the cgroup v1 host it runs on"
     irqs_before, wq_before = irq_affinities(), WQ.read_text().strip()
     assert cpus_allowed(loop.pid) == "0" and pid_cpuset_cgroup(ROOT, loop.pid, 1) == "/"
+    parent_cpus = cpus_allowed(parent.pid)
     vm_cg = f"hyb-test-vms-{os.getpid()}"
     layout = Layout(nodes=(NodeLayout(0, io_cpus=(0,), host_cpus=(), vm_cpus=(1,), hugepages=()),),
                     pfs=(), disks=(), io_service=IoServiceTarget("process", tag), vm_cgroup=vm_cg,
@@ -76,6 +108,8 @@ def test_carve_takes_io_cpus_from_everything_else_and_uncarve_gives_them_back(pr
         # the busy loop (and every other process of the root cpuset) left CPU 0
         assert pid_cpuset_cgroup(ROOT, loop.pid, 1) == f"/{HOST_CGROUP}" and cpus_allowed(loop.pid) == "1"
         assert cpus_allowed(io.pid) == "0"  # the IO service keeps it
+        born = fork()  # a child started while the carve stands is born off io_cpus
+        assert pid_cpuset_cgroup(ROOT, born, 1) == f"/{HOST_CGROUP}" and cpus_allowed(born) == "1"
         moved = [s for s in ran if isinstance(s, MoveOff) and not s.skipped]
         assert loop.pid in {s.pid for s in moved} and io.pid not in {s.pid for s in moved}
         # IRQs: every one the kernel let move is off CPU 0; the others are reported
@@ -92,10 +126,15 @@ def test_carve_takes_io_cpus_from_everything_else_and_uncarve_gives_them_back(pr
         time.sleep(0.5)
         st = s.step()
         assert loop.pid not in {f.pid for f in st.top_foreign}
-        assert apply_layout(layout, h, journal, ctx) == [], "a second carve changes nothing"
+        # A second carve changes nothing, but for processes that joined the root cpuset
+        # since from outside (this machine is shared: commands started into it).
+        again = apply_layout(layout, h, journal, ctx)
+        assert all(isinstance(s, MoveOff) and s.pid not in {m.pid for m in moved} for s in again), again
     finally:
         if journal.path.exists():
             uncarve(journal, ctx)
     assert pid_cpuset_cgroup(ROOT, loop.pid, 1) == "/" and cpus_allowed(loop.pid) == "0"
     assert irq_affinities() == irqs_before and WQ.read_text().strip() == wq_before
     assert not fs.path(HOST_CGROUP).exists() and not fs.path(vm_cg).exists()
+    # what was born in hyb-host went back with the rest (else its rmdir is EBUSY)
+    assert pid_cpuset_cgroup(ROOT, born, 1) == "/" and cpus_allowed(born) == parent_cpus == cpus_allowed(parent.pid)

@@ -14,7 +14,14 @@ from tools.dev.fleetsim_tree import AGENT_PID, IO_PID, IO_TAG, write_tree
 
 from api.layout import IoServiceTarget, Layout, NodeLayout
 from hostd.apply.cgroups import CpusetFs, find_cpuset_fs
-from hostd.apply.exclusive import HOST_CGROUP, BestEffortAttr, KthreadAffinity, MoveOff, plan_exclusive
+from hostd.apply.exclusive import (
+    HOST_CGROUP,
+    BestEffortAttr,
+    KthreadAffinity,
+    MoveOff,
+    ReturnBorn,
+    plan_exclusive,
+)
 from hostd.apply.steps import MakeDir, WriteAttr
 from hostd.discover.fs import HostFs
 from hostd.errors import BadTopology
@@ -66,6 +73,8 @@ def test_the_plan_takes_io_cpus_from_the_rest(host) -> None:
     moves = {s.pid: s for s in steps if isinstance(s, MoveOff)}
     if fs.version == 1:
         assert isinstance(steps[0], MakeDir) and steps[0].path.endswith("hyb-host")
+        # undone newest first: after the moved processes went back, before the cpuset goes
+        assert [type(s) for s in steps[:5]] == [MakeDir, WriteAttr, WriteAttr, ReturnBorn, MoveOff]
         assert set(moves) == {100} and moves[100].affinity == {"100": "0-3"}  # not the VM's, not kthreads
     else:
         part = [s for s in steps if isinstance(s, BestEffortAttr) and "partition" in s.what]
