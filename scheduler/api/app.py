@@ -6,13 +6,14 @@ import inspect
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
+from typing import Any
 
 from fastapi import FastAPI, Response
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
-from scheduler.api import errors, fastpath, gate
+from scheduler.api import errors, fastpath, gate, wire
 from scheduler.api.routes import audit, hosts, vms
 from scheduler.config import Settings
 from scheduler.db.engine import Store
@@ -146,6 +147,14 @@ class SchedulerApp(FastAPI):
             if receive is None:
                 return
         await super().__call__(scope, receive, send)
+
+    def openapi(self) -> dict[str, Any]:
+        """FastAPI's document, with the schemas of the bodies the routes read themselves
+        (``api/wire.py``) among its components."""
+        if not self.openapi_schema:
+            doc = super().openapi()
+            doc.setdefault("components", {}).setdefault("schemas", {}).update(wire.body_schemas())
+        return self.openapi_schema
 
 
 class CountRequests:

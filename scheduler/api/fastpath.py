@@ -11,12 +11,14 @@ is a shorter lock hold.
 This module answers the one request that matters for throughput, a claim (``POST
 /v1/vms`` with no query string, an ``Idempotency-Key`` and a valid body), and hands
 everything else to the full application unchanged, the body it has already read
-included: a dry run, a bad token, a bad field, a missing key. Every error of that kind
-is therefore rendered by the one error mapper (``api/errors.py``); what this path renders
-itself are the claim's answers: 202 (or 200 for a replay) with the VM, and the claim's
-own errors (507 no valid host, 409 lost race or key mismatch), with the same bodies, the
-same headers and the same request counter as the route (``routes/vms.create_vm``, which
-stays the contract in the OpenAPI document and serves the requests handed over).
+included: a dry run, a bad token, a bad field, a missing key. It reads the request with
+the route's own reader (``api/wire.py``), so it cannot take a request the route would
+refuse or refuse one the route would take; every refusal is rendered by the one error
+mapper (``api/errors.py``). What this path renders itself are the claim's answers: 202
+(or 200 for a replay) with the VM, and the claim's own errors (507 no valid host, 409
+lost race or key mismatch), with the same bodies, the same headers and the same request
+counter as the route (``routes/vms.create_vm``, which stays the contract in the OpenAPI
+document and serves the requests handed over).
 
 Heartbeats (``POST /v1/hosts/{name}/heartbeat``) take the same way for the same reason:
 7,000 hosts at 10 s are 700 a second, next to the claims. A heartbeat without the host
@@ -33,15 +35,13 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import Any
 
 import orjson
-from pydantic import ValidationError
+from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 
-from scheduler.api.deps import principal_for, tenant_scope
+from scheduler.api import wire
+from scheduler.api.deps import Principal, principal_for
 from scheduler.api.errors import domain_body, internal_body
-from scheduler.api.routes.vms import KEY_RE, created_headers, json_content, owner, vm_json
 from scheduler.errors import SchedulerError
-from scheduler.schemas.hosts import HeartbeatIn
-from scheduler.schemas.vms import VmCreate
 
 log = logging.getLogger(__name__)
 
@@ -83,14 +83,10 @@ async def heartbeat(app: Any, scope: Scope, receive: Receive, send: Send) -> Rec
     if cut:
         return replay
     head = _headers(scope)
-    if body.strip() and not json_content(head.get(b"content-type", b"").decode("latin-1")):
-        return replay
     try:
-        p = scope.get("state", {}).get("principal") or \
-            principal_for(head.get(b"authorization", b"").decode("latin-1"), app.state.tokens)
-        p.require("host")
-        beat = HeartbeatIn.model_validate_json(body) if body.strip() else None
-    except (SchedulerError, ValidationError):
+        p = _principal(app, scope, head)
+        beat = wire.read_heartbeat(p, ctype=_text(head, b"content-type") or "", body=body)
+    except (SchedulerError, RequestValidationError):  # 401/403/422, from the route and the error mapper
         return replay
     name = _beat_host(scope["path"])
     try:
@@ -115,6 +111,18 @@ def _headers(scope: Scope) -> dict[bytes, bytes]:
     return head
 
 
+def _text(head: dict[bytes, bytes], name: bytes) -> str | None:
+    """A header's value as Starlette decodes it, or None when it was not sent."""
+    v = head.get(name)
+    return None if v is None else v.decode("latin-1")
+
+
+def _principal(app: Any, scope: Scope, head: dict[bytes, bytes]) -> Principal:
+    """The principal the gate found (api/gate.py), or from the header, as the routes'."""
+    return scope.get("state", {}).get("principal") or \
+        principal_for(_text(head, b"authorization") or "", app.state.tokens)
+
+
 async def create(app: Any, scope: Scope, receive: Receive, send: Send) -> Receive | None:
     """Answer the claim and return None, or return a ``receive`` that replays the body
     for the full application (the request is not one this path answers)."""
@@ -123,23 +131,16 @@ async def create(app: Any, scope: Scope, receive: Receive, send: Send) -> Receiv
     if cut:  # the client went away mid-body: the full stack deals with it, as before
         return replay
     head = _headers(scope)
-    key = head.get(b"idempotency-key", b"").decode("latin-1")
-    ctype = head.get(b"content-type", b"").decode("latin-1")
-    if not key or not KEY_RE.match(key) or not json_content(ctype):
-        return replay
     try:
-        p = scope.get("state", {}).get("principal") or \
-            principal_for(head.get(b"authorization", b"").decode("latin-1"), app.state.tokens)
-        vm_body = VmCreate.model_validate_json(body)
-        tenant = owner(tenant_scope(p), vm_body)
-    except (SchedulerError, ValidationError):  # 401/403/422, from the route and the error mapper
+        p = _principal(app, scope, head)
+        req = wire.read_create(p, dry_run=None, key=_text(head, b"idempotency-key"),
+                               ctype=_text(head, b"content-type") or "", body=body)
+    except (SchedulerError, RequestValidationError):  # 401/403/422, from the route and the error mapper
         return replay
-    if tenant is None:
-        return replay  # another tenant's VM: 403, from the route
     svc = app.state.vms
     t = time.perf_counter()
     try:
-        vm, replayed = await svc.create_async(vm_body, tenant=tenant, key=key, actor=p.name)
+        vm, replayed = await svc.create_async(req.body, tenant=req.tenant, key=req.key, actor=req.actor)
     except SchedulerError as e:
         await _answer(app, send, e.status, domain_body(e), ())
         return None
@@ -147,8 +148,8 @@ async def create(app: Any, scope: Scope, receive: Receive, send: Send) -> Receiv
         log.exception("request failed")
         await _answer(app, send, 500, internal_body(e), ())
         return None
-    hdrs = created_headers(vm, time.perf_counter() - t)
-    await _answer(app, send, 200 if replayed else 202, vm_json(vm), hdrs.items())
+    hdrs = wire.created_headers(vm, time.perf_counter() - t)
+    await _answer(app, send, 200 if replayed else 202, wire.vm_json(vm), hdrs.items())
     if vm.status == "pending" and app.state.dispatch_enabled:  # as the route's background task
         try:
             await run_in_threadpool(svc.dispatch, vm.id)

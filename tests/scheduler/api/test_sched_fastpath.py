@@ -7,10 +7,11 @@ from __future__ import annotations
 
 import asyncio
 
+import orjson
 import pytest
 
 from tools.dev.host_shapes import SHAPES
-from sched_helpers import ADM, HOST, TA, Clock, host_body, make_client, vm_body
+from sched_helpers import ADM, HOST, TA, Clock, auth, host_body, make_client, vm_body
 from scheduler.api import fastpath
 from scheduler.api.routes import vms as vm_routes
 
@@ -162,3 +163,85 @@ def test_fast_path_failure_of_ours_is_a_500_like_the_routes(db_url, monkeypatch)
         assert fast.status_code == slow.status_code == 500
         assert fast.json() == slow.json() == {"error": {"code": "hyb.scheduler.internal", "field": None,
                                                         "message": "KeyError"}}
+
+
+def _twice(api, monkeypatch, switch: str, path: str, **kw):  # type: ignore[no-untyped-def]
+    """The same request with the fast path on, then off (``switch``: its matcher)."""
+    fast = api.post(path, **kw)
+    with monkeypatch.context() as m:
+        m.setattr(fastpath, switch, lambda scope: False)
+        slow = api.post(path, **kw)
+    return fast, slow
+
+
+JSON = {"Content-Type": "application/json"}
+CREATES = {  # case: (body bytes, extra headers, key, status)
+    "good": (orjson.dumps(vm_body()), JSON, "k", 202),
+    "good-charset": (orjson.dumps(vm_body()), {"Content-Type": "application/json; charset=utf-8"}, "k", 202),
+    "good-no-type": (orjson.dumps(vm_body()), {}, "k", 202),
+    "bad-field": (orjson.dumps(vm_body(vcpus=0)), JSON, "k", 422),
+    "extra-field": (orjson.dumps({**vm_body(), "surprise": 1}), JSON, "k", 422),
+    "bad-json": (b"{not json", JSON, "k", 422),
+    "blank": (b"  ", JSON, "k", 422),
+    "array": (b"[1]", JSON, "k", 422),
+    "text": (orjson.dumps(vm_body()), {"Content-Type": "text/plain"}, "k", 422),
+    "other-tenant": (orjson.dumps(vm_body(tenant="b")), JSON, "k", 403),
+    "no-key": (orjson.dumps(vm_body()), JSON, None, 422),
+    "bad-key": (orjson.dumps(vm_body()), JSON, "a b", 422),
+}
+
+
+@pytest.mark.parametrize("case", sorted(CREATES))
+def test_a_create_gets_the_same_answer_from_the_fast_path_and_the_route(db_url, monkeypatch, case):
+    """Both read the request with one reader (api/wire.py): the same status and body for
+    the same good and bad requests (a good one differs only in its id and CPUs)."""
+    raw, heads, key, status = CREATES[case]
+    with make_client(db_url, clock=Clock()) as api:
+        assert api.post("/v1/hosts", json=host_body("h1", SHAPES[0]), headers=HOST).status_code == 201
+        if key is None:
+            fast, slow = _twice(api, monkeypatch, "claims", "/v1/vms", content=raw, headers={**TA, **heads})
+        else:  # a key each: a second create with one key would be a replay
+            fast = api.post("/v1/vms", content=raw, headers={**TA, **heads, "Idempotency-Key": f"{key}f"})
+            with monkeypatch.context() as m:
+                m.setattr(fastpath, "claims", lambda scope: False)
+                slow = api.post("/v1/vms", content=raw, headers={**TA, **heads, "Idempotency-Key": f"{key}s"})
+        assert fast.status_code == slow.status_code == status, (fast.text, slow.text)
+        if status == 202:
+            f, s = fast.json(), slow.json()
+            assert {k: v for k, v in f.items() if k not in ("id", "placement")} == \
+                {k: v for k, v in s.items() if k not in ("id", "placement")}
+        else:
+            assert fast.json() == slow.json()
+
+
+STATS = {"at": 1.0, "interval_s": 10.0, "samples": 10, "io_cpu_busy": 0.2, "io_cpu_busy_max": 0.4,
+         "cpu_io_service": 0.5, "cpu_vms": 1.0, "cpu_other": 0.1, "foreign_threads_max": 0, "foreign_cpu_s": 0.0,
+         "irqs_per_s": 100.0}
+BEATS = {  # case: (body bytes, headers, host, status)
+    "good": (orjson.dumps({"stats": STATS}), {**HOST, **JSON}, "h1", 200),
+    "no-stats": (orjson.dumps({"stats": None}), {**HOST, **JSON}, "h1", 200),
+    "none": (b"", HOST, "h1", 200),
+    "blank": (b" \n", {**HOST, **JSON}, "h1", 200),
+    "null": (b"null", {**HOST, **JSON}, "h1", 200),
+    "no-type": (b"{}", HOST, "h1", 200),
+    "bad-json": (b"{not json", {**HOST, **JSON}, "h1", 422),
+    "bad-field": (b'{"stats": {"at": -1}}', {**HOST, **JSON}, "h1", 422),
+    "extra-field": (b'{"surprise": 1}', {**HOST, **JSON}, "h1", 422),
+    "text": (b"{}", {**HOST, "Content-Type": "text/plain"}, "h1", 422),
+    "tenant": (b"{}", {**TA, **JSON}, "h1", 403),
+    "tenant-bad-body": (b"{not json", {**TA, **JSON}, "h1", 403),
+    "not-yours": (b"{}", {**auth("hst2"), **JSON}, "h1", 403),
+    "unknown": (b"{}", {**HOST, **JSON}, "h9", 404),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BEATS))
+def test_a_heartbeat_gets_the_same_answer_from_the_fast_path_and_the_route(db_url, monkeypatch, case):
+    """The heartbeat route and the fast path read the body with one reader (api/wire.py):
+    a blank body was a beat on the fast path and a 422 on the route before."""
+    raw, heads, host, status = BEATS[case]
+    with make_client(db_url, clock=Clock()) as api:
+        assert api.post("/v1/hosts", json=host_body("h1", SHAPES[0]), headers=HOST).status_code == 201
+        fast, slow = _twice(api, monkeypatch, "beats", f"/v1/hosts/{host}/heartbeat", content=raw, headers=heads)
+        assert (fast.status_code, fast.json()) == (slow.status_code, slow.json())
+        assert fast.status_code == status, fast.text

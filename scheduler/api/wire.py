@@ -1,0 +1,158 @@
+"""The wire format of the two requests the fast path answers, read in one place.
+
+``POST /v1/vms`` and ``POST /v1/hosts/{name}/heartbeat`` are served twice: by their
+routes (``routes/vms.py``, ``routes/hosts.py``: the contract in the OpenAPI document,
+which answer every request the fast path hands over) and by ``api/fastpath.py``, which
+skips the framework under load. Both read the request here, from the same raw inputs
+(the principal, the headers' text, the body's bytes), so there is one reading of each
+body and one set of errors: a field that does not validate is a ``RequestValidationError``
+with the route's locations, a refusal a ``SchedulerError``, whichever path called.
+
+The create answer (the VM's JSON and the headers) is written here too, for the same
+reason: both paths send it.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass
+from functools import cache
+from typing import Any
+
+from fastapi import APIRouter
+from fastapi.exceptions import RequestValidationError
+from fastapi.openapi.utils import get_openapi
+from pydantic import TypeAdapter, ValidationError
+
+from scheduler.api.deps import Principal, tenant_scope
+from scheduler.db.models import Vm
+from scheduler.errors import Forbidden, InvalidRequest
+from scheduler.resources import split_cells
+from scheduler.schemas.hosts import HeartbeatIn
+from scheduler.schemas.vms import VmCreate
+
+KEY = r"^[A-Za-z0-9_.:-]{1,128}$"
+KEY_RE = re.compile(KEY)
+_BOOL = {"true": True, "1": True, "yes": True, "on": True, "false": False, "0": False, "no": False, "off": False}
+
+@dataclass(frozen=True, slots=True)
+class CreateRequest:
+    """A create request as read: the VM, the tenant it belongs to, the key, a dry run?,
+    and who asks (the audit's actor)."""
+
+    body: VmCreate
+    tenant: str
+    key: str
+    dry_run: bool
+    actor: str
+
+
+def json_content(ctype: str) -> bool:
+    """A body sent as JSON, or with no Content-Type at all."""
+    return not ctype or ctype.split(";", 1)[0].strip().lower().endswith(("/json", "+json"))
+
+
+def invalid(loc: tuple, msg: str) -> RequestValidationError:
+    return RequestValidationError([{"loc": loc, "msg": msg, "type": "value_error"}])
+
+
+@cache
+def _adapter(kind: Any) -> TypeAdapter:
+    return TypeAdapter(kind)
+
+
+def _model(kind: Any, body: bytes) -> Any:
+    """The body as ``kind`` (a model, or a model or null); its errors located under
+    ``body`` as FastAPI locates them."""
+    try:
+        return _adapter(kind).validate_json(body)
+    except ValidationError as e:
+        raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
+
+
+def owner(scope: str | None, body: VmCreate) -> str | None:
+    """The tenant a new VM belongs to, for a principal limited to tenant ``scope`` (None:
+    an admin, who may name any tenant in the body); None when the body names another
+    tenant than the principal's (403)."""
+    if scope is not None and body.tenant not in (None, scope):
+        return None
+    return scope or body.tenant or "default"
+
+
+def read_create(p: Principal, *, dry_run: str | None, key: str | None, ctype: str,
+                body: bytes) -> CreateRequest:
+    """``POST /v1/vms`` from its ``dry_run`` query value, ``Idempotency-Key`` and
+    ``Content-Type`` headers (None/"" when absent) and body, checked in the order FastAPI
+    would solve them (query, header, body), then who may create it (403 for another
+    tenant's VM) and the key a create needs (422)."""
+    dry = False if dry_run is None else _BOOL.get(dry_run.lower())
+    if dry is None:
+        raise invalid(("query", "dry_run"), "Input should be a valid boolean, unable to interpret input")
+    if key is not None and not KEY_RE.match(key):
+        raise invalid(("header", "Idempotency-Key"), f"String should match pattern '{KEY}'")
+    if not json_content(ctype):
+        raise invalid(("body",), f"send the VM as JSON (Content-Type: application/json), not {ctype}")
+    vm = _model(VmCreate, body)
+    scope = tenant_scope(p)
+    tenant = owner(scope, vm)
+    if tenant is None:
+        raise Forbidden(f"{p.name} may only create VMs for tenant {scope}", field="tenant")
+    if not key:
+        raise InvalidRequest("required: a retry with the same key returns the same VM", field="Idempotency-Key")
+    return CreateRequest(body=vm, tenant=tenant, key=key, dry_run=dry, actor=p.name)
+
+
+def read_heartbeat(p: Principal, *, ctype: str, body: bytes) -> HeartbeatIn | None:
+    """A heartbeat's body: none (blank) or ``null`` is a beat without stats; else JSON
+    ``HeartbeatIn``. The principal needs the host scope first."""
+    p.require("host")
+    if not body.strip():
+        return None
+    if not json_content(ctype):
+        raise invalid(("body",), f"send the heartbeat as JSON (Content-Type: application/json), not {ctype}")
+    return _model(HeartbeatIn | None, body)  # the contract's body: a HeartbeatIn or null
+
+
+def body_schemas() -> dict[str, dict]:
+    """The OpenAPI component schemas of the bodies read here that no model FastAPI parses
+    refers to (the heartbeat's; ``VmCreate`` is in ``VmPublic``): FastAPI lists only the
+    models it parses itself. Written by FastAPI's own generator, from a route that
+    declares the body as the heartbeat route did, so they read exactly as before."""
+    r = APIRouter()
+
+    @r.post("/", responses={422: {"description": "invalid"}})  # no HTTPValidationError schemas
+    def declared(body: HeartbeatIn | None = None) -> None:
+        """Documentation only: never served."""
+    return get_openapi(title="bodies", version="0", routes=r.routes)["components"]["schemas"]
+
+
+def cells_json(nodes: Sequence[int], cpus: Sequence[int], pages: Sequence[Sequence[int]],
+               cell_vcpus: Sequence[int]) -> list[dict]:
+    """The guest NUMA cells of an allocation (its fields, or its stored dict's), as JSON."""
+    size = pages[0][1] if pages else 0  # one page size per VM
+    return [{"node": node, "cpus": list(c), "memory_mib": n * size // 1024}
+            for node, c, n in split_cells(nodes, cpus, pages, cell_vcpus)]
+
+
+def vm_json(vm: Vm) -> dict:
+    """``routes/vms.vm_out(vm)`` as JSON, built directly: the create answer (re-validating
+    the stored request through the models cost as much as the claim). A test keeps the
+    two equal."""
+    a = vm.allocation
+    placement = None if not a else {
+        "nodes": list(a["nodes"]), "cpus": list(a["cpus"]),
+        "hugepages": [{"node": n, "size_kb": s, "count": c} for n, s, c in a["pages"]],
+        "vfs": [dict(v) for v in a.get("vfs", ())], "disks": [dict(d) for d in a.get("disks", ())],
+        "cells": cells_json(a["nodes"], a["cpus"], a["pages"], a.get("cell_vcpus", ()))}
+    return {"id": vm.id, "name": vm.name, "tenant": vm.tenant, "status": vm.status, "reason": vm.reason,
+            "host": vm.host, "placement": placement, "hostd_vm_id": vm.hostd_vm_id, "attempts": vm.attempts,
+            # as vm_out: the stored request carries the effective tenant, the public one None
+            "request": {k: (None if k == "tenant" else v) for k, v in vm.request.items()},
+            "created": vm.created, "updated": vm.updated}
+
+
+def created_headers(vm: Vm, claim_s: float) -> dict[str, str]:
+    """The create answer's headers: the claim's time (fit + transaction, the bench reads
+    it) and where the VM lives."""
+    return {"Server-Timing": f"claim;dur={claim_s * 1e3:.3f}", "Location": f"/v1/vms/{vm.id}"}
