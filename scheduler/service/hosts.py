@@ -43,10 +43,11 @@ class HostService:
         self._flusher: threading.Thread | None = None
         self._expired = 0.0
 
-    def register(self, body: HostRegister, *, actor: str, admin: bool = False,
-                 bound_host: str | None = None) -> tuple[HostPublic, bool]:
+    def register(self, body: HostRegister, *, actor: str, admin: bool,
+                 bound_host: str | None) -> tuple[HostPublic, bool]:
         """``actor`` registers ``body.name``: refused (403, audited) when its token is bound
-        to another host, or when another principal registered the host (admins may)."""
+        to another host, or when another principal registered the host (admins may). Who
+        the caller is (``actor``, ``admin``, ``bound_host``) has no default."""
         now = self.clock()
         try:
             with self.store.write() as s:
@@ -65,8 +66,10 @@ class HostService:
         log.info("host %s name=%s address=%s", "registered" if created else "re-registered", h.name, h.address)
         return out, created
 
-    def heartbeat(self, name: str, *, actor: str = "", admin: bool = True, bound_host: str | None = None,
+    def heartbeat(self, name: str, *, actor: str, admin: bool, bound_host: str | None,
                   stats: HostStatsIn | None = None) -> HeartbeatOut:
+        """``actor`` says host ``name`` is alive, under the same rule as ``register``: a
+        caller who forgets who it is gets a TypeError, never an admin's rights."""
         now = self.clock()
         try:
             with self.store.read() as s:  # no writer lock: the check, and 404 for an unknown host

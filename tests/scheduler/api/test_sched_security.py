@@ -14,6 +14,8 @@ from sqlalchemy import select
 from tools.dev.host_shapes import Shape
 from sched_helpers import ADM, HOST, TA, TB, Clock, auth, host_body, make_client, vm_body
 from scheduler.db.models import Audit
+from scheduler.errors import HostNotYours
+from scheduler.schemas.hosts import HostRegister
 
 SMALL = Shape("small", nodes=2, cores_per_node=4, smt=2, io_cores_per_node=1, host_cores=1,
               pages_2m_per_node=2048, vfs_per_node=2, pf_mbps=10000, disks_per_node=1)
@@ -47,6 +49,24 @@ def test_a_host_token_cannot_take_over_another_host(api) -> None:
     # its registrar still can, and an admin may
     assert api.post("/v1/hosts/oss-1/heartbeat", headers=HOST).status_code == 200
     assert api.post("/v1/hosts", json=host_body("oss-1", SMALL, rack="r2"), headers=ADM).status_code == 200
+
+
+def test_the_host_service_takes_no_default_caller(api) -> None:
+    """Who calls is a required keyword of every host write: a caller that forgets it gets a
+    TypeError, not an admin's rights (the heartbeat defaulted to ``admin=True``, so a beat
+    for a host another principal registered went through)."""
+    assert api.post("/v1/hosts", json=host_body("oss-1", SMALL), headers=HOST).status_code == 201
+    svc = api.app.state.hosts
+    with pytest.raises(TypeError):
+        svc.heartbeat("oss-1", actor="hst2")
+    with pytest.raises(TypeError):
+        svc.register(HostRegister(**host_body("oss-1", SMALL)), actor="hst2")
+    with pytest.raises(HostNotYours):
+        svc.heartbeat("oss-1", actor="hst2", admin=False, bound_host=None)
+    with pytest.raises(HostNotYours):
+        svc.heartbeat("oss-1", actor="hst", admin=False, bound_host="oss-2")
+    assert svc.heartbeat("oss-1", actor="hst", admin=False, bound_host=None).name == "oss-1"
+    assert [a.principal for a in audit(api, "host.heartbeat.denied")] == ["hst2", "hst"]
 
 
 def test_a_bound_token_acts_only_as_its_host(api) -> None:
