@@ -18,7 +18,48 @@ SMOKE_DIR = Path(os.environ.get("HYB_SMOKE_DIR", "/var/cache/hybrid-kvm/smoke"))
 HUGE_2M = Path("/sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages")
 
 
+# Fixtures that change this machine as a whole: a test using one runs in the "machine"
+# group, one test at a time, as do the tests marked integration or root.
+MACHINE_FIXTURES = frozenset({"libvirtd", "libvirtd_state", "hugetlbfs_2m", "hugepages_2m", "loop_disk"})
+
+
+def xdist_group_of(item: pytest.Item) -> str | None:
+    """The pytest-xdist group a test runs in (``--dist loadgroup``): its module's own
+    ``xdist_group`` mark if it has one (a test that is marked integration but touches
+    nothing another test touches, such as a chroot or a QEMU started without libvirt),
+    else "machine" for what touches the machine, else its module when it shares a
+    module-scoped fixture (made once), else none: xdist hands it to any worker."""
+    mark = item.get_closest_marker("xdist_group")
+    if mark is not None:
+        return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
+    names = getattr(item, "fixturenames", ())
+    if item.get_closest_marker("integration") or item.get_closest_marker("root") \
+            or MACHINE_FIXTURES.intersection(names):
+        return "machine"
+    info = getattr(item, "_fixtureinfo", None)
+    defs = info.name2fixturedefs.values() if info is not None else ()
+    if any(d.scope in ("module", "class", "package") for ds in defs for d in ds):
+        return item.nodeid.split("::")[0]
+    return None
+
+
+@pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    """Groups for xdist, long groups first, and the root skip."""
+    groups = {}
+    for item in items:
+        g = groups[item] = xdist_group_of(item) or item.nodeid
+        if g != item.nodeid and not item.get_closest_marker("xdist_group"):
+            item.add_marker(pytest.mark.xdist_group(g))
+    # The machine group is the longest chain, then the slow ones: with
+    # --no-loadscope-reorder xdist hands groups out in this order, so the long ones
+    # start first and the short ones fill the other worker's gaps.
+    weight: dict[str, int] = {}
+    for item in items:
+        g = groups[item]
+        w = 2 if g == "machine" else 1 if item.get_closest_marker("slow") else 0
+        weight[g] = max(weight.get(g, 0), w)
+    items.sort(key=lambda it: -weight[groups[it]])  # stable: collection order within
     if os.geteuid() == 0:
         return
     skip = pytest.mark.skip(reason="needs root (runs in CI, which is root)")

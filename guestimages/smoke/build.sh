@@ -16,6 +16,9 @@ gi=$(dirname "$here")
 repo=$(dirname "$gi")
 out=${1:-/var/cache/hybrid-kvm/smoke}
 mkdir -p "$out"
+# one build at a time (parallel test workers share the cache); the check runs under it
+exec 9>"$out/.lock"
+flock -w 1800 9 || { echo "smoke: another build holds $out/.lock" >&2; exit 1; }
 uptodate=1
 [ -s "$out/vmlinuz" ] && [ -s "$out/initrd.img" ] || uptodate=0
 for f in "$here/init" "$0" "$gi"/common/* "$gi"/profiles/*.toml "$repo/hostd/domain/guest_profiles.py"; do
