@@ -28,6 +28,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.xdist_group("bootstrap")]  # a chroot of its own: not the machine group
+
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE = REPO / "deploy/ansible"
 VENV_BIN = REPO / ".venv/bin"

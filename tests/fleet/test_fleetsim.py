@@ -25,7 +25,8 @@ from tools.dev.procs import REPO
 
 from api import hostd_pb2 as pb
 
-pytestmark = [pytest.mark.slow]
+# xdist: simulated hosts on their own trees: not the machine group
+pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fleetsim")]
 N, RACKS = 10, 5
 
 

@@ -39,7 +39,8 @@ JEMALLOC_DEFAULTS = {"dirty_decay_ms": "10000", "muzzy_decay_ms": "0"}
 MOVABLE = re.compile(r"^virtio\d+-(config|input\.\d+|output\.\d+)$")
 MANAGED = re.compile(r"^virtio\d+-req\.\d+$")
 
-pytestmark = [pytest.mark.slow, pytest.mark.integration]
+# xdist: QEMU started directly, no libvirt: not the machine group
+pytestmark = [pytest.mark.slow, pytest.mark.integration, pytest.mark.xdist_group("guest-boot")]
 
 
 @pytest.fixture(scope="module")

@@ -19,7 +19,8 @@ REPO = Path(__file__).resolve().parents[2]
 CHECK = REPO / "kernel-patches" / "check"
 SERIES = REPO / "kernel-patches" / "nohlt_list"
 
-pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600)]
+# xdist: one cached kernel tree, locked: one worker
+pytestmark = [pytest.mark.slow, pytest.mark.timeout(3600), pytest.mark.xdist_group("kernel-check")]
 
 
 def run_check(series: Path) -> subprocess.CompletedProcess[str]:

@@ -11,6 +11,8 @@ from pathlib import Path
 
 import pytest
 
+pytestmark = [pytest.mark.xdist_group("sched-bench")]  # own servers on loopback: not the machine group
+
 REPO = Path(__file__).resolve().parents[2]
 
 

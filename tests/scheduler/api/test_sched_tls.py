@@ -18,7 +18,8 @@ from tools.dev.procs import REPO, Scheduler, free_port
 
 from sched_helpers import token_config
 
-pytestmark = pytest.mark.integration
+# xdist: own scheduler process: not the machine group
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("sched-tls")]
 
 
 @pytest.fixture(scope="module")
@@ -69,14 +70,19 @@ def rss_kb(pid: int) -> int:
     raise AssertionError("no VmRSS")
 
 
+def trusting(ca: Path) -> ssl.SSLContext:
+    """A client context that trusts ``ca`` (httpx deprecates ``verify=<path>``)."""
+    return ssl.create_default_context(cafile=str(ca))
+
+
 def test_https_with_the_right_ca_only(serve, certs: Path, tmp_path: Path) -> None:
     s = serve(config(tmp_path, certs), certs / "ca.crt")
     assert s.url.startswith("https://")
-    assert httpx.get(f"{s.url}/readyz", verify=str(certs / "ca.crt")).status_code == 200
+    assert httpx.get(f"{s.url}/readyz", verify=trusting(certs / "ca.crt")).status_code == 200
     other = tmp_path / "other"
     subprocess.run(["bash", str(REPO / "tools/dev/make-dev-ca.sh"), str(other)], check=True, capture_output=True)
     with pytest.raises(httpx.ConnectError, match="CERTIFICATE_VERIFY_FAILED"):
-        httpx.get(f"{s.url}/readyz", verify=str(other / "ca.crt"))
+        httpx.get(f"{s.url}/readyz", verify=trusting(other / "ca.crt"))
     plain = s.url.replace("https://", "http://")
     try:
         r = httpx.get(f"{plain}/readyz", timeout=5)
@@ -111,7 +117,7 @@ def test_an_unauthenticated_huge_body_is_refused_unread(serve, certs: Path, tmp_
         block = b"x" * (1 << 20)
         for _ in range(300):
             yield block
-    with httpx.Client(verify=str(certs / "ca.crt"), timeout=30) as c:
+    with httpx.Client(verify=trusting(certs / "ca.crt"), timeout=30) as c:
         for headers in ({"Content-Length": str(300 << 20)}, {}):  # announced, then chunked
             try:
                 r = c.post(f"{s.url}/v1/hosts", content=chunks(), headers=headers)
@@ -126,7 +132,7 @@ def test_an_unauthenticated_huge_body_is_refused_unread(serve, certs: Path, tmp_
 
 
 def test_metrics_and_docs_need_a_token_unless_opened(serve, certs: Path, tmp_path: Path) -> None:
-    ca = str(certs / "ca.crt")
+    ca = trusting(certs / "ca.crt")
     s = serve(config(tmp_path, certs), certs / "ca.crt")
     for path in ("/metrics", "/docs", "/openapi.json"):
         r = httpx.get(f"{s.url}{path}", verify=ca)

@@ -17,7 +17,8 @@ from tools.dev.procs import REPO, Scheduler, free_port
 
 from sched_helpers import token_config
 
-pytestmark = pytest.mark.integration
+# xdist: own scheduler process: not the machine group
+pytestmark = [pytest.mark.integration, pytest.mark.xdist_group("sched-tokens")]
 REFRESH_S = 1.0
 
 

@@ -23,6 +23,9 @@ from scheduler.resources import Allocation, Usage, host_from_layout
 from scheduler.schemas.vms import VmCreate
 from scheduler.service.claimq import ClaimQueue
 
+# xdist: this worker's own PostgreSQL: not the machine group
+pytestmark = [pytest.mark.xdist_group("sched-claim-batch")]
+
 SMALL = Shape("small", nodes=2, cores_per_node=4, smt=2, io_cores_per_node=1, host_cores=1,
               pages_2m_per_node=2048, vfs_per_node=0, disks_per_node=0)  # 10 VM CPUs, 4 GiB per node
 
