@@ -25,11 +25,79 @@ def test_placement_bench_tiny():
     assert row.rstrip().endswith("none"), row  # overcommit column
     assert "offline FFD places" in out.stdout
     # the claim thread is found by its OS thread name (hyb-claims) and did the claiming
-    cpu = next(ln for ln in out.stdout.splitlines() if "server CPU per request" in ln)
+    cpu = next(ln for ln in out.stdout.splitlines() if "server CPU per create request" in ln)
     claim = float(cpu.split("claim thread ")[1].split(",")[0])
     assert claim > 0, cpu
     busy = next(ln for ln in out.stdout.splitlines() if "machine while it ran" in ln)
     assert 0 < float(busy.split(": ")[1].split(" of")[0]) <= (os.cpu_count() or 1), busy
+
+
+def test_placement_bench_with_heartbeats_measures_each_apart():
+    """With --heartbeats the CPU per heartbeat is measured in a heartbeat-only phase and
+    the CPU per create request is what the mixed run used beyond the heartbeats' share:
+    both positive (the line was one number, which came out negative, -1.29 ms at 700 beats/s)."""
+    out = subprocess.run([sys.executable, str(REPO / "bench/placement.py"), "--hosts", "20", "--requests", "60",
+                          "--clients", "4", "--rate", "40", "--heartbeats", "40", "--beat-phase-s", "1",
+                          "--stores", "sqlite", "--no-openstack"],
+                         capture_output=True, text=True, timeout=240, cwd=REPO)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    tail = out.stdout.split("=== all runs ===")[1]
+    beat = next(ln for ln in tail.splitlines() if "server CPU per heartbeat" in ln)
+    create = next(ln for ln in tail.splitlines() if "server CPU per create request" in ln)
+    assert float(beat.split(": ")[1].split(" ms")[0]) > 0, beat
+    assert "40 heartbeats, nothing else running" in beat, beat
+    assert float(create.split(": ")[1].split(" ms")[0]) > 0, create
+    assert "60 heartbeats x" in create and "/ 60 create requests" in create, create
+
+
+def test_cpu_per_create_request_takes_the_heartbeats_share_out():
+    from bench.placement import cpu_per_request
+    assert cpu_per_request(3.0, 1000) == pytest.approx(0.003)
+    # 4.15 s in the mixed run, 1,500 beats at 1.56 ms each measured alone, 1,500 creates
+    assert cpu_per_request(4.15, 1500, beats=1500, per_beat_s=0.00156) == pytest.approx(0.00121, abs=1e-5)
+    assert cpu_per_request(4.15, 1500, beats=1500, per_beat_s=0.0028) is None  # not separable, never < 0
+    assert cpu_per_request(1.0, 0) is None
+    assert cpu_per_request(1.0, 10, beats=10, per_beat_s=0.1) == 0.0
+
+
+_BURNER = """
+import os, sys, threading, time
+def burn():
+    t = time.thread_time()
+    while time.thread_time() - t < 0.3:
+        pass
+    print("burned", flush=True)
+    sys.stdin.readline()
+th = threading.Thread(target=burn)
+th.start()
+th.join()
+while len(os.listdir("/proc/self/task")) > 1:  # join() returns before the OS thread has ended
+    time.sleep(0.01)
+print("gone", flush=True)
+sys.stdin.readline()
+"""
+
+
+def test_server_cpu_keeps_the_time_of_threads_that_ended():
+    """A real process whose worker thread burns 0.3 s of CPU and ends (as the thread
+    pool's idle workers end): its time stays in "other". Summing the live threads lost
+    it, which made the bench's CPU per request negative with heartbeats."""
+    from bench.placement import server_cpu
+    proc = subprocess.Popen([sys.executable, "-c", _BURNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True)
+    try:
+        assert proc.stdout.readline().strip() == "burned"
+        before = server_cpu([proc.pid])
+        proc.stdin.write("\n")
+        proc.stdin.flush()
+        assert proc.stdout.readline().strip() == "gone"
+        after = server_cpu([proc.pid])
+    finally:
+        proc.kill()
+        proc.wait()
+    assert before["other"] >= 0.25, before  # the burner, alive
+    assert after["other"] - before["other"] >= 0, (before, after)  # and gone: still counted
+    assert after["event loop"] >= before["event loop"], (before, after)
 
 
 def test_packing_bench_tiny():
