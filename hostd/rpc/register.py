@@ -7,6 +7,7 @@ stops hostd from serving the VMs it has.
 from __future__ import annotations
 
 import logging
+import ssl
 import threading
 from pathlib import Path
 
@@ -57,7 +58,7 @@ class Registrar:
         self._sent_at = 0.0
         self.interval_s = interval_s
         self.client = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=10,
-                                   verify=str(ca) if ca else True)
+                                   verify=ssl.create_default_context(cafile=str(ca)) if ca else True)
         self.registered = False
         self._generation = 0  # bumps with each new body (update)
         self._stop = threading.Event()

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import ssl
 import time
 from pathlib import Path
 
@@ -91,7 +92,7 @@ def wait(fn, what: str, timeout: float = 120):
 
 def test_post_boot_get_delete(stack):
     api = httpx.Client(base_url=stack["url"], headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30,
-                       verify=str(stack["ca"]))
+                       verify=ssl.create_default_context(cafile=str(stack["ca"])))
     host = wait(lambda: (r := api.get("/v1/hosts/e2e-host")).status_code == 200 and r.json(),
                 "hostd registration", 30)
     assert host["state"] == "active"

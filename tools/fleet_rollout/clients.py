@@ -5,6 +5,7 @@ failed) or ``HostRefused`` (hostd's own error code and message, kept for the rec
 
 from __future__ import annotations
 
+import ssl
 import subprocess
 import threading
 import time
@@ -144,8 +145,9 @@ class Scheduler:
         # one kept-alive connection per host in flight: httpx keeps 20 by default, and every
         # call beyond that paid a TLS handshake (py-spy: a tenth of the controller's CPU at
         # 60 hosts in flight)
+        trust = ssl.create_default_context(cafile=str(ca)) if ca else True
         self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
-                                 verify=str(ca) if ca else True, timeout=timeout_s,
+                                 verify=trust, timeout=timeout_s,
                                  limits=httpx.Limits(max_connections=None,
                                                      max_keepalive_connections=max(20, connections)))
 
