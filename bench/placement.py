@@ -169,10 +169,10 @@ def run_ours(label: str, url: str, hosts: list, reqs: list[Req], *, clients: int
     out = OursResult(label)
     try:
         for i, port in enumerate(ports):
-            log = tmp / f"{label}-{i}.log"
-            procs.append(subprocess.Popen([sys.executable, "-m", "scheduler.cli", "serve", "--config", str(cfg),
-                                           "--port", str(port)], cwd=REPO, stdout=open(log, "wb"),
-                                          stderr=subprocess.STDOUT, start_new_session=True))
+            with open(tmp / f"{label}-{i}.log", "wb") as log:  # the server keeps its own copy of the fd
+                procs.append(subprocess.Popen([sys.executable, "-m", "scheduler.cli", "serve", "--config",
+                                               str(cfg), "--port", str(port)], cwd=REPO, stdout=log,
+                                              stderr=subprocess.STDOUT, start_new_session=True))
         for i, port in enumerate(ports):
             wait_http(port, "/healthz", procs[i], tmp / f"{label}-{i}.log")
         bases = [("127.0.0.1", p) for p in ports]

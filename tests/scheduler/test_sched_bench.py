@@ -35,9 +35,10 @@ def test_placement_bench_tiny():
 def test_placement_bench_with_heartbeats_measures_each_apart():
     """With --heartbeats the CPU per heartbeat is measured in a heartbeat-only phase and
     the CPU per create request is what the mixed run used beyond the heartbeats' share:
-    both positive (the line was one number, which came out negative, -1.29 ms at 700 beats/s)."""
+    both positive (the line was one number, which came out negative, -1.29 ms at 700 beats/s).
+    Few beats beside the creates: at this size the CPU counters' 10 ms ticks are coarse."""
     out = subprocess.run([sys.executable, str(REPO / "bench/placement.py"), "--hosts", "20", "--requests", "60",
-                          "--clients", "4", "--rate", "40", "--heartbeats", "40", "--beat-phase-s", "1",
+                          "--clients", "4", "--rate", "40", "--heartbeats", "10", "--beat-phase-s", "3",
                           "--stores", "sqlite", "--no-openstack"],
                          capture_output=True, text=True, timeout=240, cwd=REPO)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
@@ -45,9 +46,9 @@ def test_placement_bench_with_heartbeats_measures_each_apart():
     beat = next(ln for ln in tail.splitlines() if "server CPU per heartbeat" in ln)
     create = next(ln for ln in tail.splitlines() if "server CPU per create request" in ln)
     assert float(beat.split(": ")[1].split(" ms")[0]) > 0, beat
-    assert "40 heartbeats, nothing else running" in beat, beat
+    assert "30 heartbeats, nothing else running" in beat, beat
     assert float(create.split(": ")[1].split(" ms")[0]) > 0, create
-    assert "60 heartbeats x" in create and "/ 60 create requests" in create, create
+    assert "15 heartbeats x" in create and "/ 60 create requests" in create, create
 
 
 def test_cpu_per_create_request_takes_the_heartbeats_share_out():
