@@ -2,6 +2,11 @@
 
 Exit codes: 0 ok, 1 error (message names the field), 2 usage, 3 the policy does
 not fit this host (NoFit).
+
+`carve` and `uncarve` are the Carve and Uncarve RPCs' service run from here: beside a
+running `hostd serve` they wait for its carve lock and refuse what it would refuse
+(a layout that would not hold its VMs, an uncarve under running VMs), with the same
+error codes.
 """
 
 from __future__ import annotations
@@ -25,7 +30,8 @@ EPILOG = """examples:
   hostd plan --topology host.json --policy policy.toml
   hostd carve --policy policy.toml --dry-run
   hostd carve --policy policy.toml     apply; the journal lets uncarve restore
-  hostd uncarve                        put the host back as it was
+  hostd uncarve                        put the host back as it was (no VM may run)
+  hostd uncarve --drained              ... with stopped VMs left on it
   hostd image add smoke --kernel vmlinuz --initrd initrd.img --cmdline "console=ttyS0"
   hostd --config /etc/hostd/hostd.toml serve
 """
@@ -54,6 +60,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--dry-run", action="store_true", help="print the steps, change nothing")
     c.add_argument("--json", action="store_true")
     c.add_argument("--state-dir", type=Path, help="where the carve journal lives")
+    _wait_arg(c)
     _discover_args(c)
 
     s = sub.add_parser("serve", help="run the daemon: gRPC API (api/hostd.proto) over libvirt")
@@ -78,7 +85,16 @@ def build_parser() -> argparse.ArgumentParser:
     u = sub.add_parser("uncarve", help="undo every recorded carve step, newest first")
     u.add_argument("--dry-run", action="store_true")
     u.add_argument("--state-dir", type=Path)
+    u.add_argument("--drained", action="store_true",
+                   help="the VMs left on this host (none running) are drained: uncarve under them")
+    _wait_arg(u)
     return p
+
+
+def _wait_arg(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--wait", type=float, default=60.0, metavar="SECONDS",
+                   help="wait this long for another carve (or hostd's VM changes) to finish, then "
+                        "refuse with hyb.carve.busy (default %(default)s)")
 
 
 def _discover_args(p: argparse.ArgumentParser) -> None:

@@ -1,4 +1,8 @@
-"""What each `hostd` subcommand does, wired from the layers: discover -> carve -> apply."""
+"""What each `hostd` subcommand does, wired from the layers: discover -> carve -> apply.
+
+`hostd carve` and `hostd uncarve` call the carve service the Carve and Uncarve RPCs call
+(hostd/apply/carve_service.py): the same checks against the VMs the daemon holds (its
+ledger in state_dir), the same lock, the same journal and errors."""
 
 from __future__ import annotations
 
@@ -12,16 +16,17 @@ from rich.console import Console
 from api.jsonmodel import SchemaError
 from api.layout import Layout
 from hostd.carve.plan import plan_host
+from hostd.apply.carve_service import CarveService, LedgerVms, Where
+from hostd.apply.host_carve import JOURNAL_NAME
 from hostd.carve.policy import Policy, PolicyError, load_policy, loads_policy
 from hostd.carve.render import render_layout, render_nofit
 from hostd.config import HostdConfig, load_config
 from hostd.discover import discover_host
 from hostd.discover.model import Topology
 from hostd.discover.render import render_topology
-from hostd.errors import BadPolicy, BadTopology, NoFit, NotCarved
-from hostd.rpc.carving import JOURNAL_NAME, carve, handles_for, journal_steps, uncarve_host
+from hostd.errors import BadPolicy, BadTopology, CarveNoFit, NoFit
 
-__all__ = ["run", "handles_for", "print_json"]  # handles_for lives with the shared carve (rpc/carving.py)
+__all__ = ["run", "print_json"]
 EXIT_NOFIT = 3  # the policy does not fit this host (hostd/cli.py lists the exit codes)
 
 
@@ -94,9 +99,17 @@ def _show_plan(result: Layout | NoFit, as_json: bool, console: Console) -> int:
     return 0
 
 
+def _carve_service(args: argparse.Namespace, cfg: HostdConfig) -> CarveService:
+    allow = getattr(args, "allow", None)
+    where = Where(root=getattr(args, "root", None) or cfg.root, state_dir=args.state_dir or cfg.state_dir,
+                  policy_file=cfg.policy, virt_type=getattr(args, "virt_type", None) or cfg.virt_type,
+                  allow=tuple(allow) if allow is not None else None)
+    return CarveService(where, LedgerVms(where.state_dir), wait_s=args.wait)
+
+
 def _carve(args, cfg, console) -> int:
-    """The same carve as the Carve RPC (hostd/rpc/carving.py): journaled, and recorded with
-    the policy's digest, so `hostd serve` serves the carved policy and GetHostInfo shows it."""
+    """Journaled, and recorded with the policy's digest, so `hostd serve` serves the carved
+    policy and GetHostInfo shows it. Refused (nothing changed) where the Carve RPC refuses."""
     path: Path = args.policy or cfg.policy
     try:
         text = path.read_text()
@@ -105,39 +118,50 @@ def _carve(args, cfg, console) -> int:
         raise BadPolicy(e.strerror or str(e), field=str(path)) from None
     except PolicyError as e:
         raise BadPolicy(e.reason, field=e.field) from None
-    result = plan_host(_topology(args, cfg, policy), policy)
-    if isinstance(result, NoFit):
-        return _show_plan(result, args.json, console)
-    state_dir = args.state_dir or cfg.state_dir
-    out = carve(text, policy, result, root=args.root or cfg.root, state_dir=state_dir, dry_run=args.dry_run)
+    service = _carve_service(args, cfg)
+    if args.dry_run:
+        plan = service.plan(text, policy=policy)
+        if plan.nofit is not None:
+            return _show_plan(plan.nofit, args.json, console)
+        assert plan.layout is not None
+        layout, digest, steps, cannot_move, conflicts = (plan.layout, plan.digest, plan.steps, plan.cannot_move,
+                                                          plan.vm_conflicts)
+    else:
+        try:
+            out = service.carve(text, policy=policy)
+        except CarveNoFit as e:
+            return _show_plan(NoFit(e.field or "policy", e.detail), args.json, console)
+        layout, digest, steps, cannot_move, conflicts = out.layout, out.digest, out.steps, out.cannot_move, []
     if args.json:
-        print_json({"dry_run": args.dry_run, "policy_digest": out.digest, "steps": [s.to_dict() for s in out.steps],
-                    "cannot_move": out.cannot_move, "layout": result.to_dict()})
+        print_json({"dry_run": args.dry_run, "policy_digest": digest, "steps": [s.to_dict() for s in steps],
+                    "cannot_move": cannot_move, "vm_conflicts": conflicts, "layout": layout.to_dict()})
         return 0
-    render_layout(result, console)
-    if not out.steps:
+    render_layout(layout, console)
+    if not steps:
         console.print("host already matches the layout: nothing to change")
     verb = "would" if args.dry_run else "did"
-    for s in out.steps:
+    for s in steps:
         console.print(f"  {verb}: {s.describe()}", highlight=False, markup=False)
-    for why in out.cannot_move:
+    for why in cannot_move:
         console.print(f"  cannot move off io_cpus: {why}", highlight=False, markup=False)
+    for why in conflicts:
+        console.print(f"  would not hold VM {why}: the carve will be refused", highlight=False, markup=False)
     if not args.dry_run:
-        console.print(f"carved with policy {path} (sha256 {out.digest}); journal: {state_dir / JOURNAL_NAME} "
-                      "(`hostd uncarve` restores)", highlight=False, markup=False)
+        console.print(f"carved with policy {path} (sha256 {digest}); journal: "
+                      f"{service.where.state_dir / JOURNAL_NAME} (`hostd uncarve` restores)",
+                      highlight=False, markup=False)
     return 0
 
 
 def _uncarve(args, cfg, console) -> int:
-    state_dir = args.state_dir or cfg.state_dir
-    if args.dry_run:
-        for s in reversed(journal_steps(state_dir)):
-            console.print(f"  would undo: {s.describe()}", highlight=False, markup=False)
-        return 0
-    if not journal_steps(state_dir):
-        raise NotCarved(f"nothing to undo: no journal at {state_dir / JOURNAL_NAME}", field="state")
-    for s in uncarve_host(state_dir, cfg.root):
-        console.print(f"  undid: {s.describe()}", highlight=False, markup=False)
+    service = _carve_service(args, cfg)
+    steps = service.uncarve(drained=args.drained, dry_run=args.dry_run)
+    if not steps:
+        console.print(f"nothing to undo: the journal ({service.where.state_dir / JOURNAL_NAME}) is empty",
+                      highlight=False, markup=False)
+    verb = "would undo" if args.dry_run else "undid"
+    for s in steps:
+        console.print(f"  {verb}: {s.describe()}", highlight=False, markup=False)
     return 0
 
 

@@ -6,6 +6,10 @@ if two hostd processes ever ran against one file, and a row per (VM, node, page
 size) for hugepages (a VM spanning nodes holds pages on each). Writes use BEGIN
 IMMEDIATE so a check-then-claim is one transaction.
 
+One connection serves every thread of the daemon (gRPC workers, libvirt's event
+handlers): a lock keeps each transaction, and each read, whole, so a thread never
+begins a transaction inside another thread's nor reads its uncommitted rows.
+
 Schema versions (``PRAGMA user_version``), each upgrade one transaction at open:
 1 -> 2 adds ``page_claims`` (from ``vms.node/size_kb/pages``, which stay: the VM's
 first node and its total).
@@ -15,6 +19,7 @@ from __future__ import annotations
 
 import json
 import sqlite3
+import threading
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -22,7 +27,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from hostd.carve.vmclaim import Claim, Usage
-from hostd.errors import HostdError, LedgerConflict
+from hostd.errors import BadState, LedgerConflict
 
 SCHEMA_VERSION = 2
 _PAGES = """
@@ -76,6 +81,7 @@ class Ledger:
     def __init__(self, path: Path):
         path.parent.mkdir(parents=True, exist_ok=True)
         self._db = sqlite3.connect(path, timeout=10, isolation_level=None, check_same_thread=False)
+        self._lock = threading.RLock()  # a transaction (or a read) at a time on _db
         self._db.execute("PRAGMA journal_mode=WAL")
         self._db.execute("PRAGMA foreign_keys=ON")
         self._db.execute("PRAGMA synchronous=FULL")
@@ -87,7 +93,7 @@ class Ledger:
                 db.execute(f"PRAGMA user_version={SCHEMA_VERSION}")
             version = SCHEMA_VERSION
         elif version > SCHEMA_VERSION:
-            raise HostdError(f"ledger {path} has schema {version}, this hostd knows up to {SCHEMA_VERSION}",
+            raise BadState(f"ledger {path} has schema {version}, this hostd knows up to {SCHEMA_VERSION}",
                              field="state_dir")
         while version < SCHEMA_VERSION:
             with self.tx() as db:
@@ -97,20 +103,24 @@ class Ledger:
                 db.execute(f"PRAGMA user_version={version}")
 
     def close(self) -> None:
-        self._db.close()
+        with self._lock:
+            self._db.close()
 
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
-        self._db.execute("BEGIN IMMEDIATE")
-        try:
-            yield self._db
-        except BaseException:
-            self._db.execute("ROLLBACK")
-            raise
-        self._db.execute("COMMIT")
+        with self._lock:
+            self._db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self._db
+            except BaseException:
+                self._db.execute("ROLLBACK")
+                raise
+            self._db.execute("COMMIT")
 
     def usage(self, db: sqlite3.Connection | None = None) -> Usage:
-        db = db or self._db
+        if db is None:
+            with self._lock:
+                return self.usage(self._db)
         pages: dict[tuple[int, int], int] = {}
         for node, size, n in db.execute("SELECT node, size_kb, SUM(pages) FROM page_claims GROUP BY node, size_kb"):
             pages[(node, size)] = n
@@ -158,11 +168,14 @@ class Ledger:
 
     def get(self, *, vm_id: str | None = None, request_id: str | None = None) -> VmRecord | None:
         col, val = ("vm_id", vm_id) if vm_id is not None else ("request_id", request_id)
-        row = self._db.execute(f"SELECT * FROM vms WHERE {col}=?", (val,)).fetchone()
+        with self._lock:
+            row = self._db.execute(f"SELECT * FROM vms WHERE {col}=?", (val,)).fetchone()
         return _record(row) if row else None
 
     def list(self) -> list[VmRecord]:
-        return [_record(r) for r in self._db.execute("SELECT * FROM vms ORDER BY created")]
+        with self._lock:
+            rows = self._db.execute("SELECT * FROM vms ORDER BY created").fetchall()
+        return [_record(r) for r in rows]
 
 
 @contextmanager

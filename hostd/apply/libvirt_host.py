@@ -8,7 +8,9 @@ are ever listed, changed or removed (as oVirt VDSM recognises its VMs).
 Domain lifecycle events and reconnects go to the ``DomainListener``s subscribed
 (the VM manager): each connection registers for lifecycle events, and every
 connection after the first tells the listeners to resync what changed while
-hostd was blind.
+hostd was blind. ``close`` stops that first: the callback is deregistered and every
+listener call in flight has returned before it does, so a daemon stopping can close
+what the listeners write to (the ledger) after it.
 """
 
 from __future__ import annotations
@@ -26,6 +28,7 @@ from hostd.errors import DomainError, LibvirtUnavailable
 
 log = logging.getLogger(__name__)
 
+STOP_WAIT_S = 30.0  # close() waits this long for listener calls in flight
 RECONNECT_ATTEMPTS = 30
 RECONNECT_DELAY_S = 0.2
 KEEPALIVE = (5, 3)  # seconds between probes, probes missed before libvirt drops the connection
@@ -81,6 +84,12 @@ class LibvirtHost:
         self.reconnects = 0
         self._listeners: list[DomainListener] = []
         self._connected_once = False
+        self._callback_id: int | None = None  # the lifecycle callback on self._conn
+        # Listener calls run on threads of their own; close() stops new ones and waits
+        # for these. A lock of its own: libvirt's event loop thread takes it.
+        self._calls_lock = threading.Lock()
+        self._calls: set[threading.Thread] = set()
+        self._stopped = False
 
     def subscribe(self, listener: DomainListener) -> None:
         """Lifecycle events of every domain, and a call after each reconnect, from the
@@ -126,23 +135,67 @@ class LibvirtHost:
             state = EVENT_STATES.get(event)
             if state:
                 for li in list(self._listeners):
-                    threading.Thread(target=li.on_domain_event, daemon=True,
-                                     args=(dom.UUIDString(), state, f"libvirt event {event}/{detail}")).start()
+                    self._call(li.on_domain_event, "domain-event",
+                               dom.UUIDString(), state, f"libvirt event {event}/{detail}")
         try:
-            conn.domainEventRegisterAny(None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE, lifecycle, None)
-            conn.setKeepAlive(*KEEPALIVE)
+            self._callback_id = conn.domainEventRegisterAny(None, libvirt.VIR_DOMAIN_EVENT_ID_LIFECYCLE,
+                                                            lifecycle, None)
         except libvirt.libvirtError as e:
             log.error("cannot register for domain events uri=%s: %s", self.uri, e)
+        try:
+            conn.setKeepAlive(*KEEPALIVE)
+        except libvirt.libvirtError as e:  # the test driver has none: a local connection needs none
+            log.info("no keepalive on uri=%s: %s", self.uri, e.get_error_message())
         if self._connected_once:
             for li in list(self._listeners):
-                threading.Thread(target=li.on_reconnect, name="reconcile", daemon=True).start()
+                self._call(li.on_reconnect, "reconcile")
         self._connected_once = True
 
+    def _call(self, fn: Callable[..., None], name: str, *args: object) -> None:
+        """Run a listener call on a thread of its own, unless events are stopped."""
+        def run() -> None:
+            try:
+                fn(*args)
+            finally:
+                with self._calls_lock:
+                    self._calls.discard(threading.current_thread())
+        with self._calls_lock:
+            if self._stopped:
+                return
+            t = threading.Thread(target=run, name=name, daemon=True)
+            self._calls.add(t)
+            t.start()
+
+    def stop_events(self) -> None:
+        """No listener is called from now on: the callback is deregistered, and the calls
+        in flight have returned (or STOP_WAIT_S passed, which is logged)."""
+        with self._calls_lock:
+            self._stopped = True
+            calls = list(self._calls)
+        with self._lock:
+            self._deregister()
+        deadline = time.monotonic() + STOP_WAIT_S
+        for t in calls:
+            t.join(max(0.0, deadline - time.monotonic()))
+            if t.is_alive():
+                log.error("a libvirt event listener is still running after %.0f s: %s", STOP_WAIT_S, t.name)
+
+    def _deregister(self) -> None:
+        if self._conn is not None and self._callback_id is not None:
+            try:
+                self._conn.domainEventDeregisterAny(self._callback_id)
+            except libvirt.libvirtError:
+                pass  # a dead connection delivers nothing more either
+        self._callback_id = None
+
     def close(self) -> None:
+        """Stop events (``stop_events``), then close the connection."""
+        self.stop_events()
         with self._lock:
             self._close_quietly()
 
     def _close_quietly(self) -> None:
+        self._deregister()
         if self._conn is not None:
             try:
                 self._conn.close()

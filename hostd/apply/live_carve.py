@@ -33,7 +33,7 @@ from hostd.apply.steps import (
 )
 from hostd.cpulist import format_cpu_list
 from hostd.discover.fs import HostFs
-from hostd.errors import ApplyFailed, HostdError, IoServiceNotFound, NotCarved
+from hostd.errors import ApplyFailed, BadState, HostdError, IoServiceNotFound, NotCarved
 
 log = logging.getLogger(__name__)
 
@@ -252,8 +252,8 @@ class Journal:
             return []
         data = json.loads(self.path.read_text())
         if data.get("version") != JOURNAL_VERSION:
-            raise HostdError(f"journal {self.path} has version {data.get('version')}, "
-                             f"expected {JOURNAL_VERSION}", field="state")
+            raise BadState(f"journal {self.path} has version {data.get('version')}, "
+                           f"expected {JOURNAL_VERSION}", field="state")
         return [step_from_dict(d, STEPS) for d in data["steps"]]
 
     def save(self, steps: list[Step]) -> None:

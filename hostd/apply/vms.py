@@ -27,6 +27,7 @@ from dataclasses import dataclass
 
 from api.layout import Layout
 from hostd.apply.diskhold import DiskHold
+from hostd.apply.hostlock import HostLock
 from hostd.apply.images import ImageStore
 from hostd.apply.ledger import Ledger, VmRecord
 from hostd.apply.libvirt_host import LibvirtHost
@@ -36,7 +37,17 @@ from hostd.carve.vmclaim import Claim, claim
 from hostd.carve.vmspec import DiskSpec, VmSpec
 from hostd.domain.image import Image
 from hostd.domain.metadata import VmMetadata
-from hostd.errors import BadMetadata, Conflict, CreateFailed, DomainError, HostdError, NoFit, NotFound, Refused
+from hostd.errors import (
+    BadMetadata,
+    Conflict,
+    CreateFailed,
+    DomainError,
+    HostdError,
+    NoFit,
+    NotCarved,
+    NotFound,
+    Refused,
+)
 from hostd.metrics import Metrics
 
 log = logging.getLogger(__name__)
@@ -48,6 +59,8 @@ MIN_RATE_DRIVERS = frozenset({"mlx5_core", "ice", "bnxt_en", "qede", "netdevsim"
 # Fault injection for the crash tests: HOSTD_CRASH_AT=<point> with HOSTD_TEST_FAULTS=1
 # makes hostd SIGKILL itself at that point of CreateVM.
 CRASH_POINTS = ("claimed", "vf_set", "defined", "started")
+# How long a VM change waits for a carve of this host (the carve lock) to finish.
+CARVE_WAIT_S = 120.0
 
 
 @dataclass(frozen=True)
@@ -60,6 +73,7 @@ class VmEvent:
 
 Render = Callable[[VmMetadata, Image], str]
 DiskCheck = Callable[[str], list[str]]  # disk name -> reasons it may not be used now
+CarvedFor = Callable[[int], str]  # page size kB -> why the host cannot back VM memory with it ("" if it can)
 
 
 class VmManager:
@@ -70,7 +84,8 @@ class VmManager:
                  vf_pci: dict[tuple[str, int], str] | None = None,
                  profiles: frozenset[str] | None = None,
                  overlays: Overlays | None = None, metrics: Metrics | None = None,
-                 disk_hold: DiskHold | None = None):
+                 disk_hold: DiskHold | None = None, host_lock: HostLock | None = None,
+                 carved_for: CarvedFor | None = None):
         self.layout = layout
         self.siblings = siblings
         self.ledger = ledger
@@ -85,6 +100,10 @@ class VmManager:
         self.overlays = overlays  # per-VM files (root disk overlay); None: images boot as they are
         self.metrics = metrics
         self.disk_hold = disk_hold  # O_EXCL on claimed disks from define until QEMU has them
+        # The host's carve lock (shared): no VM changes under a carve of another process
+        # (`hostd carve`) or thread (the Carve RPC). None: no carve to wait for (tests).
+        self.host_lock = host_lock
+        self.carved_for = carved_for  # None: no check (libvirt's test driver backs nothing)
         self._lock = threading.RLock()
         self._watchers: list[Callable[[VmEvent], None]] = []
         self.generation = 0
@@ -95,8 +114,17 @@ class VmManager:
     @contextlib.contextmanager
     def held(self) -> Iterator[None]:
         """The manager's lock, for a caller that changes the host under the VMs (the
-        remote carve): no VM is created, started, changed or deleted meanwhile."""
+        carve service, which holds the carve lock already): no VM is created, started,
+        changed or deleted meanwhile."""
         with self._lock:
+            yield
+
+    @contextlib.contextmanager
+    def _changing(self, what: str) -> Iterator[None]:
+        """A VM change: the carve lock shared, then the manager's lock (the carve takes
+        them in the same order)."""
+        shared = self.host_lock.shared(what, wait_s=CARVE_WAIT_S) if self.host_lock else contextlib.nullcontext()
+        with shared, self._lock:
             yield
 
     def set_layout(self, layout: Layout, disk_check: DiskCheck | None = None) -> None:
@@ -141,7 +169,7 @@ class VmManager:
         return self.pf_drivers.get(pf) in MIN_RATE_DRIVERS
 
     def create(self, spec: VmSpec) -> VmRecord:
-        with self._lock:
+        with self._changing("create a VM"):
             prior = self.ledger.get(request_id=spec.request_id)
             if prior is not None:
                 if not VmSpec.from_dict(prior.spec).same_as(self._with_macs(spec)):
@@ -156,6 +184,9 @@ class VmManager:
             if spec.profile and image.profiles and spec.profile not in image.profiles:
                 raise Refused(f"image {image.name} has profiles {list(image.profiles)}", field="profile")
             self._check_spec(spec)
+            why = self.carved_for(spec.hugepage_size_kb) if self.carved_for else ""
+            if why:
+                raise NotCarved(why, field="hugepage_size_kb")
             vm_id = str(uuid.uuid4())
             spec = self._with_macs(spec)
             with self.ledger.tx() as db:
@@ -275,7 +306,7 @@ class VmManager:
                 if all(r.spec.get("labels", {}).get(k) == v for k, v in want.items())]
 
     def delete(self, vm_id: str, grace_s: float = 0) -> None:
-        with self._lock:
+        with self._changing("delete a VM"):
             rec = self.get(vm_id)
             self.ledger.set_state(vm_id, "deleting")
             self.emit(vm_id, "deleting")
@@ -289,7 +320,7 @@ class VmManager:
             log.info("deleted vm=%s name=%s", vm_id, rec.name)
 
     def stop(self, vm_id: str, grace_s: float = 30) -> VmRecord:
-        with self._lock:
+        with self._changing("stop a VM"):
             self.get(vm_id)
             self.libvirt.shutdown(vm_id, grace_s)
             self.ledger.set_state(vm_id, "stopped", "stopped by request")
@@ -297,7 +328,7 @@ class VmManager:
             return self.get(vm_id)
 
     def start(self, vm_id: str) -> VmRecord:
-        with self._lock:
+        with self._changing("start a VM"):
             rec = self.get(vm_id)
             if rec.state != "running":
                 self.libvirt.start(vm_id)
@@ -309,7 +340,7 @@ class VmManager:
                   vf_rates: list[tuple[str, int, int]]) -> VmRecord:
         """Live change of disk throttles (by disk name/id) and VF rates (by VF PCI
         address, or pf:index). Budgets are re-checked; nothing changes on refusal."""
-        with self._lock:
+        with self._changing("change a VM's IO limits"):
             rec = self.get(vm_id)
             spec = VmSpec.from_dict(rec.spec)
             own = {d.name: d for d in rec.claim.disks}
@@ -397,7 +428,7 @@ class VmManager:
           still fits the ledger, else leave it alone and report the conflict.
         """
         actions: list[str] = []
-        with self._lock:
+        with self._changing("reconcile"):
             domains = {d.uuid: d for d in self.libvirt.owned()}
             for rec in self.ledger.list():
                 dom = domains.pop(rec.vm_id, None)

@@ -25,8 +25,11 @@ from prometheus_client import start_http_server
 
 from api import hostd_pb2_grpc as pb_grpc
 from api.layout import Layout
+from hostd.apply.carve_service import CarveService, Served, Where, disk_probe, served_policy
 from hostd.apply.cgroups import cpu_controller_cgroup, find_cpuset_fs
 from hostd.apply.diskhold import DiskHold
+from hostd.apply.host_carve import missing_pool_mount
+from hostd.apply.hostlock import HostLock
 from hostd.apply.images import ImageStore
 from hostd.apply.ledger import Ledger
 from hostd.apply.libvirt_host import LibvirtHost, start_event_loop
@@ -47,7 +50,6 @@ from hostd.health.sampler import Sampler
 from hostd.health.sampler import Where as SampleWhere
 from hostd.metrics import Metrics
 from hostd.rpc.callers import CallerCheck
-from hostd.rpc.carver import HostCarver, Served, Where, disk_probe, served_policy
 from hostd.rpc.health import HealthCheck
 from hostd.rpc.register import Registrar, registration
 from hostd.rpc.servicer import HostdService
@@ -67,6 +69,7 @@ class Daemon:
     stop_event: threading.Event
     registrar: Registrar | None = None
     sampler: Sampler | None = None
+    watchdog: threading.Thread | None = None
 
     def served(self, s: Served) -> None:
         """A carve (or uncarve) changed the layout VMs are served with (the manager has it
@@ -74,7 +77,7 @@ class Daemon:
         scheduler's registration follow."""
         self.topo, self.layout = s.topo, s.layout
         # One dict each, shared with the domain renderer: VFs the carve made get their PCI
-        # addresses (the carver holds the manager's lock while it calls this).
+        # addresses (the carve service holds the manager's lock while it calls this).
         self.manager.vf_pci.clear()
         self.manager.vf_pci.update({(n.name, v.index): v.pci for n in s.topo.nics for v in n.vfs})
         self.manager.pf_drivers.update({n.name: n.driver for n in s.topo.nics})
@@ -84,14 +87,22 @@ class Daemon:
             self.registrar.update(_registration(self.cfg, s.topo, s.layout, self.manager, self.port))
 
     def stop(self, grace_s: float = 5.0) -> None:
+        """Stop serving, then stop everything that writes to the ledger (the watchdog,
+        libvirt's domain events and the calls they started), then close it."""
         self.stop_event.set()
         if self.sampler:
             self.sampler.stop()
         if self.registrar:
             self.registrar.stop()
         self.server.stop(grace_s).wait()
-        self.libvirt.close()
-        self.manager.ledger.close()
+        _close(self.libvirt, self.manager, self.watchdog)
+
+
+def _close(lv: LibvirtHost, manager: VmManager, watchdog: threading.Thread | None) -> None:
+    if watchdog is not None:
+        watchdog.join()
+    lv.close()  # no domain event reaches the manager after this
+    manager.ledger.close()
 
 
 def _where(cfg: HostdConfig) -> Where:
@@ -155,7 +166,8 @@ def start(cfg: HostdConfig) -> Daemon:
         disk_check=disk_probe(policy, _where(cfg)), vf_rates=vf_rates,
         pf_drivers={n.name: n.driver for n in topo.nics}, vf_pci=vf_pci, profiles=frozenset(profiles),
         overlays=Overlays(cfg.state_dir / "vms"), metrics=metrics,
-        disk_hold=DiskHold(cfg.root / "dev", missing_ok=cfg.root != Path("/")))
+        disk_hold=DiskHold(cfg.root / "dev", missing_ok=cfg.root != Path("/")),
+        host_lock=HostLock(cfg.state_dir), carved_for=lambda size_kb: missing_pool_mount(cfg.root, size_kb))
     lv.subscribe(manager)
     lv.conn()
     manager.reconcile_logged()  # before the first request is served
@@ -168,7 +180,8 @@ def start(cfg: HostdConfig) -> Daemon:
                 _refresh_metrics(metrics, lv, manager)
             except HostdError as e:
                 log.error("libvirt watchdog: %s", e)
-    threading.Thread(target=watchdog, name="libvirt-watchdog", daemon=True).start()
+    watchdog_thread = threading.Thread(target=watchdog, name="libvirt-watchdog", daemon=True)
+    watchdog_thread.start()
 
     sampler = _sampler(cfg, layout, metrics)
     health = HealthCheck(libvirt=lv, manager=manager, virt_type=cfg.virt_type, state_dir=cfg.state_dir,
@@ -179,7 +192,12 @@ def start(cfg: HostdConfig) -> Daemon:
     server = grpc.server(futures.ThreadPoolExecutor(max_workers=16, thread_name_prefix="grpc"),
                          options=[("grpc.so_reuseport", 0)])
     after: list[Callable[[Served], None]] = []  # the registrar's, once it exists
-    carver = HostCarver(_where(cfg), manager, served, on_served=lambda s: [fn(s) for fn in after])
+
+    def on_served(s: Served) -> None:
+        manager.set_layout(s.layout, disk_probe(s.policy, _where(cfg)))
+        for fn in after:
+            fn(s)
+    carver = CarveService(_where(cfg), manager, served=served, on_served=on_served)
     pb_grpc.add_HostdServicer_to_server(
         HostdService(manager, host=topo.host.hostname or socket.gethostname(),
                      layout_json=layout.to_json(None), health=health, metrics=metrics, callers=callers,
@@ -193,8 +211,7 @@ def start(cfg: HostdConfig) -> Daemon:
         stop_event.set()
         if sampler:
             sampler.stop()
-        lv.close()
-        manager.ledger.close()
+        _close(lv, manager, watchdog_thread)
         raise ConfigError(f"cannot listen on {cfg.listen} (in use, or not an address here)", field="listen")
     server.start()
     _refresh_metrics(metrics, lv, manager)
@@ -204,7 +221,7 @@ def start(cfg: HostdConfig) -> Daemon:
     log.info("hostd serving listen=%s port=%d tls=%s virt_type=%s vms=%d", cfg.listen, port,
              creds is not None, cfg.virt_type, len(manager.list()))
     registrar = _registrar(cfg, topo, layout, manager, port, sampler)
-    d = Daemon(cfg, topo, layout, manager, lv, server, port, stop_event, registrar, sampler)
+    d = Daemon(cfg, topo, layout, manager, lv, server, port, stop_event, registrar, sampler, watchdog_thread)
     after.append(d.served)
     return d
 

@@ -1,8 +1,8 @@
 """The gRPC face of hostd (api/hostd.proto): messages <-> VmManager, errors -> status.
 
-Every failed call carries a status whose message starts with the stable error
-code and names the field: ``hyb.vm.refused [disks[0].disk]: nvme1n1 cannot be
-used now: mounted at /mnt``.
+Every failed call carries the status its error class names (``grpc_status`` in
+hostd/errors.py) and a message that starts with the stable error code and names the
+field: ``hyb.vm.refused [disks[0].disk]: nvme1n1 cannot be used now: mounted at /mnt``.
 """
 
 from __future__ import annotations
@@ -18,6 +18,8 @@ import grpc
 from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
 from api.jsonmodel import to_jsonable
+from hostd.apply.carve_service import CarveService
+from hostd.apply.host_carve import boot_changes, boot_pending
 from hostd.apply.ledger import VmRecord
 from hostd.apply.vms import VmEvent, VmManager
 from hostd.carve.vmclaim import CellReq, VfReq
@@ -27,39 +29,12 @@ from hostd.health.sampler import Sampler
 from hostd.health.signal import HostStats
 from hostd.metrics import Metrics
 from hostd.rpc.callers import CallerCheck
-from hostd.rpc.carver import HostCarver
-from hostd.rpc.carving import boot_changes, boot_pending
 
 log = logging.getLogger(__name__)
 
 _STATES = {"creating": pb.VM_STATE_CREATING, "running": pb.VM_STATE_RUNNING,
            "stopped": pb.VM_STATE_STOPPED, "failed": pb.VM_STATE_FAILED,
            "deleting": pb.VM_STATE_DELETING, "deleted": pb.VM_STATE_DELETING}
-
-_STATUS = {
-    "hyb.vm.refused": grpc.StatusCode.FAILED_PRECONDITION,
-    "hyb.vm.not_found": grpc.StatusCode.NOT_FOUND,
-    "hyb.vm.conflict": grpc.StatusCode.ALREADY_EXISTS,
-    "hyb.image.unknown": grpc.StatusCode.INVALID_ARGUMENT,
-    "hyb.image.bad": grpc.StatusCode.FAILED_PRECONDITION,
-    "hyb.spec.invalid": grpc.StatusCode.INVALID_ARGUMENT,
-    "hyb.host.libvirt_unavailable": grpc.StatusCode.UNAVAILABLE,
-    "hyb.rpc.forbidden": grpc.StatusCode.PERMISSION_DENIED,
-    # the remote carve (api/hostd.proto documents each)
-    "hyb.policy.invalid": grpc.StatusCode.INVALID_ARGUMENT,
-    "hyb.policy.digest_mismatch": grpc.StatusCode.INVALID_ARGUMENT,
-    "hyb.carve.nofit": grpc.StatusCode.FAILED_PRECONDITION,
-    "hyb.carve.vms_would_not_fit": grpc.StatusCode.FAILED_PRECONDITION,
-    "hyb.carve.vms_running": grpc.StatusCode.FAILED_PRECONDITION,
-    "hyb.carve.not_drained": grpc.StatusCode.FAILED_PRECONDITION,
-    # tried and undone: the host is as it was, a retry may succeed once the cause is gone
-    "hyb.carve.failed": grpc.StatusCode.ABORTED,
-    "hyb.carve.unavailable": grpc.StatusCode.UNIMPLEMENTED,
-    "hyb.host.bad_policy": grpc.StatusCode.FAILED_PRECONDITION,
-    "hyb.host.apply_failed": grpc.StatusCode.FAILED_PRECONDITION,
-    "hyb.host.io_service_not_found": grpc.StatusCode.FAILED_PRECONDITION,
-    "hyb.host.device_busy": grpc.StatusCode.UNAVAILABLE,
-}
 
 EVENT_QUEUE = 1024  # per WatchEvents stream; a stream that falls this far behind is ended
 
@@ -126,13 +101,13 @@ def stats_to_proto(s: HostStats) -> pb.HostStats:
 
 class HostdService(pb_grpc.HostdServicer):
     """``layout_json`` is what GetInventory reports until a carve changes the manager's
-    layout; from then on the manager's. ``carver``: the remote carve (None: the four
-    carve RPCs answer hyb.carve.unavailable)."""
+    layout; from then on the manager's. ``carver``: the carve service (the same one
+    `hostd carve` calls; None: the four carve RPCs answer hyb.carve.unavailable)."""
 
     def __init__(self, manager: VmManager, *, host: str, layout_json: str,
                  health: Callable[[], pb.HealthResponse], metrics: Metrics | None = None,
                  callers: CallerCheck = CallerCheck(frozenset({"scheduler"})), sampler: Sampler | None = None,
-                 carver: HostCarver | None = None, version: str = ""):
+                 carver: CarveService | None = None, version: str = ""):
         self.m = manager
         self.callers = callers
         self.sampler = sampler
@@ -149,7 +124,7 @@ class HostdService(pb_grpc.HostdServicer):
             self._layout = (self.m.layout, self.m.layout.to_json(None))
         return self._layout[1]
 
-    def _carver(self) -> HostCarver:
+    def _carver(self) -> CarveService:
         if self.carver is None:
             raise CarveUnavailable("this hostd was started without the remote carve", field="carve")
         return self.carver
@@ -164,7 +139,7 @@ class HostdService(pb_grpc.HostdServicer):
             self.callers.check(ctx, method)
             out = fn()
         except HostdError as e:
-            code = _STATUS.get(e.code, grpc.StatusCode.INTERNAL)
+            code = grpc.StatusCode[type(e).grpc_status]
             log.info("rpc refused method=%s code=%s field=%s detail=%s", method, e.code, e.field, e.detail)
             self._count(method, e.code)
             ctx.abort(code, str(e))
@@ -258,7 +233,7 @@ class HostdService(pb_grpc.HostdServicer):
     def Carve(self, request, context):
         def carve() -> pb.CarveResponse:
             carver = self._carver()
-            c = carver.carve(request.policy_toml, request.policy_digest)
+            c = carver.carve(request.policy_toml, digest=request.policy_digest)
             return pb.CarveResponse(policy_digest=c.digest, changed=c.changed,
                                     steps=[s.describe() for s in c.steps], cannot_move=c.cannot_move,
                                     reboot_required=boot_pending(c.layout, carver.where.root))
@@ -266,7 +241,7 @@ class HostdService(pb_grpc.HostdServicer):
 
     def Uncarve(self, request, context):
         return self._call(context, lambda: pb.UncarveResponse(
-            steps=[s.describe() for s in self._carver().uncarve(request.drained)]))
+            steps=[s.describe() for s in self._carver().uncarve(drained=request.drained)]))
 
     def WatchEvents(self, request, context) -> Iterator[pb.VMEvent]:
         q: queue.Queue[VmEvent | None] = queue.Queue(EVENT_QUEUE)

@@ -1,6 +1,7 @@
-"""The carve of one host, shared by `hostd carve` (the CLI) and the Carve RPC: the
-handles for where it acts (the host, or a host tree under ``root``), the journaled
-apply, and the carve state that names the policy the host was carved with.
+"""Applying the carve of one host (what hostd.apply.carve_service runs for `hostd carve`
+and the Carve RPC alike): the handles for where it acts (the host, or a host tree
+under ``root``), the journaled apply and undo, and the carve state that names the
+policy the host was carved with.
 
 ``carve-state.json`` (in ``state_dir``, beside ``carve-journal.json``) holds the
 policy text, its digest, the layout and the time. It is written atomically after the
@@ -20,20 +21,16 @@ import json
 import logging
 import os
 import time
-from collections import defaultdict
-from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
 from api.layout import Layout
 from api.policy import policy_digest
 from hostd.apply.cgroups import find_cpuset_fs
-from hostd.apply.ledger import VmRecord
-from hostd.apply.live_carve import HostHandles, Journal, apply_layout, plan_steps, uncarve
+from hostd.apply.live_carve import HostHandles, Journal, apply_layout, hugetlbfs_mounts, plan_steps, uncarve
 from hostd.apply.steps import Context, Mounter, Step, SystemMounter
 from hostd.carve.policy import Policy
-from hostd.cpulist import format_cpu_list
-from hostd.errors import ApplyFailed, HostdError
+from hostd.errors import ApplyFailed, BadState
 
 log = logging.getLogger(__name__)
 
@@ -75,12 +72,12 @@ def load_state(state_dir: Path) -> CarveState | None:
     except FileNotFoundError:
         return None
     except (OSError, json.JSONDecodeError) as e:
-        raise HostdError(f"{path}: {e}", field="state") from None
+        raise BadState(f"{path}: {e}", field="state") from None
     if data.get("version") != STATE_VERSION:
-        raise HostdError(f"{path} has version {data.get('version')}, expected {STATE_VERSION}", field="state")
+        raise BadState(f"{path} has version {data.get('version')}, expected {STATE_VERSION}", field="state")
     st = CarveState(data["digest"], data["policy_toml"], data["layout_json"], data["carved_unix"])
     if policy_digest(st.policy_toml) != st.digest:
-        raise HostdError(f"{path}: the digest does not match the policy text", field="state")
+        raise BadState(f"{path}: the digest does not match the policy text", field="state")
     return st
 
 
@@ -103,6 +100,19 @@ def save_state(state_dir: Path, st: CarveState) -> None:
 
 def clear_state(state_dir: Path) -> None:
     (state_dir / STATE_NAME).unlink(missing_ok=True)
+
+
+def missing_pool_mount(root: Path, size_kb: int) -> str:
+    """Why the host under ``root`` cannot back a VM's memory with ``size_kb`` pages yet
+    ("" when it can): no hugetlbfs mount of that page size, which the carve makes and
+    libvirt needs (QEMU maps guest RAM from it)."""
+    try:
+        mounts = hugetlbfs_mounts(root)
+    except OSError as e:
+        return f"cannot read the hugetlbfs mounts under {root}: {e.strerror or e}"
+    if size_kb in mounts:
+        return ""
+    return f"no hugetlbfs mount with {size_kb} kB pages (the carve makes one): carve the host first"
 
 
 # ---------------------------------------------------------------- where the carve acts
@@ -211,50 +221,3 @@ def uncarve_host(state_dir: Path, root: Path) -> list[Step]:
     clear_state(state_dir)
     log.info("uncarved steps=%d root=%s", len(undone), root)
     return undone
-
-
-# ---------------------------------------------------------------- VMs a new layout must hold
-
-
-def vm_conflicts(layout: Layout, records: Iterable[VmRecord]) -> list[str]:
-    """The VMs ``layout`` would not hold, each ``name (vm_id, state): why``: vCPUs on CPUs
-    that are not its VM CPUs, an emulator on its IO CPUs, hugepages beyond its pools, VF
-    slots or disks it has not got, disk IO beyond its budgets. Every VM with a claim
-    counts, stopped ones too: StartVM boots a VM on the claim it holds."""
-    vm, host = set(layout.vm_cpus), set(layout.host_cpus)
-    pools = {(n.node, t.size_kb): t.count for n in layout.nodes for t in n.hugepages}
-    slots = {(p.name, s.index) for p in layout.pfs for s in p.slots}
-    budgets = {d.name: d for d in layout.disks}
-    recs = list(records)
-    why: dict[str, list[str]] = {r.vm_id: [] for r in recs}
-    pages: dict[tuple[int, int], list[tuple[str, int]]] = defaultdict(list)
-    disk_use: dict[str, list[tuple[str, int, int]]] = defaultdict(list)
-    for r in recs:
-        c, w = r.claim, why[r.vm_id]
-        off = sorted(x for x in c.vcpu_pins if x not in vm)
-        if off:
-            w.append(f"vCPUs on CPUs {format_cpu_list(off)}, not VM CPUs of the new layout")
-        emu = sorted(x for x in c.emulator_cpus if x not in vm | host)
-        if emu:
-            w.append(f"emulator on CPUs {format_cpu_list(emu)}, IO-service CPUs of the new layout")
-        for cell in c.numa_cells:
-            pages[(cell.node, c.size_kb)].append((r.vm_id, cell.pages))
-        w += [f"VF {v.pf}/{v.index} is not a VF slot of the new layout" for v in c.vfs if (v.pf, v.index) not in slots]
-        for d in c.disks:
-            if d.name not in budgets:
-                w.append(f"disk {d.name} is not assignable in the new layout")
-            else:
-                disk_use[d.name].append((r.vm_id, d.bytes_sec, d.iops))
-    for (node, size), users in pages.items():
-        total, have = sum(n for _, n in users), pools.get((node, size), 0)
-        if total > have:
-            for vm_id, _ in users:
-                why[vm_id].append(f"node {node} {size} kB hugepages: VMs hold {total}, the new pool has {have}")
-    for name, users in disk_use.items():
-        b = budgets[name]
-        for label, used, cap in (("bytes/s", sum(u[1] for u in users), b.bytes_sec),
-                                 ("IOPS", sum(u[2] for u in users), b.iops)):
-            if cap and used > cap:
-                for vm_id, *_ in users:
-                    why[vm_id].append(f"disk {name}: VMs use {used} {label}, the new budget is {cap}")
-    return [f"{r.name} ({r.vm_id}, {r.state}): {'; '.join(why[r.vm_id])}" for r in recs if why[r.vm_id]]

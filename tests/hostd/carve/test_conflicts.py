@@ -1,17 +1,12 @@
-"""The pure parts of the shared carve (hostd/rpc/carving.py): which VMs a new layout
-would not hold, and the mounts a carve records on a host tree."""
+"""Which VMs a new layout would not hold (hostd/carve/conflicts.py): what a carve, from
+the command line or the Carve RPC, refuses to strand."""
 
 from __future__ import annotations
 
-from pathlib import Path
-
-import pytest
-
 from api.layout import DiskBudget, HugepageTarget, IoServiceTarget, Layout, NodeLayout, PfLayout, VfSlot
 from hostd.apply.ledger import VmRecord
+from hostd.carve.conflicts import vm_conflicts
 from hostd.carve.vmclaim import Claim, ClaimCell, ClaimedDisk, ClaimedVf
-from hostd.errors import ApplyFailed
-from hostd.rpc.carving import TreeMounter, vm_conflicts
 
 
 def layout(vm_cpus=(2, 3), pages=64, vfs=2, disks=("nvme0n1",), bytes_sec=0) -> Layout:
@@ -52,21 +47,3 @@ def test_pages_of_a_spanning_vm_count_per_node_and_disk_budgets_in_total() -> No
     two = [rec("a", disk="nvme0n1"), rec("b", pins=(3,), disk="nvme0n1")]
     assert [c.split(":", 1)[1] for c in vm_conflicts(layout(bytes_sec=10**8), two)] == \
         [" disk nvme0n1: VMs use 200000000 bytes/s, the new budget is 100000000"] * 2
-
-
-@pytest.mark.parametrize("mounts", ["", "proc /proc proc rw 0 0\n", "proc /proc proc rw 0 0"])
-def test_tree_mounts_are_recorded_in_the_tree_and_undone_byte_for_byte(tmp_path: Path, mounts: str) -> None:
-    (tmp_path / "proc").mkdir()
-    (tmp_path / "proc/mounts").write_text(mounts)
-    mp = tmp_path / "dev/hugepages-2M"
-    mp.mkdir(parents=True)
-    m = TreeMounter(tmp_path)
-    m.mount_hugetlbfs(mp, 2048)
-    assert m.is_mounted(mp)
-    assert "hugetlbfs /dev/hugepages-2M hugetlbfs rw,relatime,pagesize=2048K 0 0" in \
-        (tmp_path / "proc/mounts").read_text().splitlines()
-    m.umount(mp)
-    assert not m.is_mounted(mp) and (tmp_path / "proc/mounts").read_text() == mounts
-    (tmp_path / "dev/file").write_text("")
-    with pytest.raises(ApplyFailed, match="not a directory"):
-        m.mount_hugetlbfs(tmp_path / "dev/file", 2048)

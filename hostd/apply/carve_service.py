@@ -1,0 +1,300 @@
+"""The one service that changes this host's carve: `hostd carve` / `hostd uncarve` (the
+command line) and the Carve / Uncarve / PlanCarve / GetHostInfo RPCs (`hostd serve`)
+both call it, so both make the same checks, under the same lock, through the same
+journal, and fail with the same errors.
+
+- The lock: the host's carve lock in ``state_dir`` (hostd.apply.hostlock), exclusive
+  for a carve or an uncarve, shared for a plan; the daemon's VM changes take it shared
+  too, so a `hostd carve` beside a running `hostd serve` cannot race either. Inside
+  the daemon the VM manager's own lock is held as well (``HostVms.held``): no VM is
+  created, started or deleted while the host changes under it.
+- The checks: a carve refuses a layout that would not hold the VMs on this host
+  (``hyb.carve.vms_would_not_fit``); an uncarve refuses while VMs run
+  (``hyb.carve.vms_running``) or exist undrained (``hyb.carve.not_drained``). The VMs
+  are the daemon's: its manager in-process, its ledger (``state_dir/ledger.db``) from
+  the command line, read under the lock.
+- The journal and the carve state: hostd.apply.host_carve.
+
+Which policy `hostd serve` serves VMs with (``served_policy``) lives here too: the
+carved one if the host was carved, else the policy file; after a carve or an uncarve
+the daemon's ``on_served`` swaps it in (the command line has none: a daemon running
+beside it serves the new layout from its next start, and its GetHostInfo shows the
+carve at once).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Protocol
+
+from api.layout import Layout
+from api.policy import policy_digest
+from hostd.apply.host_carve import Carved, boot_pending, carve, handles_for, journal_steps, load_state, uncarve_host
+from hostd.apply.hostlock import HostLock
+from hostd.apply.ledger import Ledger, VmRecord
+from hostd.apply.live_carve import plan_steps
+from hostd.apply.steps import Step
+from hostd.carve.conflicts import vm_conflicts
+from hostd.carve.plan import plan_host
+from hostd.carve.policy import Policy, PolicyError, loads_policy
+from hostd.discover import DiskProbe, discover_host
+from hostd.discover.model import Topology
+from hostd.errors import (
+    CarveFailed,
+    CarveNoFit,
+    DigestMismatch,
+    HostdError,
+    NoFit,
+    NotDrained,
+    PolicyInvalid,
+    StartupError,
+    VmsRunning,
+    VmsWouldNotFit,
+)
+
+log = logging.getLogger(__name__)
+
+BUSY_STATES = ("running", "creating", "deleting")
+LEDGER_NAME = "ledger.db"
+WAIT_S = 60.0  # how long a carve waits for the lock before CarveBusy
+
+
+@dataclass(frozen=True)
+class Where:
+    root: Path
+    state_dir: Path
+    policy_file: Path
+    virt_type: str
+    # The disk allow-list to discover with instead of the policy's (`hostd carve --allow`).
+    allow: tuple[str, ...] | None = None
+
+
+@dataclass(frozen=True)
+class Served:
+    """The policy hostd serves VMs with, and what it made of this host."""
+
+    text: str
+    digest: str
+    policy: Policy
+    topo: Topology
+    layout: Layout
+    source: str  # "carve state" or the policy file's path
+
+
+def discover_for(policy: Policy, where: Where) -> Topology:
+    allow = where.allow if where.allow is not None else tuple(policy.disks.allow)
+    return discover_host(where.root, allow=allow, wipe_ok=tuple(policy.disks.wipe_ok),
+                         virt_type=where.virt_type, probe_versions=where.root == Path("/"))
+
+
+def disk_probe(policy: Policy, where: Where) -> DiskProbe:
+    return DiskProbe(where.root, tuple(policy.disks.allow), tuple(policy.disks.wipe_ok))
+
+
+def served_policy(where: Where, *, prefer_carved: bool = True) -> Served:
+    """What ``hostd serve`` starts with: the carved policy (carve state) if the host was
+    carved, else the policy file. StartupError when it cannot be read or does not fit."""
+    st = load_state(where.state_dir) if prefer_carved else None
+    if st is not None:
+        text, source = st.policy_toml, "carve state"
+    else:
+        try:
+            text, source = where.policy_file.read_text(), str(where.policy_file)
+        except OSError as e:
+            raise StartupError(e.strerror or str(e), field=f"policy {where.policy_file}") from None
+    try:
+        policy = loads_policy(text, source=source)
+    except PolicyError as e:
+        raise StartupError(e.reason, field=f"policy {e.field}") from None
+    topo = discover_for(policy, where)
+    layout = plan_host(topo, policy)
+    if isinstance(layout, NoFit):
+        raise StartupError(f"the policy ({source}) does not fit this host: {layout}", field=layout.field)
+    if st is not None and layout.to_json(None) != st.layout_json:
+        log.warning("the carved policy plans differently on this host now (carved %s); Carve it again",
+                    time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(st.carved_unix)))
+    log.info("serving policy source=%s digest=%s", source, policy_digest(text)[:12])
+    return Served(text, policy_digest(text), policy, topo, layout, source)
+
+
+# ---------------------------------------------------------------- the VMs a carve checks
+
+
+class HostVms(Protocol):
+    """The VMs on this host, as the carve checks see them."""
+
+    def list(self) -> list[VmRecord]: ...
+
+    def held(self) -> AbstractContextManager[None]:
+        """Held around a carve: no VM changes meanwhile (in this process)."""
+        ...
+
+
+class LedgerVms:
+    """The daemon's VMs from another process (the command line): its ledger in
+    ``state_dir``, read when asked. The daemon's VM changes wait for the carve lock
+    the command line holds, so nothing in-process needs holding."""
+
+    def __init__(self, state_dir: Path):
+        self.path = state_dir / LEDGER_NAME
+
+    def list(self) -> list[VmRecord]:
+        if not self.path.exists():
+            return []  # no hostd ever served here
+        ledger = Ledger(self.path)
+        try:
+            return ledger.list()
+        finally:
+            ledger.close()
+
+    def held(self) -> AbstractContextManager[None]:
+        return contextlib.nullcontext()
+
+
+# ---------------------------------------------------------------- the service
+
+
+@dataclass
+class Planned:
+    digest: str
+    layout: Layout | None
+    nofit: NoFit | None
+    steps: list[Step] = field(default_factory=list)
+    cannot_move: list[str] = field(default_factory=list)
+    vm_conflicts: list[str] = field(default_factory=list)
+    already_carved: bool = False
+
+
+@dataclass
+class Info:
+    carved_digest: str
+    journal_steps: int
+    reboot_pending: list[str]
+    vms: int
+    vms_running: int
+    started_unix: float
+    policy_digest: str
+    carved_policy_toml: str = ""
+
+
+class CarveService:
+    """``served``: the policy a daemon serves with (None on the command line: nothing is
+    served, and a policy text must be given). ``on_served`` runs after a carve or an
+    uncarve changed it, under the VM manager's lock (the daemon swaps the manager's
+    layout, re-registers, retargets the IO-health signal)."""
+
+    def __init__(self, where: Where, vms: HostVms, *, served: Served | None = None,
+                 on_served: Callable[[Served], None] | None = None, wait_s: float = WAIT_S):
+        self.where = where
+        self.vms = vms
+        self.served = served
+        self.on_served = on_served
+        self.wait_s = wait_s
+        self.lock = HostLock(where.state_dir)
+        self.started = time.time()
+
+    def _parse(self, text: str, policy: Policy | None) -> tuple[str, Policy]:
+        if policy is not None:
+            return text, policy
+        if not text and self.served is not None:
+            text = self.served.text
+        try:
+            return text, loads_policy(text, source="policy_toml")
+        except PolicyError as e:
+            raise PolicyInvalid(e.reason, field=e.field) from None
+
+    @contextlib.contextmanager
+    def _exclusive(self, what: str) -> Iterator[None]:
+        with self.lock.exclusive(what, wait_s=self.wait_s), self.vms.held():
+            yield
+
+    def info(self) -> Info:
+        st = load_state(self.where.state_dir)
+        vms = self.vms.list()
+        served = self.served
+        return Info(carved_digest=st.digest if st else "", journal_steps=len(journal_steps(self.where.state_dir)),
+                    reboot_pending=boot_pending(served.layout, self.where.root) if st and served else [],
+                    vms=len(vms), vms_running=sum(r.state == "running" for r in vms), started_unix=self.started,
+                    policy_digest=served.digest if served else "", carved_policy_toml=st.policy_toml if st else "")
+
+    def plan(self, text: str, *, policy: Policy | None = None) -> Planned:
+        """What ``carve`` would do (``text`` "": the served policy). Reads only."""
+        text, policy = self._parse(text, policy)
+        digest = policy_digest(text)
+        with self.lock.shared("plan a carve", wait_s=self.wait_s):
+            st = load_state(self.where.state_dir)
+            result = plan_host(discover_for(policy, self.where), policy)
+            already = st is not None and st.digest == digest
+            if isinstance(result, NoFit):
+                return Planned(digest, None, result, already_carved=already)
+            unmovable: list = []
+            steps = plan_steps(result, handles_for(self.where.root, exclusive=policy.io_service.exclusive),
+                               unmovable)
+            return Planned(digest, result, None, steps, [str(u) for u in unmovable],
+                           vm_conflicts(result, self.vms.list()), already)
+
+    def carve(self, text: str, *, digest: str | None = None, policy: Policy | None = None) -> Carved:
+        """Carve the host for ``text`` (``policy``: already parsed by the caller, else
+        parsed here). ``digest``: the sha256 the caller planned with (the RPC's; the
+        command line read the text itself and gives none)."""
+        text, policy = self._parse(text, policy)
+        if digest is not None and digest != policy_digest(text):
+            raise DigestMismatch(f"{digest or '(none)'} is not the sha256 of the policy text "
+                                 f"({policy_digest(text)}): plan with the text you carve", field="policy_digest")
+        with self._exclusive("carve"):
+            layout = plan_host(discover_for(policy, self.where), policy)
+            if isinstance(layout, NoFit):
+                raise CarveNoFit(layout.reason, field=layout.field)
+            conflicts = vm_conflicts(layout, self.vms.list())
+            if conflicts:
+                raise VmsWouldNotFit("; ".join(conflicts), field="vm_conflicts")
+            try:
+                out = carve(text, policy, layout, root=self.where.root, state_dir=self.where.state_dir)
+            except Exception as e:
+                log.error("carve failed digest=%s error=%s", policy_digest(text)[:12], e)
+                detail = str(e) if isinstance(e, HostdError) else f"{type(e).__name__}: {e}"
+                raise CarveFailed(f"{detail}; every step of this carve was undone",
+                                  field=getattr(e, "field", None)) from e
+            if self.on_served is not None:
+                # Discover again: the carve made VFs (their PCI addresses are new VM devices).
+                self._serve(Served(text, out.digest, policy, discover_for(policy, self.where), layout,
+                                   "carve state"))
+            return out
+
+    def uncarve(self, *, drained: bool, dry_run: bool = False) -> list[Step]:
+        """Undo the journal, newest first (``dry_run``: what would be undone). Refused
+        while VMs run, and while VMs exist unless ``drained``."""
+        hold = self.lock.shared("plan an uncarve", wait_s=self.wait_s) if dry_run else self._exclusive("uncarve")
+        with hold:
+            vms = self.vms.list()
+            busy = [f"{r.name} ({r.vm_id}, {r.state})" for r in vms if r.state in BUSY_STATES]
+            if busy:
+                raise VmsRunning(f"VMs are running: {', '.join(busy)}; drain the host first", field="vms")
+            if vms and not drained:
+                raise NotDrained("VMs exist (" + ", ".join(f"{r.name} ({r.vm_id}, {r.state})" for r in vms)
+                                 + "): drain the host and say so (drained = true)", field="drained")
+            if dry_run:
+                return list(reversed(journal_steps(self.where.state_dir)))
+            undone = uncarve_host(self.where.state_dir, self.where.root)
+            if self.on_served is not None:
+                try:
+                    served = served_policy(self.where, prefer_carved=False)
+                except HostdError as e:  # keep serving what it served; a restart would refuse too
+                    log.warning("uncarved, but the policy file cannot be served (%s): keeping the layout", e)
+                else:
+                    self._serve(served)
+            return undone
+
+    def _serve(self, served: Served) -> None:
+        self.served = served
+        assert self.on_served is not None
+        try:
+            self.on_served(served)
+        except Exception:  # the carve is done; registration and the signal catch up on restart
+            log.exception("after the carve: updating the daemon failed")
