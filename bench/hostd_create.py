@@ -115,9 +115,9 @@ lock_guest_memory = false
 """)
     ready = work / "ready"
     env = {k: v for k, v in os.environ.items() if not k.startswith("HOSTD_")}
-    proc = subprocess.Popen([sys.executable, "-m", "hostd.cli", "--config", str(work / "hostd.toml"), "serve",
-                             "--ready-file", str(ready)], cwd=REPO, env=env,
-                            stdout=open(work / "hostd.log", "w"), stderr=subprocess.STDOUT)
+    with open(work / "hostd.log", "w") as log:  # the child keeps its own descriptor
+        proc = subprocess.Popen([sys.executable, "-m", "hostd.cli", "--config", str(work / "hostd.toml"), "serve",
+                                 "--ready-file", str(ready)], cwd=REPO, env=env, stdout=log, stderr=subprocess.STDOUT)
 
     def stop_hostd() -> None:
         if proc.poll() is None:

@@ -115,10 +115,11 @@ def run_placement(store: str, pg_port: int | None, hosts: list, reqs: list[Req],
     # On SQLite, Placement (oslo.db, no busy timeout) answers concurrent writers with 500
     # "database is locked" (seen with 2 workers): it gets one worker, one thread there.
     workers, threads = (1, 1) if pg_port is None else (workers, max(2, clients // workers))
-    proc = subprocess.Popen([str(venv / "bin" / "gunicorn"), "-w", str(workers), "-k", "gthread", "--threads",
-                             str(threads), "-b", f"127.0.0.1:{port}", "--log-level", "warning",
-                             "placement.wsgi.api:application"], env=env, stdout=open(log, "wb"),
-                            stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp)
+    with open(log, "wb") as log_f:  # the child keeps its own descriptor
+        proc = subprocess.Popen([str(venv / "bin" / "gunicorn"), "-w", str(workers), "-k", "gthread", "--threads",
+                                 str(threads), "-b", f"127.0.0.1:{port}", "--log-level", "warning",
+                                 "placement.wsgi.api:application"], env=env, stdout=log_f,
+                                stderr=subprocess.STDOUT, start_new_session=True, cwd=tmp)
     out = Result(label)
     try:
         wait_http(port, "/", proc, log)

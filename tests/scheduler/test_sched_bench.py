@@ -135,7 +135,7 @@ def test_openstack_placement_baseline_books_no_overcommit(pg_server: str, tmp_pa
     With Placement's default (10) this same run overcommits (its in-transaction retry
     counts the failed attempt's own rows as existing usage: scheduler/README.md)."""
     from tools.dev.schedbench import create_database, fleet, trace
-    from scheduler_osplacement import run_placement
+    from bench.scheduler_osplacement import run_placement
 
     port = int(pg_server.rsplit(":", 1)[1])
     create_database(port, "placement")

@@ -19,7 +19,13 @@ running() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 start_one() {  # name binary pidfile
   local name=$1 bin=$2 pidfile=$3
   if running "$pidfile"; then return 0; fi
-  "$bin" --daemon --pid-file "$pidfile"
+  # A daemon of the same kind that is still exiting (stopped by another test run a
+  # moment ago) holds the pidfile's lock: the new one refuses to start; try again.
+  for _ in $(seq 20); do
+    "$bin" --daemon --pid-file "$pidfile" && break
+    sleep 0.25
+    if running "$pidfile"; then return 0; fi
+  done
   for _ in $(seq 50); do running "$pidfile" && break; sleep 0.1; done
   running "$pidfile" || { echo "libvirtd-ctl: $name did not start" >&2; exit 1; }
   cp "$pidfile" "$state/$name.started"

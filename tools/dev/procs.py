@@ -94,8 +94,9 @@ class Daemon:
         self.proc: subprocess.Popen | None = None
 
     def spawn(self, **extra_env: str) -> subprocess.Popen:
-        self.proc = subprocess.Popen(self.argv, cwd=REPO, env=self.env | extra_env,
-                                     stdout=open(self.log, "a"), stderr=subprocess.STDOUT)
+        with open(self.log, "a") as log:  # the child keeps its own descriptor
+            self.proc = subprocess.Popen(self.argv, cwd=REPO, env=self.env | extra_env,
+                                         stdout=log, stderr=subprocess.STDOUT)
         return self.proc
 
     def died(self) -> None:

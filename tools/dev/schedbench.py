@@ -428,10 +428,11 @@ def postgres(settings: dict[str, str]) -> Iterator[tuple[str, int, int]]:
                         "-E", "UTF8", "--no-sync"], check=True, capture_output=True, cwd=base, **as_user)
         port = free_port()
         opts = [x for k, v in settings.items() for x in ("-c", f"{k}={v}")]
-        proc = subprocess.Popen([str(PG_BIN / "postgres"), "-D", str(base / "data"), "-p", str(port),
-                                 "-h", "127.0.0.1", "-k", str(base), *opts],
-                                stdout=open(base / "pg.log", "wb"), stderr=subprocess.STDOUT, cwd=base,
-                                start_new_session=True, **as_user)
+        with open(base / "pg.log", "wb") as log:  # the child keeps its own descriptor
+            proc = subprocess.Popen([str(PG_BIN / "postgres"), "-D", str(base / "data"), "-p", str(port),
+                                     "-h", "127.0.0.1", "-k", str(base), *opts],
+                                    stdout=log, stderr=subprocess.STDOUT, cwd=base,
+                                    start_new_session=True, **as_user)
         import psycopg
         deadline = time.monotonic() + 30
         while True:
