@@ -6,6 +6,7 @@ what they started (by PID), and remove what they created even when a test fails.
 
 from __future__ import annotations
 
+import fcntl
 import os
 import subprocess
 from collections.abc import Iterator
@@ -66,6 +67,33 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     for item in items:
         if "root" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(autouse=True)
+def _quiet_while_measuring(request: pytest.FixtureRequest,
+                           tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+    """Under pytest-xdist, a test marked ``quiet`` (it measures the machine: CPU time
+    on a CPU, latency percentiles, or moves every task of the machine) runs while no
+    other worker runs a test: every test holds a shared lock, a quiet one the exclusive
+    lock. A turnstile taken before either keeps the other workers from slipping in
+    their next test while a quiet one waits. Without xdist this does nothing."""
+    if "PYTEST_XDIST_WORKER" not in os.environ:
+        yield
+        return
+    base = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers
+    quiet = request.node.get_closest_marker("quiet") is not None
+    with open(base / "quiet.turnstile", "a") as turn, open(base / "quiet.lock", "a") as lock:
+        fcntl.flock(turn, fcntl.LOCK_EX)
+        try:
+            fcntl.flock(lock, fcntl.LOCK_EX if quiet else fcntl.LOCK_SH)
+        finally:
+            if not quiet:
+                fcntl.flock(turn, fcntl.LOCK_UN)
+        try:
+            yield
+        finally:
+            fcntl.flock(lock, fcntl.LOCK_UN)
+            fcntl.flock(turn, fcntl.LOCK_UN)
 
 
 @pytest.fixture(scope="session")

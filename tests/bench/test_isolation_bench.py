@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-pytestmark = [pytest.mark.integration, pytest.mark.root, pytest.mark.slow]
+pytestmark = [pytest.mark.integration, pytest.mark.root, pytest.mark.slow, pytest.mark.quiet]
 REPO = Path(__file__).resolve().parents[2]
 # cpuacct.usage and sum_exec_runtime advance at scheduler ticks, so a single 10 ms window
 # can read up to ~1.35x what ran in it (the max); the p99 of the windows does not move.

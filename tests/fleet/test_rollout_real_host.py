@@ -24,7 +24,7 @@ from rollout_cli import rollout
 
 from api import hostd_pb2 as pb
 
-pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.integration]
+pytestmark = [pytest.mark.slow, pytest.mark.root, pytest.mark.integration, pytest.mark.quiet]
 POOL = Path("/sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages")
 CPUSET = Path("/sys/fs/cgroup/cpuset")
 # One policy both kinds of host take: the IO service matched as "ossd" (the simulated

@@ -14,7 +14,7 @@ from hostd.apply.cgroups import find_cpuset_fs, pid_cpuset_cgroup
 from hostd.apply.live_carve import HostHandles, Journal, apply_layout, uncarve
 from hostd.apply.steps import Context, SystemMounter
 
-pytestmark = [pytest.mark.root, pytest.mark.integration]
+pytestmark = [pytest.mark.root, pytest.mark.integration, pytest.mark.quiet]
 
 ROOT = Path("/")
 POOL = Path("/sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages")

@@ -22,7 +22,7 @@ from hostd.apply.live_carve import HostHandles, Journal, apply_layout, uncarve
 from hostd.apply.steps import Context, SystemMounter
 from hostd.health.sampler import Sampler, Where
 
-pytestmark = [pytest.mark.root, pytest.mark.integration]
+pytestmark = [pytest.mark.root, pytest.mark.integration, pytest.mark.quiet]
 ROOT = Path("/")
 WQ = Path("/sys/devices/virtual/workqueue/cpumask")
 

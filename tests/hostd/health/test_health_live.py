@@ -32,6 +32,7 @@ def sampled(s: Sampler) -> list:
 
 
 @pytest.mark.integration
+@pytest.mark.quiet  # the CPU time on one CPU, which another worker's test would share
 def test_a_foreign_busy_loop_on_io_cpus_rises_and_falls() -> None:
     io_cpu = max(os.sched_getaffinity(0))
     loop = subprocess.Popen([sys.executable, "-c", f"import os; os.sched_setaffinity(0, {{{io_cpu}}})\n"
@@ -70,6 +71,7 @@ class _Slow(http.server.BaseHTTPRequestHandler):
         pass
 
 
+@pytest.mark.quiet  # latency buckets
 def test_the_probe_histogram_counts_the_real_latency() -> None:
     srv = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _Slow)
     threading.Thread(target=srv.serve_forever, daemon=True).start()

@@ -30,6 +30,7 @@ def test_verdict() -> None:
 
 @pytest.mark.root
 @pytest.mark.integration
+@pytest.mark.quiet  # CPU per exit
 def test_tiny_run_end_to_end(helper, kvm_events) -> None:
     out = subprocess.run([sys.executable, str(REPO / "bench/kvm_utils_overhead.py"), "--pairs", "1",
                           "--toggle-pairs", "4", "--iterations", "3000", "--modes", "exits,latency", "--json"],
