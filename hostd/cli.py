@@ -108,13 +108,15 @@ def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     logging.basicConfig(level=logging.INFO if args.verbose or args.cmd == "serve" else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s %(message)s", stream=sys.stderr)
-    console = Console()
+    # soft_wrap: a line is never broken at the terminal's width (a path in an error,
+    # a step, piped into a log or read by a script); tables still fit the width
+    console = Console(soft_wrap=True)
     from hostd import commands  # the heavy imports only once arguments parsed
 
     try:
         return commands.run(args, console)
     except HostdError as e:
-        Console(stderr=True).print(f"[red]error[/red] {escape(str(e))}", highlight=False)
+        Console(stderr=True, soft_wrap=True).print(f"[red]error[/red] {escape(str(e))}", highlight=False)
         return 1
     except BrokenPipeError:
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())

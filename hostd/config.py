@@ -46,7 +46,7 @@ class HostdConfig(BaseSettings):
     # Guest tuning profiles a VM may name (guestimages/profiles/*.toml).
     profiles_dir: Path = Path(__file__).resolve().parents[1] / "guestimages" / "profiles"
     # <memoryBacking><locked/>: keep guest RAM unswappable. Needs RLIMIT_MEMLOCK
-    # for QEMU under libvirtd; off where the host cannot grant it (README).
+    # for QEMU under libvirtd; off where the host cannot grant it (docs/design-notes.md).
     lock_guest_memory: bool = True
     # Seconds between libvirt liveness checks (reconnect + resync on loss).
     watchdog_s: float = 2.0

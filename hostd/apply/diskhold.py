@@ -6,7 +6,7 @@ none of them can take it. Held from right before the domain is defined until QEM
 has opened the disk, it closes the window between the handover checks
 (``hostd/discover/diskuse.py``) and QEMU's open. QEMU opens without O_EXCL (libvirt
 offers no exclusive open for block disks), so once our hold is released a host
-mount of the disk would succeed again: README, security, says what remains.
+mount of the disk would succeed again: docs/security.md says what remains.
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ index only has to be fresh enough that claims rarely re-fit. Three ways in:
   they moved, hosts deleted from the table dropped. Nothing the scheduler does deletes
   a host, so this is the safety net (every 5 minutes by default). It used to run every
   10 s to see heartbeats: 125-190 ms of CPU at 10,000 hosts, the open-loop p99's largest
-  single cause (README).
+  single cause (scheduler/README.md).
 """
 
 from __future__ import annotations

@@ -17,7 +17,7 @@ REPO = Path(__file__).resolve().parents[2]
 
 
 def test_placement_bench_tiny():
-    out = subprocess.run([sys.executable, str(REPO / "bench/placement.py"), "--hosts", "20", "--requests", "60",
+    out = subprocess.run([sys.executable, str(REPO / "bench/placement.py"), "--hosts", "20", "--requests", "300",
                           "--clients", "4", "--stores", "sqlite", "--no-openstack"],
                          capture_output=True, text=True, timeout=240, cwd=REPO)
     assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
@@ -25,6 +25,7 @@ def test_placement_bench_tiny():
     assert row.rstrip().endswith("none"), row  # overcommit column
     assert "offline FFD places" in out.stdout
     # the claim thread is found by its OS thread name (hyb-claims) and did the claiming
+    # (300 requests: the kernel counts thread CPU in 10 ms ticks, 60 claims can stay under one)
     cpu = next(ln for ln in out.stdout.splitlines() if "server CPU per create request" in ln)
     claim = float(cpu.split("claim thread ")[1].split(",")[0])
     assert claim > 0, cpu
