@@ -69,6 +69,27 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
             item.add_marker(skip)
 
 
+class _GroupsApplied:
+    """Under ``--dist loadgroup`` xdist renames each grouped test ``<id>@<group>``; where
+    it could not (pytest 9.2 keeps the id elsewhere), the machine tests would run side by
+    side on every worker: stop rather than run that way. (A plugin object: the
+    conftest's own collection hook runs first, this one last.)"""
+
+    @pytest.hookimpl(trylast=True)
+    def pytest_collection_modifyitems(self, config: pytest.Config, items: list[pytest.Item]) -> None:
+        if not getattr(config.option, "loadgroup", False) or "PYTEST_XDIST_WORKER" not in os.environ:
+            return
+        lost = [it.nodeid for it in items if it.get_closest_marker("xdist_group") and "@" not in it.nodeid]
+        if lost:
+            raise pytest.UsageError(f"pytest-xdist did not apply the test groups ({len(lost)} tests, e.g. "
+                                    f"{lost[0]}): this pytest and pytest-xdist do not work together; "
+                                    "see the pins in setup.cfg")
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.pluginmanager.register(_GroupsApplied(), "hyb-groups-applied")
+
+
 @pytest.fixture(autouse=True)
 def _quiet_while_measuring(request: pytest.FixtureRequest,
                            tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:

@@ -62,6 +62,7 @@ from xml.sax.saxutils import escape
 
 import httpx
 from tools.dev.fleetsim_tree import CPUSET, IO_TAG, POOL, Animator, write_tree
+from tools.dev.procs import toml_value
 
 REPO = Path(__file__).resolve().parents[2]
 POLICY = f"""# fleetsim: what every simulated host carves
@@ -211,8 +212,8 @@ class SimFleet:
             "io_probe_timeout_s": 0.5,
             # the build this host runs (what a hostd rollout changes): "<version>+<id>"
             "release_file": h.state_dir / "release-id"}
-        text = "".join(f"{k} = {_toml(v)}\n" for k, v in keys.items())
-        text += "[labels]\n" + "".join(f"{k} = {_toml(v)}\n" for k, v in h.labels.items())
+        text = "".join(f"{k} = {toml_value(v)}\n" for k, v in keys.items())
+        text += "[labels]\n" + "".join(f"{k} = {toml_value(v)}\n" for k, v in h.labels.items())
         h.config_path.write_text(text)
 
     def start(self, timeout_s: float = 600) -> None:
@@ -507,14 +508,6 @@ def _free_ports(n: int) -> list[int]:
     finally:
         for s in socks:
             s.close()
-
-
-def _toml(v: object) -> str:
-    if isinstance(v, bool):
-        return "true" if v else "false"
-    if isinstance(v, (int, float)):
-        return str(v)
-    return json.dumps(str(v))  # a JSON string is a valid TOML basic string
 
 
 def sha256(token: str) -> str:

@@ -76,11 +76,12 @@ def write_hostd_config(path: Path, *, policy: Path, state: Path, images: Path, c
         "listen": listen, "metrics_listen": "", "tls_cert": str(certs / "hostd.crt"),
         "tls_key": str(certs / "hostd.key"), "tls_ca": str(certs / "ca.crt"),
         "lock_guest_memory": False, "libvirt_uri": libvirt_uri, **extra}
-    path.write_text("".join(f"{k} = {_toml(v)}\n" for k, v in keys.items()))
+    path.write_text("".join(f"{k} = {toml_value(v)}\n" for k, v in keys.items()))
     return path
 
 
-def _toml(v: object) -> str:
+def toml_value(v: object) -> str:
+    """A scalar as a TOML value (the configs the tests and the fleet simulator write)."""
     if isinstance(v, bool):
         return "true" if v else "false"
     if isinstance(v, (int, float)):
