@@ -60,7 +60,9 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         g = groups[item]
         w = 2 if g == "machine" else 1 if item.get_closest_marker("slow") else 0
         weight[g] = max(weight.get(g, 0), w)
-    items.sort(key=lambda it: -weight[groups[it]])  # stable: collection order within
+    # Within a group, quiet tests last: by then the other workers run short tests, so a
+    # quiet test waits little for theirs to end (first, it would wait for the longest).
+    items.sort(key=lambda it: (-weight[groups[it]], it.get_closest_marker("quiet") is not None))
     if os.geteuid() == 0:
         return
     skip = pytest.mark.skip(reason="needs root (runs in CI, which is root)")

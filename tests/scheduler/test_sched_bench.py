@@ -96,7 +96,7 @@ def test_server_cpu_keeps_the_time_of_threads_that_ended():
         after = server_cpu([proc.pid])
     finally:
         proc.kill()
-        proc.wait()
+        proc.communicate()  # reaps it and closes both pipes
     assert before["other"] >= 0.25, before  # the burner, alive
     assert after["other"] - before["other"] >= 0, (before, after)  # and gone: still counted
     assert after["event loop"] >= before["event loop"], (before, after)

@@ -81,7 +81,7 @@ def forker():
             except ProcessLookupError:
                 pass
         p.kill()
-        p.wait()
+        p.communicate()  # reaps it and closes both pipes
 
 
 def test_carve_takes_io_cpus_from_everything_else_and_uncarve_gives_them_back(procs, forker, tmp_path: Path) -> None:

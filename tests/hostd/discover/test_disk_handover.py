@@ -134,7 +134,7 @@ def test_a_disk_held_open_raw_is_refused(manager, loop_disk: Path) -> None:
         refused(manager(), loop_disk, f"held open by pid {holder.pid}")
     finally:
         holder.kill()
-        holder.wait()
+        holder.communicate()  # reaps it and closes the pipe
     assert probe(loop_disk) == []
 
 
@@ -153,7 +153,7 @@ def test_a_mount_in_another_namespace_is_refused(manager, loop_disk: Path, tmp_p
         refused(manager(wipe_ok=(loop_disk.name,)), loop_disk, f"in the mount namespace of pid {ns.pid}")
     finally:
         ns.kill()
-        ns.wait()
+        ns.communicate()  # reaps it and closes the pipe
     deadline = time.monotonic() + 5  # the namespace (and its mount) goes with its last process
     while probe(loop_disk, wipe_ok=(loop_disk.name,)) and time.monotonic() < deadline:
         time.sleep(0.1)
