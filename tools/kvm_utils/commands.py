@@ -4,31 +4,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import sys
-from contextlib import contextmanager
-from collections.abc import Iterator
 
 from tools.kvm_utils.render import render
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, handled like Ctrl-C so summaries print and tracing state is cleaned up."""
-
-
-@contextmanager
-def sigterm_as_interrupt() -> Iterator[None]:
-    def handler(signum, frame):
-        raise Terminated()
-    old = signal.signal(signal.SIGTERM, handler)
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGTERM, old)
+from tools.kvm_utils.stopping import stop_signals_interrupt
 
 
 def run(args: argparse.Namespace) -> int:
-    with sigterm_as_interrupt():
+    with stop_signals_interrupt():
         return _COMMANDS[args.cmd](args)
 
 

@@ -26,6 +26,7 @@ from tools.kvm_utils.errors import NotAvailable
 from tools.kvm_utils.record import host_vendor
 from tools.kvm_utils.sources import perf
 from tools.kvm_utils.sources.tracefs import available_kvm_events, tracefs_mounted, tracepoint_id
+from tools.kvm_utils.stopping import block_in_this_thread, deferred
 
 log = logging.getLogger(__name__)
 
@@ -130,7 +131,7 @@ class BpfCounters:
     (sources/bpfcount.py): every thread is seen without add_target, any number of reasons
     for one map update per exit. The program prints its (cumulative) maps every `flush_s`;
     a reader thread adds what changed to what the next delta() returns. close()
-    stops bpftrace (SIGINT: it prints what is left) and waits for the last counts, which
+    stops bpftrace (bpf.stop: it prints what is left) and waits for the last counts, which
     one more delta() returns."""
 
     def __init__(self, tracefs: Path, pids: set[int], flush_s: float = 0.25) -> None:
@@ -163,6 +164,7 @@ class BpfCounters:
 
     def _read(self) -> None:
         from tools.kvm_utils.sources import bpfcount
+        block_in_this_thread()
         maps: dict[str, dict] = {}
         deltas = bpfcount.Deltas()
 
@@ -190,14 +192,8 @@ class BpfCounters:
         return d
 
     def close(self) -> None:
-        import signal
-        if self._proc.poll() is None:
-            os.kill(self._proc.pid, signal.SIGINT)
-        try:
-            self._proc.wait(timeout=60)
-        except Exception:
-            self._proc.kill()
-            self._proc.wait()
+        from tools.kvm_utils.sources import bpf
+        bpf.stop(self._proc).join()
         self._reader.join(timeout=30)
 
 
@@ -283,14 +279,16 @@ def run_exits(args: argparse.Namespace) -> int:
             while deadline is None or time.monotonic() < deadline:
                 step = args.interval if deadline is None else min(args.interval, deadline - time.monotonic())
                 time.sleep(max(0.0, step))
-                d = counters.delta()
-                totals.update(d)
+                with deferred():        # a stop signal must not fall between taking and adding
+                    d = counters.delta()
+                    totals.update(d)
                 if not args.quiet and args.format == "table":
                     print(interval_line(d, time.monotonic() - t0, step), flush=True)
                 pick_up_new_threads(counters, args, engine, system, seen)
-        except KeyboardInterrupt:
+        except KeyboardInterrupt:           # Ctrl-C, SIGTERM (stopping.py)
             pass
-        totals.update(counters.delta())
+        with deferred():
+            totals.update(counters.delta())
     finally:
         elapsed = time.monotonic() - t0
         counters.close()

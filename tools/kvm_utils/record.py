@@ -14,6 +14,7 @@ from pathlib import Path
 from tools.kvm_utils import procs
 from tools.kvm_utils.sources import recordfile, tracefs
 from tools.kvm_utils.sources.tracetext import KVM_EVENTS
+from tools.kvm_utils.stopping import stop_requests
 
 log = logging.getLogger(__name__)
 
@@ -40,7 +41,7 @@ def host_vendor(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
 
 def record(trace_root: Path, output: Path, duration: float | None, buffer_kb: int = 8192,
            proc: Path = Path("/proc"), should_stop=lambda: False, on_ready=lambda: None) -> RecordResult:
-    """Record until `duration` seconds pass, `should_stop()` or Ctrl-C; the file is complete either way.
+    """Record until `duration` seconds pass, `should_stop()`, Ctrl-C or SIGTERM; the file is complete either way.
     `on_ready()` is called once tracing is on (every event from then on is recorded)."""
     threads = procs.thread_map(procs.vm_processes(proc))
     header = recordfile.Header(kernel=platform.release(), vendor=host_vendor(), started=time.time(),
@@ -51,31 +52,29 @@ def record(trace_root: Path, output: Path, duration: float | None, buffer_kb: in
     lines = lost = 0
     seen: set[int] = set()
     t0 = time.monotonic()
+    stop_asked: list[bool] = []
     try:
-        with os.fdopen(fd, "w") as body, tracefs.instance(trace_root, list(KVM_EVENTS), buffer_kb) as inst:
+        # a stop signal only asks to stop: the reader switches tracing off and drains the
+        # buffer, and no line is dropped half-handled (as KeyboardInterrupt could)
+        with stop_requests(lambda: stop_asked.append(True)), os.fdopen(fd, "w") as body, \
+                tracefs.instance(trace_root, list(KVM_EVENTS), buffer_kb) as inst:
             header.events = inst.events
             on_ready()
             stop_at = None if duration is None else t0 + duration
-            stopping: list[bool] = []
-            lines_in = inst.pipe_lines(stop_at, lambda: bool(stopping) or should_stop())
-            while True:
-                try:
-                    for line in lines_in:
-                        m = _TID.search(line)
-                        if m and int(m.group(1)) not in seen:   # name a thread while it is alive
-                            tid = int(m.group(1))
-                            seen.add(tid)
-                            info = procs.thread_info(proc, tid)
-                            if info is not None:
-                                threads.setdefault(tid, info)
-                        elif m is None and (m := _LOST.search(line)):
-                            lost += int(m.group(1))
-                        body.write(line + "\n")
-                        lines += 1
-                    break
-                except KeyboardInterrupt:      # raised while writing: resume, the reader drains
-                    log.info("event=record_interrupted lines=%d", lines)
-                    stopping.append(True)
+            for line in inst.pipe_lines(stop_at, lambda: bool(stop_asked) or should_stop()):
+                m = _TID.search(line)
+                if m and int(m.group(1)) not in seen:   # name a thread while it is alive
+                    tid = int(m.group(1))
+                    seen.add(tid)
+                    info = procs.thread_info(proc, tid)
+                    if info is not None:
+                        threads.setdefault(tid, info)
+                elif m is None and (m := _LOST.search(line)):
+                    lost += int(m.group(1))
+                body.write(line + "\n")
+                lines += 1
+            if stop_asked:
+                log.info("event=record_stopped_by_signal lines=%d", lines)
         header.duration_s = round(time.monotonic() - t0, 3)
         header.lost_events = lost
         # threads seen at the start or the end: vCPUs created during the run are named too

@@ -20,6 +20,7 @@ from tools.kvm_utils.diagnose.rules import Diagnosis
 from tools.kvm_utils.errors import KvmUtilsError
 from tools.kvm_utils.sources import bpf, recordfile
 from tools.kvm_utils.sources.tracetext import detect_vendor, parse_lines, vcpu_of_task
+from tools.kvm_utils.stopping import block_in_this_thread
 
 log = logging.getLogger(__name__)
 
@@ -101,6 +102,7 @@ class _ThreadNamer:
         self._thread = threading.Thread(target=self._loop, name="kvmu-namer", daemon=True)
 
     def _loop(self) -> None:
+        block_in_this_thread()
         while not self._stop.wait(self.every):
             self.threads.update(_threads_now(self.proc))
 

@@ -12,11 +12,11 @@ from __future__ import annotations
 
 import json
 import logging
-import os
 import shutil
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -24,6 +24,7 @@ from collections.abc import Iterable
 from tools.kvm_utils.aggregate import AccessRow, Bucket, ReasonRow, Stats, Summary, VcpuRow, pct
 from tools.kvm_utils.arch import ISA_TO_VENDOR, exit_reason_name
 from tools.kvm_utils.errors import KvmUtilsError, NotAvailable
+from tools.kvm_utils.stopping import STOP_SIGNALS, block_in_this_thread
 
 log = logging.getLogger(__name__)
 
@@ -169,24 +170,55 @@ def to_summary(maps: dict[str, dict[tuple[int, ...], int]], mode: str) -> Summar
 
 
 def spawn(program: str, bpftrace: str = "bpftrace") -> subprocess.Popen:
-    """bpftrace running `program` with JSON output. It gets SIGTERM if we die (even by
-    SIGKILL), so its probes never outlive us."""
+    """bpftrace running `program` with JSON output; `stop()` makes it print its maps and
+    exit. It is killed if we die (even by SIGKILL), so its probes never outlive us."""
     exe = shutil.which(bpftrace)
     if exe is None:
         raise NotAvailable("bpftrace not found: apt-get install bpftrace")
     return subprocess.Popen([exe, "-f", "json", "-e", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=_die_with_parent)
+                            text=True, preexec_fn=_child_setup)
 
 
-def _die_with_parent() -> None:
+def _child_setup() -> None:
+    """In the child before exec: SIGKILL when the parent dies (no one reads its maps then,
+    and its probes go with its file descriptors; a catchable signal can be lost, see
+    stop()); SIGINT at its default and the stop signals unblocked: an ignored or blocked
+    signal stays so across exec (a background job's SIGINT is ignored), and bpftrace 0.17
+    catches SIGINT anyway, but how we stop it must not depend on that."""
     import ctypes
     PR_SET_PDEATHSIG = 1
-    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGTERM)
+    ctypes.CDLL(None, use_errno=True).prctl(PR_SET_PDEATHSIG, signal.SIGKILL)
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
+    signal.pthread_sigmask(signal.SIG_UNBLOCK, STOP_SIGNALS)
+
+
+def stop(proc: subprocess.Popen, every: float = 1.0, give_up: float = 60.0) -> threading.Thread:
+    """Make bpftrace print its maps and exit, from a thread (the caller reads its output
+    meanwhile; join the thread to wait): SIGINT, sent again every `every` s while it runs,
+    SIGKILL after `give_up` s. Once is not enough: bpftrace 0.17's handler only sets a flag,
+    which its event loop reads when the signal interrupts epoll_wait or an event arrives, so
+    a SIGINT landing just outside epoll_wait (e.g. while it prints its ready line) is never
+    acted on by a program without periodic output."""
+    def loop() -> None:
+        block_in_this_thread()
+        deadline = time.monotonic() + give_up
+        while time.monotonic() < deadline:
+            proc.send_signal(signal.SIGINT)       # a no-op once it has exited
+            try:
+                proc.wait(timeout=every)
+                return
+            except subprocess.TimeoutExpired:
+                log.info("event=bpftrace_stop_resent pid=%d", proc.pid)
+        log.error("event=bpftrace_killed pid=%d after_s=%g", proc.pid, give_up)
+        proc.kill()
+    t = threading.Thread(target=loop, name="kvmu-bpftrace-stop", daemon=True)
+    t.start()
+    return t
 
 
 def run_script(program: str, ready_message: str, bpftrace: str = "bpftrace") -> tuple[str, float]:
     """Run a bpftrace program (-f json) that prints `kvm-utils-ready` in BEGIN, until it exits
-    or Ctrl-C (forwarded as SIGINT: bpftrace then prints its maps). Returns (stdout, seconds
+    or Ctrl-C/SIGTERM (then `stop()`: bpftrace prints its maps). Returns (stdout, seconds
     from ready to the end), printing `ready_message` to stderr once every probe is attached."""
     proc = spawn(program, bpftrace)
     lines: list[str] = []
@@ -199,9 +231,9 @@ def run_script(program: str, ready_message: str, bpftrace: str = "bpftrace") -> 
                     print(ready_message, file=sys.stderr, flush=True)
                 lines.append(line)
         except KeyboardInterrupt:
-            if proc.poll() is None:
-                os.kill(proc.pid, signal.SIGINT)     # bpftrace prints its maps on SIGINT
+            stopping = stop(proc)
             lines.extend(proc.stdout)
+            stopping.join()
         proc.wait(timeout=60)
         err = proc.stderr.read()
     finally:

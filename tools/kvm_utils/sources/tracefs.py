@@ -1,7 +1,7 @@
 """tracefs: find or mount it, and a private ftrace instance that is always removed.
 
 Tracing is switched on inside a context manager that switches it off and removes the
-instance in `finally` (also on Ctrl-C/SIGTERM, which `commands` turns into exceptions),
+instance in `finally` (also on Ctrl-C/SIGTERM: stopping.py),
 so the host's own tracing (top-level buffer, other instances) is never touched.
 """
 
