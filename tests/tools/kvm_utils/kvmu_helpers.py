@@ -4,6 +4,7 @@ imports every conftest.py as `conftest`, so tests must not import from one)."""
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import sys
 import time
@@ -12,9 +13,44 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[3]
 
 
-def kvm_utils_popen(*args: str) -> subprocess.Popen:
+def kvm_utils_popen(*args: str, sigint: int = signal.SIG_DFL) -> subprocess.Popen:
+    """`kvm-utils *args`, started as from a terminal: SIGINT at its default, whatever this
+    process inherited (a suite started as a background job runs with SIGINT ignored, and
+    an ignored signal stays ignored across fork and exec). `sigint=signal.SIG_IGN` starts
+    it as a shell starts a background job."""
     return subprocess.Popen([sys.executable, "-m", "tools.kvm_utils", *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
+
+
+def sigint_disposition(pid: int) -> str:
+    """"ignored", "caught" or "default": SIGINT in /proc/PID/status."""
+    fields = dict(ln.split(":\t", 1) for ln in Path(f"/proc/{pid}/status").read_text().splitlines() if ":\t" in ln)
+    bit = 1 << (signal.SIGINT - 1)
+    return ("ignored" if int(fields["SigIgn"], 16) & bit else
+            "caught" if int(fields["SigCgt"], 16) & bit else "default")
+
+
+def children(pid: int) -> list[int]:
+    return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+
+
+def task_state(pid: int) -> str:
+    """State, signal masks and where a task waits in the kernel: for assertion messages."""
+    try:
+        status = [ln for ln in Path(f"/proc/{pid}/status").read_text().splitlines()
+                  if ln.startswith(("State", "PPid", "Sig", "ShdPnd"))]
+        return "; ".join(status + [f"wchan: {Path(f'/proc/{pid}/wchan').read_text()}"])
+    except OSError as e:
+        return f"gone ({e})"
+
+
+def alive(pid: int) -> bool:
+    """Running (a zombie waiting for init to reap it has let go of its probes)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def wait_for(predicate, timeout: float = 20.0, what: str = "condition") -> None:
@@ -55,6 +91,15 @@ def instance_of(tracefs_root: Path, pid: int) -> Path | None:
         if ready:
             return p
     return None
+
+
+def only_pid(path: Path, pid: int) -> dict:
+    """The JSON report of a record file, for the events of one process only."""
+    from tools.kvm_utils.render.json import to_dict
+    from tools.kvm_utils.report import summarize_lines
+    lines = path.read_text().splitlines()
+    mine = [lines[0]] + [ln for ln in lines[1:] if f"-{pid} " in ln]
+    return to_dict(summarize_lines(mine))
 
 
 def stop(proc: subprocess.Popen, sig: int = 2, timeout: float = 30) -> tuple[str, str]:

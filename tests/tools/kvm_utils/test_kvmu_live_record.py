@@ -14,9 +14,7 @@ import sys
 
 import pytest
 
-from kvmu_helpers import REPO, instance_dirs, instance_of, kvm_utils_popen, stop, wait_for
-from tools.kvm_utils.report import summarize_lines
-from tools.kvm_utils.render.json import to_dict
+from kvmu_helpers import REPO, instance_dirs, instance_of, kvm_utils_popen, only_pid, stop, wait_for
 
 pytestmark = [pytest.mark.root, pytest.mark.integration]
 
@@ -40,12 +38,6 @@ def record_while(tracefs_root, tmp_path, runs):
     assert proc.returncode == 0, err
     assert instance_dirs(tracefs_root, proc.pid) == []
     return path, results
-
-
-def only_pid(path, pid: int) -> dict:
-    lines = path.read_text().splitlines()
-    mine = [lines[0]] + [ln for ln in lines[1:] if f"-{pid} " in ln]
-    return to_dict(summarize_lines(mine))
 
 
 def test_record_counts_pio_msr_mmio_exactly(helper, kvm_events, tracefs_root, tmp_path, no_leftover_instances):
@@ -75,19 +67,6 @@ def test_record_counts_pio_msr_mmio_exactly(helper, kvm_events, tracefs_root, tm
     d = only_pid(path, kpio["pid"])   # PIC port 0x21 is handled by the in-kernel irqchip
     assert [(p["port"], p["dir"], p["count"]) for p in d["pio"]] == [("0x21", "IN", 20), ("0xf1", "OUT", 1)]
     assert d["userspace_exits"] == [{"reason": "IO", "count": 1}]
-
-
-def test_record_sigterm_still_writes_file_and_removes_instance(helper, kvm_events, tracefs_root, tmp_path,
-                                                               no_leftover_instances):
-    path = tmp_path / "t.kvmu"
-    proc = kvm_utils_popen("record", "-o", str(path))
-    try:
-        wait_for(lambda: instance_of(tracefs_root, proc.pid) is not None, what="record's ftrace instance")
-        g = guest(helper, "pio_out", 7)
-    finally:
-        stop(proc, signal.SIGTERM)
-    assert instance_dirs(tracefs_root, proc.pid) == []
-    assert only_pid(path, g["pid"])["pio"][0]["count"] == 7
 
 
 def test_record_with_duration_stops_by_itself(helper, kvm_events, tmp_path, no_leftover_instances):
