@@ -6,6 +6,7 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 from typing import Literal
+from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -52,6 +53,11 @@ class HostdConfig(BaseSettings):
     watchdog_s: float = 2.0
     # Prometheus text endpoint (host:port); empty = off.
     metrics_listen: str = "127.0.0.1:9743"
+    # The URL Prometheus scrapes, registered with the scheduler, which lists it for
+    # Prometheus's service discovery (GET /v1/prometheus/targets): "http(s)://host:port/path".
+    # Default: metrics_listen's host (advertise_address's host when metrics_listen listens on
+    # every address) and port, path /metrics. Ignored when metrics_listen is empty.
+    metrics_url: str = ""
     # The scheduler this host registers with (empty = standalone, no registration).
     scheduler_url: str = ""
     # File holding the bearer token with the scheduler's "host" scope.
@@ -99,6 +105,14 @@ def load_config(path: Path | None) -> HostdConfig:
         Probe.parse(cfg.io_probe, cfg.io_probe_timeout_s)
     except ProbeSpecError as e:
         raise ConfigError(str(e), field="io_probe") from None
+    if cfg.metrics_url:
+        u = urlsplit(cfg.metrics_url)
+        try:
+            port = u.port
+        except ValueError:
+            port = None
+        if u.scheme not in ("http", "https") or not u.hostname or not port or u.query or u.fragment:
+            raise ConfigError(f"{cfg.metrics_url!r} is not http(s)://host:port/path", field="metrics_url")
     tls = [cfg.tls_cert, cfg.tls_key, cfg.tls_ca]
     if any(tls) and not all(tls):
         raise ConfigError("give tls_cert, tls_key and tls_ca together", field="tls_cert")

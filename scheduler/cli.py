@@ -176,7 +176,8 @@ def main(argv: list[str] | None = None) -> int:
     tk.add_argument("--url", help="database URL (overrides the config)")
     tk.add_argument("--name", help="create: the principal; revoke: revoke all of its tokens")
     tk.add_argument("--scope", action="append", default=[],
-                    help="create: admin, host, host:<name> or tenant:<name>; repeatable")
+                    help="create: admin, host, host:<name>, tenant:<name> or prometheus "
+                         "(reads GET /v1/prometheus/targets only); repeatable")
     tk.add_argument("--ttl", help="create: lifetime such as 3600s, 12h, 90d (default: never expires)")
     tk.add_argument("--note", default="", help="create: what the token is for")
     tk.add_argument("--json", action="store_true", help="list: JSON")

@@ -51,7 +51,7 @@ from hostd.health.sampler import Where as SampleWhere
 from hostd.metrics import Metrics
 from hostd.rpc.callers import CallerCheck
 from hostd.rpc.health import HealthCheck
-from hostd.rpc.register import Registrar, registration
+from hostd.rpc.register import Registrar, metrics_url, registration
 from hostd.rpc.servicer import HostdService
 
 log = logging.getLogger(__name__)
@@ -84,7 +84,7 @@ class Daemon:
         if self.sampler:
             self.sampler.io_cpus, self.sampler.where = s.layout.io_cpus, _sampler_where(self.cfg, s.layout)
         if self.registrar:
-            self.registrar.update(_registration(self.cfg, s.topo, s.layout, self.manager, self.port))
+            self.registrar.update(_registration(self.cfg, s, self.manager, self.port))
 
     def stop(self, grace_s: float = 5.0) -> None:
         """Stop serving, then stop everything that writes to the ledger (the watchdog,
@@ -220,7 +220,7 @@ def start(cfg: HostdConfig) -> Daemon:
         start_http_server(int(mport), addr=host.strip("[]") or "0.0.0.0", registry=metrics.registry)
     log.info("hostd serving listen=%s port=%d tls=%s virt_type=%s vms=%d", cfg.listen, port,
              creds is not None, cfg.virt_type, len(manager.list()))
-    registrar = _registrar(cfg, topo, layout, manager, port, sampler)
+    registrar = _registrar(cfg, served, manager, port, sampler)
     d = Daemon(cfg, topo, layout, manager, lv, server, port, stop_event, registrar, sampler, watchdog_thread)
     after.append(d.served)
     return d
@@ -274,14 +274,23 @@ def _sampler_where(cfg: HostdConfig, layout: Layout) -> SampleWhere:
     return SampleWhere(io_dir, vm_dir, psi=psi, throttle_cgroup=throttle)
 
 
-def _registration(cfg: HostdConfig, topo: Topology, layout: Layout, manager: VmManager, port: int) -> dict:
+CARVED = "carve state"  # Served.source of a carved host (hostd/apply/carve_service.py)
+
+
+def _registration(cfg: HostdConfig, served: Served, manager: VmManager, port: int) -> dict:
+    topo, layout = served.topo, served.layout
     name = cfg.host_name or topo.host.hostname or socket.gethostname()
-    return registration(topo, layout, name=name, address=cfg.advertise_address or f"{name}:{port}",
-                        rack=cfg.rack, labels=dict(cfg.labels),
-                        min_rate={p.name: manager.min_rate_supported(p.name) for p in layout.pfs})
+    address = cfg.advertise_address or f"{name}:{port}"
+    metrics = (cfg.metrics_url or metrics_url(metrics_listen=cfg.metrics_listen,
+                                              advertise_host=address.rpartition(":")[0].strip("[]"))
+               ) if cfg.metrics_listen else ""
+    return registration(topo, layout, name=name, address=address, rack=cfg.rack, labels=dict(cfg.labels),
+                        min_rate={p.name: manager.min_rate_supported(p.name) for p in layout.pfs},
+                        metrics_url=metrics, hostd_version=hostd_version(cfg.release_file),
+                        carved_policy=served.digest if served.source == CARVED else "")
 
 
-def _registrar(cfg: HostdConfig, topo: Topology, layout: Layout, manager: VmManager,
+def _registrar(cfg: HostdConfig, served: Served, manager: VmManager,
                port: int, sampler: Sampler | None) -> Registrar | None:
     if not cfg.scheduler_url:
         return None
@@ -291,7 +300,7 @@ def _registrar(cfg: HostdConfig, topo: Topology, layout: Layout, manager: VmMana
         token = cfg.scheduler_token_file.read_text().strip()
     except OSError as e:
         raise ConfigError(f"{e.filename}: {e.strerror}", field="scheduler_token_file") from None
-    body = _registration(cfg, topo, layout, manager, port)
+    body = _registration(cfg, served, manager, port)
     r = Registrar(cfg.scheduler_url, token, body, interval_s=cfg.heartbeat_s, ca=cfg.scheduler_ca, stats=sampler)
     r.start()
     return r

@@ -33,14 +33,38 @@ def disk_class(topo: Topology, name: str) -> str:
 
 
 def registration(topo: Topology, layout: Layout, *, name: str, address: str, rack: str,
-                 labels: dict[str, str], min_rate: dict[str, bool]) -> dict:
-    return {
+                 labels: dict[str, str], min_rate: dict[str, bool], metrics_url: str = "",
+                 hostd_version: str = "", carved_policy: str = "") -> dict:
+    """The POST /v1/hosts body. ``metrics_url`` (where Prometheus scrapes this hostd; ""
+    when metrics are off: not sent, so not a scrape target), ``hostd_version`` and
+    ``carved_policy`` (the carved policy's sha256, "" when not carved) reach Prometheus
+    as target labels through the scheduler (GET /v1/prometheus/targets)."""
+    body = {
         "name": name, "address": address, "rack": rack, "labels": labels,
         "layout": layout.to_dict(),
         "cpu_siblings": {str(c.id): list(c.siblings) for c in topo.cpus if len(c.siblings) > 1},
         "pf_min_rate": min_rate,
         "disk_classes": {d.name: disk_class(topo, d.name) for d in layout.disks},
+        "carved_policy": carved_policy,
     }
+    if metrics_url:
+        body["metrics_url"] = metrics_url
+    if hostd_version:
+        body["hostd_version"] = hostd_version
+    return body
+
+
+def metrics_url(*, metrics_listen: str, advertise_host: str, path: str = "/metrics") -> str:
+    """Where Prometheus finds ``metrics_listen``: its own host when it names one, else
+    (0.0.0.0, [::] or no host: every address) ``advertise_host``; "" when metrics are off."""
+    if not metrics_listen:
+        return ""
+    host, _, port = metrics_listen.rpartition(":")
+    if host.strip("[]") in ("", "0.0.0.0", "::"):
+        host = advertise_host
+    if ":" in host and not host.startswith("["):
+        host = f"[{host}]"  # IPv6
+    return f"http://{host}:{port}{path}"
 
 
 KEEP_FOR_BEAT = 600  # samples one beat may summarise (10 min at 1 s)

@@ -15,6 +15,7 @@ from sqlalchemy import func, select
 
 from scheduler.api import errors, fastpath, gate, wire
 from scheduler.api.routes import audit, hosts, vms
+from scheduler.api.routes import prometheus as prometheus_sd
 from scheduler.config import Settings
 from scheduler.db.engine import Store
 from scheduler.db.migrate import HERE, current
@@ -90,6 +91,7 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
     app.include_router(hosts.router)
     app.include_router(vms.router)
     app.include_router(audit.router)
+    app.include_router(prometheus_sd.router)
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, str]:

@@ -34,6 +34,11 @@ class Host(Base):
     # Fleet-wide change feed: stamped from one counter on every change the placement index
     # must see (usage, layout, admin state, back from down); readers ask "seq > last seen".
     seq: Mapped[int] = mapped_column(BigInteger, default=0, index=True)
+    # What hostd registered for Prometheus (``GET /v1/prometheus/targets``); NULL for a
+    # host registered by a hostd older than these columns: not a scrape target.
+    metrics_url: Mapped[str | None] = mapped_column(String(300), nullable=True)  # http(s)://host:port/path
+    hostd_version: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    carved_policy: Mapped[str | None] = mapped_column(String(64), nullable=True)  # sha256; "" = not carved
     created: Mapped[float] = mapped_column(Float)
     updated: Mapped[float] = mapped_column(Float)
 

@@ -46,7 +46,8 @@ def host_res(h: Host) -> HostRes:
                             disk_classes=h.disk_classes, rack=h.rack, labels=h.labels)
 
 
-def effective_state(h: Host, *, now: float, heartbeat_timeout_s: float) -> str:
+def effective_state(h: Host | Any, *, now: float, heartbeat_timeout_s: float) -> str:
+    """``h``: a Host or a row with its ``last_heartbeat`` and ``admin_state``."""
     if now - h.last_heartbeat > heartbeat_timeout_s:
         return "down"
     return h.admin_state
@@ -74,22 +75,31 @@ def list_hosts(*, session: Session, rack: str | None = None) -> Sequence[Host]:
 def upsert_host(*, session: Session, name: str, address: str, rack: str, labels: dict[str, str],
                 layout: dict[str, Any], siblings: dict[str, list[int]], pf_min_rate: dict[str, bool],
                 disk_classes: dict[str, str], now: float, owner: str = "",
-                heartbeat_timeout_s: float = float("inf")) -> tuple[Host, bool]:
+                heartbeat_timeout_s: float = float("inf"), scrape: dict[str, str | None] | None = None
+                ) -> tuple[Host, bool]:
     """Register or re-register; returns (host, created). A changed layout bumps
     ``layout_rev`` and the generation; allocations are kept (hostd is the truth), and a
-    layout that would take resources from them is refused (LayoutShrink: drain first)."""
+    layout that would take resources from them is refused (LayoutShrink: drain first).
+    ``scrape``: metrics_url, hostd_version, carved_policy as registered (None each when
+    the hostd did not send it); they describe the host to Prometheus, not to placement,
+    so a change bumps nothing."""
     parsed = check_layout(layout, siblings)  # refuse a bad layout before touching anything
     h = session.get(Host, name)
     fields = dict(address=address, rack=rack, labels=labels, layout=layout, siblings=siblings,
                   pf_min_rate=pf_min_rate, disk_classes=disk_classes)
+    scrape = {k: (scrape or {}).get(k) for k in SCRAPE_FIELDS}
     if h is None:
         h = Host(name=name, layout_rev=1, usage=Usage().to_dict(), generation=1, admin_state="active",
-                 last_heartbeat=now, created=now, updated=now, seq=next_seq(session), owner=owner, **fields)
+                 last_heartbeat=now, created=now, updated=now, seq=next_seq(session), owner=owner, **fields,
+                 **scrape)
         session.add(h)
         session.flush()
         return h, True
     if owner and not h.owner:
         h.owner = owner  # registered before owners were recorded: claimed now
+    for k, v in scrape.items():
+        if getattr(h, k) != v:
+            setattr(h, k, v)
     changed = any(getattr(h, k) != v for k, v in fields.items())
     if changed:
         res = host_from_layout(name, parsed, siblings={int(k): tuple(v) for k, v in siblings.items()},
@@ -109,6 +119,18 @@ def upsert_host(*, session: Session, name: str, address: str, rack: str, labels:
     h.updated = now
     session.flush()
     return h, False
+
+
+SCRAPE_FIELDS = ("metrics_url", "hostd_version", "carved_policy")
+TARGET_COLUMNS = (Host.name, Host.rack, Host.admin_state, Host.last_heartbeat, Host.metrics_url,
+                  Host.hostd_version, Host.carved_policy)
+
+
+def scrape_targets(*, session: Session) -> Sequence[Any]:
+    """Every host with a metrics address, as rows of ``TARGET_COLUMNS``, in name order:
+    one SELECT for the whole fleet (Prometheus asks every refresh interval)."""
+    return session.execute(select(*TARGET_COLUMNS).where(Host.metrics_url.is_not(None))
+                           .order_by(Host.name)).all()
 
 
 def owner_of(*, session: Session, name: str) -> str | None:

@@ -2,18 +2,37 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+import re
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 HOST = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+HOSTPORT = r"^[A-Za-z0-9_.:\[\]-]{1,250}:[0-9]{1,5}$"
+_NETLOC = re.compile(r"^(?:\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9_.-]{1,253}):([0-9]{1,5})$")
+_PATH = re.compile(r"^/[A-Za-z0-9/_.~-]{0,200}$")
+
+
+def check_metrics_url(v: str) -> str:
+    """``http(s)://host:port/path`` (IPv6 hosts in brackets), what a Prometheus scrape
+    target is made of: no user, query or fragment, an explicit port (1-65535)."""
+    u = urlsplit(v)
+    if u.scheme not in ("http", "https"):
+        raise ValueError(f"scheme must be http or https, not {u.scheme or 'none'!r}")
+    m = _NETLOC.match(u.netloc)
+    if not m or not 0 < int(m.group(1)) < 65536:
+        raise ValueError(f"{u.netloc!r} is not host:port (port 1-65535, IPv6 in brackets)")
+    if not _PATH.match(u.path or "/") or u.query or u.fragment or "?" in v or "#" in v:
+        raise ValueError(f"path {u.path!r} must be /... without query or fragment")
+    return f"{u.scheme}://{u.netloc}{u.path or '/metrics'}"
 
 
 class HostRegister(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(pattern=HOST)
-    address: str = Field(pattern=r"^[A-Za-z0-9_.:\[\]-]{1,250}:[0-9]{1,5}$",
-                         description="hostd gRPC endpoint host:port")
+    address: str = Field(pattern=HOSTPORT, description="hostd gRPC endpoint host:port")
     rack: str = Field("", max_length=64)
     labels: dict[str, str] = Field(default_factory=dict, max_length=32)
     layout: dict[str, Any] = Field(description="the carve layout JSON (api/layout.md)")
@@ -22,6 +41,18 @@ class HostRegister(BaseModel):
     pf_min_rate: dict[str, StrictBool] = Field(default_factory=dict,
                                          description="PF -> driver can guarantee min_tx_rate (default true)")
     disk_classes: dict[str, str] = Field(default_factory=dict, description="disk name -> class")
+    metrics_url: str | None = Field(
+        None, max_length=300, examples=["http://10.1.7.17:9743/metrics"],
+        description="hostd's Prometheus endpoint, http(s)://host:port/path; none: not a scrape target "
+                    "(GET /v1/prometheus/targets)")
+    hostd_version: str | None = Field(None, pattern=r"^[A-Za-z0-9_.+-]{1,64}$")
+    carved_policy: str | None = Field(None, pattern=r"^([0-9a-f]{64})?$",
+                                      description="sha256 of the carved policy; empty: not carved")
+
+    @field_validator("metrics_url")
+    @classmethod
+    def _metrics_url(cls, v: str | None) -> str | None:
+        return None if v is None else check_metrics_url(v)
 
 
 class PoolOut(BaseModel):
@@ -73,6 +104,9 @@ class HostPublic(BaseModel):
     nodes: list[NodeOut]
     pfs: list[PfOut]
     disks: list[HostDiskOut]
+    metrics_url: str | None = None
+    hostd_version: str | None = None
+    carved_policy: str | None = None
 
 
 class HostsPublic(BaseModel):
@@ -144,3 +178,12 @@ class HostStatsPublic(BaseModel):
     host: str
     bucket_s: int
     items: list[StatsBucketOut]
+
+
+class TargetGroup(BaseModel):
+    """One Prometheus http_sd target group: one host's hostd ``/metrics``."""
+
+    targets: list[str] = Field(examples=[["10.1.7.17:9743"]])
+    labels: dict[str, str] = Field(examples=[{
+        "__scheme__": "http", "__metrics_path__": "/metrics", "host": "oss-17", "rack": "r07",
+        "state": "active", "carved_policy": "", "hostd_version": "1.4.0+a1b2c3d4e5f6"}])

@@ -6,6 +6,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from urllib.parse import urlsplit
 
 from sqlalchemy.orm import Session
 
@@ -17,7 +18,7 @@ from scheduler.repo import stats as stats_repo
 from scheduler.repo import vms as vm_repo
 from scheduler.resources import Usage
 from scheduler.schemas.hosts import (HeartbeatOut, HostDiskOut, HostPublic, HostRegister, HostsPublic, HostStatsIn,
-                                     HostStatsPublic, NodeOut, PfOut, PoolOut, StatsBucketOut)
+                                     HostStatsPublic, NodeOut, PfOut, PoolOut, StatsBucketOut, TargetGroup)
 from scheduler.service.hostcache import HostCache
 
 log = logging.getLogger(__name__)
@@ -56,7 +57,8 @@ class HostService:
                     session=s, name=body.name, address=body.address, rack=body.rack, labels=body.labels,
                     layout=body.layout, siblings=body.cpu_siblings, pf_min_rate=body.pf_min_rate,
                     disk_classes=body.disk_classes, now=now, owner="" if admin else actor,
-                    heartbeat_timeout_s=self.timeout)
+                    heartbeat_timeout_s=self.timeout,
+                    scrape={k: getattr(body, k) for k in host_repo.SCRAPE_FIELDS})
                 vm_repo.audit(session=s, principal=actor, action="host.register" if created else "host.update",
                               target=h.name, now=now, detail={"address": h.address, "layout_rev": h.layout_rev})
                 out = self._public(s, h, now)
@@ -160,6 +162,26 @@ class HostService:
                 psi_stall=r.psi_stall / r.psi_n if r.psi_n else None) for r in rows]
         return HostStatsPublic(host=name, bucket_s=self.bucket_s, items=items)
 
+    def scrape_targets(self) -> list[TargetGroup]:
+        """Prometheus http_sd: one target group per host that registered a metrics address,
+        labelled with its rack, name, state (as ``GET /v1/hosts`` says it: down after
+        ``heartbeat_timeout_s`` of silence), carved policy digest and hostd version (each
+        left out when the host did not register it). One query, whatever the fleet's size."""
+        now = self.clock()
+        with self.store.read() as s:
+            rows = host_repo.scrape_targets(session=s)
+        out = []
+        for r in rows:
+            u = urlsplit(r.metrics_url)
+            labels = {"__scheme__": u.scheme, "__metrics_path__": u.path, "host": r.name, "rack": r.rack,
+                      "state": host_repo.effective_state(r, now=now, heartbeat_timeout_s=self.timeout)}
+            if r.carved_policy is not None:
+                labels["carved_policy"] = r.carved_policy
+            if r.hostd_version is not None:
+                labels["hostd_version"] = r.hostd_version
+            out.append(TargetGroup(targets=[u.netloc], labels=labels))
+        return out
+
     def set_state(self, name: str, state: str, *, actor: str) -> HostPublic:
         now = self.clock()
         with self.store.write() as s:
@@ -203,4 +225,5 @@ class HostService:
         return HostPublic(name=h.name, address=h.address, rack=h.rack, labels=h.labels,
                           state=host_repo.effective_state(h, now=now, heartbeat_timeout_s=self.timeout),
                           admin_state=h.admin_state, generation=h.generation, last_heartbeat=h.last_heartbeat,
-                          vms=vms, nodes=nodes, pfs=pfs, disks=disks)
+                          vms=vms, nodes=nodes, pfs=pfs, disks=disks, metrics_url=h.metrics_url,
+                          hostd_version=h.hostd_version, carved_policy=h.carved_policy)

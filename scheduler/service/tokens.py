@@ -106,7 +106,7 @@ def create_token(store: Store, *, name: str, scopes: Sequence[str], ttl_s: float
         raise InvalidRequest("1-64 characters", field="name")
     bad = [s for s in scopes if not _scope_ok(s)]
     if not scopes or bad:
-        raise InvalidRequest(f"give scopes admin, host, host:<name> or tenant:<name> (not {bad or 'none'})",
+        raise InvalidRequest(f"give scopes admin, host, host:<name>, tenant:<name> or prometheus (not {bad or 'none'})",
                              field="scope")
     if ttl_s is not None and ttl_s <= 0:
         raise InvalidRequest("must be positive", field="ttl")
@@ -141,4 +141,4 @@ def list_tokens(store: Store) -> list[ApiToken]:
 
 def _scope_ok(s: str) -> bool:
     kind, _, arg = s.partition(":")
-    return (s in ("admin", "host")) or (kind in ("host", "tenant") and 0 < len(arg) <= 64)
+    return (s in ("admin", "host", "prometheus")) or (kind in ("host", "tenant") and 0 < len(arg) <= 64)

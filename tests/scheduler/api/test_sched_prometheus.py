@@ -1,0 +1,132 @@
+"""GET /v1/prometheus/targets (Prometheus http_sd) and the metrics address hostd registers
+with POST /v1/hosts: labels, auth, bad input refused by field, one SELECT for the fleet."""
+
+from __future__ import annotations
+
+import hashlib
+
+import pytest
+from sqlalchemy import event
+
+from sched_helpers import ADM, HOST, TA, Clock, auth, host_body, make_client, token_config
+
+PROM = auth("prom")
+DIGEST = "ab" * 32
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def api(db_url, clock):  # type: ignore[no-untyped-def]
+    tokens = token_config() + [{"name": "prom", "sha256": hashlib.sha256(b"prom").hexdigest(),
+                                "scopes": ["prometheus"]}]
+    with make_client(db_url, clock=clock, auth={"tokens": tokens}) as c:
+        yield c
+
+
+def scraped(name: str, *, url: str = "", version: str | None = "1.2.0+abc", carved: str | None = DIGEST,
+            rack: str = "r01") -> dict:
+    body = host_body(name, rack=rack)
+    body["metrics_url"] = url or f"http://10.0.0.{len(name)}:9743/metrics"
+    if version is not None:
+        body["hostd_version"] = version
+    if carved is not None:
+        body["carved_policy"] = carved
+    return body
+
+
+def test_targets_list_each_registered_metrics_address_with_labels(api, clock):
+    assert api.post("/v1/hosts", json=scraped("oss-1", url="http://10.0.0.1:9743/metrics"), headers=HOST).status_code == 201
+    assert api.post("/v1/hosts", json=scraped("oss-2", url="https://[fd00::2]:9100/hostd/metrics", version=None,
+                                              carved="", rack="r02"), headers=HOST).status_code == 201
+    old = host_body("oss-3")  # an older hostd: no metrics address, not a target
+    assert api.post("/v1/hosts", json=old, headers=HOST).status_code == 201
+    api.post("/v1/hosts/oss-2/cordon", headers=ADM)
+    r = api.get("/v1/prometheus/targets", headers=PROM)
+    assert r.status_code == 200, r.text
+    assert r.json() == [
+        {"targets": ["10.0.0.1:9743"], "labels": {
+            "__scheme__": "http", "__metrics_path__": "/metrics", "host": "oss-1", "rack": "r01",
+            "state": "active", "carved_policy": DIGEST, "hostd_version": "1.2.0+abc"}},
+        {"targets": ["[fd00::2]:9100"], "labels": {
+            "__scheme__": "https", "__metrics_path__": "/hostd/metrics", "host": "oss-2", "rack": "r02",
+            "state": "cordoned", "carved_policy": ""}}]
+    assert api.get("/v1/hosts/oss-1", headers=ADM).json()["metrics_url"] == "http://10.0.0.1:9743/metrics"
+    assert api.get("/v1/hosts/oss-3", headers=ADM).json()["metrics_url"] is None
+    clock.t += 3600  # silent past the heartbeat timeout: down, and still a target (Prometheus says why)
+    assert {g["labels"]["state"] for g in api.get("/v1/prometheus/targets", headers=PROM).json()} == {"down"}
+    assert api.get("/v1/prometheus/targets", headers=ADM).status_code == 200  # admin may too
+
+
+def test_reregistration_replaces_the_address_without_a_generation_bump(api):
+    assert api.post("/v1/hosts", json=scraped("oss-1"), headers=HOST).status_code == 201
+    gen = api.get("/v1/hosts/oss-1", headers=ADM).json()["generation"]
+    r = api.post("/v1/hosts", json=scraped("oss-1", url="http://10.9.9.9:9744", version="1.3.0"), headers=HOST)
+    assert r.status_code == 200 and r.json()["generation"] == gen  # placement sees no change
+    (g,) = api.get("/v1/prometheus/targets", headers=PROM).json()
+    assert g["targets"] == ["10.9.9.9:9744"] and g["labels"]["__metrics_path__"] == "/metrics"
+    assert g["labels"]["hostd_version"] == "1.3.0"
+    # downgraded to a hostd that sends no metrics address: no longer a target
+    assert api.post("/v1/hosts", json=host_body("oss-1", rack="r01"), headers=HOST).status_code == 200
+    assert api.get("/v1/prometheus/targets", headers=PROM).json() == []
+
+
+@pytest.mark.parametrize("field, value, says", [
+    ("metrics_url", "ftp://10.0.0.1:9743/metrics", "scheme"),
+    ("metrics_url", "10.0.0.1:9743", "scheme"),
+    ("metrics_url", "http://10.0.0.1/metrics", "host:port"),
+    ("metrics_url", "http://10.0.0.1:0/metrics", "host:port"),
+    ("metrics_url", "http://10.0.0.1:70000/metrics", "host:port"),
+    ("metrics_url", "http://user@10.0.0.1:9743/metrics", "host:port"),
+    ("metrics_url", "http://bad host:9743/metrics", "host:port"),
+    ("metrics_url", "http://10.0.0.1:9743/metrics?x=1", "query"),
+    ("metrics_url", "http://10.0.0.1:9743/" + "m" * 400, "300"),
+    ("hostd_version", "1.0 beta", "pattern"),
+    ("carved_policy", "not-a-digest", "pattern"),
+])
+def test_bad_scrape_fields_are_refused_by_name_and_nothing_stored(api, field, value, says):
+    body = scraped("oss-1") | {field: value}
+    r = api.post("/v1/hosts", json=body, headers=HOST)
+    err = r.json()["error"]
+    assert r.status_code == 422 and err["field"] == field and says in err["message"], r.text
+    assert api.get("/v1/hosts/oss-1", headers=ADM).status_code == 404
+    assert api.get("/v1/prometheus/targets", headers=PROM).json() == []
+    # a registered host keeps what it had
+    assert api.post("/v1/hosts", json=scraped("oss-1", url="http://10.0.0.1:9743/metrics"), headers=HOST).status_code == 201
+    assert api.post("/v1/hosts", json=body, headers=HOST).status_code == 422
+    (g,) = api.get("/v1/prometheus/targets", headers=PROM).json()
+    assert g["targets"] == ["10.0.0.1:9743"] and g["labels"]["hostd_version"] == "1.2.0+abc"
+
+
+def test_targets_need_the_prometheus_scope_or_admin(api):
+    assert api.post("/v1/hosts", json=scraped("oss-1"), headers=HOST).status_code == 201
+    assert api.get("/v1/prometheus/targets").status_code == 401
+    for who in (HOST, TA, auth("oss1")):  # a host or tenant token does not see the fleet's addresses
+        r = api.get("/v1/prometheus/targets", headers=who)
+        assert r.status_code == 403 and r.json()["error"]["code"] == "hyb.auth.forbidden", r.text
+    assert api.get("/v1/hosts", headers=PROM).status_code == 403  # and the prometheus scope reads nothing else
+
+
+def test_targets_of_a_fleet_are_one_select(api):
+    n = 300
+    for i in range(n):
+        assert api.post("/v1/hosts", json=scraped(f"h{i:04d}", url=f"http://10.1.{i // 250}.{i % 250}:9743/metrics"),
+                        headers=HOST).status_code == 201
+    api.get("/v1/prometheus/targets", headers=PROM)  # tokens and caches warm
+    stmts: list[str] = []
+
+    def seen(_conn, _cursor, statement, *_a):  # type: ignore[no-untyped-def]
+        stmts.append(statement)
+    engine = api.app.state.store.engine
+    event.listen(engine, "before_cursor_execute", seen)
+    try:
+        r = api.get("/v1/prometheus/targets", headers=PROM)
+    finally:
+        event.remove(engine, "before_cursor_execute", seen)
+    assert r.status_code == 200 and len(r.json()) == n
+    queries = [s for s in stmts if s.lstrip().split(" ", 1)[0].upper() in ("SELECT", "INSERT", "UPDATE", "DELETE")
+               and "api_tokens" not in s]  # not BEGIN, nor the token book's own refresh
+    assert len(queries) == 1 and queries[0].lstrip().upper().startswith("SELECT") and "hosts" in queries[0], stmts
