@@ -71,14 +71,32 @@ def test_stop_requests_only_records_the_request() -> None:
 
 # A stand-in for a bpftrace that missed a SIGINT (bpftrace 0.17 does when the signal lands
 # outside its epoll_wait): it acts only on the second one, and says so in its exit status.
-SECOND_SIGINT = "n=0; trap 'n=$((n+1)); [ $n -ge 2 ] && exit 7' INT; echo ready; while :; do sleep 0.05; done"
+# (Not a shell script: a non-interactive bash defers a SIGINT trap while it waits for a
+# foreground command, and runs it only if that command died of SIGINT too.)
+SECOND_SIGINT = """
+import signal, sys, time
+seen = []
+def on_sigint(signum, frame):
+    seen.append(signum)
+    if len(seen) >= 2:
+        sys.exit(7)
+signal.signal(signal.SIGINT, on_sigint)
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
+NEVER_STOPS = """
+import signal, time
+signal.signal(signal.SIGINT, signal.SIG_IGN)
+print("ready", flush=True)
+while True:
+    time.sleep(0.05)
+"""
 
 
 def test_bpf_stop_sends_sigint_again_until_the_child_exits() -> None:
     from tools.kvm_utils.sources.bpf import stop
-    # SIGINT at its default: a shell cannot trap a signal ignored at its start (a background job's)
-    p = subprocess.Popen(["bash", "-c", SECOND_SIGINT], stdout=subprocess.PIPE, text=True,
-                         preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
+    p = subprocess.Popen([sys.executable, "-c", SECOND_SIGINT], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline() == "ready\n"
         stop(p, every=0.3, give_up=10).join(timeout=20)
@@ -91,8 +109,7 @@ def test_bpf_stop_sends_sigint_again_until_the_child_exits() -> None:
 
 def test_bpf_stop_kills_a_child_that_never_stops() -> None:
     from tools.kvm_utils.sources.bpf import stop
-    p = subprocess.Popen(["bash", "-c", "trap '' INT; echo ready; while :; do sleep 0.05; done"],
-                         stdout=subprocess.PIPE, text=True)
+    p = subprocess.Popen([sys.executable, "-c", NEVER_STOPS], stdout=subprocess.PIPE, text=True)
     try:
         assert p.stdout.readline() == "ready\n"
         stop(p, every=0.2, give_up=1).join(timeout=20)

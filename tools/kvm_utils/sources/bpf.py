@@ -211,6 +211,7 @@ def stop(proc: subprocess.Popen, every: float = 1.0, give_up: float = 60.0) -> t
                 log.info("event=bpftrace_stop_resent pid=%d", proc.pid)
         log.error("event=bpftrace_killed pid=%d after_s=%g", proc.pid, give_up)
         proc.kill()
+        proc.wait()
     t = threading.Thread(target=loop, name="kvmu-bpftrace-stop", daemon=True)
     t.start()
     return t
