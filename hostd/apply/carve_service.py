@@ -60,6 +60,8 @@ from hostd.errors import (
 
 log = logging.getLogger(__name__)
 
+CARVE_STATE = "carve state"  # Served.source of a carved host
+
 BUSY_STATES = ("running", "creating", "deleting")
 LEDGER_NAME = "ledger.db"
 WAIT_S = 60.0  # how long a carve waits for the lock before CarveBusy
@@ -84,7 +86,12 @@ class Served:
     policy: Policy
     topo: Topology
     layout: Layout
-    source: str  # "carve state" or the policy file's path
+    source: str  # CARVE_STATE or the policy file's path
+
+    @property
+    def carved(self) -> bool:
+        """Served from the carve state: the host was carved with this policy."""
+        return self.source == CARVE_STATE
 
 
 def discover_for(policy: Policy, where: Where) -> Topology:
@@ -102,7 +109,7 @@ def served_policy(where: Where, *, prefer_carved: bool = True) -> Served:
     carved, else the policy file. StartupError when it cannot be read or does not fit."""
     st = load_state(where.state_dir) if prefer_carved else None
     if st is not None:
-        text, source = st.policy_toml, "carve state"
+        text, source = st.policy_toml, CARVE_STATE
     else:
         try:
             text, source = where.policy_file.read_text(), str(where.policy_file)
@@ -264,7 +271,7 @@ class CarveService:
             if self.on_served is not None:
                 # Discover again: the carve made VFs (their PCI addresses are new VM devices).
                 self._serve(Served(text, out.digest, policy, discover_for(policy, self.where), layout,
-                                   "carve state"))
+                                   CARVE_STATE))
             return out
 
     def uncarve(self, *, drained: bool, dry_run: bool = False) -> list[Step]:

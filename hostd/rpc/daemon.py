@@ -274,9 +274,6 @@ def _sampler_where(cfg: HostdConfig, layout: Layout) -> SampleWhere:
     return SampleWhere(io_dir, vm_dir, psi=psi, throttle_cgroup=throttle)
 
 
-CARVED = "carve state"  # Served.source of a carved host (hostd/apply/carve_service.py)
-
-
 def _registration(cfg: HostdConfig, served: Served, manager: VmManager, port: int) -> dict:
     topo, layout = served.topo, served.layout
     name = cfg.host_name or topo.host.hostname or socket.gethostname()
@@ -287,7 +284,7 @@ def _registration(cfg: HostdConfig, served: Served, manager: VmManager, port: in
     return registration(topo, layout, name=name, address=address, rack=cfg.rack, labels=dict(cfg.labels),
                         min_rate={p.name: manager.min_rate_supported(p.name) for p in layout.pfs},
                         metrics_url=metrics, hostd_version=hostd_version(cfg.release_file),
-                        carved_policy=served.digest if served.source == CARVED else "")
+                        carved_policy=served.digest if served.carved else "")
 
 
 def _registrar(cfg: HostdConfig, served: Served, manager: VmManager,
