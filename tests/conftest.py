@@ -9,6 +9,7 @@ from __future__ import annotations
 import fcntl
 import os
 import subprocess
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -90,6 +91,33 @@ class _GroupsApplied:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_GroupsApplied(), "hyb-groups-applied")
+
+
+def _libvirt_guests() -> list[int]:
+    """PIDs of QEMU processes libvirt started for our domains (``-name guest=hyb-...``)."""
+    pids = []
+    for p in Path("/proc").iterdir():
+        if not p.name.isdigit():
+            continue
+        try:
+            argv = (p / "cmdline").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        if argv and argv[0].endswith(b"qemu-system-x86_64") and any(a.startswith(b"guest=hyb-") for a in argv):
+            pids.append(int(p.name))
+    return pids
+
+
+@pytest.fixture(autouse=True)
+def _no_guest_still_exiting(request: pytest.FixtureRequest) -> None:
+    """A machine test starts once the guests earlier tests destroyed are gone: QEMU gives
+    its hugepages back only as it exits, which under load takes seconds after libvirt's
+    destroy returned (a carve's pool write, or a count of pages in use, saw them)."""
+    if xdist_group_of(request.node) != "machine":
+        return
+    deadline = time.monotonic() + 30
+    while _libvirt_guests() and time.monotonic() < deadline:
+        time.sleep(0.2)
 
 
 @pytest.fixture(autouse=True)

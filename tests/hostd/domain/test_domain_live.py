@@ -25,7 +25,6 @@ from hostd.domain.elements import Domain
 from hostd.domain.metadata import NS, VmMetadata
 from hostd.errors import DomainError
 
-HUGE = Path("/sys/kernel/mm/hugepages/hugepages-2048kB")
 BOOT_TIMEOUT_S = 120
 
 
@@ -35,10 +34,29 @@ def _virsh(uri: str, *args: str) -> str:
     return r.stdout
 
 
-def _pages_held() -> int:
-    """2 MiB pages in use or reserved, host-wide (reservations are not per node)."""
-    val = {f: int((HUGE / f).read_text()) for f in ("nr_hugepages", "free_hugepages", "resv_hugepages")}
-    return val["nr_hugepages"] - val["free_hugepages"] + val["resv_hugepages"]
+def _qemu_pid(name: str) -> int:
+    return int(Path(f"/run/libvirt/qemu/{name}.pid").read_text())
+
+
+def _hugetlb_pages(pid: int) -> int:
+    """2 MiB pages mapped by this process (its smaps_rollup), not the host-wide pool's use:
+    another guest or a carve elsewhere on the machine does not count."""
+    kib = 0
+    for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines():
+        key, _, value = line.partition(":")
+        if key in ("Shared_Hugetlb", "Private_Hugetlb"):
+            kib += int(value.split()[0])
+    return kib // 2048
+
+
+def _gone(pid: int, timeout_s: float = 10) -> bool:
+    """The process has exited (its hugepages went back to the pool with it)."""
+    deadline = time.monotonic() + timeout_s
+    while Path(f"/proc/{pid}").exists():
+        if time.monotonic() > deadline:
+            return False
+        time.sleep(0.1)
+    return True
 
 
 def _wait_for(path: Path, marker: str, timeout_s: float) -> str:
@@ -74,7 +92,6 @@ def test_smoke_guest_boots_with_the_designed_pinning_pages_and_iotune(
     assert console.parent.is_dir()  # design_domain made it; virtlogd does not
 
     host = LibvirtHost(libvirtd, NS)
-    held_before = _pages_held()
     vm = host.define(case.spec.name, xml)
     try:
         host.start(vm)
@@ -102,7 +119,8 @@ def test_smoke_guest_boots_with_the_designed_pinning_pages_and_iotune(
         assert tune["total_bytes_sec_max"] == str(8 * 2**20)
         assert tune["total_bytes_sec_max_length"] == "2"
         assert tune["group_name"] == "smoke"
-        assert _pages_held() - held_before >= 128  # guest RAM comes from the pool
+        pid = _qemu_pid(name)
+        assert _hugetlb_pages(pid) >= 128  # guest RAM comes from the pool
 
         # libvirt's own formatting of the running domain reads back into the
         # element classes with what the designer asked for.
@@ -117,7 +135,7 @@ def test_smoke_guest_boots_with_the_designed_pinning_pages_and_iotune(
     finally:
         host.destroy_and_undefine(vm)
         host.close()
-    assert _pages_held() == held_before
+    assert _gone(pid)
 
 
 @pytest.mark.root
@@ -170,7 +188,6 @@ def test_spanning_guest_boots_with_one_numa_cell_per_host_node(
     virt_xml_validate(tmp_path / "domain.xml")
 
     host = LibvirtHost(libvirtd, NS)
-    held_before = _pages_held()
     vm = host.define(case.spec.name, dom.to_xml())
     try:
         host.start(vm)
@@ -191,8 +208,9 @@ def test_spanning_guest_boots_with_one_numa_cell_per_host_node(
         live = Domain.from_xml(host.xml(vm))
         assert live.cpu.cells == dom.cpu.cells and live.numatune == dom.numatune
         assert live.memory_backing == dom.memory_backing
-        assert _pages_held() - held_before >= 128  # both cells' RAM comes from the pool
+        pid = _qemu_pid(case.spec.name)
+        assert _hugetlb_pages(pid) >= 128  # both cells' RAM comes from the pool
     finally:
         host.destroy_and_undefine(vm)
         host.close()
-    assert _pages_held() == held_before
+    assert _gone(pid)
