@@ -16,6 +16,15 @@ mkdir -p "$state"
 
 running() { [ -s "$1" ] && kill -0 "$(cat "$1")" 2>/dev/null; }
 
+answering() {  # why (for the message): wait up to 10 s for qemu:///system to answer
+  for _ in $(seq 100); do
+    virsh -c qemu:///system version >/dev/null 2>&1 && return 0
+    sleep 0.1
+  done
+  echo "libvirtd-ctl: libvirtd is not answering $1" >&2
+  return 1
+}
+
 start_one() {  # name binary pidfile
   local name=$1 bin=$2 pidfile=$3
   if running "$pidfile"; then return 0; fi
@@ -42,11 +51,7 @@ start)
   mkdir -p /run/libvirt
   start_one virtlogd /usr/sbin/virtlogd /run/virtlogd.pid
   start_one libvirtd /usr/sbin/libvirtd /run/libvirtd.pid
-  for _ in $(seq 100); do
-    virsh -c qemu:///system version >/dev/null 2>&1 && exit 0
-    sleep 0.1
-  done
-  echo "libvirtd-ctl: libvirtd is not answering on qemu:///system" >&2; exit 1
+  answering "on qemu:///system" || exit 1
   ;;
 stop)
   for name in libvirtd virtlogd; do
@@ -69,11 +74,7 @@ restart-libvirtd)
   for _ in $(seq 100); do kill -0 "$pid" 2>/dev/null || break; sleep 0.1; done
   rm -f "$f"
   start_one libvirtd /usr/sbin/libvirtd /run/libvirtd.pid
-  for _ in $(seq 100); do
-    virsh -c qemu:///system version >/dev/null 2>&1 && exit 0
-    sleep 0.1
-  done
-  echo "libvirtd-ctl: libvirtd is not answering after restart" >&2; exit 1
+  answering "after restart" || exit 1
   ;;
 *) echo "usage: $0 start|stop|restart-libvirtd STATE_DIR" >&2; exit 2 ;;
 esac
