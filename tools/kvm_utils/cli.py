@@ -114,7 +114,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="live source: bpftrace in-kernel counts (default when installed) or an ftrace instance")
     p.add_argument("--format", choices=("table", "json"), default="table")
 
-    sub.add_parser("doctor", help="check tracefs, kvm tracepoints, perf, BPF, kprobes; say how to fix")
+    sub.add_parser("doctor", help="check tracefs, kvm tracepoints, perf, BPF, kprobes, the symbols a kprobe engine would need; say how to fix")
     return ap
 
 

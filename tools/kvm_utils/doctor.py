@@ -2,13 +2,16 @@
 
 from __future__ import annotations
 
+import gzip
 import os
+import platform
 import resource
 import shutil
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
 
+from tools.kvm_utils import bpfload, kprobe_table, symbols
 from tools.kvm_utils.record import host_vendor
 from tools.kvm_utils.errors import NotAvailable
 from tools.kvm_utils.sources.tracefs import (available_kvm_events, find_tracefs, stale_instances,
@@ -24,11 +27,13 @@ class Check:
 
 
 def kprobes_available(tracefs: Path | None, kallsyms: Path = Path("/proc/kallsyms")) -> Check:
-    """kprobe mode (vmx_handle_exit-level probes) needs CONFIG_KPROBE_EVENTS: kprobe_events in tracefs."""
+    """kprobe_events in tracefs (CONFIG_KPROBE_EVENTS), which the planned kprobe engine (issue 30) needs
+    for kprobes through perf or bpftrace; no command uses kprobes yet."""
     if tracefs is not None and (tracefs / "kprobe_events").exists():
         return Check("kprobes", True, f"{tracefs}/kprobe_events present", required=False)
     return Check("kprobes", False, "no kprobe_events in tracefs: kernel built without CONFIG_KPROBE_EVENTS; "
-                 "kprobe mode is unavailable, tracepoint modes are unaffected", required=False)
+                 "the kprobe engine (planned, not built yet) could not use kprobes here; "
+                 "tracepoint modes are unaffected", required=False)
 
 
 def run_checks(explicit_tracefs: Path | None = None) -> list[Check]:
@@ -85,8 +90,85 @@ def _tracefs_checks(tracefs: Path | None) -> list[Check]:
     else:
         checks.append(Check("bpftrace", False, "not installed: apt-get install bpftrace (latency/msr/io need it)"))
     checks.append(kprobes_available(tracefs))
+    checks.extend(kprobe_engine_facts(tracefs))
     cc = shutil.which("cc") or shutil.which("gcc")
     checks.append(Check("C compiler", cc is not None, cc or "bench needs gcc: apt-get install gcc", required=False))
+    return checks
+
+
+def kernel_config(option: str, release: str, proc: Path = Path("/proc"),
+                  boot: Path = Path("/boot")) -> tuple[str | None, str]:
+    """An option's value ('y', 'm', 'n' for "is not set") and the file that answered; (None, why) when
+    neither /proc/config.gz nor /boot/config-RELEASE could be read."""
+    for path in (proc / "config.gz", boot / f"config-{release}"):
+        try:
+            data = path.read_bytes()
+        except OSError:
+            continue
+        text = (gzip.decompress(data) if path.suffix == ".gz" else data).decode("utf-8", "replace")
+        for line in text.splitlines():
+            if line.startswith(f"{option}="):
+                return line.split("=", 1)[1], str(path)
+            if line == f"# {option} is not set":
+                return "n", str(path)
+        return "n", f"{path} (not mentioned)"
+    return None, f"neither {proc / 'config.gz'} nor {boot / f'config-{release}'} is readable"
+
+
+def _kprobes_config(tracefs: Path | None, release: str) -> Check:
+    value, source = kernel_config("CONFIG_KPROBES", release)
+    if value is not None:
+        return Check("CONFIG_KPROBES", value == "y", f"{value} (from {source})", required=False)
+    has = tracefs is not None and (tracefs / "kprobe_events").exists()
+    return Check("CONFIG_KPROBES", has, f"{'y' if has else 'n or unknown'} (from tracefs kprobe_events "
+                 f"{'present' if has else 'absent'}; {source})", required=False)
+
+
+def kprobe_engine_facts(tracefs: Path | None, release: str | None = None) -> list[Check]:
+    """The facts the planned kprobe engine (issue 30) will need, as found here; all informational."""
+    release = release or platform.release()
+    checks = [Check("kernel", True, release, required=False), _kprobes_config(tracefs, release)]
+    tp = bpfload.tracepoint_program_loads()
+    checks.append(Check("BPF tracepoint program", tp.ok, tp.detail + " (raw bpf() PROG_LOAD)", required=False))
+    try:
+        vmlinux, modules, why = symbols.read_btf()
+    except (OSError, symbols.BtfError) as e:
+        vmlinux, modules, why = None, {}, str(e)
+    if vmlinux is None:
+        checks.append(Check("BTF", False, why, required=False))
+        checks.append(Check("BPF fentry program", False, "not tried: no vmlinux BTF", required=False))
+    else:
+        mods = f"; module BTF: {' '.join(modules)}" if modules else "; no KVM module BTF (KVM built in?)"
+        checks.append(Check("BTF", True, f"vmlinux: {len(vmlinux.funcs)} functions{mods}", required=False))
+        fn = next((f for f in ("kvm_vcpu_halt", "kvm_vcpu_block", "schedule") if f in vmlinux.funcs), None)
+        fe = bpfload.fentry_program_loads(vmlinux.funcs[fn]) if fn else None
+        checks.append(Check("BPF fentry program", bool(fe and fe.ok),
+                            f"{fe.detail} (raw bpf() PROG_LOAD on fentry:{fn})" if fe else
+                            "not tried: no known function in BTF", required=False))
+    checks.extend(_symbol_checks(tracefs, release, vmlinux, modules))
+    return checks
+
+
+def _symbol_checks(tracefs: Path | None, release: str, vmlinux: symbols.Btf | None,
+                   modules: dict[str, symbols.Btf]) -> list[Check]:
+    reports = [symbols.kallsyms_report(), symbols.filter_functions_report(tracefs)]
+    checks = [Check(r.source, r.names is not None,
+                    f"{len(r.names)} functions" if r.names is not None else r.why, required=False)
+              for r in reports]
+    available: set[str] = set(reports[0].names or ())
+    for b in [vmlinux, *modules.values()]:
+        available |= set(b.funcs) if b else set()
+    vendor = kprobe_table.engine_vendor(host_vendor(), frozenset(available))
+    if vendor is None:
+        return checks + [Check("kprobe symbols", False, "no vmx/svm CPU flag and no pvm_handle_exit: "
+                               "no KVM vendor to resolve symbols for", required=False)]
+    res = kprobe_table.resolve(kprobe_table.parse_version(release), vendor, frozenset(available))
+    ok = [f"{p.probe.purpose}:{p.symbol}" for p in res.probes if p.symbol]
+    checks.append(Check("kprobe symbols", not res.missing(),
+                        f"{vendor}, kernel {res.kernel[0]}.{res.kernel[1]} (kallsyms + BTF): purposes the "
+                        f"planned kprobe engine could serve: {', '.join(res.servable()) or 'none'}; "
+                        f"found {' '.join(ok)}", required=False))
+    checks.extend(Check("kprobe symbol", False, p.message, required=False) for p in res.missing())
     return checks
 
 
