@@ -60,7 +60,8 @@ TABLE: tuple[Probe, ...] = (
 @dataclass(frozen=True)
 class ProbeResolution:
     probe: Probe
-    symbol: str | None        # what the engine will attach; None when missing or not applicable
+    status: str               # "found", "missing" or "n/a" (no candidate for this vendor and version)
+    symbol: str | None        # what the engine will attach; None unless found
     message: str
 
 
@@ -71,14 +72,14 @@ class Resolution:
     probes: tuple[ProbeResolution, ...]
 
     def missing(self) -> list[ProbeResolution]:
-        return [p for p in self.probes if p.symbol is None and p.message.startswith("missing")]
+        return [p for p in self.probes if p.status == "missing"]
 
     def servable(self) -> list[str]:
         """Purposes with every applicable probe resolved."""
         out: list[str] = []
         for purpose in dict.fromkeys(p.probe.purpose for p in self.probes):
             rows = [p for p in self.probes if p.probe.purpose == purpose]
-            if any(p.symbol for p in rows) and all(p.symbol or not p.message.startswith("missing") for p in rows):
+            if any(p.status == "found" for p in rows) and all(p.status != "missing" for p in rows):
                 out.append(purpose)
         return out
 
@@ -102,15 +103,15 @@ def resolve(kernel: Version, vendor: str, available: frozenset[str]) -> Resoluti
     for probe in TABLE:
         wanted = [c for c in probe.candidates if _applies(c, kernel, vendor)]
         if not wanted:
-            out.append(ProbeResolution(probe, None, f"not applicable to {vendor} on "
+            out.append(ProbeResolution(probe, "n/a", None, f"not applicable to {vendor} on "
                                        f"{kernel[0]}.{kernel[1]}: no such probe there ({probe.lost})"))
             continue
         found = next((c for c in wanted if c.symbol in available), None)
         if found:
-            out.append(ProbeResolution(probe, found.symbol, f"{probe.purpose}: {found.symbol}"))
+            out.append(ProbeResolution(probe, "found", found.symbol, f"{probe.purpose}: {found.symbol}"))
         else:
             names = " or ".join(c.symbol for c in wanted)
-            out.append(ProbeResolution(probe, None, f"missing {names} ({probe.role}): "
+            out.append(ProbeResolution(probe, "missing", None, f"missing {names} ({probe.role}): "
                                        f"without it, no {probe.lost}"))
     return Resolution(kernel, vendor, tuple(out))
 

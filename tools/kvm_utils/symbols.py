@@ -85,7 +85,10 @@ def _string(base: bytes, own: bytes, off: int, what: str) -> str:
     table, rel = (base, off) if off < len(base) else (own, off - len(base))
     if rel >= len(table):
         raise BtfError(f"{what}: name offset {off} is past the string tables ({len(base)}+{len(own)} bytes)")
-    return table[rel:table.index(b"\0", rel)].decode("utf-8", "replace")
+    end = table.find(b"\0", rel)
+    if end < 0:
+        raise BtfError(f"{what}: name at offset {off} has no NUL before the string table ends")
+    return table[rel:end].decode("utf-8", "replace")
 
 
 def read_btf(sys_root: Path = Path("/sys")) -> tuple[Btf | None, dict[str, Btf], str]:

@@ -84,6 +84,8 @@ def test_btf_errors_name_the_problem() -> None:
         symbols.parse_btf(blob[:-3])
     with pytest.raises(symbols.BtfError, match="name offset 99"):
         symbols.parse_btf(_blob(_t(99, 12), strings))
+    with pytest.raises(symbols.BtfError, match="no NUL"):
+        symbols.parse_btf(_blob(_t(1, 12), b"\0abc"))
     with pytest.raises(symbols.BtfError, match="shorter than"):
         symbols.parse_btf(b"\x9f\xeb")
 
@@ -157,8 +159,9 @@ def test_resolve_everything_available(version: tuple[int, int], vendor: str) -> 
     assert res.missing() == []
     assert res.servable() == ["exit-handling", "wakeups", "timer", "halt-spin"]
     for p in res.probes:
+        assert (p.status == "found") == (p.symbol is not None)
         if p.symbol is None:
-            assert p.message.startswith(f"not applicable to {vendor}")
+            assert p.status == "n/a" and p.message.startswith(f"not applicable to {vendor}")
 
 
 @pytest.mark.parametrize("vendor", kt.VENDORS)
@@ -170,7 +173,7 @@ def test_resolve_each_missing_symbol_is_named_with_what_is_lost(version: tuple[i
             continue
         res = kt.resolve(version, vendor, ALL_SYMBOLS - {sym})
         [miss] = res.missing()
-        assert miss.probe.role == role and miss.symbol is None
+        assert miss.probe.role == role and miss.symbol is None and miss.status == "missing"
         assert sym in miss.message and miss.probe.lost in miss.message
         assert miss.probe.purpose not in res.servable()
 
@@ -207,3 +210,19 @@ def test_resolve_on_this_machine() -> None:
         else:
             assert p.symbol is None and p.message.startswith(f"missing {want}")
     assert res.probes[0].symbol is not None   # the exit handler of the vendor we detected is there
+
+
+def test_kernel_config_sources(tmp_path: Path) -> None:
+    import gzip
+    from tools.kvm_utils.doctor import kernel_config
+    proc, boot = tmp_path / "proc", tmp_path / "boot"
+    proc.mkdir()
+    boot.mkdir()
+    assert kernel_config("CONFIG_KPROBES", "6.1.0", proc, boot) == (
+        None, f"neither {proc}/config.gz nor {boot}/config-6.1.0 is readable")
+    (boot / "config-6.1.0").write_text("CONFIG_KPROBES=y\nCONFIG_KVM=m\n")
+    assert kernel_config("CONFIG_KPROBES", "6.1.0", proc, boot) == ("y", f"{boot}/config-6.1.0")
+    assert kernel_config("CONFIG_KVM", "6.1.0", proc, boot)[0] == "m"
+    (proc / "config.gz").write_bytes(gzip.compress(b"# CONFIG_KPROBES is not set\n"))
+    assert kernel_config("CONFIG_KPROBES", "6.1.0", proc, boot) == ("n", f"{proc}/config.gz")
+    assert kernel_config("CONFIG_BPF", "6.1.0", proc, boot) == ("n", f"{proc}/config.gz (not mentioned)")
