@@ -121,8 +121,8 @@ def start_guest(argv: list[str]) -> subprocess.Popen:
     line = g.stderr.readline()
     if not line.startswith("ready"):
         g.kill()
-        g.wait()
-        raise AssertionError(f"bench helper did not get ready: {line!r} {g.stderr.read()}")
+        _, err = g.communicate()  # reaps it and closes the pipes
+        raise AssertionError(f"bench helper did not get ready: {line!r} {err}")
     return g
 
 
@@ -135,17 +135,16 @@ def go(g: subprocess.Popen) -> dict:
 
 
 def finish(*procs: subprocess.Popen) -> None:
-    """Close stdin of / kill the processes we started (by PID), whatever state they are in."""
+    """Close stdin of / kill the processes we started (by PID), whatever state they are in;
+    their pipes are closed as they are reaped."""
     for p in procs:
         if p is None:
             continue
         try:
-            if p.stdin:
-                p.stdin.close()
-            p.wait(timeout=10)
+            p.communicate(timeout=10)
         except (subprocess.TimeoutExpired, OSError, ValueError):
             p.kill()
-            p.wait()
+            p.communicate()
 
 
 def wait_line(proc: subprocess.Popen, marker: str, stream: str = "stderr") -> list[str]:

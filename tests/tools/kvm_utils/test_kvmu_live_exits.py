@@ -31,7 +31,7 @@ def test_exits_per_vm_and_vcpu_exact(helper, kvm_events) -> None:
     finally:
         if g.poll() is None:
             g.kill()
-            g.wait()
+            g.communicate()  # reaps it and closes the pipe
     assert out.returncode == 0, out.stderr
     assert json.loads(gout)["userspace_exits"] == {"IO": 3000}
     d = json.loads(out.stdout)

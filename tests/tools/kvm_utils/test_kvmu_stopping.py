@@ -96,25 +96,23 @@ while True:
 
 def test_bpf_stop_sends_sigint_again_until_the_child_exits() -> None:
     from tools.kvm_utils.sources.bpf import stop
-    p = subprocess.Popen([sys.executable, "-c", SECOND_SIGINT], stdout=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline() == "ready\n"
-        stop(p, every=0.3, give_up=10).join(timeout=20)
-        assert p.returncode == 7                        # stopped by the second SIGINT, not killed
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    with subprocess.Popen([sys.executable, "-c", SECOND_SIGINT], stdout=subprocess.PIPE, text=True) as p:  # closes the pipe
+        try:
+            assert p.stdout.readline() == "ready\n"
+            stop(p, every=0.3, give_up=10).join(timeout=20)
+            assert p.returncode == 7                        # stopped by the second SIGINT, not killed
+        finally:
+            if p.poll() is None:
+                p.kill()
 
 
 def test_bpf_stop_kills_a_child_that_never_stops() -> None:
     from tools.kvm_utils.sources.bpf import stop
-    p = subprocess.Popen([sys.executable, "-c", NEVER_STOPS], stdout=subprocess.PIPE, text=True)
-    try:
-        assert p.stdout.readline() == "ready\n"
-        stop(p, every=0.2, give_up=1).join(timeout=20)
-        assert p.wait(timeout=5) == -signal.SIGKILL
-    finally:
-        if p.poll() is None:
-            p.kill()
-            p.wait()
+    with subprocess.Popen([sys.executable, "-c", NEVER_STOPS], stdout=subprocess.PIPE, text=True) as p:  # closes the pipe
+        try:
+            assert p.stdout.readline() == "ready\n"
+            stop(p, every=0.2, give_up=1).join(timeout=20)
+            assert p.wait(timeout=5) == -signal.SIGKILL
+        finally:
+            if p.poll() is None:
+                p.kill()
