@@ -6,11 +6,11 @@ from __future__ import annotations
 import tomllib
 from pathlib import Path
 from typing import Literal
-from urllib.parse import urlsplit
 
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from api.scrape import check_metrics_url
 from hostd.errors import ConfigError
 from hostd.health.probe import Probe, ProbeSpecError
 
@@ -106,13 +106,10 @@ def load_config(path: Path | None) -> HostdConfig:
     except ProbeSpecError as e:
         raise ConfigError(str(e), field="io_probe") from None
     if cfg.metrics_url:
-        u = urlsplit(cfg.metrics_url)
         try:
-            port = u.port
-        except ValueError:
-            port = None
-        if u.scheme not in ("http", "https") or not u.hostname or not port or u.query or u.fragment:
-            raise ConfigError(f"{cfg.metrics_url!r} is not http(s)://host:port/path", field="metrics_url")
+            check_metrics_url(cfg.metrics_url)  # the scheduler's rule: what it would refuse, hostd does not start with
+        except ValueError as e:
+            raise ConfigError(f"{cfg.metrics_url!r}: {e}", field="metrics_url") from None
     tls = [cfg.tls_cert, cfg.tls_key, cfg.tls_ca]
     if any(tls) and not all(tls):
         raise ConfigError("give tls_cert, tls_key and tls_ca together", field="tls_cert")

@@ -2,31 +2,14 @@
 
 from __future__ import annotations
 
-import re
-
 from typing import Any, Literal
-from urllib.parse import urlsplit
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
+from api.scrape import check_metrics_url
+
 HOST = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 HOSTPORT = r"^[A-Za-z0-9_.:\[\]-]{1,250}:[0-9]{1,5}$"
-_NETLOC = re.compile(r"^(?:\[[0-9A-Fa-f:.]{2,45}\]|[A-Za-z0-9_.-]{1,253}):([0-9]{1,5})$")
-_PATH = re.compile(r"^/[A-Za-z0-9/_.~-]{0,200}$")
-
-
-def check_metrics_url(v: str) -> str:
-    """``http(s)://host:port/path`` (IPv6 hosts in brackets), what a Prometheus scrape
-    target is made of: no user, query or fragment, an explicit port (1-65535)."""
-    u = urlsplit(v)
-    if u.scheme not in ("http", "https"):
-        raise ValueError(f"scheme must be http or https, not {u.scheme or 'none'!r}")
-    m = _NETLOC.match(u.netloc)
-    if not m or not 0 < int(m.group(1)) < 65536:
-        raise ValueError(f"{u.netloc!r} is not host:port (port 1-65535, IPv6 in brackets)")
-    if not _PATH.match(u.path or "/") or u.query or u.fragment or "?" in v or "#" in v:
-        raise ValueError(f"path {u.path!r} must be /... without query or fragment")
-    return f"{u.scheme}://{u.netloc}{u.path or '/metrics'}"
 
 
 class HostRegister(BaseModel):
