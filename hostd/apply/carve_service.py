@@ -126,8 +126,9 @@ def served_policy(where: Where, *, prefer_carved: bool = True) -> Served:
     if st is not None and layout.to_json(None) != st.layout_json:
         log.warning("the carved policy plans differently on this host now (carved %s); Carve it again",
                     time.strftime("%Y-%m-%dT%H:%M:%S", time.localtime(st.carved_unix)))
-    log.info("serving policy source=%s digest=%s", source, policy_digest(text)[:12])
-    return Served(text, policy_digest(text), policy, topo, layout, source)
+    digest = policy_digest(text)
+    log.info("serving policy source=%s digest=%s", source, digest[:12])
+    return Served(text, digest, policy, topo, layout, source)
 
 
 # ---------------------------------------------------------------- the VMs a carve checks
@@ -251,9 +252,10 @@ class CarveService:
         parsed here). ``digest``: the sha256 the caller planned with (the RPC's; the
         command line read the text itself and gives none)."""
         text, policy = self._parse(text, policy)
-        if digest is not None and digest != policy_digest(text):
+        own = policy_digest(text)
+        if digest is not None and digest != own:
             raise DigestMismatch(f"{digest or '(none)'} is not the sha256 of the policy text "
-                                 f"({policy_digest(text)}): plan with the text you carve", field="policy_digest")
+                                 f"({own}): plan with the text you carve", field="policy_digest")
         with self._exclusive("carve"):
             layout = plan_host(discover_for(policy, self.where), policy)
             if isinstance(layout, NoFit):
@@ -264,7 +266,7 @@ class CarveService:
             try:
                 out = carve(text, policy, layout, root=self.where.root, state_dir=self.where.state_dir)
             except Exception as e:
-                log.error("carve failed digest=%s error=%s", policy_digest(text)[:12], e)
+                log.error("carve failed digest=%s error=%s", own[:12], e)
                 detail = str(e) if isinstance(e, HostdError) else f"{type(e).__name__}: {e}"
                 raise CarveFailed(f"{detail}; every step of this carve was undone",
                                   field=getattr(e, "field", None)) from e

@@ -11,10 +11,9 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from starlette.background import BackgroundTask
 
-from scheduler.api import wire
 from scheduler.api.deps import CurrentPrincipal, principal_of, tenant_scope
 from scheduler.api.errors import ERRORS, ErrorBody
-from scheduler.api.wire import KEY, CreateRequest, cells_json, created_headers, vm_json
+from scheduler.api.wire import KEY, CreateRequest, cells_json, created_headers, read_create, vm_json
 from scheduler.db.models import Vm
 from scheduler.fit import FitResult
 from scheduler.resources import Allocation
@@ -83,7 +82,7 @@ async def create_inputs(request: Request) -> CreateRequest:
     """What FastAPI would have solved for the create route, read by the one reader of
     this request (``api/wire.py``), which the fast path uses too."""
     h = request.headers
-    return wire.read_create(principal_of(request), dry_run=request.query_params.get("dry_run"),
+    return read_create(principal_of(request), dry_run=request.query_params.get("dry_run"),
                             key=h.get("idempotency-key"), ctype=h.get("content-type", ""),
                             body=await request.body())
 
