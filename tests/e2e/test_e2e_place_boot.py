@@ -8,7 +8,6 @@ What this machine cannot show: a second host, SR-IOV VFs, more than one NUMA nod
 
 from __future__ import annotations
 
-import hashlib
 import os
 import ssl
 import time
@@ -18,6 +17,7 @@ import httpx
 import libvirt
 import pytest
 
+from tools.dev.fleetsim import write_scheduler_config
 from tools.dev.procs import Hostd, Scheduler, free_port, hostd_workdir, write_hostd_config
 
 pytestmark = [pytest.mark.root, pytest.mark.integration, pytest.mark.slow]
@@ -25,40 +25,14 @@ PAGES = 128
 ADMIN, HOST_TOKEN = "e2e-admin-token", "e2e-host-token"
 
 
-def sha(t: str) -> str:
-    return hashlib.sha256(t.encode()).hexdigest()
-
-
 @pytest.fixture
 def stack(tmp_path: Path, libvirtd: str, smoke_guest, hugepages_2m, loop_disk: Path):
     hugepages_2m(PAGES)
     certs = hostd_workdir(tmp_path, smoke_guest, pages=PAGES, disk=loop_disk.name)
     sport, hport = free_port(), free_port()
-    (tmp_path / "scheduler.toml").write_text(f"""
-log_level = "INFO"
-[server]
-host = "127.0.0.1"
-port = {sport}
-tls_cert = "{certs / 'scheduler-api.crt'}"
-tls_key = "{certs / 'scheduler-api.key'}"
-[db]
-url = "sqlite:///{tmp_path / 'scheduler.db'}"
-[dispatch]
-ca = "{certs / 'ca.crt'}"
-cert = "{certs / 'scheduler.crt'}"
-key = "{certs / 'scheduler.key'}"
-server_name = "localhost"
-[reconcile]
-interval_s = 2
-[[auth.tokens]]
-name = "ops"
-sha256 = "{sha(ADMIN)}"
-scopes = ["admin"]
-[[auth.tokens]]
-name = "hostd"
-sha256 = "{sha(HOST_TOKEN)}"
-scopes = ["host"]
-""")
+    write_scheduler_config(tmp_path / "scheduler.toml", port=sport, certs=certs, db=tmp_path / "scheduler.db",
+                           admin_token=ADMIN, host_token=HOST_TOKEN, log_level="INFO",
+                           extra="[reconcile]\ninterval_s = 2\n")
 
     (tmp_path / "token").write_text(HOST_TOKEN)
     write_hostd_config(tmp_path / "hostd.toml", policy=tmp_path / "policy.toml", state=tmp_path / "state",

@@ -515,10 +515,10 @@ def sha256(token: str) -> str:
 
 
 def write_scheduler_config(path: Path, *, port: int, certs: Path, db: Path, admin_token: str,
-                           host_token: str, extra: str = "") -> Path:
+                           host_token: str, extra: str = "", log_level: str = "WARNING") -> Path:
     """A scheduler.toml for a fleet: HTTPS from the dev CA, SQLite, dispatch with the
     scheduler's client certificate, an admin and a host token; ``extra`` is appended."""
-    path.write_text(f"""log_level = "WARNING"
+    path.write_text(f"""log_level = "{log_level}"
 [server]
 host = "127.0.0.1"
 port = {port}
