@@ -61,6 +61,7 @@ def build_parser() -> argparse.ArgumentParser:
     c.add_argument("--json", action="store_true")
     c.add_argument("--state-dir", type=Path, help="where the carve journal lives")
     _wait_arg(c)
+    _expect_args(c)
     _discover_args(c)
 
     s = sub.add_parser("serve", help="run the daemon: gRPC API (api/hostd.proto) over libvirt")
@@ -88,7 +89,17 @@ def build_parser() -> argparse.ArgumentParser:
     u.add_argument("--drained", action="store_true",
                    help="the VMs left on this host (none running) are drained: uncarve under them")
     _wait_arg(u)
+    _expect_args(u)
     return p
+
+
+def _expect_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--expect", metavar="DIGEST",
+                   help="refuse (hyb.carve.conflict) unless the host is carved with this digest "
+                        "('' = uncarved), as the Carve RPC does; without it the command acts on "
+                        "whatever the host carries")
+    p.add_argument("--operation", metavar="ID", help="recorded as the carve's operation "
+                   "(default hostd-cli:<user>:<time>)")
 
 
 def _wait_arg(p: argparse.ArgumentParser) -> None:

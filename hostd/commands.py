@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import sys
+import time
 from pathlib import Path
 
 from rich.console import Console
@@ -16,7 +18,7 @@ from rich.console import Console
 from api.jsonmodel import SchemaError
 from api.layout import Layout
 from hostd.carve.plan import plan_host
-from hostd.apply.carve_service import CarveService, LedgerVms, Where
+from hostd.apply.carve_service import Asker, CarveService, LedgerVms, Where
 from hostd.apply.host_carve import JOURNAL_NAME
 from hostd.carve.policy import Policy, PolicyError, load_policy, loads_policy
 from hostd.carve.render import render_layout, render_nofit
@@ -107,6 +109,11 @@ def _carve_service(args: argparse.Namespace, cfg: HostdConfig) -> CarveService:
     return CarveService(where, LedgerVms(where.state_dir), wait_s=args.wait)
 
 
+def _asker(args: argparse.Namespace) -> Asker:
+    user = os.environ.get("SUDO_USER") or os.environ.get("USER") or str(os.getuid())
+    return Asker(args.expect, args.operation or f"hostd-cli:{user}:{int(time.time())}", f"hostd-cli:{user}")
+
+
 def _carve(args, cfg, console) -> int:
     """Journaled, and recorded with the policy's digest, so `hostd serve` serves the carved
     policy and GetHostInfo shows it. Refused (nothing changed) where the Carve RPC refuses."""
@@ -128,7 +135,7 @@ def _carve(args, cfg, console) -> int:
                                                           plan.vm_conflicts)
     else:
         try:
-            out = service.carve(text, policy=policy)
+            out = service.carve(text, _asker(args), policy=policy)
         except CarveNoFit as e:
             return _show_plan(NoFit(e.field or "policy", e.detail), args.json, console)
         layout, digest, steps, cannot_move, conflicts = out.layout, out.digest, out.steps, out.cannot_move, []
@@ -155,7 +162,7 @@ def _carve(args, cfg, console) -> int:
 
 def _uncarve(args, cfg, console) -> int:
     service = _carve_service(args, cfg)
-    steps = service.uncarve(drained=args.drained, dry_run=args.dry_run)
+    steps = service.uncarve(_asker(args), drained=args.drained, dry_run=args.dry_run)
     if not steps:
         console.print(f"nothing to undo: the journal ({service.where.state_dir / JOURNAL_NAME}) is empty",
                       highlight=False, markup=False)

@@ -258,6 +258,23 @@ class CarveFailed(HostdError):
     grpc_status = "ABORTED"
 
 
+class CarveConflict(HostdError):
+    """Compare-and-set: the host is not carved with the digest the caller expected to
+    replace (another carve or uncarve came first); the message names what it carries and
+    who made it. Nothing was changed: read the host again and decide."""
+
+    code = "hyb.carve.conflict"
+    grpc_status = "ABORTED"
+
+
+class CarveRequestInvalid(HostdError):
+    """A Carve or Uncarve without what makes it safe: the expected digest or the
+    operation id (or a malformed one); nothing was changed."""
+
+    code = "hyb.carve.request_invalid"
+    grpc_status = "INVALID_ARGUMENT"
+
+
 class CarveUnavailable(HostdError):
     """This hostd has no remote carve (an in-process test server without one)."""
 

@@ -55,6 +55,15 @@ class LayoutShrink(SchedulerError):
     status = 409
 
 
+class HostAdminOwned(SchedulerError):
+    """A host another owner cordoned or drained: only that owner may change its admin
+    state, unless the request says ``force`` (two operators, or an operator and a fleet
+    rollout, must not undo each other's cordons unknowingly)."""
+
+    code = "hyb.host.admin_owned"
+    status = 409
+
+
 class HostNotFound(SchedulerError):
     code = "hyb.host.not_found"
     status = 404
@@ -92,3 +101,66 @@ class NoValidHost(SchedulerError):
 class HostdFailed(SchedulerError):
     code = "hyb.dispatch.failed"
     status = 502
+
+
+class StoreUnavailable(SchedulerError):
+    """The database failed under the request (a full disk, a lost connection, a lock not
+    granted within the busy timeout): nothing was written, and the same request may
+    succeed once the cause is gone, so it is the service that is unavailable (503), not
+    the request that is wrong."""
+
+    code = "hyb.store.unavailable"
+    status = 503
+
+
+class RolloutNotFound(SchedulerError):
+    code = "hyb.rollout.not_found"
+    status = 404
+
+
+class RolloutHostNotFound(SchedulerError):
+    code = "hyb.rollout.host_not_found"
+    status = 404
+
+
+class RolloutExists(SchedulerError):
+    code = "hyb.rollout.exists"
+    status = 409
+
+
+class RolloutOverlap(SchedulerError):
+    """The new (or reactivated) rollout shares hosts with another active rollout: a host
+    belongs to at most one, so two controllers never drive the same host."""
+
+    code = "hyb.rollout.overlap"
+    status = 409
+
+
+class RolloutLeaseHeld(SchedulerError):
+    """Another controller holds the rollout's lease, and it has not lapsed."""
+
+    code = "hyb.rollout.lease_held"
+    status = 409
+
+
+class RolloutLeaseLost(SchedulerError):
+    """The writer does not hold the rollout's lease (it lapsed, or another took it): the
+    lease is the fencing token, so a controller that lost it cannot write behind its
+    successor's back."""
+
+    code = "hyb.rollout.lease_lost"
+    status = 409
+
+
+class RolloutStaleState(SchedulerError):
+    """The host was not in the state the writer expected (another writer moved it)."""
+
+    code = "hyb.rollout.stale_state"
+    status = 409
+
+
+class RolloutBadState(SchedulerError):
+    """An operator's verb that does not apply to the rollout's current state."""
+
+    code = "hyb.rollout.bad_state"
+    status = 409

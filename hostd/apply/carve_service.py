@@ -13,6 +13,12 @@ journal, and fail with the same errors.
   (``hyb.carve.vms_running``) or exist undrained (``hyb.carve.not_drained``). The VMs
   are the daemon's: its manager in-process, its ledger (``state_dir/ledger.db``) from
   the command line, read under the lock.
+- Compare-and-set: a carve or an uncarve names the digest it expects to replace ("":
+  uncarved) and its operation id; another carve since the caller looked is refused
+  (``hyb.carve.conflict``, naming the carve the host has and who made it), as
+  placement's generations and etcd's revisions refuse a stale write. A retry of a carve
+  that is done (same digest, same operation) is allowed and changes nothing. The
+  command line may leave the expectation out (the operator at the host decides).
 - The journal and the carve state: hostd.apply.host_carve.
 
 Which policy `hostd serve` serves VMs with (``served_policy``) lives here too: the
@@ -26,6 +32,7 @@ from __future__ import annotations
 
 import contextlib
 import logging
+import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -35,7 +42,16 @@ from typing import Protocol
 
 from api.layout import Layout
 from api.policy import policy_digest
-from hostd.apply.host_carve import Carved, boot_pending, carve, handles_for, journal_steps, load_state, uncarve_host
+from hostd.apply.host_carve import (
+    Carved,
+    CarveState,
+    boot_pending,
+    carve,
+    handles_for,
+    journal_steps,
+    load_state,
+    uncarve_host,
+)
 from hostd.apply.hostlock import HostLock
 from hostd.apply.ledger import Ledger, VmRecord
 from hostd.apply.live_carve import plan_steps
@@ -46,8 +62,10 @@ from hostd.carve.policy import Policy, PolicyError, loads_policy
 from hostd.discover import DiskProbe, discover_host
 from hostd.discover.model import Topology
 from hostd.errors import (
+    CarveConflict,
     CarveFailed,
     CarveNoFit,
+    CarveRequestInvalid,
     DigestMismatch,
     HostdError,
     NoFit,
@@ -65,6 +83,39 @@ CARVE_STATE = "carve state"  # Served.source of a carved host
 BUSY_STATES = ("running", "creating", "deleting")
 LEDGER_NAME = "ledger.db"
 WAIT_S = 60.0  # how long a carve waits for the lock before CarveBusy
+OPERATION_RE = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces
+DIGEST_RE = re.compile(r"(|[0-9a-f]{64})")
+
+
+@dataclass(frozen=True)
+class Asker:
+    """Who asks for a carve or an uncarve, and what they expect to replace.
+
+    ``expected``: the carved digest the change replaces ("" = uncarved); None only from
+    the command line, where the operator at the host may skip the comparison.
+    ``operation``: the caller's id for the change (recorded; a retry of a done carve
+    with the same id is allowed). ``by``: the caller's name (certificate name)."""
+
+    expected: str | None
+    operation: str
+    by: str
+
+    def check(self) -> None:
+        if self.expected is not None and not DIGEST_RE.fullmatch(self.expected):
+            raise CarveRequestInvalid(f"{self.expected[:80]!r} is not a sha256 hex digest or \"\" (uncarved)",
+                                      field="expected_digest")
+        if not OPERATION_RE.fullmatch(self.operation):
+            raise CarveRequestInvalid("required: 1-200 printable characters without spaces, naming the "
+                                      "change (e.g. rollout/<name>/<host>/carve)", field="operation_id")
+
+
+def describe_carve(st: CarveState | None) -> str:
+    """What a host carries, for a refusal: the digest, who carved it and when."""
+    if st is None:
+        return "uncarved"
+    when = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(st.carved_unix))
+    return (f"carved with {st.digest} by {st.by or '(unrecorded)'} "
+            f"(operation {st.operation or '(unrecorded)'}) at {when}")
 
 
 @dataclass(frozen=True)
@@ -189,6 +240,9 @@ class Info:
     started_unix: float
     policy_digest: str
     carved_policy_toml: str = ""
+    carve_operation: str = ""
+    carved_by: str = ""
+    carved_unix: float = 0.0
 
 
 class CarveService:
@@ -229,7 +283,9 @@ class CarveService:
         return Info(carved_digest=st.digest if st else "", journal_steps=len(journal_steps(self.where.state_dir)),
                     reboot_pending=boot_pending(served.layout, self.where.root) if st and served else [],
                     vms=len(vms), vms_running=sum(r.state == "running" for r in vms), started_unix=self.started,
-                    policy_digest=served.digest if served else "", carved_policy_toml=st.policy_toml if st else "")
+                    policy_digest=served.digest if served else "", carved_policy_toml=st.policy_toml if st else "",
+                    carve_operation=st.operation if st else "", carved_by=st.by if st else "",
+                    carved_unix=st.carved_unix if st else 0.0)
 
     def plan(self, text: str, *, policy: Policy | None = None) -> Planned:
         """What ``carve`` would do (``text`` "": the served policy). Reads only."""
@@ -247,16 +303,34 @@ class CarveService:
             return Planned(digest, result, None, steps, [str(u) for u in unmovable],
                            vm_conflicts(result, self.vms.list()), already)
 
-    def carve(self, text: str, *, digest: str | None = None, policy: Policy | None = None) -> Carved:
+    def _compare(self, asker: Asker, *, target: str) -> None:
+        """Refuse unless the host carries what ``asker`` expects, or already carries
+        ``target`` ("": uncarved) by ``asker``'s own doing (a retry). Under the lock."""
+        st = load_state(self.where.state_dir)
+        current = st.digest if st else ""
+        if asker.expected is None or asker.expected == current:
+            return
+        if st is None and target == "":
+            return  # an uncarve that is done (ours or not: nothing is changed either way)
+        if st is not None and target == current and st.operation == asker.operation:
+            return  # a retry: this operation made exactly this carve
+        raise CarveConflict(f"the host is {describe_carve(st)}, not "
+                            f"{'uncarved' if not asker.expected else 'carved with ' + asker.expected} "
+                            "as this request expects; nothing was changed", field="expected_digest")
+
+    def carve(self, text: str, asker: Asker, *, digest: str | None = None, policy: Policy | None = None) -> Carved:
         """Carve the host for ``text`` (``policy``: already parsed by the caller, else
-        parsed here). ``digest``: the sha256 the caller planned with (the RPC's; the
-        command line read the text itself and gives none)."""
+        parsed here), if it carries what ``asker`` expects. ``digest``: the sha256 the
+        caller planned with (the RPC's; the command line read the text itself and gives
+        none)."""
+        asker.check()
         text, policy = self._parse(text, policy)
         own = policy_digest(text)
         if digest is not None and digest != own:
             raise DigestMismatch(f"{digest or '(none)'} is not the sha256 of the policy text "
                                  f"({own}): plan with the text you carve", field="policy_digest")
         with self._exclusive("carve"):
+            self._compare(asker, target=own)
             layout = plan_host(discover_for(policy, self.where), policy)
             if isinstance(layout, NoFit):
                 raise CarveNoFit(layout.reason, field=layout.field)
@@ -264,7 +338,8 @@ class CarveService:
             if conflicts:
                 raise VmsWouldNotFit("; ".join(conflicts), field="vm_conflicts")
             try:
-                out = carve(text, policy, layout, root=self.where.root, state_dir=self.where.state_dir)
+                out = carve(text, policy, layout, root=self.where.root, state_dir=self.where.state_dir,
+                            operation=asker.operation, by=asker.by)
             except Exception as e:
                 log.error("carve failed digest=%s error=%s", own[:12], e)
                 detail = str(e) if isinstance(e, HostdError) else f"{type(e).__name__}: {e}"
@@ -276,11 +351,14 @@ class CarveService:
                                    CARVE_STATE))
             return out
 
-    def uncarve(self, *, drained: bool, dry_run: bool = False) -> list[Step]:
-        """Undo the journal, newest first (``dry_run``: what would be undone). Refused
-        while VMs run, and while VMs exist unless ``drained``."""
+    def uncarve(self, asker: Asker, *, drained: bool, dry_run: bool = False) -> list[Step]:
+        """Undo the journal, newest first (``dry_run``: what would be undone), if the
+        host carries what ``asker`` expects. Refused while VMs run, and while VMs exist
+        unless ``drained``."""
+        asker.check()
         hold = self.lock.shared("plan an uncarve", wait_s=self.wait_s) if dry_run else self._exclusive("uncarve")
         with hold:
+            self._compare(asker, target="")
             vms = self.vms.list()
             busy = [f"{r.name} ({r.vm_id}, {r.state})" for r in vms if r.state in BUSY_STATES]
             if busy:
@@ -291,6 +369,7 @@ class CarveService:
             if dry_run:
                 return list(reversed(journal_steps(self.where.state_dir)))
             undone = uncarve_host(self.where.state_dir, self.where.root)
+            log.info("uncarved operation=%s by=%s", asker.operation, asker.by)
             if self.on_served is not None:
                 try:
                     served = served_policy(self.where, prefer_carved=False)

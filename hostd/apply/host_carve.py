@@ -4,7 +4,8 @@ under ``root``), the journaled apply and undo, and the carve state that names th
 policy the host was carved with.
 
 ``carve-state.json`` (in ``state_dir``, beside ``carve-journal.json``) holds the
-policy text, its digest, the layout and the time. It is written atomically after the
+policy text, its digest, the layout, the time, and who carved it (the operation id and
+the caller: what a compare-and-set refusal names). It is written atomically after the
 journal, so a host is either carved with a recorded policy or not; ``hostd serve``
 plans with the carved policy in preference to its policy file, so an upgrade carved
 remotely survives a restart; uncarve removes it.
@@ -36,7 +37,7 @@ log = logging.getLogger(__name__)
 
 JOURNAL_NAME = "carve-journal.json"
 STATE_NAME = "carve-state.json"
-STATE_VERSION = 1
+STATE_VERSION = 2  # 2 added operation and by; a version 1 state reads with them ""
 
 
 def boot_changes(layout: Layout) -> list[str]:
@@ -63,6 +64,8 @@ class CarveState:
     policy_toml: str
     layout_json: str
     carved_unix: float
+    operation: str = ""  # the caller's operation id
+    by: str = ""  # the caller: its certificate name, or hostd-cli:<user>
 
 
 def load_state(state_dir: Path) -> CarveState | None:
@@ -73,9 +76,10 @@ def load_state(state_dir: Path) -> CarveState | None:
         return None
     except (OSError, json.JSONDecodeError) as e:
         raise BadState(f"{path}: {e}", field="state") from None
-    if data.get("version") != STATE_VERSION:
+    if data.get("version") not in (1, STATE_VERSION):
         raise BadState(f"{path} has version {data.get('version')}, expected {STATE_VERSION}", field="state")
-    st = CarveState(data["digest"], data["policy_toml"], data["layout_json"], data["carved_unix"])
+    st = CarveState(data["digest"], data["policy_toml"], data["layout_json"], data["carved_unix"],
+                    data.get("operation", ""), data.get("by", ""))
     if policy_digest(st.policy_toml) != st.digest:
         raise BadState(f"{path}: the digest does not match the policy text", field="state")
     return st
@@ -190,10 +194,11 @@ class Carved:
 
 
 def carve(text: str, policy: Policy, layout: Layout, *, root: Path, state_dir: Path,
-          dry_run: bool = False) -> Carved:
+          dry_run: bool = False, operation: str = "", by: str = "") -> Carved:
     """Make the host under ``root`` match ``layout`` (planned from ``policy``, whose TOML
-    is ``text``), journaled in ``state_dir``; then record the carve state. A failing
-    step rolls this carve back and raises (ApplyFailed or the step's HostdError)."""
+    is ``text``), journaled in ``state_dir``; then record the carve state with who asked
+    (``operation``, ``by``). A failing step rolls this carve back and raises
+    (ApplyFailed or the step's HostdError)."""
     h = handles_for(root, exclusive=policy.io_service.exclusive)
     journal = Journal(state_dir / JOURNAL_NAME)
     unmovable: list = []
@@ -202,8 +207,9 @@ def carve(text: str, policy: Policy, layout: Layout, *, root: Path, state_dir: P
         steps = plan_steps(layout, h, unmovable)
     else:
         steps = apply_layout(layout, h, journal, context_for(h), unmovable)
-        save_state(state_dir, CarveState(digest, text, layout.to_json(None), time.time()))
-        log.info("carved digest=%s steps=%d root=%s", digest[:12], len(steps), root)
+        save_state(state_dir, CarveState(digest, text, layout.to_json(None), time.time(), operation, by))
+        log.info("carved digest=%s steps=%d root=%s operation=%s by=%s", digest[:12], len(steps), root,
+                 operation, by)
     refused = [s.skipped for s in steps if getattr(s, "skipped", "")]
     return Carved(digest, layout, steps, [str(u) for u in unmovable] + refused, dry_run)
 

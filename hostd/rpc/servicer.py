@@ -18,17 +18,17 @@ import grpc
 from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
 from api.jsonmodel import to_jsonable
-from hostd.apply.carve_service import CarveService
+from hostd.apply.carve_service import Asker, CarveService
 from hostd.apply.host_carve import boot_changes, boot_pending
 from hostd.apply.ledger import VmRecord
 from hostd.apply.vms import VmEvent, VmManager
 from hostd.carve.vmclaim import CellReq, VfReq
 from hostd.carve.vmspec import DiskSpec, IoTune, VmSpec
-from hostd.errors import CarveUnavailable, HostdError, SpecInvalid
+from hostd.errors import CarveRequestInvalid, CarveUnavailable, HostdError, SpecInvalid
 from hostd.health.sampler import Sampler
 from hostd.health.signal import HostStats
 from hostd.metrics import Metrics
-from hostd.rpc.callers import CallerCheck
+from hostd.rpc.callers import CallerCheck, peer_identities
 
 log = logging.getLogger(__name__)
 
@@ -211,7 +211,9 @@ class HostdService(pb_grpc.HostdServicer):
             return pb.HostInfo(host=self.host, hostd_version=self.version, carved_policy_digest=i.carved_digest,
                                journal_steps=i.journal_steps, reboot_pending=i.reboot_pending, vms=i.vms,
                                vms_running=i.vms_running, started_unix=i.started_unix,
-                               policy_digest=i.policy_digest, carved_policy_toml=i.carved_policy_toml)
+                               policy_digest=i.policy_digest, carved_policy_toml=i.carved_policy_toml,
+                               carve_operation=i.carve_operation, carved_by=i.carved_by,
+                               carved_unix=i.carved_unix)
         return self._call(context, info)
 
     def PlanCarve(self, request, context):
@@ -230,10 +232,20 @@ class HostdService(pb_grpc.HostdServicer):
             return out
         return self._call(context, plan)
 
+    @staticmethod
+    def _asker(request, context) -> Asker:  # type: ignore[no-untyped-def]
+        """Who asks (the caller's certificate name) and what it expects to replace: both
+        required over the API (the command line at the host may skip the comparison)."""
+        if not request.HasField("expected_digest"):
+            raise CarveRequestInvalid("required: the carved digest this change replaces (\"\" = uncarved; "
+                                      "GetHostInfo.carved_policy_digest)", field="expected_digest")
+        who = peer_identities(context)
+        return Asker(request.expected_digest, request.operation_id, who[0] if who else "plaintext")
+
     def Carve(self, request, context):
         def carve() -> pb.CarveResponse:
             carver = self._carver()
-            c = carver.carve(request.policy_toml, digest=request.policy_digest)
+            c = carver.carve(request.policy_toml, self._asker(request, context), digest=request.policy_digest)
             return pb.CarveResponse(policy_digest=c.digest, changed=c.changed,
                                     steps=[s.describe() for s in c.steps], cannot_move=c.cannot_move,
                                     reboot_required=boot_pending(c.layout, carver.where.root))
@@ -241,7 +253,8 @@ class HostdService(pb_grpc.HostdServicer):
 
     def Uncarve(self, request, context):
         return self._call(context, lambda: pb.UncarveResponse(
-            steps=[s.describe() for s in self._carver().uncarve(drained=request.drained)]))
+            steps=[s.describe() for s in self._carver().uncarve(self._asker(request, context),
+                                                                  drained=request.drained)]))
 
     def WatchEvents(self, request, context) -> Iterator[pb.VMEvent]:
         q: queue.Queue[VmEvent | None] = queue.Queue(EVENT_QUEUE)

@@ -27,6 +27,12 @@ class Host(Base):
     usage: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # sum of live allocations
     generation: Mapped[int] = mapped_column(Integer, default=1)  # bumps on every claim/release
     admin_state: Mapped[str] = mapped_column(String(16), default="active")
+    # Who took the host out of "active", why, and since when (cordon/drain): only that
+    # owner may change the admin state again without ``force``. "", "", NULL while active,
+    # and for a host cordoned before owners were recorded (anyone may change it).
+    admin_owner: Mapped[str] = mapped_column(String(128), default="", server_default="")
+    admin_reason: Mapped[str] = mapped_column(String(256), default="", server_default="")
+    admin_since: Mapped[float | None] = mapped_column(Float, nullable=True)
     # The principal that registered it ("" until the next registration claims it): no
     # other host principal may re-register or heartbeat it (admins may).
     owner: Mapped[str] = mapped_column(String(64), default="", server_default="")

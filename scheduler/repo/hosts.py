@@ -170,9 +170,13 @@ def heartbeat_many(*, session: Session, beats: dict[str, float], heartbeat_timeo
     return gone
 
 
-def set_admin_state(*, session: Session, name: str, state: str, now: float) -> Host:
+def set_admin_state(*, session: Session, name: str, state: str, now: float, owner: str, reason: str,
+                    since: float | None) -> Host:
+    """The admin state and who holds the host in it, why, since when (the service decides
+    whether this caller may; ``owner`` "" while active)."""
     h = get_host(session=session, name=name)
     h.admin_state = state
+    h.admin_owner, h.admin_reason, h.admin_since = owner, reason, since
     h.generation += 1
     h.seq = next_seq(session)  # the placement index must see it
     h.updated = now

@@ -10,6 +10,7 @@ from api.scrape import check_metrics_url
 
 HOST = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 HOSTPORT = r"^[A-Za-z0-9_.:\[\]-]{1,250}:[0-9]{1,5}$"
+ADMIN_OWNER = r"^[A-Za-z0-9][A-Za-z0-9_.:@/-]*$"
 
 
 class HostRegister(BaseModel):
@@ -36,6 +37,19 @@ class HostRegister(BaseModel):
     @classmethod
     def _metrics_url(cls, v: str | None) -> str | None:
         return None if v is None else check_metrics_url(v)
+
+
+class AdminChange(BaseModel):
+    """The optional body of cordon, drain and uncordon: who holds the host out of
+    "active" and why. Only that owner may change the admin state again, unless ``force``."""
+
+    model_config = ConfigDict(extra="forbid")
+    owner: str | None = Field(None, min_length=1, max_length=128, pattern=ADMIN_OWNER,
+                              examples=["fleet-rollout/kernel-6.12", "alice@ops"],
+                              description="who holds the host; none: the calling principal")
+    reason: str = Field("", max_length=256, examples=["replace DIMM B3"],
+                        description="shown with the host; left empty by its owner, the current reason stays")
+    force: StrictBool = Field(False, description="change it even when another owner holds it (audited with that owner)")
 
 
 class PoolOut(BaseModel):
@@ -81,6 +95,9 @@ class HostPublic(BaseModel):
     labels: dict[str, str]
     state: Literal["active", "cordoned", "draining", "down"]
     admin_state: Literal["active", "cordoned", "draining"]
+    admin_owner: str | None = Field(None, description='who cordoned or drained it ("": not recorded); none: active')
+    admin_reason: str | None = None
+    admin_since: float | None = Field(None, description="unix time the owner took it out of active")
     generation: int
     last_heartbeat: float
     vms: int

@@ -6,19 +6,21 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from datetime import datetime, timezone
 from urllib.parse import urlsplit
 
 from sqlalchemy.orm import Session
 
 from scheduler.db.engine import Store
 from scheduler.db.models import Host
-from scheduler.errors import HostNotYours
+from scheduler.errors import HostAdminOwned, HostNotYours
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import stats as stats_repo
 from scheduler.repo import vms as vm_repo
 from scheduler.resources import Usage
-from scheduler.schemas.hosts import (HeartbeatOut, HostDiskOut, HostPublic, HostRegister, HostsPublic, HostStatsIn,
-                                     HostStatsPublic, NodeOut, PfOut, PoolOut, StatsBucketOut, TargetGroup)
+from scheduler.schemas.hosts import (AdminChange, HeartbeatOut, HostDiskOut, HostPublic, HostRegister, HostsPublic,
+                                     HostStatsIn, HostStatsPublic, NodeOut, PfOut, PoolOut, StatsBucketOut,
+                                     TargetGroup)
 from scheduler.service.hostcache import HostCache
 
 log = logging.getLogger(__name__)
@@ -182,15 +184,38 @@ class HostService:
             out.append(TargetGroup(targets=[u.netloc], labels=labels))
         return out
 
-    def set_state(self, name: str, state: str, *, actor: str) -> HostPublic:
+    def set_state(self, name: str, state: str, *, actor: str, change: AdminChange) -> HostPublic:
+        """``actor`` sets host ``name``'s admin state for ``change.owner`` (none: the actor).
+        A host that another owner holds out of "active" is refused (HostAdminOwned, nothing
+        written) unless ``change.force``, so two operators (or an operator and a fleet
+        rollout) cannot undo each other's cordons unknowingly; a host with no recorded
+        owner (cordoned before owners were) is anyone's. The same owner may repeat or move
+        between cordoned and draining: the hold keeps its start and, when no reason is
+        given, its reason. "active" ends the hold. The row is locked first (PostgreSQL),
+        so two changes at once are judged one after the other."""
+        owner = change.owner or actor
         now = self.clock()
         with self.store.write() as s:
-            before = host_repo.get_host(session=s, name=name).admin_state
-            h = host_repo.set_admin_state(session=s, name=name, state=state, now=now)
+            h = host_repo.get_host(session=s, name=name, lock=True)
+            before, held_by = h.admin_state, h.admin_owner
+            overrides = before != "active" and held_by not in ("", owner)
+            if overrides and not change.force:
+                raise HostAdminOwned(_held_message(h), field="owner")
+            if state == "active":
+                hold: tuple[str, str, float | None] = ("", "", None)
+            elif before != "active" and held_by == owner:
+                hold = (owner, change.reason or h.admin_reason, h.admin_since)
+            else:
+                hold = (owner, change.reason, now)
+            host_repo.set_admin_state(session=s, name=name, state=state, now=now, owner=hold[0], reason=hold[1],
+                                      since=hold[2])
             vm_repo.audit(session=s, principal=actor, action=f"host.{state}", target=name, now=now,
-                          detail={"from": before})
+                          detail={"from": before, "owner": owner, "reason": change.reason, "forced": overrides,
+                                  "previous_owner": held_by})
             out = self._public(s, h, now)
-        log.info("host state name=%s %s -> %s", name, before, state)
+        log.log(logging.WARNING if overrides else logging.INFO,
+                "host state name=%s %s -> %s owner=%s previous_owner=%s forced=%s reason=%r",
+                name, before, state, owner, held_by, overrides, change.reason)
         return out
 
     def get(self, name: str) -> HostPublic:
@@ -222,8 +247,20 @@ class HostService:
                for p in res.pfs]
         disks = [HostDiskOut(name=d.name, id=d.id, node=d.node, cls=d.cls, size_bytes=d.size_bytes,
                              bytes_sec=d.bytes_sec, iops=d.iops, used=d.name in u.disks) for d in res.disks]
+        held = h.admin_state != "active"
         return HostPublic(name=h.name, address=h.address, rack=h.rack, labels=h.labels,
                           state=host_repo.effective_state(h, now=now, heartbeat_timeout_s=self.timeout),
-                          admin_state=h.admin_state, generation=h.generation, last_heartbeat=h.last_heartbeat,
+                          admin_state=h.admin_state, admin_owner=h.admin_owner if held else None,
+                          admin_reason=h.admin_reason if held else None, admin_since=h.admin_since if held else None,
+                          generation=h.generation, last_heartbeat=h.last_heartbeat,
                           vms=vms, nodes=nodes, pfs=pfs, disks=disks, metrics_url=h.metrics_url,
                           hostd_version=h.hostd_version, carved_policy=h.carved_policy)
+
+
+def _held_message(h: Host) -> str:
+    """Who holds ``h`` out of "active", since when and why, and how to override."""
+    since = ("an unknown time" if h.admin_since is None
+             else datetime.fromtimestamp(h.admin_since, timezone.utc).isoformat(timespec="seconds"))
+    why = f"reason {h.admin_reason!r}" if h.admin_reason else "no reason given"
+    return (f"host {h.name} is {h.admin_state}, held by {h.admin_owner} since {since} ({why}); only "
+            f"{h.admin_owner} may change its admin state, or send {{\"force\": true}} to override")

@@ -48,13 +48,15 @@ def test_remote_carve_messages_carry_what_fleet_rollout_reads() -> None:
 
     assert fields(pb.HostInfo) == {"host": 1, "hostd_version": 2, "carved_policy_digest": 3, "journal_steps": 4,
                                    "reboot_pending": 5, "vms": 6, "vms_running": 7, "started_unix": 8,
-                                   "policy_digest": 9, "carved_policy_toml": 10}
+                                   "policy_digest": 9, "carved_policy_toml": 10,
+                                   "carve_operation": 11, "carved_by": 12, "carved_unix": 13}
     assert fields(pb.PlanCarveRequest) == {"policy_toml": 1}
     assert fields(pb.NoFitReason) == {"field": 1, "reason": 2}
     assert fields(pb.PlanCarveResponse) == {"policy_digest": 1, "layout_json": 2, "nofit": 3, "reboot_required": 4,
                                             "steps": 5, "cannot_move": 6, "vm_conflicts": 7, "already_carved": 8}
-    assert fields(pb.CarveRequest) == {"policy_toml": 1, "policy_digest": 2}
+    assert fields(pb.CarveRequest) == {"policy_toml": 1, "policy_digest": 2, "expected_digest": 3,
+                                       "operation_id": 4}
     assert fields(pb.CarveResponse) == {"policy_digest": 1, "changed": 2, "steps": 3, "cannot_move": 4,
                                         "reboot_required": 5}
-    assert fields(pb.UncarveRequest) == {"drained": 1}
+    assert fields(pb.UncarveRequest) == {"drained": 1, "expected_digest": 2, "operation_id": 3}
     assert fields(pb.UncarveResponse) == {"steps": 1}

@@ -143,7 +143,7 @@ reboot_timeout_s = 90
         tr = [t for t in json.loads(rollout(sched, w, "status", "convert-reboot", "--json", "--transitions").stdout)
               ["transitions"] if t["host"] == "rbt-0000"]
         assert [t["to"] for t in tr if t["from"] != t["to"]] == ["baselined", "cordoned", "carving", "rebooting",
-                                                                 "soaking", "verified"]
+                                                                 "soaking", "restoring", "verified"]
     finally:
         stop.set()
         f.stop()

@@ -1,8 +1,9 @@
 """`fleet-rollout`: convert and upgrade a storage fleet wave by wave, gated on the IO
 service's health, resumable after any crash.
 
-Exit codes: 0 done (or the command did what it says), 1 error (the message names the
-field), 2 usage, 3 the rollout stopped short: halted, paused, aborted or rolled back.
+Exit codes: 0 done (run, resume), rolled back (rollback), or the command did what it
+says (plan, status, pause); 1 error (one line naming the field or the store and the
+cause); 2 usage; 3 the rollout stopped short: halted, paused or aborted.
 """
 
 from __future__ import annotations
@@ -197,8 +198,8 @@ def _drive(args: argparse.Namespace, store: Store, name: str, console: Console) 
         hostd.close()
         if sched:
             sched.close()
-    return _show(args, store, name, console, ok=final in ("done", "rolled_back") and args.cmd != "abort"
-                 or (args.cmd == "abort" and final == "aborted"))
+    return _show(args, store, name, console,
+                 ok=final == "done" and args.cmd != "rollback" or args.cmd == "rollback" and final == "rolled_back")
 
 
 def _show(args: argparse.Namespace, store: Store, name: str, console: Console, *, ok: bool = True) -> int:
@@ -243,7 +244,8 @@ def _operator(to: str, allowed: tuple[str, ...], drive: bool):  # type: ignore[n
 COMMANDS = {
     "plan": _plan, "run": _run, "status": _status,
     "pause": _operator("paused", ("running",), drive=False),
-    "resume": _operator("running", ("paused", "halted"), drive=True),
+    # resume on a done rollout retries the rollbacks that could not finish (hosts left held)
+    "resume": _operator("running", ("paused", "halted", "done"), drive=True),
     "abort": _operator("aborting", ("running", "paused", "halted", "aborting"), drive=True),
     "rollback": _operator("rolling_back", ("running", "paused", "halted", "done", "aborted", "rolling_back"),
                           drive=True),

@@ -31,7 +31,11 @@ class HostUnreachable(HostError):
 
 
 class HostRefused(HostError):
-    pass
+    """hostd answered with an error: ``code`` is its hyb.* code ("" if it had none)."""
+
+    def __init__(self, message: str):
+        super().__init__(message)
+        self.code = message.split(" ", 1)[0] if message.startswith("hyb.") else ""
 
 
 @dataclass(frozen=True)
@@ -55,9 +59,18 @@ class HostInfo:
     vms_running: int
     started: float
     carved_policy: str = ""  # the carved policy's text (what a rollback carves again)
+    carve_operation: str = ""  # who made the carve the host carries: the operation id,
+    carved_by: str = ""  # the caller's certificate name
 
     def to_dict(self) -> dict:
         return {k: v for k, v in self.__dict__.items() if k != "carved_policy"}
+
+    def carve_owner(self) -> str:
+        """The carve the host carries and who made it, for a report."""
+        if not self.carved_digest:
+            return "uncarved"
+        return (f"carved with {self.carved_digest[:12]} by {self.carved_by or '(unrecorded)'} "
+                f"(operation {self.carve_operation or '(unrecorded)'})")
 
 
 def sample_of(s: pb.HostStats) -> Sample:
@@ -109,17 +122,21 @@ class HostdClients:
     def info(self, address: str) -> HostInfo:
         r = self._call(address, "GetHostInfo", pb.GetHostInfoRequest())
         return HostInfo(r.hostd_version, r.carved_policy_digest, r.journal_steps, list(r.reboot_pending),
-                        r.vms, r.vms_running, r.started_unix, r.carved_policy_toml)
+                        r.vms, r.vms_running, r.started_unix, r.carved_policy_toml, r.carve_operation, r.carved_by)
 
     def plan_carve(self, address: str, policy: str) -> pb.PlanCarveResponse:
         return self._call(address, "PlanCarve", pb.PlanCarveRequest(policy_toml=policy))
 
-    def carve(self, address: str, policy: str, digest: str) -> pb.CarveResponse:
-        return self._call(address, "Carve", pb.CarveRequest(policy_toml=policy, policy_digest=digest),
-                          timeout_s=max(self.timeout_s, 120))
+    def carve(self, address: str, policy: str, digest: str, *, expected: str, operation: str) -> pb.CarveResponse:
+        """Carve ``policy`` if the host carries ``expected`` ("" = uncarved): else
+        HostRefused with code hyb.carve.conflict naming what it carries and who made it."""
+        req = pb.CarveRequest(policy_toml=policy, policy_digest=digest, expected_digest=expected,
+                              operation_id=operation)
+        return self._call(address, "Carve", req, timeout_s=max(self.timeout_s, 120))
 
-    def uncarve(self, address: str, *, drained: bool) -> pb.UncarveResponse:
-        return self._call(address, "Uncarve", pb.UncarveRequest(drained=drained), timeout_s=max(self.timeout_s, 120))
+    def uncarve(self, address: str, *, drained: bool, expected: str, operation: str) -> pb.UncarveResponse:
+        req = pb.UncarveRequest(drained=drained, expected_digest=expected, operation_id=operation)
+        return self._call(address, "Uncarve", req, timeout_s=max(self.timeout_s, 120))
 
     def stats(self, address: str, last: int) -> tuple[float, list[Sample]]:
         r = self._call(address, "GetHostStats", pb.GetHostStatsRequest(last=last))
@@ -130,7 +147,9 @@ class HostdClients:
 
 
 class SchedulerError(Exception):
-    pass
+    def __init__(self, message: str, code: str = ""):
+        super().__init__(message)
+        self.code = code  # the API's error code (hyb.host.admin_owned ...), "" if none
 
 
 class SchedulerUnreachable(SchedulerError):
@@ -160,13 +179,16 @@ class Scheduler:
         except httpx.HTTPError as e:
             raise SchedulerUnreachable(f"scheduler {method} {path}: {e}") from None
         if r.status_code >= 400:
+            code, detail = "", str(r.status_code)
             try:
-                body = r.json()
-                detail = f"{body.get('code', r.status_code)}: {body.get('detail', '')}"
-            except ValueError:
-                detail = str(r.status_code)
+                err = r.json().get("error") or {}  # scheduler/api/errors.py: {"error": {code, field, message}}
+                code = str(err.get("code", ""))
+                where = f" [{err['field']}]" if err.get("field") else ""
+                detail = f"{code or r.status_code}{where}: {err.get('message', '')}"
+            except (ValueError, AttributeError):
+                pass
             raise (SchedulerUnreachable if r.status_code >= 500 else SchedulerError)(
-                f"scheduler {method} {path}: {detail}")
+                f"scheduler {method} {path}: {detail}", code)
         return r.json()
 
     def hosts(self) -> list[dict]:
@@ -175,9 +197,11 @@ class Scheduler:
     def host(self, name: str) -> dict:
         return self._req("GET", f"/v1/hosts/{name}")
 
-    def set_state(self, name: str, state: str) -> None:
+    def set_state(self, name: str, state: str, *, owner: str, reason: str = "") -> None:
+        """Cordon, drain or uncordon as ``owner``: refused (SchedulerError, code
+        hyb.host.admin_owned) while another owner holds the host."""
         verb = {"active": "uncordon", "cordoned": "cordon", "draining": "drain"}[state]
-        self._req("POST", f"/v1/hosts/{name}/{verb}")
+        self._req("POST", f"/v1/hosts/{name}/{verb}", json={"owner": owner, "reason": reason})
 
 
 def run_hook(argv: list[str], host: str, address: str, timeout_s: float) -> tuple[int, str]:

@@ -1,12 +1,25 @@
 """The controller: drives each host through its states, wave by wave, and survives
 its own death.
 
-Per host (``STATES``): pending -> baselined -> cordoned -> carving [-> rebooting]
--> soaking -> verified, or -> failed -> rolling_back -> rolled_back. Each state names
-the step still to do; a step's side effect is idempotent (cordon; Carve by policy
-digest; a reboot is detected by hostd's start time, never redone) and its transition
-is written after it, with what it measured. So a controller SIGKILLed anywhere redoes
-at most the step it was in, which then changes nothing, and never skips one.
+Per host: pending -> baselined -> cordoned -> carving [-> rebooting] -> soaking ->
+restoring -> verified, or -> failed -> rolling_back -> rolled_back, or pending/baselined
+-> skipped (another owner holds the host). Each state names the step still to do; a
+step's side effect is idempotent (cordon; Carve by policy digest and operation id; a
+reboot is detected by hostd's start time, never redone) and its transition is written
+after it, with what it measured. So a controller SIGKILLed anywhere redoes at most the
+step it was in, which then changes nothing, and never skips one.
+
+One owner per host change. The rollout cordons as ``rollout:<name>`` and takes only a
+host nobody else holds (another owner's cordon skips the host; it is never taken as
+the state to restore). Carve and Uncarve are compare-and-sets on the digest recorded
+at the baseline, under the operation ``rollout/<name>/<host>/carve``: a host changed
+by someone else meanwhile is refused by hostd, a host is verified only after reading
+back the rollout's own carve, and a rollback undoes only a carve that is still its own
+(otherwise it reports who changed it and leaves the carve alone).
+
+Outages pause, they do not fail: a hostd or scheduler that does not answer for
+``limits.unreachable_s`` holds the host where it is and pauses the rollout with the
+reason; a gate that passed is kept (``restoring``), and ``resume`` carries on.
 
 The rollout: one wave at a time; at most ``limits.concurrency`` hosts in flight and
 ``limits.per_rack`` per rack; a wave whose failures exceed its budget halts the
@@ -38,15 +51,15 @@ from tools.fleet_rollout.clients import (
 )
 from tools.fleet_rollout.gates import Sample, Verdict, judge
 from tools.fleet_rollout.spec import RolloutSpec
-from tools.fleet_rollout.store import HostRow, LeaseLost, StaleState, Store
+from tools.fleet_rollout.store import HostRow, LeaseLost, StaleState, Store, StoreError
 
 log = logging.getLogger(__name__)
 
-DONE = ("verified", "rolled_back")
+DONE = ("verified", "rolled_back", "skipped")
 FAILED = ("failed", "rolling_back", "rolled_back")
 # Rollout states: running, paused, halted, aborting, aborted, rolling_back, rolled_back, done.
 ACTIVE = ("running", "aborting", "rolling_back")
-ROLLBACK_FROM = ("baselined", "cordoned", "carving", "rebooting", "soaking", "verified")
+ROLLBACK_FROM = ("baselined", "cordoned", "carving", "rebooting", "soaking", "restoring", "verified")
 
 
 class Pause(Exception):
@@ -55,6 +68,17 @@ class Pause(Exception):
 
 class Stop(Exception):
     """The rollout is no longer running: leave the host where it is."""
+
+
+def owner_of(rollout: str) -> str:
+    """Who the scheduler's cordons of this rollout name."""
+    return f"rollout:{rollout}"
+
+
+def operation_of(rollout: str, host: str, step: str) -> str:
+    """The operation id of this rollout's carve (``step`` "carve") or rollback of a host:
+    the same on every retry, so hostd knows a retry of a done carve."""
+    return f"rollout/{rollout}/{host}/{step}"
 
 
 @dataclass
@@ -79,6 +103,7 @@ class Engine:
         # when the operator rolls back or aborts: that is how they ask to retry.
         self._retried: set[str] = set()
         self.steps = 0  # host steps taken (the bench divides CPU by it)
+        self.owner = owner_of(name)
 
     # ---------------------------------------------------------------- the rollout
 
@@ -86,6 +111,10 @@ class Engine:
         """Drive the rollout until it is done, halted, paused, aborted or rolled back;
         return that state. Holds the lease meanwhile (LeaseHeld if another run does)."""
         self.store.acquire(self.name, self.opts.lease_ttl_s)
+        # Rollbacks that could not finish before (refused, no answer): each run tries them
+        # once more, whichever command started it (resume repairs a done rollout too).
+        self._unfinished = {h.name for h in self.store.brief(self.name)
+                            if h.state == "failed" and h.data.get("rollback_failed")}
         stop_renew = threading.Event()
         renewer = threading.Thread(target=self._renew, args=(stop_renew,), name="lease", daemon=True)
         renewer.start()
@@ -95,7 +124,11 @@ class Engine:
             stop_renew.set()
             renewer.join()
             if not self._lost.is_set():
-                self.store.release(self.name)
+                try:
+                    self.store.release(self.name)
+                except StoreError as e:  # it lapses after its TTL instead
+                    log.error("could not release the lease of %s (it lapses in %.0f s): %s", self.name,
+                              self.opts.lease_ttl_s, e)
 
     def _renew(self, stop: threading.Event) -> None:
         while not stop.wait(self.opts.lease_ttl_s / 3):
@@ -138,8 +171,13 @@ class Engine:
     def _work(self, state: str, wave: int) -> list[HostRow]:
         """The hosts that still need driving, in order."""
         if state == "running":
-            return [h for h in self.store.brief(self.name, wave=wave)
+            todo = [h for h in self.store.brief(self.name, wave=wave)
                     if h.state not in DONE and not (h.state == "failed" and h.data.get("rollback_failed"))]
+            if self._unfinished - self._retried:
+                todo += [h for h in self.store.brief(self.name)
+                         if h.name in self._unfinished - self._retried and h.state == "failed"]
+            return todo
+
         def retry(h: HostRow) -> bool:
             return not h.data.get("rollback_failed") or h.name not in self._retried
         if state == "aborting":  # hosts mid-change go back; verified ones stay
@@ -177,7 +215,10 @@ class Engine:
             self.store.set_rollout(self.name, "running", wave=wave + 1,
                                    detail={"wave_done": wave, "failed": failures})
             return None
-        self.store.set_rollout(self.name, "done", f"{r.waves} waves")
+        skipped = [h.name for h in self.store.brief(self.name) if h.state == "skipped"]
+        self.store.set_rollout(self.name, "done", f"{r.waves} waves" + (
+            f"; {len(skipped)} hosts skipped, held by another owner: {', '.join(skipped[:10])}"
+            + (" ..." if len(skipped) > 10 else "") if skipped else ""))
         return "done"
 
     def _dispatch(self, hosts: list[HostRow], running: dict[str, Future], pool: ThreadPoolExecutor) -> None:
@@ -214,7 +255,7 @@ class Engine:
     def _step_for(self, rollout_state: str, h: HostRow) -> Callable[[HostRow], None] | None:
         undoing = rollout_state in ("aborting", "rolling_back")
         if h.data.get("rollback_failed") and h.state == "failed":
-            if not undoing or h.name in self._retried:
+            if h.name in self._retried:
                 return None
             self._retried.add(h.name)
             return self._begin_rollback
@@ -222,7 +263,8 @@ class Engine:
             return self._begin_rollback
         return {"pending": self._baseline, "baselined": self._cordon, "cordoned": self._begin_change,
                 "carving": self._change, "rebooting": self._await_reboot, "soaking": self._soak,
-                "failed": self._begin_rollback, "rolling_back": self._rollback}.get(h.state)
+                "restoring": self._restore, "failed": self._begin_rollback,
+                "rolling_back": self._rollback}.get(h.state)
 
     def _move(self, h: HostRow, to: str, detail: dict | None = None, data: dict | None = None) -> None:
         self.store.move(self.name, h.name, h.state, to, detail, data)
@@ -241,36 +283,67 @@ class Engine:
 
     def _rpc(self, fn: Callable, *args, **kw):  # type: ignore[no-untyped-def,type-arg]
         """A hostd or scheduler call, retried while it gets no answer (or a 5xx), for
-        limits.unreachable_s: a restarting hostd, a scheduler replica going away."""
+        limits.unreachable_s: a restarting hostd, a scheduler replica going away. Past
+        that, a running rollout pauses with the reason (the host stays where it is); a
+        rollback or an abort records the host's rollback as failed, which the operator's
+        next rollback or abort retries."""
         end = time.monotonic() + self.spec.limits.unreachable_s
         while True:
             try:
                 return fn(*args, **kw)
-            except (HostUnreachable, SchedulerUnreachable):
+            except (HostUnreachable, SchedulerUnreachable) as e:
                 if time.monotonic() >= end:
+                    if self._state() == "running":
+                        raise Pause(f"no answer for {self.spec.limits.unreachable_s:.0f} s: {e}") from None
                     raise
                 self._wait(1.0)
 
     def _admin(self, name: str, state: str) -> None:
         if self.scheduler:
-            self._rpc(self.scheduler.set_state, name, state)
+            self._rpc(self.scheduler.set_state, name, state, owner=self.owner,
+                      reason=f"fleet-rollout {self.name} ({self.spec.kind})")
+
+    def _held_by_other(self, admin: dict) -> str:
+        """Why the scheduler's host is not ours to take ("" if it is): another owner's
+        cordon or drain (an unowned one counts: nobody can say it is over)."""
+        if admin.get("admin_state", "active") == "active" or admin.get("admin_owner") == self.owner:
+            return ""
+        since = admin.get("admin_since")
+        when = time.strftime(" since %Y-%m-%dT%H:%M:%SZ", time.gmtime(since)) if since else ""
+        reason = f": {admin['admin_reason']}" if admin.get("admin_reason") else ""
+        return f"{admin['admin_state']} by {admin.get('admin_owner') or '(no owner recorded)'}{when}{reason}"
+
+    def _skip(self, h: HostRow, why: str) -> None:
+        """Leave a host another owner holds as it is (nothing was changed on it)."""
+        log.warning("%s skipped: %s", h.name, why)
+        self._move(h, "skipped", {"reason": why})
 
     def _baseline(self, h: HostRow) -> None:
         try:
             info = self._rpc(self.hostd.info, h.address)
-            prior = self._rpc(self.scheduler.host, h.name)["admin_state"] if self.scheduler else ""
+            admin = self._rpc(self.scheduler.host, h.name) if self.scheduler else {}
+            held = self._held_by_other(admin)
+            if held:
+                return self._skip(h, f"the host is {held}")
+            if self.spec.kind == "convert" and info.carved_digest not in ("", self.spec.policy_digest):
+                # converted by someone else since the plan: a conversion is not theirs to redo
+                return self._skip(h, f"converted since the plan: the host is {info.carve_owner()}")
             base = self._window(h, self.spec.steps.baseline_s, since=None)
             vms = sorted(self._rpc(self.hostd.vm_ids, h.address)) if self.spec.kind == "hostd" else []
         except (HostError, SchedulerError) as e:
             return self._fail(h, str(e))
-        self._move(h, "baselined", {"samples": len(base), "hostd": info.to_dict(), "admin_state": prior},
-                   {"prior_digest": info.carved_digest, "prior_policy": info.carved_policy, "prior_admin": prior, "prior_started": info.started,
-                    "prior_version": info.version, "vms": vms, "baseline": [s.to_dict() for s in base]})
+        self._move(h, "baselined", {"samples": len(base), "hostd": info.to_dict(),
+                                    "admin_state": admin.get("admin_state", "")},
+                   {"prior_digest": info.carved_digest, "prior_policy": info.carved_policy,
+                    "prior_started": info.started, "prior_version": info.version, "vms": vms,
+                    "baseline": [s.to_dict() for s in base]})
 
     def _cordon(self, h: HostRow) -> None:
         try:
             self._admin(h.name, "cordoned")
         except SchedulerError as e:
+            if e.code == "hyb.host.admin_owned":  # taken since the baseline: not ours to change
+                return self._skip(h, str(e))
             return self._fail(h, str(e))
         self._move(h, "cordoned")
 
@@ -283,14 +356,29 @@ class Engine:
         if self.spec.kind == "hostd":
             return self._upgrade(h)
         try:
-            r = self._rpc(self.hostd.carve, h.address, self.spec.policy_text, self.spec.policy_digest)
+            r = self._rpc(self.hostd.carve, h.address, self.spec.policy_text, self.spec.policy_digest,
+                          expected=h.data.get("prior_digest", ""), operation=operation_of(self.name, h.name, "carve"))
+            mine = self._own_carve(h)
         except HostError as e:
             return self._fail(h, f"carve: {e}")
+        if mine:
+            return self._fail(h, f"carve: {mine}")
         detail = {"changed": r.changed, "steps": len(r.steps), "cannot_move": list(r.cannot_move),
                   "reboot_required": list(r.reboot_required)}
         if r.reboot_required and self.spec.steps.reboot_command:
             return self._move(h, "rebooting", detail)
         self._move(h, "soaking", detail, {"soak_since": time.time()})
+
+    def _own_carve(self, h: HostRow) -> str:
+        """Read the host back: "" if it carries this rollout's carve, else what it carries
+        and who made it (a carve or uncarve by someone else since)."""
+        if self.spec.kind == "hostd":
+            return ""
+        info = self._rpc(self.hostd.info, h.address)
+        if (info.carved_digest, info.carve_operation) == (self.spec.policy_digest,
+                                                            operation_of(self.name, h.name, "carve")):
+            return ""
+        return f"read back, the host is {info.carve_owner()}, not this rollout's carve"
 
     def _upgrade(self, h: HostRow) -> None:
         try:
@@ -382,11 +470,19 @@ class Engine:
             raise Pause(f"{h.name}: the gate could not decide ({'; '.join(v.reasons)})")
         if v.decision == "fail":
             return self._fail(h, "gate: " + "; ".join(v.reasons), detail)
+        self._move(h, "restoring", detail)
+
+    def _restore(self, h: HostRow) -> None:
+        """The gate passed: check the host still carries this rollout's carve, then end
+        the rollout's cordon. An outage here pauses; the passed gate is kept."""
         try:
-            self._admin(h.name, h.data.get("prior_admin") or "active")
-        except SchedulerError as e:
-            return self._fail(h, str(e), detail)
-        self._move(h, "verified", detail)
+            mine = self._own_carve(h)
+            if mine:
+                return self._fail(h, mine)
+            self._admin(h.name, "active")
+        except (HostError, SchedulerError) as e:
+            return self._fail(h, str(e))
+        self._move(h, "verified")
 
     def _controls(self, h: HostRow, since: float) -> tuple[list[Sample], list[str]]:
         """Unconverted hosts of this rollout over the same window, other racks first."""
@@ -416,26 +512,38 @@ class Engine:
         self._move(h, "rolling_back", {"from": h.state}, {"rollback_from": h.state})
 
     def _rollback(self, h: HostRow) -> None:
-        """Cordon, drain, put the host's carve back as it was before (uncarve, or carve its
-        earlier policy again), check it is, restore the admin state."""
+        """Drain (as this rollout), put the host's carve back as it was before (uncarve,
+        or carve its earlier policy again) if the carve is still this rollout's, check it
+        is, end the rollout's hold. A carve someone else made since is left alone and
+        reported, with who made it."""
+        prior = h.data.get("prior_digest", "")
+        foreign = ""
         try:
             self._admin(h.name, "draining")
             if self.spec.kind == "hostd":
                 raise HostError("rolling back a hostd upgrade: run a rollout with the previous version")
             info = self._rpc(self.hostd.info, h.address)
-            prior = h.data.get("prior_digest", "")
-            if prior and info.carved_digest != prior:  # it had a policy: carve that one again
-                self._rpc(self.hostd.carve, h.address, h.data.get("prior_policy", ""), prior)
-            elif not prior and (info.carved_digest or info.journal_steps):  # it had none: uncarve
-                self._rpc(self.hostd.uncarve, h.address, drained=True)
+            op = operation_of(self.name, h.name, "rollback")
+            if info.carved_digest == prior:
+                pass  # never changed, or rolled back already
+            elif info.carve_operation != operation_of(self.name, h.name, "carve"):
+                foreign = f"not rolled back: the host is {info.carve_owner()}, not this rollout's carve"
+            elif prior:  # it had a policy: carve that one again
+                self._rpc(self.hostd.carve, h.address, h.data.get("prior_policy", ""), prior,
+                          expected=info.carved_digest, operation=op)
+            else:  # it had none: uncarve
+                self._rpc(self.hostd.uncarve, h.address, drained=True, expected=info.carved_digest, operation=op)
             after = self._rpc(self.hostd.info, h.address)
-            if after.carved_digest != h.data.get("prior_digest", ""):
-                raise HostError(f"after uncarve hostd reports digest {after.carved_digest!r}, "
-                                f"not {h.data.get('prior_digest', '')!r}")
-            self._admin(h.name, h.data.get("prior_admin") or "active")
+            if not foreign and after.carved_digest != prior:
+                raise HostError(f"after the rollback the host is {after.carve_owner()}, not "
+                                f"{'carved with ' + prior[:12] if prior else 'uncarved'}")
+            self._admin(h.name, "active")
         except (HostError, SchedulerError) as e:
             log.error("%s: rollback failed: %s", h.name, e)
             self._move(h, "failed", {"rollback": "failed", "reason": str(e)}, {"rollback_failed": str(e)})
             return
-        self._move(h, "rolled_back", {"digest": after.carved_digest, "admin_state": h.data.get("prior_admin", "")},
-                   {"rollback_failed": ""})
+        if foreign:
+            log.error("%s: %s", h.name, foreign)
+            self._move(h, "failed", {"rollback": "foreign", "reason": foreign}, {"rollback_failed": foreign})
+            return
+        self._move(h, "rolled_back", {"digest": after.carved_digest}, {"rollback_failed": ""})

@@ -10,8 +10,8 @@ from rich.table import Table
 from tools.fleet_rollout.plan import Plan
 from tools.fleet_rollout.store import Store
 
-HOST_STATES = ("pending", "baselined", "cordoned", "carving", "rebooting", "soaking", "verified", "failed",
-               "rolling_back", "rolled_back")
+HOST_STATES = ("pending", "baselined", "cordoned", "carving", "rebooting", "soaking", "restoring", "verified",
+               "skipped", "failed", "rolling_back", "rolled_back")
 
 
 def render_plan(plan: Plan, console: Console) -> None:
@@ -40,7 +40,7 @@ def status_dict(store: Store, name: str) -> dict:
     for h in hosts:
         waves[h.wave][h.state] += 1
     problems = [{"host": h.name, "wave": h.wave, "state": h.state, **_reasons(store, name, h.name)}
-                for h in hosts if h.state in ("failed", "rolling_back", "rolled_back")]
+                for h in hosts if h.state in ("failed", "rolling_back", "rolled_back", "skipped")]
     return {"name": name, "kind": r.spec.kind, "state": r.state, "reason": r.reason, "wave": r.wave,
             "waves": [dict(c) for c in waves], "hosts": len(hosts), "skipped": r.skipped,
             "lease": {"holder": lease[0], "expires": lease[1]} if lease else None,
@@ -52,9 +52,9 @@ def _reasons(store: Store, name: str, host: str) -> dict[str, str]:
     out = {"reason": "", "rollback": ""}
     for t in store.transitions(name, host):
         d = t["detail"]
-        if t["to"] == "failed" and d.get("rollback") == "failed":
+        if t["to"] == "failed" and d.get("rollback") in ("failed", "foreign"):
             out["rollback"] = str(d.get("reason", ""))
-        elif t["to"] == "failed" and d.get("reason"):
+        elif t["to"] in ("failed", "skipped") and d.get("reason"):
             out["reason"] = str(d["reason"])
     return out
 
@@ -75,7 +75,7 @@ def render_status(st: dict, console: Console) -> None:
         t.add_row(f"{i}{mark}", *[str(c.get(s, "")) for s in HOST_STATES])
     console.print(t)
     if st["problems"]:
-        p = Table(title="failed hosts")
+        p = Table(title="hosts failed or skipped")
         for col in ("host", "wave", "state", "reason", "rollback"):
             p.add_column(col)
         for x in st["problems"]:

@@ -7,6 +7,10 @@ cannot write behind its successor's back (the lease is the fencing token).
 
 The lease has a TTL; the holder renews it. A controller killed by SIGKILL leaves a
 lease that lapses after the TTL, so the next ``run`` takes over without an operator.
+
+A database error (a full disk, an unreadable file) is a ``StoreError`` of one line
+naming the file and the cause; the transaction it happened in is rolled back, so a
+run after the cause is gone resumes from the last transition that was written.
 """
 
 from __future__ import annotations
@@ -50,6 +54,10 @@ ROLLOUT = "-"  # the host column of a rollout-level transition (state, wave, pau
 
 class StoreError(RuntimeError):
     pass
+
+
+def _failed(path: Path, e: sqlite3.Error) -> StoreError:
+    return StoreError(f"rollout state {path}: {e}")
 
 
 class LeaseHeld(StoreError):
@@ -97,20 +105,40 @@ def default_holder() -> str:
     return f"{os.environ.get('USER', 'root')}@{socket.gethostname()}:{os.getpid()}"
 
 
+def dead_here(holder: str) -> bool:
+    """``holder`` (a default_holder) names a process of this machine that is gone."""
+    where, _, pid = holder.rpartition(":")
+    if not where.endswith("@" + socket.gethostname()) or not pid.isdigit():
+        return False
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:  # alive, another user's
+        return False
+    return False
+
+
 class Store:
     def __init__(self, path: Path, holder: str | None = None):
         path.parent.mkdir(parents=True, exist_ok=True)
         self.path = path
         self.holder = holder or default_holder()
-        self.db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a commit survives a process kill
-        self.db.executescript(SCHEMA)
+        try:
+            self.db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a commit survives a process kill
+            self.db.executescript(SCHEMA)
+        except sqlite3.Error as e:
+            raise _failed(path, e) from None
         self.lock = threading.RLock()  # one connection, shared by the controller's threads
 
     def _q(self, sql: str, args: tuple = ()) -> list[tuple]:
         with self.lock:
-            return self.db.execute(sql, args).fetchall()
+            try:
+                return self.db.execute(sql, args).fetchall()
+            except sqlite3.Error as e:
+                raise _failed(self.path, e) from None
 
     def close(self) -> None:
         self.db.close()
@@ -118,13 +146,17 @@ class Store:
     @contextmanager
     def tx(self) -> Iterator[sqlite3.Connection]:
         with self.lock:
-            self.db.execute("BEGIN IMMEDIATE")
             try:
-                yield self.db
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
-            self.db.execute("COMMIT")
+                self.db.execute("BEGIN IMMEDIATE")
+                try:
+                    yield self.db
+                    self.db.execute("COMMIT")
+                except BaseException:
+                    if self.db.in_transaction:
+                        self.db.execute("ROLLBACK")
+                    raise
+            except sqlite3.Error as e:
+                raise _failed(self.path, e) from None
 
     # ------------------------------------------------------------ rollouts
 
@@ -252,10 +284,13 @@ class Store:
     # ------------------------------------------------------------ lease
 
     def acquire(self, name: str, ttl_s: float) -> None:
+        """Take the rollout's lease: refused (LeaseHeld) while another holder's is live.
+        A holder on this machine whose process is gone is not live, whatever its TTL
+        says (a run that died where it could not release, as on a full disk)."""
         now = time.time()
         with self.tx() as db:
             r = db.execute("SELECT holder, expires FROM leases WHERE rollout=?", (name,)).fetchone()
-            if r and r[0] != self.holder and r[1] > now:
+            if r and r[0] != self.holder and r[1] > now and not dead_here(r[0]):
                 raise LeaseHeld(name, r[0], r[1])
             db.execute("INSERT INTO leases VALUES (?,?,?) ON CONFLICT(rollout) DO UPDATE SET holder=excluded.holder,"
                        " expires=excluded.expires", (name, self.holder, now + ttl_s))

@@ -10,7 +10,8 @@ from fastapi.concurrency import run_in_threadpool
 from scheduler.api import wire
 from scheduler.api.deps import CurrentPrincipal
 from scheduler.api.errors import ERRORS
-from scheduler.schemas.hosts import HeartbeatOut, HostPublic, HostRegister, HostsPublic, HostStatsPublic
+from scheduler.schemas.hosts import (AdminChange, HeartbeatOut, HostPublic, HostRegister, HostsPublic,
+                                     HostStatsPublic)
 from scheduler.service.hosts import HostService
 
 router = APIRouter(prefix="/v1/hosts", tags=["hosts"], responses=ERRORS)
@@ -67,23 +68,27 @@ def get_host(name: str, request: Request, p: CurrentPrincipal) -> HostPublic:
     return _svc(request).get(name)
 
 
-def _state(name: str, state: str, request: Request, p: CurrentPrincipal) -> HostPublic:
+def _state(name: str, state: str, request: Request, p: CurrentPrincipal, body: AdminChange | None) -> HostPublic:
     p.require()
-    return _svc(request).set_state(name, state, actor=p.name)
+    return _svc(request).set_state(name, state, actor=p.name, change=body or AdminChange())
 
 
 @router.post("/{name}/cordon", response_model=HostPublic)
-def cordon(name: str, request: Request, p: CurrentPrincipal) -> HostPublic:
-    """No new VMs; running ones stay."""
-    return _state(name, "cordoned", request, p)
+def cordon(name: str, request: Request, p: CurrentPrincipal, body: AdminChange | None = None) -> HostPublic:
+    """No new VMs; running ones stay. 409 `hyb.host.admin_owned` when another owner holds
+    the host cordoned or draining (`force` overrides)."""
+    return _state(name, "cordoned", request, p, body)
 
 
 @router.post("/{name}/uncordon", response_model=HostPublic)
-def uncordon(name: str, request: Request, p: CurrentPrincipal) -> HostPublic:
-    return _state(name, "active", request, p)
+def uncordon(name: str, request: Request, p: CurrentPrincipal, body: AdminChange | None = None) -> HostPublic:
+    """Active again; ends the hold. 409 `hyb.host.admin_owned` when another owner holds it
+    (`force` overrides)."""
+    return _state(name, "active", request, p, body)
 
 
 @router.post("/{name}/drain", response_model=HostPublic)
-def drain(name: str, request: Request, p: CurrentPrincipal) -> HostPublic:
-    """No new VMs; the host is drained when `vms` reaches 0 (VMs are deleted by their owners)."""
-    return _state(name, "draining", request, p)
+def drain(name: str, request: Request, p: CurrentPrincipal, body: AdminChange | None = None) -> HostPublic:
+    """No new VMs; the host is drained when `vms` reaches 0 (VMs are deleted by their owners).
+    409 `hyb.host.admin_owned` when another owner holds it (`force` overrides)."""
+    return _state(name, "draining", request, p, body)

@@ -19,7 +19,7 @@ from pathlib import Path
 import grpc
 import pytest
 from tools.dev.hostd_inproc import dev_certs
-from treehost import CONFIGURED, REPO, SHRINK, UPGRADE, Host, carve, create_vm, digest, refused, snapshot
+from treehost import CONFIGURED, REPO, SHRINK, UPGRADE, Host, carve, create_vm, digest, refused, snapshot, uncarve
 
 from api import hostd_pb2 as pb
 from hostd.apply.host_carve import STATE_NAME
@@ -83,17 +83,35 @@ def test_carve_refuses_to_strand_a_running_vm_as_the_rpc_does(host: Host) -> Non
     assert snapshot(host.root) == before
 
 
+def test_the_command_line_compares_and_records_as_the_rpc_does(host: Host) -> None:
+    """`--expect` is the RPC's compare-and-set, refused in the same words; the carve it
+    makes is recorded as the command line's, and the RPC's next carve must expect it."""
+    before = snapshot(host.root)
+    r = cli(host, "carve", "--policy", str(host.tmp / "configured.toml"), "--expect", "")
+    line = error_line(r)
+    assert line.startswith(f"hyb.carve.conflict [expected_digest]: the host is carved with {digest(UPGRADE)} "
+                           "by fleet-rollout (operation test/carve)"), line
+    assert snapshot(host.root) == before
+    r = cli(host, "carve", "--policy", str(host.tmp / "upgrade.toml"), "--expect", digest(UPGRADE),
+            "--operation", "ticket-4711")
+    assert r.returncode == 0, r.stderr
+    info = host.stub().GetHostInfo(pb.GetHostInfoRequest(), timeout=10)
+    assert info.carve_operation == "ticket-4711" and info.carved_by.startswith("hostd-cli:")
+    rpc = refused(lambda: carve(host.stub(), UPGRADE, expected="", operation="rollout/x/h/carve"))
+    assert "(operation ticket-4711)" in rpc.details()
+
+
 def test_uncarve_refuses_under_running_and_undrained_vms_as_the_rpc_does(host: Host) -> None:
     before = snapshot(host.root)
     for drained in (False, True):
-        rpc = refused(lambda: host.stub().Uncarve(pb.UncarveRequest(drained=drained), timeout=30))
+        rpc = refused(lambda: uncarve(host.stub(), drained=drained))
         assert rpc.code() == grpc.StatusCode.FAILED_PRECONDITION
         assert rpc.details() == (f"hyb.carve.vms_running [vms]: VMs are running: rc-1 ({host.vm.vm_id}, running); "
                                  "drain the host first")
         assert error_line(cli(host, "uncarve", *(["--drained"] if drained else []))) == rpc.details()
     assert error_line(cli(host, "uncarve", "--dry-run")) == rpc.details()
     host.stub().StopVM(pb.StopVMRequest(vm_id=host.vm.vm_id), timeout=10)
-    rpc = refused(lambda: host.stub().Uncarve(pb.UncarveRequest(drained=False), timeout=30))
+    rpc = refused(lambda: uncarve(host.stub(), drained=False))
     assert rpc.details().startswith("hyb.carve.not_drained [drained]: ")
     assert error_line(cli(host, "uncarve")) == rpc.details()
     assert snapshot(host.root) == before and carved_digest(host) == digest(UPGRADE)

@@ -6,6 +6,7 @@ carve, beside such a daemon: test_carve_cli.py."""
 from __future__ import annotations
 
 import json
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -25,6 +26,7 @@ from treehost import (
     digest,
     refused,
     snapshot,
+    uncarve,
 )
 
 import hostd
@@ -150,10 +152,66 @@ def test_a_failing_step_rolls_the_whole_carve_back(host: Host) -> None:
 def test_the_digest_must_be_the_texts(host: Host) -> None:
     before = snapshot(host.root)
     for given in (digest(CONFIGURED), ""):
-        e = refused(lambda: host.stub().Carve(pb.CarveRequest(policy_toml=UPGRADE, policy_digest=given),
-                                              timeout=30))
+        e = refused(lambda: host.stub().Carve(pb.CarveRequest(policy_toml=UPGRADE, policy_digest=given,
+                                                              expected_digest="", operation_id="t/1"), timeout=30))
         assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
         assert e.details().startswith("hyb.policy.digest_mismatch [policy_digest]: ")
+    assert snapshot(host.root) == before
+
+
+# ---------------------------------------------------------------- compare-and-set
+
+
+def test_a_carve_over_a_carve_it_did_not_expect_is_refused_naming_who_made_it(host: Host) -> None:
+    """Two rollouts read the host uncarved; the first carves; the second's carve, which
+    expects "" (uncarved), is refused, names the first's digest and operation, and
+    changes nothing. The first's retry (the same operation) is a no-op, not a conflict."""
+    stub = host.stub()
+    first = carve(stub, UPGRADE, expected="", operation="rollout/a/oss-1/carve")
+    assert first.changed
+    info = stub.GetHostInfo(pb.GetHostInfoRequest(), timeout=10)
+    assert (info.carve_operation, info.carved_by) == ("rollout/a/oss-1/carve", "fleet-rollout")
+    assert 0 < time.time() - info.carved_unix < 60
+    before = snapshot(host.root)
+    for text in (CONFIGURED, UPGRADE):
+        e = refused(lambda: carve(stub, text, expected="", operation="rollout/b/oss-1/carve"))
+        assert e.code() == grpc.StatusCode.ABORTED
+        assert e.details().startswith("hyb.carve.conflict [expected_digest]: the host is carved with "
+                                      f"{digest(UPGRADE)} by fleet-rollout (operation rollout/a/oss-1/carve)")
+        assert "not uncarved as this request expects; nothing was changed" in e.details()
+    e = refused(lambda: uncarve(stub, expected=digest(CONFIGURED), operation="rollout/b/oss-1/rollback"))
+    assert e.code() == grpc.StatusCode.ABORTED and "carved with " + digest(UPGRADE) in e.details()
+    assert snapshot(host.root) == before
+    # a controller that died after its carve asks again with what it expected then
+    assert not carve(stub, UPGRADE, expected="", operation="rollout/a/oss-1/carve").changed
+    assert stub.GetHostInfo(pb.GetHostInfoRequest(), timeout=10).carve_operation == "rollout/a/oss-1/carve"
+    # the owner's expectation holds: its uncarve goes through; an uncarve of an uncarved host is a no-op
+    assert uncarve(stub, expected=digest(UPGRADE), operation="rollout/a/oss-1/rollback").steps
+    assert list(uncarve(stub, expected=digest(UPGRADE), operation="rollout/b/oss-1/rollback").steps) == []
+    info = stub.GetHostInfo(pb.GetHostInfoRequest(), timeout=10)
+    assert info.carved_policy_digest == info.carve_operation == info.carved_by == ""
+
+
+def test_a_carve_must_say_what_it_replaces_and_who_asks(host: Host) -> None:
+    stub = host.stub()
+    before = snapshot(host.root)
+    cases = {
+        "expected_digest": pb.CarveRequest(policy_toml=UPGRADE, policy_digest=digest(UPGRADE), operation_id="t/1"),
+        "operation_id": pb.CarveRequest(policy_toml=UPGRADE, policy_digest=digest(UPGRADE), expected_digest=""),
+    }
+    for field, req in cases.items():
+        e = refused(lambda: stub.Carve(req, timeout=30))
+        assert e.code() == grpc.StatusCode.INVALID_ARGUMENT
+        assert e.details().startswith(f"hyb.carve.request_invalid [{field}]: required"), e.details()
+    bad = pb.CarveRequest(policy_toml=UPGRADE, policy_digest=digest(UPGRADE), expected_digest="abc",
+                          operation_id="t/1")
+    assert refused(lambda: stub.Carve(bad, timeout=30)).details().startswith(
+        "hyb.carve.request_invalid [expected_digest]: 'abc' is not a sha256")
+    spaced = pb.UncarveRequest(expected_digest="", operation_id="two words")
+    assert refused(lambda: stub.Uncarve(spaced, timeout=30)).details().startswith(
+        "hyb.carve.request_invalid [operation_id]: ")
+    assert refused(lambda: stub.Uncarve(pb.UncarveRequest(operation_id="t/1"), timeout=30)).details().startswith(
+        "hyb.carve.request_invalid [expected_digest]: ")
     assert snapshot(host.root) == before
 
 
@@ -196,7 +254,7 @@ def test_uncarve_restores_the_tree_exactly(host: Host) -> None:
     stub = host.stub()
     before = snapshot(host.root)
     c = carve(stub, UPGRADE)
-    u = stub.Uncarve(pb.UncarveRequest(), timeout=30)
+    u = uncarve(stub, drained=False)
     assert len(u.steps) == len(c.steps) and u.steps[0] == c.steps[-1]  # newest first
     assert changed(before, snapshot(host.root)) == []
     assert not (host.state / STATE_NAME).exists()
@@ -204,7 +262,7 @@ def test_uncarve_restores_the_tree_exactly(host: Host) -> None:
     assert info.carved_policy_digest == "" and info.journal_steps == 0 and info.carved_policy_toml == "" and list(info.reboot_pending) == []
     assert info.policy_digest == digest(CONFIGURED)  # back to the policy file's layout
     assert stub.GetInventory(pb.GetInventoryRequest(), timeout=10).nodes[0].hugepages[0].total == 64
-    assert list(stub.Uncarve(pb.UncarveRequest(), timeout=30).steps) == []  # idempotent
+    assert list(uncarve(stub, drained=False).steps) == []  # idempotent
     assert changed(before, snapshot(host.root)) == []
 
 
@@ -213,17 +271,17 @@ def test_uncarve_is_refused_while_vms_run_and_until_drained(host: Host) -> None:
     carve(stub, UPGRADE)
     vm = create_vm(stub)
     carved = snapshot(host.root)
-    e = refused(lambda: stub.Uncarve(pb.UncarveRequest(drained=True), timeout=30))
+    e = refused(lambda: uncarve(stub, drained=True))
     assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert e.details() == (f"hyb.carve.vms_running [vms]: VMs are running: rc-1 ({vm.vm_id}, running); "
                            "drain the host first")
     stub.StopVM(pb.StopVMRequest(vm_id=vm.vm_id), timeout=10)
-    e = refused(lambda: stub.Uncarve(pb.UncarveRequest(drained=False), timeout=30))
+    e = refused(lambda: uncarve(stub, drained=False))
     assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
     assert e.details().startswith(f"hyb.carve.not_drained [drained]: VMs exist (rc-1 ({vm.vm_id}, stopped))")
     assert snapshot(host.root) == carved
     assert stub.GetHostInfo(pb.GetHostInfoRequest(), timeout=10).carved_policy_digest == digest(UPGRADE)
-    assert stub.Uncarve(pb.UncarveRequest(drained=True), timeout=30).steps
+    assert uncarve(stub, drained=True).steps
     assert stub.GetHostInfo(pb.GetHostInfoRequest(), timeout=10).carved_policy_digest == ""
 
 

@@ -137,8 +137,24 @@ class Host:
         return pb_grpc.HostdStub(self.channels[-1])
 
 
-def carve(stub: pb_grpc.HostdStub, text: str) -> pb.CarveResponse:
-    return stub.Carve(pb.CarveRequest(policy_toml=text, policy_digest=digest(text)), timeout=30)
+def current(stub: pb_grpc.HostdStub) -> str:
+    """The digest the host is carved with now ("" = uncarved): what a carve expects."""
+    return stub.GetHostInfo(pb.GetHostInfoRequest(), timeout=30).carved_policy_digest
+
+
+def carve(stub: pb_grpc.HostdStub, text: str, *, expected: str | None = None,
+          operation: str = "test/carve") -> pb.CarveResponse:
+    """Carve ``text`` over what the host carries (``expected``: else read first)."""
+    return stub.Carve(pb.CarveRequest(policy_toml=text, policy_digest=digest(text),
+                                      expected_digest=current(stub) if expected is None else expected,
+                                      operation_id=operation), timeout=30)
+
+
+def uncarve(stub: pb_grpc.HostdStub, *, drained: bool = False, expected: str | None = None,
+            operation: str = "test/uncarve") -> pb.UncarveResponse:
+    return stub.Uncarve(pb.UncarveRequest(drained=drained, operation_id=operation,
+                                          expected_digest=current(stub) if expected is None else expected),
+                        timeout=30)
 
 
 def refused(call) -> grpc.RpcError:

@@ -11,7 +11,7 @@ import time
 from dataclasses import dataclass, field
 from types import SimpleNamespace
 
-from tools.fleet_rollout.clients import HostInfo, HostRefused, HostUnreachable
+from tools.fleet_rollout.clients import HostInfo, HostRefused, HostUnreachable, SchedulerError, SchedulerUnreachable
 from tools.fleet_rollout.gates import Sample
 
 
@@ -23,6 +23,7 @@ class Crash(BaseException):
 class FakeHost:
     digest: str = ""
     policy: str = ""
+    operation: str = ""  # who made the carve (hostd's compare-and-set, as in carve_service)
     carves: int = 0  # carves that changed the host
     uncarves: int = 0
     psi: float = 1.0
@@ -38,9 +39,11 @@ class FakeFleet:
     def __init__(self, names: list[str]):
         self.hosts = {n: FakeHost() for n in names}
         self.admin = dict.fromkeys(names, "active")
+        self.admin_owner = dict.fromkeys(names, "")
         self.crash_at: int | None = None  # crash the controller at the N-th side effect
         self.effects = 0
         self.dead = False
+        self.scheduler_down = False  # every scheduler call gets no answer
         self.lock = threading.Lock()
 
     def _h(self, address: str) -> FakeHost:
@@ -62,13 +65,23 @@ class FakeFleet:
     # HostdClients
     def info(self, address: str) -> HostInfo:
         h = self._h(address)
-        return HostInfo("0.1.0", h.digest, 3 if h.digest else 0, [], 0, 0, h.started, h.policy)
+        return HostInfo("0.1.0", h.digest, 3 if h.digest else 0, [], 0, 0, h.started, h.policy, h.operation,
+                        "fleet-rollout" if h.operation else "")
 
-    def carve(self, address: str, policy: str, digest: str) -> SimpleNamespace:
+    @staticmethod
+    def _compare(h: FakeHost, expected: str, target: str, operation: str) -> None:
+        if expected == h.digest or (target == "" == h.digest) or (target == h.digest and operation == h.operation):
+            return
+        raise HostRefused(f"hyb.carve.conflict [expected_digest]: the host is carved with {h.digest} "
+                          f"(operation {h.operation}), not {expected!r}")
+
+    def carve(self, address: str, policy: str, digest: str, *, expected: str, operation: str) -> SimpleNamespace:
         h = self._h(address)
         if h.broken_carve:
             raise HostRefused("hyb.carve.failed [hugepages]: write refused; rolled back")
+        self._compare(h, expected, digest, operation)
         changed = h.digest != digest
+        h.operation = operation
         if changed:
             h.digest, h.policy = digest, policy
             h.carves += 1
@@ -78,10 +91,11 @@ class FakeFleet:
         return SimpleNamespace(changed=changed, steps=["x"] * 3 if changed else [], cannot_move=[],
                                reboot_required=[])
 
-    def uncarve(self, address: str, *, drained: bool) -> SimpleNamespace:
+    def uncarve(self, address: str, *, drained: bool, expected: str, operation: str) -> SimpleNamespace:
         h = self._h(address)
+        self._compare(h, expected, "", operation)
         if h.digest:
-            h.digest = h.policy = ""
+            h.digest = h.policy = h.operation = ""
             h.uncarves += 1
             h.psi = 1.0
             self._effect()
@@ -102,14 +116,23 @@ class FakeFleet:
         pass
 
     # Scheduler
-    def host(self, name: str) -> dict:
+    def _sched(self) -> None:
         if self.dead:
             raise Crash()
-        return {"admin_state": self.admin[name]}
+        if self.scheduler_down:
+            raise SchedulerUnreachable("scheduler GET /v1/hosts: connection refused")
 
-    def set_state(self, name: str, state: str) -> None:
-        if self.dead:
-            raise Crash()
+    def host(self, name: str) -> dict:
+        self._sched()
+        return {"admin_state": self.admin[name], "admin_owner": self.admin_owner[name] or None}
+
+    def set_state(self, name: str, state: str, *, owner: str, reason: str = "") -> None:
+        """The scheduler's rule: another owner's hold is refused (scheduler/service/hosts.py)."""
+        self._sched()
+        if self.admin[name] != "active" and self.admin_owner[name] not in ("", owner):
+            raise SchedulerError(f"{name} is {self.admin[name]} by {self.admin_owner[name]}",
+                                 "hyb.host.admin_owned")
+        self.admin_owner[name] = "" if state == "active" else owner
         if self.admin[name] != state:
             self.admin[name] = state
             self._effect()

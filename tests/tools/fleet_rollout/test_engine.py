@@ -38,14 +38,19 @@ def states(store: Store) -> dict[str, str]:
     return {h.name: h.state for h in store.hosts("r1")}
 
 
-def test_every_host_converted_and_restored_to_its_admin_state(tmp_path: Path) -> None:
+def test_every_host_converted_and_another_owners_hosts_left_alone(tmp_path: Path) -> None:
     fleet = FakeFleet(NAMES)
-    fleet.admin["h5"] = "cordoned"  # an operator had cordoned it: it stays so
+    fleet.admin["h5"], fleet.admin_owner["h5"] = "cordoned", "alice"  # an operator's: not ours to take
+    fleet.admin["h6"] = "draining"  # a hold with no owner recorded (an older client's): not ours either
     store, eng = rollout(tmp_path, fleet)
     assert eng.run() == "done"
-    assert set(states(store).values()) == {"verified"}
-    assert all(h.carves == 1 for h in fleet.hosts.values())
-    assert fleet.admin == {**dict.fromkeys(NAMES, "active"), "h5": "cordoned"}
+    assert states(store) == {**dict.fromkeys(NAMES, "verified"), "h5": "skipped", "h6": "skipped"}
+    assert [h.carves for h in fleet.hosts.values()] == [1, 1, 1, 1, 1, 0, 0, 1]
+    assert fleet.admin == {**dict.fromkeys(NAMES, "active"), "h5": "cordoned", "h6": "draining"}
+    assert fleet.admin_owner["h5"] == "alice"
+    skip = next(t for t in store.transitions("r1", "h5") if t["to"] == "skipped")
+    assert skip["detail"]["reason"] == "the host is cordoned by alice"
+    assert "2 hosts skipped, held by another owner: h5, h6" in store.rollout("r1").reason
     assert store.lease("r1") is None  # released
 
 
@@ -89,14 +94,89 @@ def test_a_failure_over_the_budget_halts_before_the_next_wave(tmp_path: Path) ->
     assert all(h.carves == 0 for h in fleet.hosts.values())  # wave 1 never started
 
 
-def test_an_unreachable_host_counts_as_failed_and_its_rollback_waits(tmp_path: Path) -> None:
+def test_an_unreachable_host_pauses_the_rollout_where_it_is_and_resume_finishes(tmp_path: Path) -> None:
     fleet = FakeFleet(NAMES)
     store, eng = rollout(tmp_path, fleet)
     h = store.hosts("r1", wave=1)[2].name
     fleet.hosts[h].unreachable = True
+    assert eng.run() == "paused"
+    r = store.rollout("r1")
+    assert r.reason.startswith("no answer for 1 s: ") and h in r.reason
+    assert states(store)[h] == "pending" and "failed" not in states(store).values()
+    fleet.hosts[h].unreachable = False
+    store.set_rollout("r1", "running", "resumed", fenced=False)
+    assert Engine(store, "r1", fleet, fleet, OPTS).run() == "done"  # type: ignore[arg-type]
+    assert set(states(store).values()) == {"verified"}
+
+
+def test_a_scheduler_outage_after_a_passed_gate_pauses_and_keeps_the_verdict(tmp_path: Path) -> None:
+    """The uncordon after a passed gate gets no answer: the host is held in `restoring`
+    (not failed, not rolled back), the rollout pauses, and resume uncordons without
+    soaking again."""
+    fleet = FakeFleet(NAMES)
+    store, eng = rollout(tmp_path, fleet)
+    canary = store.hosts("r1", wave=0)[0].name
+    orig = fleet.set_state
+
+    def down_at_uncordon(name: str, state: str, **kw) -> None:  # type: ignore[no-untyped-def]
+        if state == "active":
+            fleet.scheduler_down = True
+        orig(name, state, **kw)
+    fleet.set_state = down_at_uncordon  # type: ignore[method-assign]
+    assert eng.run() == "paused"
+    assert states(store)[canary] == "restoring" and fleet.admin[canary] == "cordoned"
+    assert "scheduler" in store.rollout("r1").reason
+    fleet.scheduler_down = False
+    fleet.set_state = orig  # type: ignore[method-assign]
+    store.set_rollout("r1", "running", "resumed", fenced=False)
+    assert Engine(store, "r1", fleet, fleet, OPTS).run() == "done"  # type: ignore[arg-type]
+    assert set(states(store).values()) == {"verified"} and set(fleet.admin.values()) == {"active"}
+    assert [t["to"] for t in store.transitions("r1", canary)].count("restoring") == 1  # one soak, one verdict
+    assert all(h.carves == 1 for h in fleet.hosts.values())
+
+
+def test_two_rollouts_over_the_same_hosts_never_both_change_one(tmp_path: Path) -> None:
+    """Two controllers started together, each with its own store and policy: each host
+    is taken by one (its cordon), the other skips it; nothing is left cordoned and every
+    host carries the carve of the rollout that says it verified it."""
+    fleet = FakeFleet(NAMES)
+    runs = []
+    for name, text in (("a", "[io_service]\ncpus = \"0\"\n"), ("b", "[io_service]\ncpus = \"0-1\"\n")):
+        store = Store(tmp_path / f"{name}.db", holder=name)
+        spec = parse_spec({**SPEC, "name": name, "policy_text": text, "waves": {"canary": 1, "percent": [100]},
+                           "limits": {"concurrency": 8, "per_rack": 8, "unreachable_s": 1.0}})
+        store.create(spec, make_plan([Host(n, f"{n}:7443", f"r{i % 3}") for i, n in enumerate(NAMES)], spec))
+        runs.append((store, spec, Engine(store, name, fleet, fleet, OPTS)))  # type: ignore[arg-type]
+    threads = [threading.Thread(target=e.run) for _, _, e in runs]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    for store, spec, _ in runs:
+        for h in store.hosts(spec.name):
+            assert h.state in ("verified", "skipped"), (spec.name, h.name, h.state)
+            if h.state == "verified":
+                assert fleet.hosts[h.name].digest == spec.policy_digest, (spec.name, h.name)
+    taken = [{h.name for h in s.hosts(spec.name) if h.state == "verified"} for s, spec, _ in runs]
+    assert not taken[0] & taken[1] and taken[0] | taken[1] == set(NAMES)
+    assert set(fleet.admin.values()) == {"active"}
+    assert all(h.carves == 1 for h in fleet.hosts.values())
+
+
+def test_a_rollback_leaves_a_carve_someone_else_made_and_says_who(tmp_path: Path) -> None:
+    fleet = FakeFleet(NAMES)
+    store, eng = rollout(tmp_path, fleet)
     assert eng.run() == "done"
-    row = store.host("r1", h)
-    assert row.state == "failed" and "unavailable" in row.data["rollback_failed"]
+    other = policy_digest("[io_service]\ncpus = \"0-3\"\n")
+    fleet.carve("h3:7443", "other", other, expected=fleet.hosts["h3"].digest, operation="ticket-9")
+    store.set_rollout("r1", "rolling_back", "test", fenced=False)
+    assert Engine(store, "r1", fleet, fleet, OPTS).run() == "halted"  # type: ignore[arg-type]
+    row = store.host("r1", "h3")
+    assert row.state == "failed" and "(operation ticket-9), not this rollout's carve" in row.data["rollback_failed"]
+    assert fleet.hosts["h3"].digest == other and fleet.hosts["h3"].uncarves == 0
+    assert fleet.admin["h3"] == "active"  # the rollout's own hold ended anyway
+    assert all(fleet.hosts[n].digest == "" for n in NAMES if n != "h3")
+    assert "could not roll back: h3" in store.rollout("r1").reason
 
 
 def test_a_host_that_comes_back_within_the_grace_continues(tmp_path: Path) -> None:
@@ -189,3 +269,16 @@ def test_abort_rolls_back_hosts_mid_change_and_keeps_converted_ones(tmp_path: Pa
     assert "rolled_back" in final.values() and "verified" in final.values()
     for n, st in final.items():
         assert bool(fleet.hosts[n].digest) == (st == "verified"), n
+
+
+def test_a_host_converted_by_someone_else_after_the_plan_is_skipped(tmp_path: Path) -> None:
+    """Kind convert: a host carved with another policy between the plan and its turn (by
+    another rollout that finished with it) is not converted again."""
+    fleet = FakeFleet(NAMES)
+    store, eng = rollout(tmp_path, fleet)
+    other = policy_digest("[io_service]\ncpus = \"0-3\"\n")
+    fleet.carve("h4:7443", "other", other, expected="", operation="rollout/b/h4/carve")
+    assert eng.run() == "done"
+    assert states(store)["h4"] == "skipped" and fleet.hosts["h4"].digest == other
+    why = next(t for t in store.transitions("r1", "h4") if t["to"] == "skipped")["detail"]["reason"]
+    assert why.startswith("converted since the plan: the host is carved with ") and "rollout/b/h4/carve" in why

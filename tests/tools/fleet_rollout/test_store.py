@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import os
+import socket
+import subprocess
 import time
 from pathlib import Path
 
@@ -53,3 +56,22 @@ def test_a_second_controller_is_refused_with_the_holder_until_the_lease_lapses(t
     with pytest.raises(LeaseLost):
         a.renew("r1", 10)
     b.move("r1", "h0", "pending", "baselined")
+
+
+def test_a_lease_of_a_process_gone_from_this_machine_is_not_live(tmp_path: Path) -> None:
+    """A run that could not release its lease (it died, or the disk was full) blocks the
+    next run on the same machine only while its process lives, not for the TTL."""
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    here = socket.gethostname()
+    a = created(tmp_path / "db", f"alice@{here}:{gone.pid}")
+    a.acquire("r1", 3600)
+    bob = Store(tmp_path / "db", holder=f"bob@{here}:{os.getpid()}")
+    bob.acquire("r1", 10)
+    bob.release("r1")
+    # a live process of this machine, or a holder elsewhere, still holds its lease
+    for live in (f"alice@{here}:{os.getpid()}", f"alice@elsewhere:{gone.pid}"):
+        Store(tmp_path / "db", holder=live).acquire("r1", 3600)
+        with pytest.raises(LeaseHeld):
+            Store(tmp_path / "db", holder=f"carol@{here}:1").acquire("r1", 10)
+        Store(tmp_path / "db", holder=live).release("r1")

@@ -1,0 +1,225 @@
+"""Cordon, drain and uncordon record who holds the host out of "active", why and since
+when; another owner is refused (409 hyb.host.admin_owned) unless it forces. In process
+over a real store: SQLite, and PostgreSQL (integration)."""
+
+from __future__ import annotations
+
+import hashlib
+import threading
+import time
+
+import pytest
+from sqlalchemy import MetaData, Table
+
+from sched_helpers import ADM, HOST, TA, Clock, auth, host_body, make_client, token_config, vm_body
+from scheduler.db.engine import Store
+from scheduler.db.migrate import downgrade, upgrade
+from scheduler.errors import HostAdminOwned
+from scheduler.repo import hosts as host_repo
+from scheduler.schemas.hosts import AdminChange
+
+OPS2 = auth("ops2")  # a second admin: another operator, or a fleet rollout's token
+TOKENS = token_config() + [{"name": "ops2", "sha256": hashlib.sha256(b"ops2").hexdigest(), "scopes": ["admin"]}]
+HOLD = ("admin_state", "admin_owner", "admin_reason", "admin_since", "generation")
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def api(db_url, clock):  # type: ignore[no-untyped-def]
+    with make_client(db_url, clock=clock, auth={"tokens": TOKENS}) as c:
+        for name in ("h1", "h2"):
+            assert c.post("/v1/hosts", json=host_body(name), headers=HOST).status_code == 201
+        yield c
+
+
+def hold(api, name="h1"):  # type: ignore[no-untyped-def]
+    h = api.get(f"/v1/hosts/{name}", headers=ADM).json()
+    return {k: h[k] for k in HOLD}
+
+
+def audit(api):  # type: ignore[no-untyped-def]
+    """The host state changes, oldest first: (principal, action, detail)."""
+    items = api.get("/v1/audit?action=host.&limit=100", headers=ADM).json()["items"]
+    return [(a["principal"], a["action"], a["detail"]) for a in reversed(items)
+            if a["action"] not in ("host.register", "host.update")]
+
+
+def test_the_owner_is_recorded_and_shown(api, clock):
+    r = api.post("/v1/hosts/h1/cordon", json={"owner": "alice@ops", "reason": "replace DIMM B3"}, headers=ADM)
+    assert r.status_code == 200, r.text
+    want = {"admin_state": "cordoned", "admin_owner": "alice@ops", "admin_reason": "replace DIMM B3",
+            "admin_since": clock.t}
+    assert {k: r.json()[k] for k in want} == want
+    assert {k: api.get("/v1/hosts/h1", headers=ADM).json()[k] for k in want} == want
+    listed = {h["name"]: h for h in api.get("/v1/hosts", headers=ADM).json()["items"]}
+    assert {k: listed["h1"][k] for k in want} == want
+    assert [listed["h2"][k] for k in ("admin_owner", "admin_reason", "admin_since")] == [None, None, None]
+    assert audit(api) == [("adm", "host.cordoned", {"from": "active", "owner": "alice@ops", "reason": "replace DIMM B3",
+                                                    "forced": False, "previous_owner": ""})]
+
+
+def test_another_owner_is_refused_and_nothing_changes(api, clock):
+    assert api.post("/v1/hosts/h1/cordon", json={"reason": "kernel 6.12"}, headers=ADM).status_code == 200
+    before, trail = hold(api), audit(api)
+    clock.t += 60
+    tries = [("cordon", OPS2, None), ("drain", OPS2, None), ("uncordon", OPS2, None),
+             ("drain", OPS2, {"reason": "mine now"}),
+             ("uncordon", ADM, {"owner": "fleet-rollout"})]  # the owner counts, not the token
+    for verb, who, body in tries:
+        r = api.post(f"/v1/hosts/h1/{verb}", json=body, headers=who)
+        assert r.status_code == 409, (verb, r.text)
+        err = r.json()["error"]
+        assert err["code"] == "hyb.host.admin_owned" and err["field"] == "owner", err
+        for part in ("host h1 is cordoned", "held by adm", "since 1970-01-12T13:46:40+00:00", "'kernel 6.12'",
+                     '{"force": true}'):
+            assert part in err["message"], (part, err["message"])
+        assert hold(api) == before and audit(api) == trail, verb
+    dry = api.post("/v1/vms?dry_run=true", json=vm_body(), headers=TA | {"Idempotency-Key": "p"}).json()
+    assert dry["host"] == "h2" and dry["rejections"] == {"state": 1}  # still out of placement
+
+
+def test_the_same_owner_may_repeat_and_move_between_cordon_and_drain(api, clock):
+    since = clock.t
+    assert api.post("/v1/hosts/h1/cordon", json={"reason": "disk swap"}, headers=ADM).status_code == 200
+    clock.t += 10
+    r = api.post("/v1/hosts/h1/cordon", headers=ADM)  # a repeat: the hold and its reason stay
+    assert r.status_code == 200 and (r.json()["admin_since"], r.json()["admin_reason"]) == (since, "disk swap")
+    clock.t += 10
+    r = api.post("/v1/hosts/h1/drain", json={"owner": "adm"}, headers=ADM)
+    assert r.status_code == 200 and r.json()["admin_state"] == "draining", r.text
+    assert (r.json()["admin_owner"], r.json()["admin_since"], r.json()["admin_reason"]) == ("adm", since, "disk swap")
+    r = api.post("/v1/hosts/h1/cordon", json={"reason": "disk swapped, checking"}, headers=ADM)
+    assert r.status_code == 200 and r.json()["admin_state"] == "cordoned"
+    assert (r.json()["admin_since"], r.json()["admin_reason"]) == (since, "disk swapped, checking")
+    r = api.post("/v1/hosts/h1/uncordon", json={"reason": "done"}, headers=ADM)
+    assert r.status_code == 200, r.text
+    assert [r.json()[k] for k in HOLD[:4]] == ["active", None, None, None]
+    assert [(a, d["from"], d["forced"], d["previous_owner"]) for _, a, d in audit(api)] == [
+        ("host.cordoned", "active", False, ""), ("host.cordoned", "cordoned", False, "adm"),
+        ("host.draining", "cordoned", False, "adm"), ("host.cordoned", "draining", False, "adm"),
+        ("host.active", "cordoned", False, "adm")]
+    assert audit(api)[-1][2]["reason"] == "done"
+    # uncordon cleared the hold: anyone may cordon again, and the hold starts anew
+    clock.t += 10
+    r = api.post("/v1/hosts/h1/cordon", headers=OPS2)
+    assert r.status_code == 200 and (r.json()["admin_owner"], r.json()["admin_since"]) == ("ops2", clock.t)
+
+
+def test_force_overrides_and_is_audited_with_the_previous_owner(api, clock):
+    assert api.post("/v1/hosts/h1/drain", json={"reason": "flaky NIC"}, headers=ADM).status_code == 200
+    clock.t += 60
+    r = api.post("/v1/hosts/h1/uncordon", json={"force": True, "reason": "NIC replaced"}, headers=OPS2)
+    assert r.status_code == 200, r.text
+    assert [r.json()[k] for k in HOLD[:4]] == ["active", None, None, None]
+    assert audit(api)[-1] == ("ops2", "host.active", {"from": "draining", "owner": "ops2", "reason": "NIC replaced",
+                                                      "forced": True, "previous_owner": "adm"})
+    # a forced cordon takes the hold over: the new owner, its reason, its time
+    assert api.post("/v1/hosts/h1/cordon", json={"reason": "audit"}, headers=ADM).status_code == 200
+    clock.t += 60
+    r = api.post("/v1/hosts/h1/cordon", json={"owner": "fleet-rollout", "force": True}, headers=OPS2)
+    assert r.status_code == 200, r.text
+    assert [r.json()[k] for k in HOLD[:4]] == ["cordoned", "fleet-rollout", "", clock.t]
+    assert audit(api)[-1][2] == {"from": "cordoned", "owner": "fleet-rollout", "reason": "", "forced": True,
+                                 "previous_owner": "adm"}
+    # force where nobody else holds it overrides nothing: not audited as forced
+    r = api.post("/v1/hosts/h2/cordon", json={"force": True}, headers=OPS2)
+    assert r.status_code == 200 and audit(api)[-1][2]["forced"] is False
+
+
+def test_no_body_behaves_as_before(api):
+    for verb, state in (("cordon", "cordoned"), ("drain", "draining"), ("uncordon", "active"), ("uncordon", "active")):
+        r = api.post(f"/v1/hosts/h1/{verb}", headers=ADM)
+        assert r.status_code == 200 and r.json()["admin_state"] == state, (verb, r.text)
+    for body in (b"{}", b"null"):  # no change either
+        r = api.post("/v1/hosts/h1/cordon", content=body, headers=ADM | {"Content-Type": "application/json"})
+        assert r.status_code == 200 and r.json()["admin_owner"] == "adm", (body, r.text)
+    assert [(p, a, d["owner"]) for p, a, d in audit(api)] == [
+        ("adm", "host.cordoned", "adm"), ("adm", "host.draining", "adm"), ("adm", "host.active", "adm"),
+        ("adm", "host.active", "adm"), ("adm", "host.cordoned", "adm"), ("adm", "host.cordoned", "adm")]
+    assert api.post("/v1/hosts/h1/uncordon", headers=HOST).status_code == 403  # still admin only
+    assert api.post("/v1/hosts/nope/cordon", headers=ADM).json()["error"]["code"] == "hyb.host.not_found"
+
+
+def test_a_bad_body_names_the_field_and_changes_nothing(api):
+    assert api.post("/v1/hosts/h1/cordon", json={"reason": "r"}, headers=ADM).status_code == 200
+    before, trail = hold(api), audit(api)
+    cases = [({"owner": "adm", "surprise": 1}, "surprise"), ({"owner": ""}, "owner"), ({"owner": " adm"}, "owner"),
+             ({"owner": "a" * 129}, "owner"), ({"reason": "x" * 257}, "reason"), ({"force": "yes"}, "force"),
+             ([1], "body")]
+    for verb in ("cordon", "drain", "uncordon"):
+        for body, field in cases:
+            r = api.post(f"/v1/hosts/h1/{verb}", json=body, headers=ADM)
+            assert r.status_code == 422, (verb, body, r.text)
+            err = r.json()["error"]
+            assert err["code"] == "hyb.request.invalid" and err["field"] == field, (verb, body, err)
+    assert hold(api) == before and audit(api) == trail
+
+
+def test_two_owners_at_once_are_judged_one_after_the_other(api, clock):
+    """The change reads the host under its row lock (PostgreSQL) or the writer lock
+    (SQLite): a second owner that asks while the first one's cordon is being written
+    sees that cordon, and is refused, instead of overwriting it."""
+    svc, store = api.app.state.hosts, api.app.state.store
+    got: list[object] = []
+
+    def second() -> None:
+        try:
+            got.append(svc.set_state("h1", "cordoned", actor="ops2", change=AdminChange()))
+        except HostAdminOwned as e:
+            got.append(e)
+
+    with store.write() as s:
+        host_repo.get_host(session=s, name="h1", lock=True)
+        t = threading.Thread(target=second)
+        t.start()
+        time.sleep(0.3)  # the second change is waiting for the lock now
+        host_repo.set_admin_state(session=s, name="h1", state="cordoned", now=clock.t, owner="adm", reason="first",
+                                  since=clock.t)
+    t.join(timeout=10)
+    assert len(got) == 1 and isinstance(got[0], HostAdminOwned), got
+    assert hold(api)["admin_owner"] == "adm"
+
+
+def test_migration_0009_keeps_hosts_and_leaves_older_cordons_to_anyone(db_url, clock):
+    """A host cordoned before 0009 has no owner: anyone may change it (and then owns it);
+    a downgrade keeps the hosts and their admin states, without their owners."""
+    store = Store.from_url(db_url)
+    try:
+        upgrade(store.engine, "0008")
+        hosts = Table("hosts", MetaData(), autoload_with=store.engine)
+        body = host_body("old")
+        with store.engine.begin() as c:
+            c.execute(hosts.insert().values(
+                name="old", address=body["address"], rack="", labels={}, layout=body["layout"],
+                siblings=body["cpu_siblings"], pf_min_rate={}, disk_classes={}, layout_rev=1, usage={}, generation=1,
+                admin_state="cordoned", last_heartbeat=clock.t, seq=0, created=clock.t, updated=clock.t))
+        upgrade(store.engine)
+    finally:
+        store.dispose()
+    with make_client(db_url, clock=clock, auth={"tokens": TOKENS}) as api:
+        assert hold(api, "old") == {"admin_state": "cordoned", "admin_owner": "", "admin_reason": "",
+                                    "admin_since": None, "generation": 1}
+        r = api.post("/v1/hosts/old/drain", json={"reason": "found cordoned"}, headers=OPS2)
+        assert r.status_code == 200 and (r.json()["admin_owner"], r.json()["admin_since"]) == ("ops2", clock.t)
+        assert audit(api)[-1][2] == {"from": "cordoned", "owner": "ops2", "reason": "found cordoned", "forced": False,
+                                     "previous_owner": ""}
+        assert api.post("/v1/hosts/old/uncordon", headers=ADM).status_code == 409  # owned from now on
+    store = Store.from_url(db_url)
+    try:
+        downgrade(store.engine, "0008")
+        with store.engine.connect() as c:
+            hosts = Table("hosts", MetaData(), autoload_with=c)
+            assert "admin_owner" not in hosts.c
+            assert c.execute(hosts.select().with_only_columns(hosts.c.name, hosts.c.admin_state)).all() == [
+                ("old", "draining")]
+        upgrade(store.engine)
+        with store.engine.connect() as c:
+            hosts = Table("hosts", MetaData(), autoload_with=c)
+            assert c.execute(hosts.select().with_only_columns(hosts.c.admin_state, hosts.c.admin_owner,
+                                                              hosts.c.admin_since)).all() == [("draining", "", None)]
+    finally:
+        store.dispose()
