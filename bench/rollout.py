@@ -8,8 +8,8 @@ Prints three numbers, each against its target or baseline measured in the same r
    fleet, in parallel) over the simulated fleet;
 2. the controller's CPU per host step: the real ``fleet-rollout run`` as a separate
    process against the fleet, its user + system CPU (``os.wait4`` of that child), divided
-   by the host steps it took (the transitions of its SQLite record: host != '-' and a
-   state change), against the 5 ms target; the CPU of a ``fleet-rollout plan`` of the same
+   by the host steps it took (the transitions the scheduler keeps for the rollout: a
+   host's, with a state change), against the 5 ms target; the CPU of a ``fleet-rollout plan`` of the same
    spec (start-up, inventory, preflight) is printed beside it as the fixed part;
 3. the rollout's wall time against the soak-bound ideal, waves x (baseline_s + soak_s):
    what it would take if the controller and the hosts cost nothing. The limits-bound
@@ -30,7 +30,6 @@ import json
 import math
 import os
 import random
-import sqlite3
 import statistics
 import subprocess
 import sys
@@ -154,16 +153,19 @@ def preflight_fanout(fleet: SimFleet, policy: str, certs: Path) -> tuple[float, 
         clients.close()
 
 
-def host_steps(db: Path, name: str) -> int:
-    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return c.execute("SELECT count(*) FROM transitions WHERE rollout = ? AND host != '-' "
-                         "AND from_state != to_state", (name,)).fetchone()[0]
-    finally:
-        c.close()
+def rollout_store(sched, certs: Path):  # type: ignore[no-untyped-def]
+    """The rollouts the scheduler keeps, read as fleet-rollout reads them."""
+    from tools.fleet_rollout.clients import Scheduler
+    from tools.fleet_rollout.store import Store
+
+    return Store(Scheduler(sched.url, ADMIN, ca=certs / "ca.crt"), holder="bench")
 
 
-def check_verified(fleet: SimFleet, db: Path, certs: Path) -> list[str]:
+def host_steps(store, name: str) -> int:  # type: ignore[no-untyped-def]
+    return sum(1 for t in store.transitions(name) if t["host"] != "-" and t["from"] != t["to"])
+
+
+def check_verified(fleet: SimFleet, store, work: Path, certs: Path) -> list[str]:  # type: ignore[no-untyped-def]
     """Hosts the record calls verified whose hostd does not report the spec's policy
     digest, or whose tree shows no carve; their transitions go to disagree.json."""
     from concurrent.futures import ThreadPoolExecutor
@@ -172,12 +174,7 @@ def check_verified(fleet: SimFleet, db: Path, certs: Path) -> list[str]:
     from tools.fleet_rollout.spec import policy_digest
 
     want = policy_digest(fleet.policy_text)
-    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        verified = [r[0] for r in c.execute("SELECT name FROM hosts WHERE rollout = ? AND state = 'verified'",
-                                            (NAME,))]
-    finally:
-        c.close()
+    verified = [h.name for h in store.brief(NAME) if h.state == "verified"]
     clients = HostdClients(Tls.from_dir(certs), 30.0)
 
     def why(name: str) -> str:
@@ -194,23 +191,17 @@ def check_verified(fleet: SimFleet, db: Path, certs: Path) -> list[str]:
         clients.close()
     wrong = sorted(n for n, r in reasons.items() if r)
     if wrong:
-        c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-        try:
-            dump = {n: {"why": reasons[n], "transitions": c.execute(
-                "SELECT from_state, to_state, at, detail FROM transitions WHERE rollout = ? AND host = ? ORDER BY id",
-                (NAME, n)).fetchall()} for n in wrong}
-        finally:
-            c.close()
-        (db.parent / "disagree.json").write_text(json.dumps(dump, indent=1))
+        dump = {n: {"why": reasons[n], "transitions": store.transitions(NAME, n)} for n in wrong}
+        (work / "disagree.json").write_text(json.dumps(dump, indent=1))
     return [f"{n}: {reasons[n]}" for n in wrong]
 
 
-def host_states(db: Path, name: str) -> dict[str, int]:
-    c = sqlite3.connect(f"file:{db}?mode=ro", uri=True)
-    try:
-        return dict(c.execute("SELECT state, count(*) FROM hosts WHERE rollout = ? GROUP BY state", (name,)))
-    finally:
-        c.close()
+def host_states(store, name: str) -> dict[str, int]:  # type: ignore[no-untyped-def]
+    out: dict[str, int] = {}
+    for c in store.rollout(name).counts:
+        for state, n in c.items():
+            out[state] = out.get(state, 0) + n
+    return out
 
 
 def ideals(waves: list[list[str]], racks: dict[str, str], concurrency: int, per_rack: int,
@@ -309,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         (work / "rollout.toml").write_text(SPEC.format(
             name=NAME, budget=max(1, args.hosts // 20), concurrency=args.concurrency, per_rack=args.per_rack,
             baseline=args.baseline, soak=args.soak))
-        cli_env = {**env, "FLEET_ROLLOUT_DB": str(work / "rollouts.db"), "FLEET_ROLLOUT_SCHEDULER_URL": sched.url,
+        cli_env = {**env, "FLEET_ROLLOUT_SCHEDULER_URL": sched.url,
                    "FLEET_ROLLOUT_TOKEN_FILE": str(work / "admin.token"),
                    "FLEET_ROLLOUT_SCHEDULER_CA": str(certs / "ca.crt"), "FLEET_ROLLOUT_TLS_DIR": str(certs)}
         exe = str(REPO / ".venv/bin/fleet-rollout")
@@ -324,12 +315,13 @@ def main(argv: list[str] | None = None) -> int:
         run = run_child([exe, "run", "rollout.toml", "--json"], work, cli_env, 3600)
         u1, m1, a1, s1 = fleet.process_usage(), _machine(), fleet.animator.busy_s, _tree_cpu(sched)
         st = json.loads(run.out) if run.out.strip().startswith("{") else {"state": f"exit {run.rc}", "problems": []}
-        steps = host_steps(work / "rollouts.db", NAME)
-        states = host_states(work / "rollouts.db", NAME)
+        store = rollout_store(sched, certs)
+        steps = host_steps(store, NAME)
+        states = host_states(store, NAME)
         carved = sum(1 for h in fleet.hosts if fleet.carved(h.name))
         print(f"rollout: {st['state']} in {run.wall_s:.0f} s; hosts {states}; carved trees {carved}/{args.hosts}; "
               f"problems {[(p['host'], p['state'], p['reason'][:80]) for p in st['problems']][:5]}", flush=True)
-        wrong = check_verified(fleet, work / "rollouts.db", certs)
+        wrong = check_verified(fleet, store, work, certs)
         print(f"verified hosts whose hostd or tree disagrees with the record: {len(wrong)}"
               + (f" {wrong[:10]} (transitions in {work / 'disagree.json'})" if wrong else ""), flush=True)
         if run.rc != 0:

@@ -105,9 +105,9 @@ class HostdFailed(SchedulerError):
 
 class StoreUnavailable(SchedulerError):
     """The database failed under the request (a full disk, a lost connection, a lock not
-    granted within the busy timeout): nothing was written, and the same request may
-    succeed once the cause is gone, so it is the service that is unavailable (503), not
-    the request that is wrong."""
+    granted within the busy timeout): the request's transaction is rolled back, and the
+    same request may succeed once the cause is gone, so it is the service that is
+    unavailable (503), not the request that is wrong."""
 
     code = "hyb.store.unavailable"
     status = 503

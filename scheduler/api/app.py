@@ -14,7 +14,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
 from scheduler.api import errors, fastpath, gate, wire
-from scheduler.api.routes import audit, hosts, vms
+from scheduler.api.routes import audit, hosts, rollouts, vms
 from scheduler.api.routes import prometheus as prometheus_sd
 from scheduler.config import Settings
 from scheduler.db.engine import Store
@@ -24,6 +24,7 @@ from scheduler.metrics import Metrics
 from scheduler.service.claims import Placer
 from scheduler.service.hostcache import HostCache
 from scheduler.service.hosts import HostService
+from scheduler.service.rollouts import RolloutService
 from scheduler.service.tokens import TokenBook
 from scheduler.service.vms import Hostd, VmService
 
@@ -87,11 +88,13 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
                               default_policy=settings.placement.default_policy,
                               max_attempts=settings.dispatch.max_attempts, metrics=metrics, clock=clock,
                               claim_batch=settings.placement.claim_batch)
+    app.state.rollouts = RolloutService(store=store, clock=clock)
     errors.install(app)
     app.include_router(hosts.router)
     app.include_router(vms.router)
     app.include_router(audit.router)
     app.include_router(prometheus_sd.router)
+    app.include_router(rollouts.router)
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, str]:
@@ -137,7 +140,8 @@ class SchedulerApp(FastAPI):
         if scope["type"] == "http":
             srv = self.state.settings.server
             receive = await gate.admit(scope, receive, send, tokens=self.state.tokens,
-                                       open_endpoints=srv.open_endpoints, max_body=srv.max_body_bytes)
+                                       open_endpoints=srv.open_endpoints, max_body=srv.max_body_bytes,
+                                       max_admin_body=srv.max_admin_body_bytes)
             if receive is None:
                 return
         if fastpath.claims(scope):

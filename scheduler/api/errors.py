@@ -10,9 +10,10 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from pydantic import BaseModel
+from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from scheduler.errors import Forbidden, SchedulerError
+from scheduler.errors import Forbidden, SchedulerError, StoreUnavailable
 from scheduler.repo import vms as vm_repo
 
 log = logging.getLogger(__name__)
@@ -44,6 +45,18 @@ def domain_body(e: SchedulerError) -> dict:  # type: ignore[type-arg]
 def internal_body(e: Exception) -> dict:  # type: ignore[type-arg]
     """A failure of ours: its type, not its text (which may carry internals)."""
     return _body("hyb.scheduler.internal", f"{type(e).__name__}")
+
+
+def failure(e: Exception) -> tuple[int, dict]:  # type: ignore[type-arg]
+    """(status, body) of an exception no domain error describes, logged with it: the
+    database's failure (a full disk, a lost connection, a lock not granted within the
+    busy timeout) is the store's unavailability, 503 with the driver's first line (its
+    cause, such as "database or disk is full"); anything else is ours, 500."""
+    log.exception("request failed")
+    if isinstance(e, OperationalError):
+        cause = str(e.orig).strip() or type(e.orig).__name__
+        return 503, domain_body(StoreUnavailable(f"the scheduler's database: {cause.splitlines()[0]}"))
+    return 500, internal_body(e)
 
 
 def field_path(loc: tuple) -> str:
@@ -92,7 +105,10 @@ def install(app: FastAPI) -> None:
         return JSONResponse(_body(code, str(e.detail)), status_code=e.status_code,
                             headers=getattr(e, "headers", None))  # 405 carries Allow
 
+    # The database's failure is answered as handled (Starlette's ExceptionMiddleware); any
+    # other exception is left to its ServerErrorMiddleware, which answers and re-raises.
+    @app.exception_handler(OperationalError)
     @app.exception_handler(Exception)
     async def _crash(_req: Request, e: Exception) -> JSONResponse:
-        log.exception("request failed")
-        return JSONResponse(internal_body(e), status_code=500)
+        status, body = failure(e)
+        return JSONResponse(body, status_code=status)

@@ -40,7 +40,7 @@ from starlette.concurrency import run_in_threadpool
 
 from scheduler.api import wire
 from scheduler.api.deps import Principal, principal_for
-from scheduler.api.errors import domain_body, internal_body
+from scheduler.api.errors import domain_body, failure
 from scheduler.errors import SchedulerError
 
 log = logging.getLogger(__name__)
@@ -96,8 +96,7 @@ async def heartbeat(app: Any, scope: Scope, receive: Receive, send: Send) -> Rec
         await _answer(app, send, e.status, domain_body(e), (), route=BEAT_ROUTE)
         return None
     except Exception as e:  # noqa: BLE001 - as the error mapper's catch-all
-        log.exception("request failed")
-        await _answer(app, send, 500, internal_body(e), (), route=BEAT_ROUTE)
+        await _answer(app, send, *failure(e), (), route=BEAT_ROUTE)
         return None
     await _answer(app, send, 200, out.model_dump(mode="json"), (), route=BEAT_ROUTE)
     return None
@@ -145,8 +144,7 @@ async def create(app: Any, scope: Scope, receive: Receive, send: Send) -> Receiv
         await _answer(app, send, e.status, domain_body(e), ())
         return None
     except Exception as e:  # noqa: BLE001 - as the error mapper's catch-all
-        log.exception("request failed")
-        await _answer(app, send, 500, internal_body(e), ())
+        await _answer(app, send, *failure(e), ())
         return None
     hdrs = wire.created_headers(vm, time.perf_counter() - t)
     await _answer(app, send, 200 if replayed else 202, wire.vm_json(vm), hdrs.items())

@@ -3,8 +3,9 @@
 A request to a path that is not open (``server.open_endpoints``: by default only
 ``/healthz`` and ``/readyz``) without a valid bearer token is answered 401 right here,
 so an unauthenticated client cannot make the server read, buffer or parse anything it
-sends. A body larger than ``server.max_body_bytes`` is answered 413 from its
-``Content-Length`` alone; a chunked body is read up to that limit and no further.
+sends. A body larger than ``server.max_body_bytes`` (``max_admin_body_bytes`` for an
+admin's token: a rollout over a fleet) is answered 413 from its ``Content-Length``
+alone; a chunked body is read up to that limit and no further.
 
 The principal found here is kept in the ASGI scope (``scope["state"]["principal"]``),
 so the routes and the claim fast path do not hash the token a second time.
@@ -43,9 +44,10 @@ def is_open(path: str, open_endpoints: Sequence[str]) -> bool:
 
 
 async def admit(scope: Scope, receive: Receive, send: Send, *, tokens: TokenBook,
-                open_endpoints: Sequence[str], max_body: int) -> Receive | None:
+                open_endpoints: Sequence[str], max_body: int, max_admin_body: int) -> Receive | None:
     """None: the request was answered here (401/413). Else the ``receive`` to go on with."""
     headers = dict(scope.get("headers") or ())
+    setting = "server.max_body_bytes"
     if not is_open(scope["path"], open_endpoints):
         try:
             p = principal_for(headers.get(b"authorization", b"").decode("latin-1"), tokens)
@@ -55,6 +57,8 @@ async def admit(scope: Scope, receive: Receive, send: Send, *, tokens: TokenBook
             await _answer(send, e)
             return None
         scope.setdefault("state", {})[PRINCIPAL] = p
+        if p.admin:
+            max_body, setting = max_admin_body, "server.max_admin_body_bytes"
     length = headers.get(b"content-length")
     if length is not None:
         try:
@@ -63,15 +67,15 @@ async def admit(scope: Scope, receive: Receive, send: Send, *, tokens: TokenBook
             n = max_body + 1
         if n > max_body:
             await _answer(send, BodyTooLarge(f"the body is {length.decode('latin-1')} bytes; this server "
-                                             f"takes at most {max_body} (server.max_body_bytes)", field="body"))
+                                             f"takes at most {max_body} ({setting})", field="body"))
             return None
         return receive
     if scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS"):
         return receive
-    return await _bounded(receive, send, max_body)
+    return await _bounded(receive, send, max_body, setting)
 
 
-async def _bounded(receive: Receive, send: Send, max_body: int) -> Receive | None:
+async def _bounded(receive: Receive, send: Send, max_body: int, setting: str) -> Receive | None:
     """A body without a length (chunked): read it here, up to the limit, then replay it."""
     msgs: list[dict[str, Any]] = []
     size = 0
@@ -82,8 +86,7 @@ async def _bounded(receive: Receive, send: Send, max_body: int) -> Receive | Non
             break
         size += len(msg.get("body", b""))
         if size > max_body:
-            await _answer(send, BodyTooLarge(f"the body is over {max_body} bytes (server.max_body_bytes)",
-                                             field="body"))
+            await _answer(send, BodyTooLarge(f"the body is over {max_body} bytes ({setting})", field="body"))
             return None
         if not msg.get("more_body", False):
             break

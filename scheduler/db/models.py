@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -139,3 +139,68 @@ class HostStat(Base):
     foreign_threads_max: Mapped[int] = mapped_column(Integer, default=0)
     psi_some_avg10_max: Mapped[float | None] = mapped_column(Float, nullable=True)
     probe_p99_ms_max: Mapped[float | None] = mapped_column(Float, nullable=True)
+
+
+class Rollout(Base):
+    """A fleet rollout (``fleet-rollout``) whose durable state the scheduler keeps, so that
+    every operator's rollouts see each other: a host belongs to at most one active
+    rollout. The JSON columns are text the scheduler stores and returns as given."""
+
+    __tablename__ = "rollouts"
+
+    name: Mapped[str] = mapped_column(String(64), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(16))
+    policy_digest: Mapped[str] = mapped_column(String(64), default="")
+    spec: Mapped[str] = mapped_column(Text)  # a JSON object, opaque to the scheduler
+    state: Mapped[str] = mapped_column(String(16))
+    reason: Mapped[str] = mapped_column(Text, default="", server_default="")
+    wave: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    waves: Mapped[int] = mapped_column(Integer)
+    skipped: Mapped[str] = mapped_column(Text)  # a JSON list of {"host", "reason"}
+    created: Mapped[float] = mapped_column(Float)
+    updated: Mapped[float] = mapped_column(Float)
+    created_by: Mapped[str] = mapped_column(String(128))
+
+
+class RolloutHost(Base):
+    __tablename__ = "rollout_hosts"
+    __table_args__ = (Index("ix_rollout_hosts_wave_state", "rollout", "wave", "state"),
+                      Index("ix_rollout_hosts_name", "name"))  # the overlap check looks hosts up by name
+
+    rollout: Mapped[str] = mapped_column(ForeignKey("rollouts.name"), primary_key=True)
+    name: Mapped[str] = mapped_column(String(255), primary_key=True)
+    wave: Mapped[int] = mapped_column(Integer)
+    seq: Mapped[int] = mapped_column(Integer)  # the host's place in the rollout, in wave order
+    rack: Mapped[str] = mapped_column(String(64))
+    address: Mapped[str] = mapped_column(String(255))
+    host: Mapped[str] = mapped_column(Text)  # a JSON object, opaque
+    state: Mapped[str] = mapped_column(String(16))
+    data: Mapped[str] = mapped_column(Text, default="{}", server_default="{}")  # a JSON object, merged per step
+    updated: Mapped[float] = mapped_column(Float)
+
+
+class RolloutTransition(Base):
+    """One recorded step: a host's (or, with host "-", the rollout's) state change or
+    note, who made it and the numbers it was decided on."""
+
+    __tablename__ = "rollout_transitions"
+    __table_args__ = (Index("ix_rollout_transitions_host", "rollout", "host", "id"),)
+
+    id: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    rollout: Mapped[str] = mapped_column(String(64))
+    host: Mapped[str] = mapped_column(String(255))
+    from_state: Mapped[str] = mapped_column(String(16))
+    to_state: Mapped[str] = mapped_column(String(16))
+    at: Mapped[float] = mapped_column(Float)
+    holder: Mapped[str] = mapped_column(String(255))
+    detail: Mapped[str] = mapped_column(Text)  # a JSON object
+
+
+class RolloutLease(Base):
+    """Who runs the rollout, until when: the fencing token of every controller write."""
+
+    __tablename__ = "rollout_leases"
+
+    rollout: Mapped[str] = mapped_column(String(64), primary_key=True)
+    holder: Mapped[str] = mapped_column(String(255))
+    expires: Mapped[float] = mapped_column(Float)

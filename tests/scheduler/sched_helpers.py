@@ -4,17 +4,14 @@ the tests in its subdirectories)."""
 
 from __future__ import annotations
 
-import hashlib
 import json
 from typing import Any
 
 from fastapi.testclient import TestClient
 
-from tools.dev.host_shapes import SHAPES, Shape, make_layout
-from scheduler.api.app import create_app
 from scheduler.config import Settings
-from scheduler.db.engine import Store
-from scheduler.db.migrate import upgrade
+from tools.dev import sched_inproc
+from tools.dev.host_shapes import SHAPES, Shape, make_layout
 
 
 TOKENS = {"adm": ["admin"], "ta": ["tenant:a"], "tb": ["tenant:b"], "hst": ["host"], "hst2": ["host"],
@@ -26,7 +23,7 @@ def auth(token: str) -> dict[str, str]:
 
 
 def token_config() -> list[dict]:
-    return [{"name": k, "sha256": hashlib.sha256(k.encode()).hexdigest(), "scopes": v} for k, v in TOKENS.items()]
+    return sched_inproc.token_config(TOKENS)
 
 
 class Clock:
@@ -38,20 +35,11 @@ class Clock:
 
 
 def settings(db_url: str, **over: Any) -> Settings:
-    data: dict[str, Any] = {"db": {"url": db_url}, "auth": {"tokens": token_config()},
-                            "dispatch": {"enabled": False}, "reconcile": {"interval_s": 0},
-                            "stats": {"heartbeat_flush_s": 0}}  # write-through: tests read at once
-    for k, v in over.items():
-        data.setdefault(k, {}).update(v)
-    return Settings(**data)
+    return sched_inproc.settings(db_url, TOKENS, **over)
 
 
 def make_client(db_url: str, *, clock: Clock | None = None, hostd=None, **over: Any) -> TestClient:  # type: ignore[no-untyped-def]
-    s = settings(db_url, **over)
-    store = Store.from_url(db_url)
-    upgrade(store.engine)
-    app = create_app(s, store=store, hostd=hostd, clock=clock or Clock())
-    return TestClient(app, raise_server_exceptions=False)
+    return sched_inproc.scheduler_client(db_url, TOKENS, clock=clock or Clock(), hostd=hostd, **over)
 
 
 def host_body(name: str, shape: Shape = SHAPES[0], *, rack: str = "", address: str = "", **labels: str) -> dict:

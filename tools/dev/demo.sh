@@ -204,7 +204,7 @@ psi_rise_pct = 200
 psi_some_avg10_max = 60       # v1 host: PSI is the whole host's, VMs and all
 foreign_cpu_max = 0.5
 EOF
-export FLEET_ROLLOUT_DB="$STATE/rollouts.db" FLEET_ROLLOUT_SCHEDULER_URL="$API" \
+export FLEET_ROLLOUT_SCHEDULER_URL="$API" \
   FLEET_ROLLOUT_TOKEN_FILE="$STATE/admin.token" FLEET_ROLLOUT_SCHEDULER_CA="$STATE/tls/ca.crt" \
   FLEET_ROLLOUT_TLS_DIR="$STATE/tls"
 .venv/bin/fleet-rollout plan "$STATE/rollout.toml"

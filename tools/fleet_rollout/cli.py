@@ -1,9 +1,13 @@
 """`fleet-rollout`: convert and upgrade a storage fleet wave by wave, gated on the IO
 service's health, resumable after any crash.
 
+The rollouts are kept by the scheduler (``/v1/rollouts``): every operator sees every
+rollout, and a rollout over hosts another active rollout has is refused at plan.
+
 Exit codes: 0 done (run, resume), rolled back (rollback), or the command did what it
-says (plan, status, pause); 1 error (one line naming the field or the store and the
-cause); 2 usage; 3 the rollout stopped short: halted, paused or aborted.
+says (plan, status, pause); 1 error (one line naming the field, or the refusal); 2
+usage; 3 the rollout stopped short: halted, paused or aborted, or the scheduler (the
+rollouts' store) stopped answering (the rollout stays where it was; resume continues).
 """
 
 from __future__ import annotations
@@ -30,7 +34,7 @@ from tools.fleet_rollout.plan import Plan, make_plan
 from tools.fleet_rollout.preflight import preflight
 from tools.fleet_rollout.render import render_plan, render_status, status_dict
 from tools.fleet_rollout.spec import RolloutSpec, SpecError, load_spec
-from tools.fleet_rollout.store import Store, StoreError
+from tools.fleet_rollout.store import Store, StoreError, StoreUnavailable, dead_here
 
 log = logging.getLogger(__name__)
 
@@ -43,7 +47,7 @@ EPILOG = """examples:
   fleet-rollout resume convert-r12                continue a paused or halted rollout here
   fleet-rollout abort convert-r12                 stop; hosts mid-change are rolled back
   fleet-rollout rollback convert-r12              undo every converted host, last wave first
-environment: FLEET_ROLLOUT_DB, FLEET_ROLLOUT_SCHEDULER_URL, FLEET_ROLLOUT_TOKEN_FILE,
+environment: FLEET_ROLLOUT_SCHEDULER_URL, FLEET_ROLLOUT_TOKEN_FILE,
   FLEET_ROLLOUT_SCHEDULER_CA, FLEET_ROLLOUT_TLS_DIR stand for the options of the same name.
 """
 
@@ -52,11 +56,10 @@ def build_parser() -> argparse.ArgumentParser:
     env = os.environ.get
     p = argparse.ArgumentParser(prog="fleet-rollout", description=__doc__.split("\n\n")[0], epilog=EPILOG,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
-    p.add_argument("--db", type=Path, default=Path(env("FLEET_ROLLOUT_DB", "/var/lib/fleet-rollout/rollouts.db")),
-                   help="the rollouts' durable state (SQLite)")
-    p.add_argument("--scheduler-url", default=env("FLEET_ROLLOUT_SCHEDULER_URL", ""))
+    p.add_argument("--scheduler-url", default=env("FLEET_ROLLOUT_SCHEDULER_URL", ""),
+                   help="the scheduler: it keeps the rollouts, and cordons hosts")
     p.add_argument("--token-file", type=Path, default=_path(env("FLEET_ROLLOUT_TOKEN_FILE")),
-                   help="an admin token for the scheduler (cordon, uncordon)")
+                   help="an admin token for the scheduler (rollouts, cordon, uncordon)")
     p.add_argument("--scheduler-ca", type=Path, default=_path(env("FLEET_ROLLOUT_SCHEDULER_CA")))
     p.add_argument("--tls-dir", type=Path, default=_path(env("FLEET_ROLLOUT_TLS_DIR")),
                    help="ca.crt, fleet-rollout.crt and fleet-rollout.key for hostd's mTLS")
@@ -93,12 +96,21 @@ def main(argv: list[str] | None = None) -> int:
     logging.basicConfig(level=logging.INFO if args.verbose else logging.WARNING,
                         format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     console = Console(stderr=False)
+    args.opened = []  # the scheduler clients the command opened, closed at its end
     try:
         return COMMANDS[args.cmd](args, console)
     except SpecError as e:
         print(f"fleet-rollout: {e.field}: {e.reason}", file=sys.stderr)
+    except StoreUnavailable as e:
+        name = getattr(args, "name", None) or "NAME"
+        print(f"fleet-rollout: {e}; the rollout stays where it was (`fleet-rollout resume {name}` "
+              "continues it)", file=sys.stderr)
+        return EXIT_STOPPED
     except (StoreError, SchedulerError) as e:
         print(f"fleet-rollout: {e}", file=sys.stderr)
+    finally:
+        for c in args.opened:
+            c.close()
     return 1
 
 
@@ -125,6 +137,15 @@ def _scheduler(args: argparse.Namespace, spec: RolloutSpec | None = None) -> Sch
         raise SpecError("--token-file", f"{e.filename}: {e.strerror}") from None
     return Scheduler(args.scheduler_url, token, ca=args.scheduler_ca,
                      connections=spec.limits.concurrency if spec else 20)
+
+
+def _store(args: argparse.Namespace, spec: RolloutSpec | None = None) -> Store:
+    sched = _scheduler(args, spec)
+    if sched is None:
+        raise SpecError("--scheduler-url", "the scheduler keeps the rollouts: give its URL "
+                                           "(or FLEET_ROLLOUT_SCHEDULER_URL)")
+    args.opened.append(sched)
+    return Store(sched, retry_s=spec.limits.unreachable_s if spec else 15.0)
 
 
 def _inventory(args: argparse.Namespace, spec: RolloutSpec, base: Path) -> list[Host]:
@@ -169,9 +190,10 @@ def _plan(args: argparse.Namespace, console: Console) -> int:
 
 def _run(args: argparse.Namespace, console: Console) -> int:
     spec = load_spec(args.spec)
-    store = Store(args.db)
-    if spec.name in store.rollouts():
-        stored = store.rollout(spec.name)
+    args.name = spec.name  # for the hint if the scheduler stops answering
+    store = _store(args, spec)
+    stored = store.find(spec.name)
+    if stored is not None:
         if stored.spec != spec:  # every key, the policy's text included
             raise SpecError("name", f"rollout {spec.name} exists with a different spec: give the new one "
                                     "another name (status/resume/rollback act on this one)")
@@ -181,13 +203,14 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         plan = make_rollout_plan(args, spec, args.spec.parent)
         if not args.json:
             render_plan(plan, console)
-        store.create(spec, plan)
+        store.create(spec, plan)  # refused if another active rollout has any of its hosts
     return _drive(args, store, spec.name, console)
 
 
 def _drive(args: argparse.Namespace, store: Store, name: str, console: Console) -> int:
     spec = store.rollout(name).spec
     hostd, sched = _hostd(args, spec), _scheduler(args, spec)
+    store.retry_s = spec.limits.unreachable_s
 
     def event(host: str, frm: str, to: str) -> None:
         if not args.json and to in ("verified", "failed", "rolled_back"):
@@ -214,28 +237,28 @@ def _show(args: argparse.Namespace, store: Store, name: str, console: Console, *
 
 
 def _status(args: argparse.Namespace, console: Console) -> int:
-    store = Store(args.db)
+    store = _store(args)
     names = [args.name] if args.name else store.rollouts()
     if not names:
-        console.print(f"no rollouts in {args.db}")
+        console.print(f"no rollouts at {store.where}")
         return 0
     for n in names:
         _show(args, store, n, console)
     return 0
 
 
-def _operator(to: str, allowed: tuple[str, ...], drive: bool):  # type: ignore[no-untyped-def]
+def _operator(to: str, drive: bool):  # type: ignore[no-untyped-def]
+    """The scheduler decides which states a command applies to (hyb.rollout.bad_state)."""
     def cmd(args: argparse.Namespace, console: Console) -> int:
-        store = Store(args.db)
+        store = _store(args)
         r = store.rollout(args.name)
-        if r.state not in allowed:
-            raise StoreError(f"rollout {args.name} is {r.state}: {args.cmd} applies to "
-                             f"{' or '.join(allowed)}")
-        store.set_rollout(args.name, to, f"{args.cmd} by {store.holder}", fenced=False)
-        lease = store.lease(args.name)
-        if drive and not (lease and lease[1] > time.time() and lease[0] != store.holder):
+        live = r.lease if r.lease and r.lease[0] != store.holder and not dead_here(r.lease[0]) else None
+        if not (args.cmd == "resume" and r.state == "running" and live is None):
+            # (a running rollout whose controller is gone, e.g. the scheduler was away: just drive it)
+            store.set_rollout(args.name, to, f"by {store.holder}", fenced=False)
+        if drive and live is None:
             return _drive(args, store, args.name, console)
-        console.print(f"rollout {args.name}: {to}" + (f" (the controller {lease[0]} acts on it)" if lease else ""),
+        console.print(f"rollout {args.name}: {to}" + (f" (the controller {live[0]} acts on it)" if live else ""),
                       highlight=False, markup=False)
         return 0
     return cmd
@@ -243,12 +266,11 @@ def _operator(to: str, allowed: tuple[str, ...], drive: bool):  # type: ignore[n
 
 COMMANDS = {
     "plan": _plan, "run": _run, "status": _status,
-    "pause": _operator("paused", ("running",), drive=False),
+    "pause": _operator("paused", drive=False),
     # resume on a done rollout retries the rollbacks that could not finish (hosts left held)
-    "resume": _operator("running", ("paused", "halted", "done"), drive=True),
-    "abort": _operator("aborting", ("running", "paused", "halted", "aborting"), drive=True),
-    "rollback": _operator("rolling_back", ("running", "paused", "halted", "done", "aborted", "rolling_back"),
-                          drive=True),
+    "resume": _operator("running", drive=True),
+    "abort": _operator("aborting", drive=True),
+    "rollback": _operator("rolling_back", drive=True),
 }
 
 

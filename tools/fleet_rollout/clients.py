@@ -157,23 +157,29 @@ class SchedulerUnreachable(SchedulerError):
 
 
 class Scheduler:
-    """The scheduler's REST API with an admin token (cordon and uncordon hosts)."""
+    """The scheduler's REST API with an admin token: cordon and uncordon hosts, and the
+    rollouts' state (tools/fleet_rollout/store.py). ``http``: a client to use instead of
+    one made from ``url`` and ``token`` (the tests' in-process scheduler)."""
 
     def __init__(self, url: str, token: str, *, ca: Path | None = None, timeout_s: float = 10.0,
-                 connections: int = 20):
+                 connections: int = 20, http: httpx.Client | None = None):
         # one kept-alive connection per host in flight: httpx keeps 20 by default, and every
         # call beyond that paid a TLS handshake (py-spy: a tenth of the controller's CPU at
         # 60 hosts in flight)
         trust = ssl.create_default_context(cafile=str(ca)) if ca else True
-        self.http = httpx.Client(base_url=url, headers={"Authorization": f"Bearer {token}"},
-                                 verify=trust, timeout=timeout_s,
-                                 limits=httpx.Limits(max_connections=None,
-                                                     max_keepalive_connections=max(20, connections)))
+        self.url = url
+        self.http = http or httpx.Client(base_url=url, verify=trust, timeout=timeout_s,
+                                         limits=httpx.Limits(max_connections=None,
+                                                             max_keepalive_connections=max(20, connections)))
+        self.http.headers["Authorization"] = f"Bearer {token}"
 
     def close(self) -> None:
         self.http.close()
 
-    def _req(self, method: str, path: str, **kw) -> dict:  # type: ignore[no-untyped-def]
+    def request(self, method: str, path: str, **kw) -> dict:  # type: ignore[no-untyped-def]
+        """The answer's JSON ({} for 204). SchedulerUnreachable: no answer, or a 5xx (a
+        replica going away, the scheduler's database failing); SchedulerError: refused,
+        with the API's error code."""
         try:
             r = self.http.request(method, path, **kw)
         except httpx.HTTPError as e:
@@ -189,19 +195,19 @@ class Scheduler:
                 pass
             raise (SchedulerUnreachable if r.status_code >= 500 else SchedulerError)(
                 f"scheduler {method} {path}: {detail}", code)
-        return r.json()
+        return r.json() if r.content else {}
 
     def hosts(self) -> list[dict]:
-        return self._req("GET", "/v1/hosts")["items"]
+        return self.request("GET", "/v1/hosts")["items"]
 
     def host(self, name: str) -> dict:
-        return self._req("GET", f"/v1/hosts/{name}")
+        return self.request("GET", f"/v1/hosts/{name}")
 
     def set_state(self, name: str, state: str, *, owner: str, reason: str = "") -> None:
         """Cordon, drain or uncordon as ``owner``: refused (SchedulerError, code
         hyb.host.admin_owned) while another owner holds the host."""
         verb = {"active": "uncordon", "cordoned": "cordon", "draining": "drain"}[state]
-        self._req("POST", f"/v1/hosts/{name}/{verb}", json={"owner": owner, "reason": reason})
+        self.request("POST", f"/v1/hosts/{name}/{verb}", json={"owner": owner, "reason": reason})
 
 
 def run_hook(argv: list[str], host: str, address: str, timeout_s: float) -> tuple[int, str]:

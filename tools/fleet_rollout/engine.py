@@ -51,7 +51,7 @@ from tools.fleet_rollout.clients import (
 )
 from tools.fleet_rollout.gates import Sample, Verdict, judge
 from tools.fleet_rollout.spec import RolloutSpec
-from tools.fleet_rollout.store import HostRow, LeaseLost, StaleState, Store, StoreError
+from tools.fleet_rollout.store import HostRow, LeaseLost, StaleState, Store, StoreError, StoreUnavailable
 
 log = logging.getLogger(__name__)
 
@@ -60,6 +60,14 @@ FAILED = ("failed", "rolling_back", "rolled_back")
 # Rollout states: running, paused, halted, aborting, aborted, rolling_back, rolled_back, done.
 ACTIVE = ("running", "aborting", "rolling_back")
 ROLLBACK_FROM = ("baselined", "cordoned", "carving", "rebooting", "soaking", "restoring", "verified")
+
+
+def _judgeable(samples: list[Sample]) -> int:
+    """How many of ``samples`` the gate can use: the fewest of any metric the host measures
+    (after a hostd outage the first samples may carry PSI but no probe round trip)."""
+    counts = [sum(1 for s in samples if getattr(s, m) is not None) for m in ("psi_some_avg10", "probe_p99_ms")]
+    measured = [c for c in counts if c]
+    return min(measured) if measured else len(samples)
 
 
 class Pause(Exception):
@@ -99,6 +107,8 @@ class Engine:
         self.spec: RolloutSpec = store.rollout(name).spec
         self.on_event = on_event or (lambda host, frm, to: None)
         self._lost = threading.Event()
+        self._seen = ("", 0, 0.0)  # the rollout's (state, wave) and when it was read
+        self._seen_lock = threading.Lock()
         # Hosts whose rollback failed before (unreachable, refused) get one more try per run
         # when the operator rolls back or aborts: that is how they ask to retry.
         self._retried: set[str] = set()
@@ -138,9 +148,26 @@ class Engine:
                 log.error("lost the lease of %s: stopping", self.name)
                 self._lost.set()
                 return
+            except StoreUnavailable as e:  # the next renewal may get through; writes are fenced anyway
+                log.warning("could not renew the lease of %s: %s", self.name, e)
+
+    def _rollout_state(self, *, fresh: bool = False) -> tuple[str, int]:
+        """The rollout's (state, wave), read at most once per poll interval however many
+        host threads ask (an operator's pause is seen within it)."""
+        with self._seen_lock:
+            state, wave, at = self._seen
+            if fresh or time.monotonic() - at >= self.opts.poll_s:
+                state, wave = self.store.state(self.name)
+                self._seen = (state, wave, time.monotonic())
+            return state, wave
+
+    def _set_rollout(self, state: str, reason: str = "", **kw) -> None:  # type: ignore[no-untyped-def]
+        self.store.set_rollout(self.name, state, reason, **kw)
+        with self._seen_lock:
+            self._seen = ("", 0, 0.0)
 
     def _state(self) -> str:
-        return "lost" if self._lost.is_set() else self.store.state(self.name)[0]
+        return "lost" if self._lost.is_set() else self._rollout_state()[0]
 
     def _loop(self) -> str:
         pool = ThreadPoolExecutor(max_workers=self.spec.limits.concurrency, thread_name_prefix="host")
@@ -149,7 +176,7 @@ class Engine:
             while True:
                 for n in [n for n, f in running.items() if f.done()]:
                     running.pop(n).result()  # a bug in a driver surfaces here, not silently
-                state, wave = self.store.state(self.name)
+                state, wave = self._rollout_state()
                 if self._lost.is_set():
                     return "lost"
                 if state not in ACTIVE:
@@ -194,30 +221,28 @@ class Engine:
     def _next(self, state: str, wave: int) -> str | None:
         """Nothing left in this wave: the next wave, or the rollout's end (returned)."""
         if state == "aborting":
-            self.store.set_rollout(self.name, "aborted", "aborted by the operator; hosts mid-change rolled back")
+            self._set_rollout("aborted", "aborted by the operator; hosts mid-change rolled back")
             return "aborted"
         if state == "rolling_back":
             stuck = [h.name for h in self.store.brief(self.name)
                      if h.state == "failed" and h.data.get("rollback_failed")]
             final = "rolled_back" if not stuck else "halted"
-            self.store.set_rollout(self.name, final, f"could not roll back: {', '.join(stuck)}" if stuck else "")
+            self._set_rollout(final, f"could not roll back: {', '.join(stuck)}" if stuck else "")
             return final
         hosts = self.store.brief(self.name, wave=wave)
         failures = sum(1 for h in hosts if h.state in FAILED)
         budget = self.spec.max_failures(wave)
         if failures > budget:
             why = f"wave {wave}: {failures} failed hosts, over its budget of {budget}"
-            self.store.set_rollout(self.name, "halted", why, detail={"failed": [h.name for h in hosts
-                                                                               if h.state in FAILED]})
+            self._set_rollout("halted", why, detail={"failed": [h.name for h in hosts if h.state in FAILED]})
             return "halted"
         r = self.store.rollout(self.name)
         if wave + 1 < r.waves:
-            self.store.set_rollout(self.name, "running", wave=wave + 1,
-                                   detail={"wave_done": wave, "failed": failures})
+            self._set_rollout("running", wave=wave + 1, detail={"wave_done": wave, "failed": failures})
             return None
         skipped = [h.name for h in self.store.brief(self.name) if h.state == "skipped"]
-        self.store.set_rollout(self.name, "done", f"{r.waves} waves" + (
-            f"; {len(skipped)} hosts skipped, held by another owner: {', '.join(skipped[:10])}"
+        self._set_rollout("done", f"{r.waves} waves" + (
+            f"; {len(skipped)} hosts skipped (another owner's): {', '.join(skipped[:10])}"
             + (" ..." if len(skipped) > 10 else "") if skipped else ""))
         return "done"
 
@@ -250,7 +275,7 @@ class Engine:
         except (Stop, LeaseLost, StaleState) as e:
             log.info("%s: %s", host, e)
         except Pause as e:
-            self.store.set_rollout(self.name, "paused", str(e), fenced=False)
+            self._set_rollout("paused", str(e))
 
     def _step_for(self, rollout_state: str, h: HostRow) -> Callable[[HostRow], None] | None:
         undoing = rollout_state in ("aborting", "rolling_back")
@@ -450,7 +475,7 @@ class Engine:
             interval = got_interval
             start = (since if since is not None else time.time() - seconds)
             got = [s for s in samples if s.at >= start]
-            if (len(got) + 1) * interval >= seconds or time.monotonic() > deadline:
+            if (_judgeable(got) + 1) * interval >= seconds or time.monotonic() > deadline:
                 return got
             self._wait(min(interval, seconds))
 

@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-from collections import Counter
-
 from rich.console import Console
 from rich.table import Table
 
@@ -34,16 +32,11 @@ def render_plan(plan: Plan, console: Console) -> None:
 
 def status_dict(store: Store, name: str) -> dict:
     r = store.rollout(name)
-    hosts = store.hosts(name)
-    lease = store.lease(name)
-    waves: list[Counter] = [Counter() for _ in range(r.waves)]
-    for h in hosts:
-        waves[h.wave][h.state] += 1
     problems = [{"host": h.name, "wave": h.wave, "state": h.state, **_reasons(store, name, h.name)}
-                for h in hosts if h.state in ("failed", "rolling_back", "rolled_back", "skipped")]
+                for h in store.brief(name) if h.state in ("failed", "rolling_back", "rolled_back", "skipped")]
     return {"name": name, "kind": r.spec.kind, "state": r.state, "reason": r.reason, "wave": r.wave,
-            "waves": [dict(c) for c in waves], "hosts": len(hosts), "skipped": r.skipped,
-            "lease": {"holder": lease[0], "expires": lease[1]} if lease else None,
+            "waves": r.counts, "hosts": sum(sum(c.values()) for c in r.counts), "skipped": r.skipped,
+            "lease": {"holder": r.lease[0], "expires": r.lease[1]} if r.lease else None,
             "policy_digest": r.spec.policy_digest, "problems": problems}
 
 

@@ -1,16 +1,21 @@
-"""The rollout's durable state: SQLite (WAL), one row per host, one row per transition.
+"""The rollout's durable state, kept by the scheduler (``/v1/rollouts``, in its database:
+SQLite by default, PostgreSQL at scale), as Argo Rollouts keeps its state in the
+cluster's API: every operator's `fleet-rollout` (and the console, and `hybctl`) sees
+every rollout, and the scheduler refuses a rollout over hosts another active rollout
+has (``hyb.rollout.overlap``, naming it and the hosts).
 
-Every transition is a compare-and-set on the host's state, written together with its
-record (the decision and its measured numbers) in one transaction, and only while the
-writer holds the rollout's lease: a controller whose lease lapsed and was taken over
-cannot write behind its successor's back (the lease is the fencing token).
+Every host transition is a compare-and-set on the host's state, written with its record
+(the decision and its measured numbers) in one transaction, and only while the writer
+holds the rollout's lease: a controller whose lease lapsed and was taken over cannot
+write behind its successor's back (the scheduler checks the lease: it is the fencing
+token). The lease has a TTL; the holder renews it. A controller killed by SIGKILL leaves
+a lease that lapses after the TTL, or at once for the next run on the same machine
+(its holder names a process that is gone).
 
-The lease has a TTL; the holder renews it. A controller killed by SIGKILL leaves a
-lease that lapses after the TTL, so the next ``run`` takes over without an operator.
-
-A database error (a full disk, an unreadable file) is a ``StoreError`` of one line
-naming the file and the cause; the transaction it happened in is rolled back, so a
-run after the cause is gone resumes from the last transition that was written.
+A scheduler that does not answer is asked again for ``retry_s`` (a replica restarting);
+after that, or on a database error of the scheduler's (a full disk), the call fails
+with ``StoreUnavailable``: one line naming the scheduler and the cause. Every transition
+written before it stands; the next run resumes from there.
 """
 
 from __future__ import annotations
@@ -18,53 +23,29 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sqlite3
-import threading
 import time
-from collections.abc import Iterator
-from contextlib import contextmanager
 from dataclasses import dataclass
-from pathlib import Path
 
+from tools.fleet_rollout.clients import Scheduler, SchedulerError, SchedulerUnreachable
 from tools.fleet_rollout.inventory import Host
 from tools.fleet_rollout.plan import Plan
 from tools.fleet_rollout.spec import RolloutSpec
 
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS rollouts (
-  name TEXT PRIMARY KEY, spec TEXT NOT NULL, state TEXT NOT NULL, reason TEXT NOT NULL DEFAULT '',
-  wave INTEGER NOT NULL DEFAULT 0, waves INTEGER NOT NULL, skipped TEXT NOT NULL,
-  created REAL NOT NULL, updated REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS hosts (
-  rollout TEXT NOT NULL, name TEXT NOT NULL, wave INTEGER NOT NULL, seq INTEGER NOT NULL,
-  rack TEXT NOT NULL, address TEXT NOT NULL, host TEXT NOT NULL, state TEXT NOT NULL,
-  data TEXT NOT NULL DEFAULT '{}', updated REAL NOT NULL, PRIMARY KEY (rollout, name));
-CREATE INDEX IF NOT EXISTS hosts_state ON hosts (rollout, wave, state);
-CREATE TABLE IF NOT EXISTS transitions (
-  id INTEGER PRIMARY KEY AUTOINCREMENT, rollout TEXT NOT NULL, host TEXT NOT NULL,
-  from_state TEXT NOT NULL, to_state TEXT NOT NULL, at REAL NOT NULL, holder TEXT NOT NULL,
-  detail TEXT NOT NULL);
-CREATE INDEX IF NOT EXISTS transitions_host ON transitions (rollout, host, id);
-CREATE TABLE IF NOT EXISTS leases (
-  rollout TEXT PRIMARY KEY, holder TEXT NOT NULL, expires REAL NOT NULL);
-"""
-
-ROLLOUT = "-"  # the host column of a rollout-level transition (state, wave, pause...)
+# What an operator's command may set, and the scheduler's verb for it (not fenced:
+# that is how an operator talks to a running controller).
+VERBS = {"paused": "pause", "running": "resume", "aborting": "abort", "rolling_back": "rollback"}
 
 
 class StoreError(RuntimeError):
     pass
 
 
-def _failed(path: Path, e: sqlite3.Error) -> StoreError:
-    return StoreError(f"rollout state {path}: {e}")
+class StoreUnavailable(StoreError):
+    """The scheduler did not answer, or its database failed: nothing was written."""
 
 
 class LeaseHeld(StoreError):
-    def __init__(self, rollout: str, holder: str, expires: float):
-        super().__init__(f"rollout {rollout} is being run by {holder} (lease until "
-                         f"{time.strftime('%H:%M:%S', time.localtime(expires))}; it lapses if that run dies)")
-        self.holder = holder
+    pass
 
 
 class LeaseLost(StoreError):
@@ -73,6 +54,14 @@ class LeaseLost(StoreError):
 
 class StaleState(StoreError):
     """The host was not in the state the writer thought (another writer moved it)."""
+
+
+class NotFound(StoreError):
+    pass
+
+
+ERRORS = {"hyb.rollout.lease_held": LeaseHeld, "hyb.rollout.lease_lost": LeaseLost,
+          "hyb.rollout.stale_state": StaleState, "hyb.rollout.not_found": NotFound}
 
 
 @dataclass
@@ -99,6 +88,8 @@ class RolloutRow:
     skipped: list[dict]
     created: float
     updated: float
+    counts: list[dict]
+    lease: tuple[str, float] | None
 
 
 def default_holder() -> str:
@@ -119,198 +110,131 @@ def dead_here(holder: str) -> bool:
     return False
 
 
-class Store:
-    def __init__(self, path: Path, holder: str | None = None):
-        path.parent.mkdir(parents=True, exist_ok=True)
-        self.path = path
-        self.holder = holder or default_holder()
-        try:
-            self.db = sqlite3.connect(path, timeout=30, isolation_level=None, check_same_thread=False)
-            self.db.execute("PRAGMA journal_mode=WAL")
-            self.db.execute("PRAGMA synchronous=NORMAL")  # WAL + NORMAL: a commit survives a process kill
-            self.db.executescript(SCHEMA)
-        except sqlite3.Error as e:
-            raise _failed(path, e) from None
-        self.lock = threading.RLock()  # one connection, shared by the controller's threads
+def _host_row(d: dict) -> HostRow:
+    host = Host.from_dict(d["host"]) if d.get("host") else Host(d["name"], d["address"], d["rack"])
+    return HostRow(d["name"], d["wave"], d["seq"], d["rack"], d["address"], host, d["state"], d["data"], d["updated"])
 
-    def _q(self, sql: str, args: tuple = ()) -> list[tuple]:
-        with self.lock:
-            try:
-                return self.db.execute(sql, args).fetchall()
-            except sqlite3.Error as e:
-                raise _failed(self.path, e) from None
+
+class Store:
+    """``scheduler``: the scheduler's API with an admin token; ``holder``: who this
+    controller is (the lease's name for it)."""
+
+    def __init__(self, scheduler: Scheduler, holder: str | None = None, *, retry_s: float = 15.0):
+        self.api = scheduler
+        self.holder = holder or default_holder()
+        self.retry_s = retry_s
+        self.where = scheduler.url
 
     def close(self) -> None:
-        self.db.close()
+        pass  # the scheduler client is its caller's
 
-    @contextmanager
-    def tx(self) -> Iterator[sqlite3.Connection]:
-        with self.lock:
+    def _req(self, method: str, path: str, **kw) -> dict:  # type: ignore[no-untyped-def]
+        end = time.monotonic() + self.retry_s
+        while True:
             try:
-                self.db.execute("BEGIN IMMEDIATE")
-                try:
-                    yield self.db
-                    self.db.execute("COMMIT")
-                except BaseException:
-                    if self.db.in_transaction:
-                        self.db.execute("ROLLBACK")
-                    raise
-            except sqlite3.Error as e:
-                raise _failed(self.path, e) from None
+                return self.api.request(method, path, **kw)
+            except SchedulerUnreachable as e:
+                if time.monotonic() >= end:
+                    raise StoreUnavailable(f"rollout state at {self.where}: {e}") from None
+                time.sleep(1.0)
+            except SchedulerError as e:
+                raise ERRORS.get(e.code, StoreError)(str(e)) from None
+
+    def _path(self, name: str, *rest: str) -> str:
+        return "/".join(("/v1/rollouts", name, *rest)).rstrip("/")
 
     # ------------------------------------------------------------ rollouts
 
     def create(self, spec: RolloutSpec, plan: Plan) -> None:
-        now = time.time()
-        with self.tx() as db:
-            if db.execute("SELECT 1 FROM rollouts WHERE name=?", (spec.name,)).fetchone():
-                raise StoreError(f"rollout {spec.name} exists (status, resume, or rollback it)")
-            db.execute("INSERT INTO rollouts VALUES (?,?,?,?,?,?,?,?,?)",
-                       (spec.name, spec.to_json(), "running", "", 0, len(plan.waves),
-                        json.dumps([{"host": h.name, "reason": r} for h, r in plan.skipped]), now, now))
-            seq = 0
-            rows = []
-            for w, hosts in enumerate(plan.waves):
-                for h in hosts:
-                    rows.append((spec.name, h.name, w, seq, h.rack, h.address, json.dumps(h.to_dict()),
-                                 "pending", "{}", now))
-                    seq += 1
-            db.executemany("INSERT INTO hosts VALUES (?,?,?,?,?,?,?,?,?,?)", rows)
-            self._record(db, spec.name, ROLLOUT, "", "running", now, {"hosts": seq, "waves": len(plan.waves)})
+        """Refused (StoreError) when the name exists or a host is in another active rollout."""
+        self._req("POST", "/v1/rollouts", json={
+            "name": spec.name, "kind": spec.kind, "policy_digest": spec.policy_digest,
+            "spec": json.loads(spec.to_json()),
+            "waves": [[{"name": h.name, "address": h.address, "rack": h.rack, "host": h.to_dict()} for h in w]
+                      for w in plan.waves],
+            "skipped": [{"host": h.name, "reason": why} for h, why in plan.skipped]})
 
     def rollout(self, name: str) -> RolloutRow:
-        rows = self._q("SELECT * FROM rollouts WHERE name=?", (name,))
-        if not rows:
-            raise StoreError(f"no rollout named {name} in {self.path}")
-        r = rows[0]
-        return RolloutRow(r[0], RolloutSpec.from_json(r[1]), r[2], r[3], r[4], r[5], json.loads(r[6]), r[7], r[8])
+        r = self._req("GET", self._path(name))
+        lease = (r["lease"]["holder"], r["lease"]["expires"]) if r.get("lease") else None
+        return RolloutRow(r["name"], RolloutSpec.model_validate(r["spec"]), r["state"], r["reason"], r["wave"],
+                          r["waves"], r["skipped"], r["created"], r["updated"], r["counts"], lease)
+
+    def find(self, name: str) -> RolloutRow | None:
+        """The rollout, or None if the scheduler has none of that name."""
+        try:
+            return self.rollout(name)
+        except NotFound:
+            return None
 
     def state(self, name: str) -> tuple[str, int]:
-        """(state, wave): what a running controller polls, without the spec."""
-        rows = self._q("SELECT state, wave FROM rollouts WHERE name=?", (name,))
-        if not rows:
-            raise StoreError(f"no rollout named {name} in {self.path}")
-        return rows[0][0], rows[0][1]
+        """(state, wave): what a running controller polls."""
+        r = self.rollout(name)
+        return r.state, r.wave
 
     def rollouts(self) -> list[str]:
-        return [r[0] for r in self._q("SELECT name FROM rollouts ORDER BY created")]
+        return [r["name"] for r in self._req("GET", "/v1/rollouts")["items"]]
 
     def set_rollout(self, name: str, state: str, reason: str = "", *, wave: int | None = None,
                     fenced: bool = True, detail: dict | None = None) -> None:
-        """Rollout-level transition. Operator commands (pause, abort) are not fenced: they
-        are how an operator talks to a running controller."""
-        now = time.time()
-        with self.tx() as db:
-            if fenced:
-                self._check_lease(db, name, now)
-            cur = db.execute("SELECT state, wave FROM rollouts WHERE name=?", (name,)).fetchone()
-            if cur is None:
-                raise StoreError(f"no rollout named {name}")
-            db.execute("UPDATE rollouts SET state=?, reason=?, wave=?, updated=? WHERE name=?",
-                       (state, reason, cur[1] if wave is None else wave, now, name))
-            self._record(db, name, ROLLOUT, cur[0], state, now, {"reason": reason, "wave": wave, **(detail or {})})
+        """Rollout-level transition: the controller's (fenced by its lease), or an
+        operator's command (``fenced=False``: pause, resume, abort, rollback)."""
+        if fenced:
+            self._req("POST", self._path(name, "state"), json={
+                "holder": self.holder, "state": state, "reason": reason, "wave": wave, "detail": detail or {}})
+            return
+        if state not in VERBS:
+            raise StoreError(f"an operator cannot set a rollout {state}")
+        self._req("POST", self._path(name, VERBS[state]), json={"reason": reason})
 
     # ------------------------------------------------------------ hosts
 
-    _HOST_COLS = "SELECT name, wave, seq, rack, address, host, state, data, updated FROM hosts WHERE rollout=?"
-
-    @staticmethod
-    def _host_row(r: tuple) -> HostRow:
-        return HostRow(r[0], r[1], r[2], r[3], r[4], Host.from_dict(json.loads(r[5])), r[6], json.loads(r[7]), r[8])
+    def _hosts(self, name: str, wave: int | None, brief: bool) -> list[HostRow]:
+        params: dict[str, str | int] = {"brief": "true" if brief else "false"}
+        if wave is not None:
+            params["wave"] = wave
+        return [_host_row(d) for d in self._req("GET", self._path(name, "hosts"), params=params)["items"]]
 
     def hosts(self, name: str, *, wave: int | None = None) -> list[HostRow]:
-        q, args = self._HOST_COLS, (name,)
-        if wave is not None:
-            q, args = q + " AND wave=?", (name, wave)
-        return [self._host_row(r) for r in self._q(q + " ORDER BY seq", args)]
+        return self._hosts(name, wave, brief=False)
 
     def brief(self, name: str, *, wave: int | None = None) -> list[HostRow]:
         """Hosts without their recorded data (baselines are large), for scheduling: ``data``
         holds only ``rollback_failed``, ``host`` only name, address and rack."""
-        q = ("SELECT name, wave, seq, rack, address, state, json_extract(data, '$.rollback_failed'), updated "
-             "FROM hosts WHERE rollout=?")
-        args: tuple = (name,)
-        if wave is not None:
-            q, args = q + " AND wave=?", (name, wave)
-        return [HostRow(r[0], r[1], r[2], r[3], r[4], Host(r[0], r[4], r[3]), r[5],
-                        {"rollback_failed": r[6]} if r[6] else {}, r[7]) for r in self._q(q + " ORDER BY seq", args)]
+        return self._hosts(name, wave, brief=True)
 
     def host(self, name: str, host: str) -> HostRow:
-        rows = self._q(self._HOST_COLS + " AND name=?", (name, host))
-        if not rows:
-            raise StoreError(f"rollout {name} has no host {host}")
-        return self._host_row(rows[0])
+        return _host_row(self._req("GET", self._path(name, "hosts", host)))
 
     def move(self, name: str, host: str, frm: str, to: str, detail: dict | None = None,
              data: dict | None = None) -> None:
         """host: ``frm`` -> ``to``, with the decision's record; ``data`` merges into the
         host's durable data (what later steps need: the baseline, the prior state)."""
-        now = time.time()
-        with self.tx() as db:
-            self._check_lease(db, name, now)
-            r = db.execute("SELECT state, data FROM hosts WHERE rollout=? AND name=?", (name, host)).fetchone()
-            if r is None or r[0] != frm:
-                raise StaleState(f"{host}: expected state {frm}, found {r[0] if r else 'nothing'}")
-            merged = {**json.loads(r[1]), **(data or {})}
-            db.execute("UPDATE hosts SET state=?, data=?, updated=? WHERE rollout=? AND name=?",
-                       (to, json.dumps(merged), now, name, host))
-            self._record(db, name, host, frm, to, now, detail or {})
+        self._req("POST", self._path(name, "hosts", host, "transition"), json={
+            "holder": self.holder, "from": frm, "to": to, "detail": detail or {}, "data": data or {}})
 
     def note(self, name: str, host: str, detail: dict) -> None:
         """A record without a state change (a retried RPC, an undecided gate)."""
-        now = time.time()
-        with self.tx() as db:
-            self._check_lease(db, name, now)
-            r = db.execute("SELECT state FROM hosts WHERE rollout=? AND name=?", (name, host)).fetchone()
-            if r is None:
-                raise StoreError(f"rollout {name} has no host {host}")
-            self._record(db, name, host, r[0], r[0], now, detail)
-
-    def _record(self, db: sqlite3.Connection, name: str, host: str, frm: str, to: str, at: float,
-                detail: dict) -> None:
-        """One transition's row (inside the caller's transaction): who, when, and the numbers."""
-        db.execute("INSERT INTO transitions (rollout, host, from_state, to_state, at, holder, detail) "
-                   "VALUES (?,?,?,?,?,?,?)", (name, host, frm, to, at, self.holder, json.dumps(detail)))
+        self._req("POST", self._path(name, "hosts", host, "note"), json={"holder": self.holder, "detail": detail})
 
     def transitions(self, name: str, host: str | None = None) -> list[dict]:
-        q = "SELECT id, host, from_state, to_state, at, holder, detail FROM transitions WHERE rollout=?"
-        args: tuple = (name,)
-        if host is not None:
-            q += " AND host=?"
-            args += (host,)
-        return [{"id": r[0], "host": r[1], "from": r[2], "to": r[3], "at": r[4], "holder": r[5],
-                 "detail": json.loads(r[6])} for r in self._q(q + " ORDER BY id", args)]
+        return self._req("GET", self._path(name, "transitions"), params={"host": host} if host else {})["items"]
 
     # ------------------------------------------------------------ lease
 
     def acquire(self, name: str, ttl_s: float) -> None:
-        """Take the rollout's lease: refused (LeaseHeld) while another holder's is live.
-        A holder on this machine whose process is gone is not live, whatever its TTL
-        says (a run that died where it could not release, as on a full disk)."""
-        now = time.time()
-        with self.tx() as db:
-            r = db.execute("SELECT holder, expires FROM leases WHERE rollout=?", (name,)).fetchone()
-            if r and r[0] != self.holder and r[1] > now and not dead_here(r[0]):
-                raise LeaseHeld(name, r[0], r[1])
-            db.execute("INSERT INTO leases VALUES (?,?,?) ON CONFLICT(rollout) DO UPDATE SET holder=excluded.holder,"
-                       " expires=excluded.expires", (name, self.holder, now + ttl_s))
+        """LeaseHeld while another holder's lease is live; the lease of a process of this
+        machine that is gone is taken over at once."""
+        held = self.lease(name)
+        gone = held[0] if held and held[0] != self.holder and dead_here(held[0]) else None
+        self._req("POST", self._path(name, "lease"), json={"holder": self.holder, "ttl_s": ttl_s,
+                                                           "replace_holder": gone})
 
     def renew(self, name: str, ttl_s: float) -> None:
-        now = time.time()
-        with self.tx() as db:
-            self._check_lease(db, name, now)
-            db.execute("UPDATE leases SET expires=? WHERE rollout=?", (now + ttl_s, name))
+        self._req("PUT", self._path(name, "lease"), json={"holder": self.holder, "ttl_s": ttl_s})
 
     def release(self, name: str) -> None:
-        with self.tx() as db:
-            db.execute("DELETE FROM leases WHERE rollout=? AND holder=?", (name, self.holder))
+        self._req("DELETE", self._path(name, "lease"), params={"holder": self.holder})
 
     def lease(self, name: str) -> tuple[str, float] | None:
-        rows = self._q("SELECT holder, expires FROM leases WHERE rollout=?", (name,))
-        return (rows[0][0], rows[0][1]) if rows else None
-
-    def _check_lease(self, db: sqlite3.Connection, name: str, now: float) -> None:
-        r = db.execute("SELECT holder, expires FROM leases WHERE rollout=?", (name,)).fetchone()
-        if r is None or r[0] != self.holder or r[1] <= now:
-            raise LeaseLost(f"rollout {name}: this controller ({self.holder}) no longer holds the lease"
-                            + (f" ({r[0]} does)" if r and r[0] != self.holder else ""))
+        return self.rollout(name).lease

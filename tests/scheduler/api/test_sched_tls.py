@@ -125,8 +125,12 @@ def test_an_unauthenticated_huge_body_is_refused_unread(serve, certs: Path, tmp_
             except httpx.HTTPError:
                 pass  # the server answered 401 and closed while the client was still sending
         # with a valid token, a chunked body is read only up to server.max_body_bytes
-        r = c.post(f"{s.url}/v1/hosts", content=chunks(), headers={"Authorization": "Bearer adm"})
+        r = c.post(f"{s.url}/v1/hosts", content=chunks(), headers={"Authorization": "Bearer ta"})
         assert r.status_code == 413 and r.json()["error"]["code"] == "hyb.request.too_large"
+        # an admin's (a rollout over a fleet) up to max_admin_body_bytes: 300 MB is refused unread
+        r = c.post(f"{s.url}/v1/rollouts", content=chunks(), headers={"Authorization": "Bearer adm",
+                                                                        "Content-Length": str(300 << 20)})
+        assert r.status_code == 413 and "takes at most 67108864 (server.max_admin_body_bytes)" in r.text
     grew = rss_kb(s.proc.pid) - before
     assert grew < 8 * 1024, f"the server grew by {grew} kB"
 

@@ -1,12 +1,12 @@
-"""The engine's state machine on an in-memory fleet (fakefleet.py): waves, budgets,
-rollback, gates, and a controller that dies after every possible side effect and is
-resumed by a new one. The same paths on real hostd processes are in tests/fleet/."""
+"""The engine's state machine on an in-memory fleet (fakefleet.py), its rollouts kept by
+a real scheduler app on SQLite (conftest.py): waves, budgets, rollback, gates, owners,
+outages, and a controller that dies after every possible side effect and is resumed by
+a new one. The same paths on real hostd processes are in tests/fleet/."""
 
 from __future__ import annotations
 
 import threading
 import time
-from pathlib import Path
 
 import pytest
 from fakefleet import Crash, FakeFleet
@@ -15,7 +15,7 @@ from tools.fleet_rollout.engine import Engine, Options
 from tools.fleet_rollout.inventory import Host
 from tools.fleet_rollout.plan import make_plan
 from tools.fleet_rollout.spec import parse_spec, policy_digest
-from tools.fleet_rollout.store import Store
+from tools.fleet_rollout.store import Store, StoreError
 
 NAMES = [f"h{i}" for i in range(8)]
 SPEC = {"name": "r1", "policy": "p", "policy_text": "[io_service]\ncpus = \"0\"\n",
@@ -26,8 +26,8 @@ SPEC = {"name": "r1", "policy": "p", "policy_text": "[io_service]\ncpus = \"0\"\
 OPTS = Options(lease_ttl_s=5, poll_s=0.01, stats_wait_s=1)
 
 
-def rollout(tmp_path: Path, fleet: FakeFleet, holder: str = "c1", **over) -> tuple[Store, Engine]:  # type: ignore[no-untyped-def]
-    store = Store(tmp_path / "r.db", holder=holder)
+def rollout(rollouts, fleet: FakeFleet, holder: str = "c1", **over) -> tuple[Store, Engine]:  # type: ignore[no-untyped-def]
+    store = rollouts(holder=holder)
     spec = parse_spec({**SPEC, **over})
     if "r1" not in store.rollouts():
         store.create(spec, make_plan([Host(n, f"{n}:7443", f"r{i % 3}") for i, n in enumerate(NAMES)], spec))
@@ -38,11 +38,11 @@ def states(store: Store) -> dict[str, str]:
     return {h.name: h.state for h in store.hosts("r1")}
 
 
-def test_every_host_converted_and_another_owners_hosts_left_alone(tmp_path: Path) -> None:
+def test_every_host_converted_and_another_owners_hosts_left_alone(rollouts) -> None:  # type: ignore[no-untyped-def]
     fleet = FakeFleet(NAMES)
     fleet.admin["h5"], fleet.admin_owner["h5"] = "cordoned", "alice"  # an operator's: not ours to take
     fleet.admin["h6"] = "draining"  # a hold with no owner recorded (an older client's): not ours either
-    store, eng = rollout(tmp_path, fleet)
+    store, eng = rollout(rollouts, fleet)
     assert eng.run() == "done"
     assert states(store) == {**dict.fromkeys(NAMES, "verified"), "h5": "skipped", "h6": "skipped"}
     assert [h.carves for h in fleet.hosts.values()] == [1, 1, 1, 1, 1, 0, 0, 1]
@@ -50,13 +50,13 @@ def test_every_host_converted_and_another_owners_hosts_left_alone(tmp_path: Path
     assert fleet.admin_owner["h5"] == "alice"
     skip = next(t for t in store.transitions("r1", "h5") if t["to"] == "skipped")
     assert skip["detail"]["reason"] == "the host is cordoned by alice"
-    assert "2 hosts skipped, held by another owner: h5, h6" in store.rollout("r1").reason
+    assert "2 hosts skipped (another owner's): h5, h6" in store.rollout("r1").reason
     assert store.lease("r1") is None  # released
 
 
-def test_a_degraded_host_fails_its_gate_and_is_rolled_back(tmp_path: Path) -> None:
+def test_a_degraded_host_fails_its_gate_and_is_rolled_back(rollouts) -> None:  # type: ignore[no-untyped-def]
     fleet = FakeFleet(NAMES)
-    store, eng = rollout(tmp_path, fleet)
+    store, eng = rollout(rollouts, fleet)
     bad = store.hosts("r1", wave=1)[0].name
     fleet.hosts[bad].degraded_after_carve = True
     assert eng.run() == "done"  # wave 1's budget is 1 failure
@@ -67,11 +67,11 @@ def test_a_degraded_host_fails_its_gate_and_is_rolled_back(tmp_path: Path) -> No
     assert fail["detail"]["verdict"]["numbers"]["psi_some_avg10/baseline"]["p"] < 0.05
 
 
-def test_a_policy_upgrade_rolls_a_failed_host_back_to_its_earlier_policy(tmp_path: Path) -> None:
+def test_a_policy_upgrade_rolls_a_failed_host_back_to_its_earlier_policy(rollouts) -> None:  # type: ignore[no-untyped-def]
     fleet = FakeFleet(NAMES)
     for h in fleet.hosts.values():
         h.digest, h.policy = policy_digest("old"), "old"
-    store, eng = rollout(tmp_path, fleet, kind="policy", policy_text="[hugepages]\nio_floor_percent = 9\n")
+    store, eng = rollout(rollouts, fleet, kind="policy", policy_text="[hugepages]\nio_floor_percent = 9\n")
     bad = store.hosts("r1", wave=1)[0].name
     fleet.hosts[bad].degraded_after_carve = True
     assert eng.run() == "done"
@@ -82,9 +82,9 @@ def test_a_policy_upgrade_rolls_a_failed_host_back_to_its_earlier_policy(tmp_pat
     assert all(h.digest == new for n, h in fleet.hosts.items() if n != bad)
 
 
-def test_a_failure_over_the_budget_halts_before_the_next_wave(tmp_path: Path) -> None:
+def test_a_failure_over_the_budget_halts_before_the_next_wave(rollouts) -> None:  # type: ignore[no-untyped-def]
     fleet = FakeFleet(NAMES)
-    store, eng = rollout(tmp_path, fleet)
+    store, eng = rollout(rollouts, fleet)
     canary = store.hosts("r1", wave=0)[0].name
     fleet.hosts[canary].broken_carve = True
     assert eng.run() == "halted"
@@ -94,9 +94,9 @@ def test_a_failure_over_the_budget_halts_before_the_next_wave(tmp_path: Path) ->
     assert all(h.carves == 0 for h in fleet.hosts.values())  # wave 1 never started
 
 
-def test_an_unreachable_host_pauses_the_rollout_where_it_is_and_resume_finishes(tmp_path: Path) -> None:
+def test_an_unreachable_host_pauses_the_rollout_where_it_is_and_resume_finishes(rollouts) -> None:  # type: ignore[no-untyped-def]
     fleet = FakeFleet(NAMES)
-    store, eng = rollout(tmp_path, fleet)
+    store, eng = rollout(rollouts, fleet)
     h = store.hosts("r1", wave=1)[2].name
     fleet.hosts[h].unreachable = True
     assert eng.run() == "paused"
@@ -109,12 +109,12 @@ def test_an_unreachable_host_pauses_the_rollout_where_it_is_and_resume_finishes(
     assert set(states(store).values()) == {"verified"}
 
 
-def test_a_scheduler_outage_after_a_passed_gate_pauses_and_keeps_the_verdict(tmp_path: Path) -> None:
+def test_a_scheduler_outage_after_a_passed_gate_pauses_and_keeps_the_verdict(rollouts) -> None:  # type: ignore[no-untyped-def]
     """The uncordon after a passed gate gets no answer: the host is held in `restoring`
     (not failed, not rolled back), the rollout pauses, and resume uncordons without
     soaking again."""
     fleet = FakeFleet(NAMES)
-    store, eng = rollout(tmp_path, fleet)
+    store, eng = rollout(rollouts, fleet)
     canary = store.hosts("r1", wave=0)[0].name
     orig = fleet.set_state
 
@@ -135,37 +135,25 @@ def test_a_scheduler_outage_after_a_passed_gate_pauses_and_keeps_the_verdict(tmp
     assert all(h.carves == 1 for h in fleet.hosts.values())
 
 
-def test_two_rollouts_over_the_same_hosts_never_both_change_one(tmp_path: Path) -> None:
-    """Two controllers started together, each with its own store and policy: each host
-    is taken by one (its cordon), the other skips it; nothing is left cordoned and every
-    host carries the carve of the rollout that says it verified it."""
+def test_a_second_rollout_over_hosts_of_an_active_one_is_refused_naming_it(rollouts) -> None:  # type: ignore[no-untyped-def]
+    """The scheduler keeps every rollout: a second one over any host of an active one is
+    refused at create, naming the other rollout and the hosts, and nothing is stored;
+    once the first is done, its hosts are free again."""
     fleet = FakeFleet(NAMES)
-    runs = []
-    for name, text in (("a", "[io_service]\ncpus = \"0\"\n"), ("b", "[io_service]\ncpus = \"0-1\"\n")):
-        store = Store(tmp_path / f"{name}.db", holder=name)
-        spec = parse_spec({**SPEC, "name": name, "policy_text": text, "waves": {"canary": 1, "percent": [100]},
-                           "limits": {"concurrency": 8, "per_rack": 8, "unreachable_s": 1.0}})
-        store.create(spec, make_plan([Host(n, f"{n}:7443", f"r{i % 3}") for i, n in enumerate(NAMES)], spec))
-        runs.append((store, spec, Engine(store, name, fleet, fleet, OPTS)))  # type: ignore[arg-type]
-    threads = [threading.Thread(target=e.run) for _, _, e in runs]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(60)
-    for store, spec, _ in runs:
-        for h in store.hosts(spec.name):
-            assert h.state in ("verified", "skipped"), (spec.name, h.name, h.state)
-            if h.state == "verified":
-                assert fleet.hosts[h.name].digest == spec.policy_digest, (spec.name, h.name)
-    taken = [{h.name for h in s.hosts(spec.name) if h.state == "verified"} for s, spec, _ in runs]
-    assert not taken[0] & taken[1] and taken[0] | taken[1] == set(NAMES)
-    assert set(fleet.admin.values()) == {"active"}
-    assert all(h.carves == 1 for h in fleet.hosts.values())
+    store, eng = rollout(rollouts, fleet)
+    other = parse_spec({**SPEC, "name": "r2", "policy_text": "[io_service]\ncpus = \"0-1\"\n"})
+    with pytest.raises(StoreError) as e:
+        store.create(other, make_plan([Host(n, f"{n}:7443", "r0") for n in ("h3", "h9")], other))
+    assert "hyb.rollout.overlap" in str(e.value) and "r1" in str(e.value) and "h3" in str(e.value)
+    assert store.rollouts() == ["r1"]
+    assert eng.run() == "done"
+    store.create(other, make_plan([Host(n, f"{n}:7443", "r0") for n in ("h3", "h9")], other))
+    assert store.rollouts() == ["r1", "r2"]
 
 
-def test_a_rollback_leaves_a_carve_someone_else_made_and_says_who(tmp_path: Path) -> None:
+def test_a_rollback_leaves_a_carve_someone_else_made_and_says_who(rollouts) -> None:  # type: ignore[no-untyped-def]
     fleet = FakeFleet(NAMES)
-    store, eng = rollout(tmp_path, fleet)
+    store, eng = rollout(rollouts, fleet)
     assert eng.run() == "done"
     other = policy_digest("[io_service]\ncpus = \"0-3\"\n")
     fleet.carve("h3:7443", "other", other, expected=fleet.hosts["h3"].digest, operation="ticket-9")
@@ -179,9 +167,9 @@ def test_a_rollback_leaves_a_carve_someone_else_made_and_says_who(tmp_path: Path
     assert "could not roll back: h3" in store.rollout("r1").reason
 
 
-def test_a_host_that_comes_back_within_the_grace_continues(tmp_path: Path) -> None:
+def test_a_host_that_comes_back_within_the_grace_continues(rollouts) -> None:  # type: ignore[no-untyped-def]
     fleet = FakeFleet(NAMES)
-    store, eng = rollout(tmp_path, fleet)
+    store, eng = rollout(rollouts, fleet)
     h = store.hosts("r1", wave=1)[0].name
     fleet.hosts[h].unreachable = True  # a hostd restarting under systemd
     threading.Timer(0.6, lambda: setattr(fleet.hosts[h], "unreachable", False)).start()
@@ -189,9 +177,9 @@ def test_a_host_that_comes_back_within_the_grace_continues(tmp_path: Path) -> No
     assert states(store)[h] == "verified" and fleet.hosts[h].carves == 1
 
 
-def test_rollback_undoes_every_host_last_wave_first(tmp_path: Path) -> None:
+def test_rollback_undoes_every_host_last_wave_first(rollouts) -> None:  # type: ignore[no-untyped-def]
     fleet = FakeFleet(NAMES)
-    store, eng = rollout(tmp_path, fleet)
+    store, eng = rollout(rollouts, fleet)
     assert eng.run() == "done"
     store.set_rollout("r1", "rolling_back", "test", fenced=False)
     assert Engine(store, "r1", fleet, fleet, OPTS).run() == "rolled_back"  # type: ignore[arg-type]
@@ -202,18 +190,18 @@ def test_rollback_undoes_every_host_last_wave_first(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("crash_at", range(1, 30, 2))
-def test_a_controller_killed_after_any_side_effect_resumes_without_redoing_one(tmp_path: Path,
+def test_a_controller_killed_after_any_side_effect_resumes_without_redoing_one(rollouts,  # type: ignore[no-untyped-def]
                                                                                crash_at: int) -> None:
     fleet = FakeFleet(NAMES)
     fleet.crash_at = crash_at
-    store, _ = rollout(tmp_path, fleet)
+    store, _ = rollout(rollouts, fleet)
     bad = store.hosts("r1", wave=1)[1].name
     fleet.hosts[bad].degraded_after_carve = True
     runs = 0
     while True:
         runs += 1
         try:
-            final = Engine(Store(tmp_path / "r.db", holder=f"c{runs}"), "r1", fleet, fleet,  # type: ignore[arg-type]
+            final = Engine(rollouts(holder=f"c{runs}"), "r1", fleet, fleet,  # type: ignore[arg-type]
                            Options(lease_ttl_s=2, poll_s=0.01, stats_wait_s=1)).run()
             break
         except Crash:
@@ -244,9 +232,9 @@ def _run_until(store: Store, eng: Engine, cond, then_state: str) -> str:  # type
         return fut.result(timeout=60)
 
 
-def test_pause_stops_at_a_step_boundary_and_resume_finishes(tmp_path: Path) -> None:
+def test_pause_stops_at_a_step_boundary_and_resume_finishes(rollouts) -> None:  # type: ignore[no-untyped-def]
     fleet = FakeFleet(NAMES)
-    store, eng = rollout(tmp_path, fleet)
+    store, eng = rollout(rollouts, fleet)
     got = _run_until(store, eng, lambda st: list(st.values()).count("verified") >= 2, "paused")
     assert got == "paused"
     mid = states(store)
@@ -259,9 +247,9 @@ def test_pause_stops_at_a_step_boundary_and_resume_finishes(tmp_path: Path) -> N
     assert all(h.carves == 1 for h in fleet.hosts.values())
 
 
-def test_abort_rolls_back_hosts_mid_change_and_keeps_converted_ones(tmp_path: Path) -> None:
+def test_abort_rolls_back_hosts_mid_change_and_keeps_converted_ones(rollouts) -> None:  # type: ignore[no-untyped-def]
     fleet = FakeFleet(NAMES)
-    store, eng = rollout(tmp_path, fleet)
+    store, eng = rollout(rollouts, fleet)
     got = _run_until(store, eng, lambda st: "soaking" in st.values() and "verified" in st.values(), "aborting")
     assert got == "aborted"
     final = states(store)
@@ -271,11 +259,11 @@ def test_abort_rolls_back_hosts_mid_change_and_keeps_converted_ones(tmp_path: Pa
         assert bool(fleet.hosts[n].digest) == (st == "verified"), n
 
 
-def test_a_host_converted_by_someone_else_after_the_plan_is_skipped(tmp_path: Path) -> None:
+def test_a_host_converted_by_someone_else_after_the_plan_is_skipped(rollouts) -> None:  # type: ignore[no-untyped-def]
     """Kind convert: a host carved with another policy between the plan and its turn (by
     another rollout that finished with it) is not converted again."""
     fleet = FakeFleet(NAMES)
-    store, eng = rollout(tmp_path, fleet)
+    store, eng = rollout(rollouts, fleet)
     other = policy_digest("[io_service]\ncpus = \"0-3\"\n")
     fleet.carve("h4:7443", "other", other, expected="", operation="rollout/b/h4/carve")
     assert eng.run() == "done"

@@ -1,5 +1,6 @@
-"""The `fleet-rollout` command: bad input names the field and touches nothing; operator
-commands act on the stored rollout; a second run is refused with the holder's name."""
+"""The `fleet-rollout` command against a real `scheduler serve` (conftest.py), which keeps
+the rollouts: bad input names the field and touches nothing; operator commands act on
+the stored rollout; a second run is refused with the holder's name."""
 
 from __future__ import annotations
 
@@ -9,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from tools.fleet_rollout.cli import main
+from tools.fleet_rollout.clients import Scheduler
 from tools.fleet_rollout.inventory import Host
 from tools.fleet_rollout.plan import make_plan
 from tools.fleet_rollout.spec import load_spec
@@ -18,10 +20,16 @@ INI = "[rack_r1]\ns1 ansible_host=127.0.0.1 disk=nvme\n[rack_r2]\ns2 ansible_hos
 
 
 @pytest.fixture
-def work(tmp_path: Path) -> Path:
+def work(tmp_path: Path, sched_url: tuple[str, Path]) -> Path:
     (tmp_path / "policy.toml").write_text('[io_service]\ncpus = "0"\n')
     (tmp_path / "hosts.ini").write_text(INI)
+    (tmp_path / "sched").write_text("\n".join((sched_url[0], str(sched_url[1]))))
     return tmp_path
+
+
+def store(work: Path, holder: str | None = None) -> Store:
+    url, token = (work / "sched").read_text().split("\n")
+    return Store(Scheduler(url, Path(token).read_text()), holder=holder)
 
 
 def spec(work: Path, extra: str = "", select: str = "disk=nvme") -> Path:
@@ -32,7 +40,8 @@ def spec(work: Path, extra: str = "", select: str = "disk=nvme") -> Path:
 
 
 def run(work: Path, *args: str) -> int:
-    return main(["--db", str(work / "r.db"), "--plaintext", *args])
+    url, token = (work / "sched").read_text().split("\n")
+    return main(["--scheduler-url", url, "--token-file", token, "--plaintext", *args])
 
 
 def test_plan_from_an_inventory_file(work: Path, capsys: pytest.CaptureFixture) -> None:
@@ -50,18 +59,20 @@ def test_bad_input_names_the_field_and_creates_nothing(work: Path, capsys: pytes
                                                        extra: str, select: str, field: str) -> None:
     assert run(work, "run", str(spec(work, extra, select))) == 1
     assert f"fleet-rollout: {field}:" in capsys.readouterr().err
-    assert Store(work / "r.db").rollouts() == []
+    st = store(work)
+    assert st.rollouts() == []
+    st.api.close()
 
 
 def test_operator_commands_and_a_held_lease(work: Path, capsys: pytest.CaptureFixture) -> None:
     s = load_spec(spec(work))
-    store = Store(work / "r.db", holder="ops@ctl-7:4242")
-    store.create(s, make_plan([Host("s1", "127.0.0.1:1", "r1")], s))
-    store.acquire("r1", 60)  # another controller runs it
+    other = store(work, holder="ops@ctl-7:4242")
+    other.create(s, make_plan([Host("s1", "127.0.0.1:1", "r1")], s))
+    other.acquire("r1", 60)  # another controller runs it
     assert run(work, "run", str(work / "r.toml")) == 1
     assert "rollout r1 is being run by ops@ctl-7:4242" in capsys.readouterr().err
     assert run(work, "pause", "r1") == 0  # pause reaches a running controller through the store
-    assert store.rollout("r1").state == "paused"
+    assert other.rollout("r1").state == "paused"
     assert run(work, "pause", "r1") == 1
     assert "pause applies to running" in capsys.readouterr().err
     assert run(work, "status", "r1", "--json") == 0
@@ -72,3 +83,4 @@ def test_operator_commands_and_a_held_lease(work: Path, capsys: pytest.CaptureFi
     spec(work, "[limits]\nconcurrency = 3\n")
     assert run(work, "run", str(work / "r.toml")) == 1
     assert "exists with a different spec" in capsys.readouterr().err
+    other.api.close()

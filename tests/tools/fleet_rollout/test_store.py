@@ -1,4 +1,8 @@
-"""The durable store: compare-and-set transitions, the lease and its fencing, on real SQLite."""
+"""fleet-rollout's side of the rollouts the scheduler keeps (tools/fleet_rollout/store.py
+against a real scheduler app, conftest.py): the API's refusals arrive as the store's
+errors the engine acts on (a stale state, a held or lost lease), a lease of a process
+gone from this machine is taken over at once, and a scheduler that does not answer is
+one line naming it. The API's own rules are tested in tests/scheduler/api/."""
 
 from __future__ import annotations
 
@@ -6,49 +10,44 @@ import os
 import socket
 import subprocess
 import time
-from pathlib import Path
 
 import pytest
 
+from tools.fleet_rollout.clients import Scheduler
 from tools.fleet_rollout.inventory import Host
 from tools.fleet_rollout.plan import make_plan
 from tools.fleet_rollout.spec import parse_spec
-from tools.fleet_rollout.store import (
-    LeaseHeld,
-    LeaseLost,
-    StaleState,
-    Store,
-    StoreError,
-)
+from tools.fleet_rollout.store import LeaseHeld, LeaseLost, StaleState, Store, StoreError, StoreUnavailable
 
 
-def created(path: Path, holder: str = "a") -> Store:
-    s = Store(path, holder=holder)
+def created(store: Store) -> Store:
     spec = parse_spec({"name": "r1", "policy": "p", "policy_text": "x"})
-    s.create(spec, make_plan([Host(f"h{i}", f"h{i}:1", f"r{i % 2}") for i in range(4)], spec))
-    return s
+    store.create(spec, make_plan([Host(f"h{i}", f"h{i}:1", f"r{i % 2}") for i in range(4)], spec))
+    return store
 
 
-def test_transitions_are_compare_and_set_and_recorded(tmp_path: Path) -> None:
-    s = created(tmp_path / "db")
+def test_transitions_are_compare_and_set_and_recorded(rollouts) -> None:  # type: ignore[no-untyped-def]
+    s = created(rollouts())
     s.acquire("r1", 10)
     s.move("r1", "h0", "pending", "baselined", {"samples": 30}, {"baseline": [1, 2]})
     with pytest.raises(StaleState):
         s.move("r1", "h0", "pending", "baselined")
     assert s.host("r1", "h0").data == {"baseline": [1, 2]}
+    assert s.brief("r1")[0].data == {}  # the poll leaves the baseline out
     t = s.transitions("r1", "h0")
     assert [(x["from"], x["to"], x["detail"]) for x in t] == [("pending", "baselined", {"samples": 30})]
-    with pytest.raises(StoreError):
+    with pytest.raises(StoreError, match="hyb.rollout.exists"):
         s.create(s.rollout("r1").spec, make_plan([Host("x", "x:1", "r")], s.rollout("r1").spec))
+    assert s.find("nope") is None
 
 
-def test_a_second_controller_is_refused_with_the_holder_until_the_lease_lapses(tmp_path: Path) -> None:
-    a = created(tmp_path / "db", "alice@host1:11")
-    b = Store(tmp_path / "db", holder="bob@host2:22")
+def test_a_second_controller_is_refused_with_the_holder_until_the_lease_lapses(rollouts) -> None:  # type: ignore[no-untyped-def]
+    a = created(rollouts("alice@host1:11"))
+    b = rollouts("bob@host2:22")
     a.acquire("r1", 0.5)
     with pytest.raises(LeaseHeld) as e:
         b.acquire("r1", 10)
-    assert "alice@host1:11" in str(e.value)
+    assert "is being run by alice@host1:11" in str(e.value)
     time.sleep(0.6)
     b.acquire("r1", 10)  # a dead holder's lease lapsed
     with pytest.raises(LeaseLost):  # and the old holder can no longer write: fenced
@@ -58,20 +57,29 @@ def test_a_second_controller_is_refused_with_the_holder_until_the_lease_lapses(t
     b.move("r1", "h0", "pending", "baselined")
 
 
-def test_a_lease_of_a_process_gone_from_this_machine_is_not_live(tmp_path: Path) -> None:
-    """A run that could not release its lease (it died, or the disk was full) blocks the
-    next run on the same machine only while its process lives, not for the TTL."""
+def test_a_lease_of_a_process_gone_from_this_machine_is_not_live(rollouts) -> None:  # type: ignore[no-untyped-def]
+    """A run that could not release its lease (it died, or the scheduler's disk was full)
+    blocks the next run on the same machine only while its process lives."""
     gone = subprocess.Popen(["true"])
     gone.wait()
     here = socket.gethostname()
-    a = created(tmp_path / "db", f"alice@{here}:{gone.pid}")
-    a.acquire("r1", 3600)
-    bob = Store(tmp_path / "db", holder=f"bob@{here}:{os.getpid()}")
+    created(rollouts(f"alice@{here}:{gone.pid}")).acquire("r1", 3600)
+    bob = rollouts(f"bob@{here}:{os.getpid()}")
     bob.acquire("r1", 10)
     bob.release("r1")
     # a live process of this machine, or a holder elsewhere, still holds its lease
     for live in (f"alice@{here}:{os.getpid()}", f"alice@elsewhere:{gone.pid}"):
-        Store(tmp_path / "db", holder=live).acquire("r1", 3600)
+        rollouts(live).acquire("r1", 3600)
         with pytest.raises(LeaseHeld):
-            Store(tmp_path / "db", holder=f"carol@{here}:1").acquire("r1", 10)
-        Store(tmp_path / "db", holder=live).release("r1")
+            rollouts(f"carol@{here}:1").acquire("r1", 10)
+        rollouts(live).release("r1")
+
+
+def test_a_scheduler_that_does_not_answer_is_one_line_after_the_retries() -> None:
+    s = Store(Scheduler("http://127.0.0.1:9", "t"), holder="c1", retry_s=1.0)  # nothing listens on port 9
+    t0 = time.monotonic()
+    with pytest.raises(StoreUnavailable) as e:
+        s.rollouts()
+    assert 1.0 <= time.monotonic() - t0 < 5
+    msg = str(e.value)
+    assert msg.startswith("rollout state at http://127.0.0.1:9: scheduler GET /v1/rollouts: ") and "\n" not in msg

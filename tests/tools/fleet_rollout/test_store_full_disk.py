@@ -1,8 +1,9 @@
-"""The rollout's state on a filesystem that fills up mid-rollout: a real tmpfs mounted
-for the test (root), filled by a real file right after the canary's cordon. The run
-stops with one line naming the database and the cause, the canary stays held by the
-rollout (not lost), and after space is freed the next run resumes from the last
-transition that was written and finishes, every host carved once."""
+"""The rollouts' store on a filesystem that fills up mid-rollout: a real `scheduler
+serve` whose SQLite database is on a real tmpfs mounted for the test (root), filled by a
+real file right after the canary's cordon. The run stops with one line naming the
+scheduler and its database's cause, the canary stays held by the rollout (not lost), and
+after space is freed `resume` continues from the last transition that was written and
+finishes, every host carved once."""
 
 from __future__ import annotations
 
@@ -16,14 +17,19 @@ import pytest
 from fakefleet import FakeFleet
 from test_engine import NAMES, OPTS, SPEC
 
+from tools.dev.procs import Scheduler as SchedulerProc
+from tools.dev.procs import free_port
+from tools.dev.sched_inproc import token_config
 from tools.fleet_rollout.cli import main as rollout_cli
+from tools.fleet_rollout.clients import Scheduler
 from tools.fleet_rollout.engine import Engine
 from tools.fleet_rollout.inventory import Host
 from tools.fleet_rollout.plan import make_plan
 from tools.fleet_rollout.spec import parse_spec
-from tools.fleet_rollout.store import Store, StoreError
+from tools.fleet_rollout.store import Store, StoreUnavailable
 
 pytestmark = pytest.mark.root
+ADMIN = "full-disk-admin-token"
 
 
 @pytest.fixture
@@ -35,6 +41,21 @@ def small_fs(tmp_path: Path) -> Iterator[Path]:
         yield mnt
     finally:
         subprocess.run(["umount", "-l", str(mnt)], check=True)
+
+
+@pytest.fixture
+def scheduler_on(small_fs: Path, tmp_path: Path) -> Iterator[str]:
+    t = token_config({ADMIN: ["admin"]})[0]
+    cfg = tmp_path / "scheduler.toml"
+    cfg.write_text(f'log_level = "WARNING"\n[server]\nplaintext = true\n[db]\nurl = "sqlite:///{small_fs}/s.db"\n'
+                   f'[[auth.tokens]]\nname = "ops"\nsha256 = "{t["sha256"]}"\nscopes = ["admin"]\n')
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOSTD_", "HYB_SCHED_"))}
+    s = SchedulerProc(cfg, free_port(), env, tmp_path / "scheduler.log")
+    try:
+        s.start()
+        yield s.url
+    finally:
+        s.stop()
 
 
 def fill(where: Path) -> Path:
@@ -54,10 +75,11 @@ def fill(where: Path) -> Path:
     return filler
 
 
-def test_a_full_disk_stops_the_run_with_one_line_and_the_next_run_resumes(small_fs: Path, capsys) -> None:
-    db = small_fs / "rollouts.db"
+def test_a_full_disk_stops_the_run_with_one_line_and_resume_finishes(small_fs: Path, scheduler_on: str,
+                                                                     tmp_path: Path, capsys) -> None:
+    api = Scheduler(scheduler_on, ADMIN)
     fleet = FakeFleet(NAMES)
-    store = Store(db)  # the default holder: user@host:pid, as `fleet-rollout run` has
+    store = Store(api, retry_s=1.0)  # the default holder: user@host:pid, as `fleet-rollout run` has
     spec = parse_spec(SPEC)
     store.create(spec, make_plan([Host(n, f"{n}:7443", f"r{i % 3}") for i, n in enumerate(NAMES)], spec))
     canary = store.hosts("r1", wave=0)[0].name
@@ -70,22 +92,24 @@ def test_a_full_disk_stops_the_run_with_one_line_and_the_next_run_resumes(small_
             filler.append(fill(small_fs))
     fleet.set_state = cordon_then_fill  # type: ignore[method-assign]
 
-    with pytest.raises(StoreError) as e:
+    with pytest.raises(StoreUnavailable) as e:
         Engine(store, "r1", fleet, fleet, OPTS).run()  # type: ignore[arg-type]
     msg = str(e.value)
-    assert msg == f"rollout state {db}: database or disk is full", msg
+    assert msg.startswith(f"rollout state at {scheduler_on}: scheduler POST /v1/rollouts/r1/") and "\n" not in msg
+    assert msg.endswith("hyb.store.unavailable: the scheduler's database: database or disk is full"), msg
     assert fleet.admin[canary] == "cordoned"  # held by the rollout, and it knows it (below)
-    # the command line says the same in one line, and changes nothing
-    assert rollout_cli(["--db", str(db), "pause", "r1"]) == 1
+    # the command line says the same in one line, exits 3 (stopped short) and changes nothing
+    token = tmp_path / "admin.token"
+    token.write_text(ADMIN)
+    cli = ["--scheduler-url", scheduler_on, "--token-file", str(token), "--plaintext"]
+    assert rollout_cli([*cli, "pause", "r1"]) == 3
     err = capsys.readouterr().err
-    assert err == f"fleet-rollout: rollout state {db}: database or disk is full\n", err
+    assert err.count("\n") == 1 and "database or disk is full; the rollout stays where it was" in err, err
 
     os.unlink(filler[0])
-    store.close()
-    again = Store(db)  # the lease could not be released on a full disk: the same holder takes it again
-    assert again.host("r1", canary).state == "baselined"  # the last transition written
-    assert Engine(again, "r1", fleet, fleet, OPTS).run() == "done"  # type: ignore[arg-type]
-    assert {h.state for h in again.hosts("r1")} == {"verified"}
+    assert store.host("r1", canary).state == "baselined"  # the last transition written
+    assert Engine(store, "r1", fleet, fleet, OPTS).run() == "done"  # type: ignore[arg-type]
+    assert {h.state for h in store.hosts("r1")} == {"verified"}
     assert all(h.carves == 1 for h in fleet.hosts.values()) and set(fleet.admin.values()) == {"active"}
-    assert again.lease("r1") is None
-    again.close()
+    assert store.lease("r1") is None
+    api.close()

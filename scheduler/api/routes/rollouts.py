@@ -1,0 +1,146 @@
+"""/v1/rollouts: fleet-rollout's durable state (scope admin). A host belongs to at most
+one active rollout; a controller writes under the rollout's lease; an operator's verbs
+(pause, resume, abort, rollback) need no lease."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Query, Request, Response
+
+from scheduler.api.deps import CurrentPrincipal
+from scheduler.api.errors import ERRORS
+from scheduler.schemas.rollouts import (MAX_HOSTS, PRINTABLE, LeaseOut, LeaseRenew, LeaseTake, RolloutCreate,
+                                        RolloutHostNote, RolloutHostOut, RolloutHostsOut, RolloutHostTransition,
+                                        RolloutOut, RolloutsOut, RolloutStateChange, RolloutVerb, TransitionsOut)
+from scheduler.service.rollouts import RolloutService
+
+router = APIRouter(prefix="/v1/rollouts", tags=["rollouts"], responses=ERRORS)
+
+
+def _svc(request: Request) -> RolloutService:
+    return request.app.state.rollouts
+
+
+@router.post("", response_model=RolloutOut, status_code=201)
+def create_rollout(body: RolloutCreate, request: Request, p: CurrentPrincipal) -> RolloutOut:
+    """Running at wave 0. 409 `hyb.rollout.exists`, or `hyb.rollout.overlap` when another
+    active rollout holds one of its hosts (nothing is created)."""
+    p.require()
+    return _svc(request).create(body, actor=p.name)
+
+
+@router.get("", response_model=RolloutsOut)
+def list_rollouts(request: Request, p: CurrentPrincipal) -> RolloutsOut:
+    """Oldest first."""
+    p.require()
+    return _svc(request).list()
+
+
+@router.get("/{name}", response_model=RolloutOut)
+def get_rollout(name: str, request: Request, p: CurrentPrincipal) -> RolloutOut:
+    p.require()
+    return _svc(request).get(name)
+
+
+@router.get("/{name}/hosts", response_model=RolloutHostsOut)
+def rollout_hosts(name: str, request: Request, p: CurrentPrincipal, wave: int | None = Query(None, ge=0, le=MAX_HOSTS),
+                  brief: bool = Query(False, description="without the host's record and data (only "
+                                                         "rollback_failed of its data): what a controller polls")
+                  ) -> RolloutHostsOut:
+    """In rollout order."""
+    p.require()
+    return _svc(request).hosts(name, wave=wave, brief=brief)
+
+
+@router.get("/{name}/hosts/{host}", response_model=RolloutHostOut)
+def rollout_host(name: str, host: str, request: Request, p: CurrentPrincipal) -> RolloutHostOut:
+    p.require()
+    return _svc(request).host(name, host)
+
+
+@router.get("/{name}/transitions", response_model=TransitionsOut)
+def transitions(name: str, request: Request, p: CurrentPrincipal,
+                host: str | None = Query(None, description='one host\'s, or "-" for the rollout\'s own')
+                ) -> TransitionsOut:
+    """Oldest first."""
+    p.require()
+    return _svc(request).transitions(name, host=host)
+
+
+@router.post("/{name}/hosts/{host}/transition", response_model=RolloutHostOut)
+def move_host(name: str, host: str, body: RolloutHostTransition, request: Request,
+              p: CurrentPrincipal) -> RolloutHostOut:
+    """Compare-and-set of the host's state, under the lease: 409 `hyb.rollout.lease_lost`
+    unless `holder` holds it, `hyb.rollout.stale_state` unless the host is in `from`."""
+    p.require()
+    return _svc(request).move(name, host, body)
+
+
+@router.post("/{name}/hosts/{host}/note", status_code=204, response_class=Response)
+def note_host(name: str, host: str, body: RolloutHostNote, request: Request, p: CurrentPrincipal) -> Response:
+    """A record without a state change, under the lease."""
+    p.require()
+    _svc(request).note(name, host, body)
+    return Response(status_code=204)
+
+
+@router.post("/{name}/state", response_model=RolloutOut)
+def set_state(name: str, body: RolloutStateChange, request: Request, p: CurrentPrincipal) -> RolloutOut:
+    """The controller's rollout-level transition, under the lease."""
+    p.require()
+    return _svc(request).set_state(name, body)
+
+
+def _operate(name: str, verb: str, request: Request, p: CurrentPrincipal, body: RolloutVerb | None) -> RolloutOut:
+    p.require()
+    return _svc(request).operate(name, verb, actor=p.name, reason=(body or RolloutVerb()).reason)
+
+
+@router.post("/{name}/pause", response_model=RolloutOut)
+def pause(name: str, request: Request, p: CurrentPrincipal, body: RolloutVerb | None = None) -> RolloutOut:
+    """The controller stops at its next step. Applies to running (else 409
+    `hyb.rollout.bad_state`)."""
+    return _operate(name, "pause", request, p, body)
+
+
+@router.post("/{name}/resume", response_model=RolloutOut)
+def resume(name: str, request: Request, p: CurrentPrincipal, body: RolloutVerb | None = None) -> RolloutOut:
+    """Running again. Applies to paused, halted or done (a done rollout's failed rollbacks
+    are retried)."""
+    return _operate(name, "resume", request, p, body)
+
+
+@router.post("/{name}/abort", response_model=RolloutOut)
+def abort(name: str, request: Request, p: CurrentPrincipal, body: RolloutVerb | None = None) -> RolloutOut:
+    """Hosts mid-change are rolled back. Applies to running, paused, halted or aborting."""
+    return _operate(name, "abort", request, p, body)
+
+
+@router.post("/{name}/rollback", response_model=RolloutOut)
+def rollback(name: str, request: Request, p: CurrentPrincipal, body: RolloutVerb | None = None) -> RolloutOut:
+    """Every changed host is rolled back, last wave first. Applies to running, paused,
+    halted, done, aborted or rolling_back."""
+    return _operate(name, "rollback", request, p, body)
+
+
+@router.post("/{name}/lease", response_model=LeaseOut)
+def take_lease(name: str, body: LeaseTake, request: Request, p: CurrentPrincipal) -> LeaseOut:
+    """409 `hyb.rollout.lease_held` while another holder's lease is live (unless it is
+    `replace_holder`)."""
+    p.require()
+    return _svc(request).acquire(name, body)
+
+
+@router.put("/{name}/lease", response_model=LeaseOut)
+def renew_lease(name: str, body: LeaseRenew, request: Request, p: CurrentPrincipal) -> LeaseOut:
+    """409 `hyb.rollout.lease_lost` unless `holder` holds a live lease."""
+    p.require()
+    return _svc(request).renew(name, body)
+
+
+@router.delete("/{name}/lease", status_code=204, response_class=Response)
+def release_lease(name: str, request: Request, p: CurrentPrincipal,
+                  holder: str = Query(min_length=1, max_length=255, pattern=PRINTABLE)) -> Response:
+    """Only `holder`'s own lease is ended."""
+    p.require()
+    _svc(request).release(name, holder)
+    return Response(status_code=204)

@@ -1,0 +1,93 @@
+"""What a drain may do to each VM on the hosts being drained, now: pure (no I/O).
+
+Each VM says what maintenance may do to it (``on_maintenance``, like GCE's
+onHostMaintenance): ``replace`` (a new VM from the same spec on another host; the old
+one is deleted once the new one runs), ``stop``, or ``block`` (the default: the drain
+waits for the VM's owner). VMs may share a disruption budget (``group``,
+``max_unavailable``, like Kubernetes' PodDisruptionBudget): at most that many of the
+group's VMs are unavailable at once, counting every VM of the group in the fleet that is
+not running, being replaced, or stopped for maintenance; VMs outside any group move
+freely.
+
+``plan`` answers, for every VM on a draining host, one step: start a replacement, stop
+it, or wait, with what it waits for, in words an operator reads. It is called again
+after every change; a replacement that runs is followed by the old VM's deletion.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from typing import Literal
+
+Action = Literal["replace", "stop", "delete_old", "wait", "done"]
+ON_MAINTENANCE = ("replace", "stop", "block")
+
+
+@dataclass(frozen=True)
+class DrainVm:
+    id: str
+    name: str
+    host: str | None
+    status: str  # the scheduler's: pending, creating, running, stopped, failed, deleting, ...
+    on_maintenance: str = "block"
+    group: str = ""
+    max_unavailable: int = 0
+    replaces: str = ""  # this VM is the replacement of that VM id
+    stopped_for_maintenance: bool = False
+
+
+@dataclass(frozen=True)
+class Step:
+    vm: str
+    name: str
+    action: Action
+    why: str
+
+
+def _unavailable(vms: list[DrainVm]) -> Counter[str]:
+    """Per group, its VMs that are not serving: not running, or a replacement under way
+    (the VM it replaces counts once, as the move's one unavailable member)."""
+    moving = {v.replaces for v in vms if v.replaces}
+    out: Counter[str] = Counter()
+    for v in vms:
+        if not v.group or v.replaces:
+            continue
+        if v.id in moving or v.status != "running":
+            out[v.group] += 1
+    return out
+
+
+def plan(draining: set[str], vms: list[DrainVm]) -> list[Step]:
+    """One step per VM on a ``draining`` host (``vms``: every VM of the fleet that shares a
+    group with one of them, and the replacements under way), in a stable order."""
+    down = _unavailable(vms)
+    replacement = {v.replaces: v for v in vms if v.replaces}
+    steps: list[Step] = []
+    for v in sorted((v for v in vms if v.host in draining and not v.replaces), key=lambda v: (v.group, v.name)):
+        if v.status in ("deleted", "deleting") or (v.status == "stopped" and v.on_maintenance == "stop"):
+            steps.append(Step(v.id, v.name, "done", f"{v.status}"))
+            continue
+        new = replacement.get(v.id)
+        if new is not None:
+            if new.status == "running":
+                steps.append(Step(v.id, v.name, "delete_old", f"its replacement {new.id} runs on {new.host}"))
+            elif new.status in ("failed", "deleted"):
+                steps.append(Step(v.id, v.name, "wait", f"its replacement {new.id} {new.status}: the drain "
+                                                        "will not try again until an operator acts"))
+            else:
+                steps.append(Step(v.id, v.name, "wait", f"its replacement {new.id} is {new.status}"
+                                                        + (f" on {new.host}" if new.host else "")))
+            continue
+        if v.on_maintenance == "block":
+            steps.append(Step(v.id, v.name, "wait", "on_maintenance = block: its owner moves or deletes it"))
+            continue
+        if v.group and v.status == "running" and down[v.group] >= v.max_unavailable:
+            steps.append(Step(v.id, v.name, "wait", f"group {v.group}: {down[v.group]} of its VMs unavailable, "
+                                                    f"max_unavailable = {v.max_unavailable}"))
+            continue
+        if v.group and v.status == "running":
+            down[v.group] += 1  # this move takes one of the budget
+        steps.append(Step(v.id, v.name, "replace" if v.on_maintenance == "replace" else "stop",
+                          "on_maintenance = " + v.on_maintenance))
+    return steps

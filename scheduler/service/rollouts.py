@@ -1,0 +1,261 @@
+"""Fleet rollouts' durable state (``/v1/rollouts``), kept for ``fleet-rollout`` as a
+cluster API keeps a controller's: every operator's rollouts see each other, and a host
+belongs to at most one active rollout.
+
+A controller writes only while it holds the rollout's lease (the fencing token: one
+whose lease lapsed and was taken over cannot write behind its successor's back), and
+each host step is a compare-and-set on the host's state, written with its record in one
+transaction. The operator's verbs (pause, resume, abort, rollback) are not fenced: they
+are how an operator talks to a running controller, which reads the rollout's state."""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable
+from datetime import datetime, timezone
+
+from sqlalchemy.orm import Session
+
+from scheduler.db.engine import Store
+from scheduler.db.models import Rollout, RolloutLease
+from scheduler.errors import (InvalidRequest, RolloutBadState, RolloutExists, RolloutLeaseHeld, RolloutLeaseLost,
+                              RolloutOverlap, RolloutStaleState)
+from scheduler.repo import rollouts as repo
+from scheduler.repo import vms as vm_repo
+from scheduler.schemas.rollouts import (LeaseOut, LeaseRenew, LeaseTake, RolloutCreate, RolloutHostNote,
+                                        RolloutHostOut, RolloutHostsOut, RolloutHostTransition, RolloutOut,
+                                        RolloutsOut, RolloutStateChange, TransitionOut, TransitionsOut)
+
+log = logging.getLogger(__name__)
+
+# verb: (the state it sets, the states it applies to). Resume applies to a done rollout
+# too: a new run retries the rollbacks that could not finish (hosts left held).
+VERBS = {
+    "pause": ("paused", ("running",)),
+    "resume": ("running", ("paused", "halted", "done")),
+    "abort": ("aborting", ("running", "paused", "halted", "aborting")),
+    "rollback": ("rolling_back", ("running", "paused", "halted", "done", "aborted", "rolling_back")),
+}
+SHOWN = 10  # shared hosts named per other rollout in an overlap refusal
+
+
+class RolloutService:
+    def __init__(self, *, store: Store, clock: Callable[[], float] = time.time):
+        self.store = store
+        self.clock = clock  # lease expiry too: a test lapses a lease by moving its clock
+
+    # ------------------------------------------------------------ rollouts
+
+    def create(self, body: RolloutCreate, *, actor: str) -> RolloutOut:
+        """A new rollout, running at wave 0: refused when the name exists, or when another
+        active rollout holds one of its hosts. The check and the insert are one step
+        against a concurrent create (PostgreSQL: the creation lock; SQLite: the writer
+        lock), so two operators cannot both take a host."""
+        now = self.clock()
+        hosts = [h.name for wave in body.waves for h in wave]
+        with self.store.write() as s:
+            repo.lock_creation(session=s)
+            old = repo.find_rollout(session=s, name=body.name)
+            if old is not None:
+                raise RolloutExists(f"rollout {body.name} exists and is {old.state}", field="name")
+            _refuse_overlap(s, body.name, hosts, field="waves")
+            r = repo.add_rollout(session=s, name=body.name, kind=body.kind, policy_digest=body.policy_digest,
+                                 spec=body.spec, waves=body.waves, skipped=[x.model_dump() for x in body.skipped],
+                                 now=now, created_by=actor)
+            n = len(hosts)
+            repo.record(session=s, rollout=body.name, host=repo.ROLLOUT, frm="", to="running", at=now, holder=actor,
+                        detail={"hosts": n, "waves": len(body.waves)})
+            vm_repo.audit(session=s, principal=actor, action="rollout.create", target=body.name, now=now,
+                          detail={"kind": body.kind, "hosts": n, "waves": len(body.waves)})
+            out = _one(s, r, now)
+        log.info("rollout created name=%s kind=%s hosts=%d waves=%d by=%s", body.name, body.kind, n,
+                 len(body.waves), actor)
+        return out
+
+    def list(self) -> RolloutsOut:
+        now = self.clock()
+        with self.store.read() as s:
+            counts, leases = repo.counts(session=s), repo.leases(session=s)
+            return RolloutsOut(items=[_rollout_out(r, counts.get(r.name, {}), leases.get(r.name), now)
+                                      for r in repo.list_rollouts(session=s)])
+
+    def get(self, name: str) -> RolloutOut:
+        now = self.clock()
+        with self.store.read() as s:
+            return _one(s, repo.get_rollout(session=s, name=name), now)
+
+    def set_state(self, name: str, body: RolloutStateChange) -> RolloutOut:
+        """The controller's rollout-level transition (the next wave, halted, done ...),
+        fenced by its lease."""
+        now = self.clock()
+        with self.store.write() as s:
+            r = repo.get_rollout(session=s, name=name, lock="update")
+            _fence(s, name, body.holder, now)
+            if body.wave is not None and body.wave >= r.waves:
+                raise InvalidRequest(f"rollout {name} has waves 0 to {r.waves - 1}, not {body.wave}", field="wave")
+            before = r.state
+            _change(s, r, body.state, reason=body.reason, wave=body.wave, holder=body.holder, detail=body.detail,
+                    now=now)
+            out = _one(s, r, now)
+        log.info("rollout state name=%s %s -> %s wave=%d holder=%s reason=%r", name, before, body.state, out.wave,
+                 body.holder, body.reason)
+        return out
+
+    def operate(self, name: str, verb: str, *, actor: str, reason: str) -> RolloutOut:
+        """An operator's verb, unfenced; recorded and audited as "<verb> by <actor>"."""
+        to, allowed = VERBS[verb]
+        now = self.clock()
+        who = f"{verb} by {actor}"
+        with self.store.write() as s:
+            r = repo.get_rollout(session=s, name=name, lock="update")
+            before = r.state
+            if before not in allowed:
+                raise RolloutBadState(f"rollout {name} is {before}: {verb} applies to {' or '.join(allowed)}")
+            _change(s, r, to, reason=f"{who}: {reason}" if reason else who, wave=None, holder=who, detail={},
+                    now=now)
+            vm_repo.audit(session=s, principal=actor, action=f"rollout.{verb}", target=name, now=now,
+                          detail={"from": before, "to": to, "reason": reason})
+            out = _one(s, r, now)
+        log.info("rollout %s name=%s %s -> %s by=%s reason=%r", verb, name, before, to, actor, reason)
+        return out
+
+    # ------------------------------------------------------------ hosts
+
+    def hosts(self, name: str, *, wave: int | None, brief: bool) -> RolloutHostsOut:
+        with self.store.read() as s:
+            repo.get_rollout(session=s, name=name)
+            rows = (repo.brief_hosts if brief else repo.hosts)(session=s, rollout=name, wave=wave)
+        return RolloutHostsOut(items=[RolloutHostOut(**h) for h in rows])
+
+    def host(self, name: str, host: str) -> RolloutHostOut:
+        with self.store.read() as s:
+            repo.get_rollout(session=s, name=name)
+            return RolloutHostOut(**repo.host_out(repo.get_host(session=s, rollout=name, name=host)))
+
+    def move(self, name: str, host: str, body: RolloutHostTransition) -> RolloutHostOut:
+        """host: ``from`` -> ``to`` with the decision's record, iff the writer holds the
+        lease and the host is in ``from``; ``data`` merges into the host's data."""
+        now = self.clock()
+        with self.store.write() as s:
+            repo.get_rollout(session=s, name=name, lock="share")
+            _fence(s, name, body.holder, now)
+            h = repo.get_host(session=s, rollout=name, name=host, lock=True)
+            if h.state != body.from_:
+                raise RolloutStaleState(f"{host}: expected state {body.from_}, found {h.state}", field="from")
+            repo.move_host(session=s, h=h, to=body.to, data=body.data, now=now)
+            repo.record(session=s, rollout=name, host=host, frm=body.from_, to=body.to, at=now, holder=body.holder,
+                        detail=body.detail)
+            out = RolloutHostOut(**repo.host_out(h))
+        log.debug("rollout host name=%s host=%s %s -> %s holder=%s", name, host, body.from_, body.to, body.holder)
+        return out
+
+    def note(self, name: str, host: str, body: RolloutHostNote) -> None:
+        """A record without a state change (a retried call, an undecided gate), fenced."""
+        now = self.clock()
+        with self.store.write() as s:
+            repo.get_rollout(session=s, name=name, lock="share")
+            _fence(s, name, body.holder, now)
+            h = repo.get_host(session=s, rollout=name, name=host, lock=True)  # the state as of the record
+            repo.record(session=s, rollout=name, host=host, frm=h.state, to=h.state, at=now, holder=body.holder,
+                        detail=body.detail)
+
+    def transitions(self, name: str, *, host: str | None) -> TransitionsOut:
+        with self.store.read() as s:
+            repo.get_rollout(session=s, name=name)
+            return TransitionsOut(items=[TransitionOut(**t) for t in repo.transitions(session=s, rollout=name,
+                                                                                      host=host)])
+
+    # ------------------------------------------------------------ lease
+
+    def acquire(self, name: str, body: LeaseTake) -> LeaseOut:
+        """Taken when nobody holds the lease, it lapsed, it is the caller's already, or its
+        holder is ``replace_holder`` (the caller found that controller's process dead)."""
+        now = self.clock()
+        with self.store.write() as s:
+            repo.get_rollout(session=s, name=name, lock="update")
+            x = repo.lease(session=s, rollout=name)
+            other = (x.holder, x.expires) if x is not None and x.holder != body.holder and x.expires > now else None
+            if other is not None and other[0] != body.replace_holder:
+                raise RolloutLeaseHeld(f"rollout {name} is being run by {other[0]} (lease until {_iso(other[1])}; "
+                                       "it lapses if that run dies)", field="holder")
+            repo.put_lease(session=s, rollout=name, holder=body.holder, expires=now + body.ttl_s)
+        if other is not None:
+            log.warning("rollout lease name=%s taken by %s from %s, found dead", name, body.holder, other[0])
+        return LeaseOut(holder=body.holder, expires=now + body.ttl_s)
+
+    def renew(self, name: str, body: LeaseRenew) -> LeaseOut:
+        now = self.clock()
+        with self.store.write() as s:
+            repo.get_rollout(session=s, name=name, lock="update")
+            _fence(s, name, body.holder, now)
+            repo.put_lease(session=s, rollout=name, holder=body.holder, expires=now + body.ttl_s)
+        return LeaseOut(holder=body.holder, expires=now + body.ttl_s)
+
+    def release(self, name: str, holder: str) -> None:
+        """Ends ``holder``'s lease; another's stays."""
+        with self.store.write() as s:
+            repo.get_rollout(session=s, name=name, lock="update")
+            repo.drop_lease(session=s, rollout=name, holder=holder)
+
+
+def _change(s: Session, r: Rollout, state: str, *, reason: str, wave: int | None, holder: str, detail: dict,
+            now: float) -> None:
+    """The rollout's new state and its record. A rollout that ended holds no host, so one
+    that starts again (resume or rollback of a done or aborted rollout) must not hold a
+    host another rollout has taken since: checked as a create is."""
+    if r.state in repo.TERMINAL and state not in repo.TERMINAL:
+        repo.lock_creation(session=s)
+        _refuse_overlap(s, r.name, repo.held_hosts(session=s, rollout=r.name), field=None)
+    before = r.state
+    repo.set_rollout(session=s, r=r, state=state, reason=reason, wave=r.wave if wave is None else wave, now=now)
+    repo.record(session=s, rollout=r.name, host=repo.ROLLOUT, frm=before, to=state, at=now, holder=holder,
+                detail={"reason": reason, "wave": wave, **detail})
+
+
+def _one(s: Session, r: Rollout, now: float) -> RolloutOut:
+    return _rollout_out(r, repo.counts(session=s, names=[r.name]).get(r.name, {}),
+                        repo.lease(session=s, rollout=r.name), now)
+
+
+def _rollout_out(r: Rollout, counts: dict[int, dict[str, int]], lease: RolloutLease | None,
+                 now: float) -> RolloutOut:
+    live = lease if lease is not None and lease.expires > now else None
+    return RolloutOut(**repo.rollout_fields(r), counts=[counts.get(w, {}) for w in range(r.waves)],
+                      lease=LeaseOut(holder=live.holder, expires=live.expires) if live is not None else None)
+
+
+def _fence(s: Session, name: str, holder: str, now: float) -> None:
+    """Refused (RolloutLeaseLost) unless ``holder`` holds the rollout's lease, unlapsed."""
+    x = repo.lease(session=s, rollout=name)
+    if x is not None and x.holder == holder and x.expires > now:
+        return
+    if x is None:
+        why = "nobody does"
+    elif x.holder == holder:
+        why = f"it lapsed at {_iso(x.expires)}"
+    else:
+        why = f"{x.holder} does, until {_iso(x.expires)}" if x.expires > now else \
+            f"{x.holder}'s lapsed at {_iso(x.expires)}"
+    raise RolloutLeaseLost(f"rollout {name}: {holder} does not hold the lease ({why})", field="holder")
+
+
+def _refuse_overlap(s: Session, name: str, hosts: list[str], *, field: str | None) -> None:
+    """RolloutOverlap naming each other active rollout that holds any of ``hosts``, and up
+    to ``SHOWN`` of the hosts it holds."""
+    found = repo.overlaps(session=s, hosts=hosts, besides=name)
+    if not found:
+        return
+    held: dict[tuple[str, str], list[str]] = {}
+    for other, state, host in found:
+        held.setdefault((other, state), []).append(host)
+    parts = []
+    for (other, state), hs in held.items():
+        more = f" and {len(hs) - SHOWN} more" if len(hs) > SHOWN else ""
+        parts.append(f"{other} ({state}) holds {', '.join(hs[:SHOWN])}{more}")
+    raise RolloutOverlap(f"rollout {name} shares hosts with another active rollout (a host belongs to at most "
+                         f"one): {'; '.join(parts)}", field=field)
+
+
+def _iso(t: float) -> str:
+    return datetime.fromtimestamp(t, timezone.utc).isoformat(timespec="seconds")

@@ -1,0 +1,101 @@
+"""The drain planner (scheduler/drain.py), pure: what a drain may do to each VM now,
+under the VMs' on_maintenance and their groups' disruption budgets. A simulated drain
+applies the steps one at a time, as the scheduler's loop does, until nothing moves, and
+checks the budget at every step. (Not yet wired to the scheduler's drain: see
+docs/status.md.)"""
+
+from __future__ import annotations
+
+import random
+from dataclasses import replace
+
+import pytest
+
+from scheduler.drain import DrainVm, Step, plan
+
+
+def vm(i: int, *, group: str = "web", on: str = "replace", budget: int = 1, host: str = "h1",
+       status: str = "running") -> DrainVm:
+    return DrainVm(f"v{i}", f"web-{i}", host, status, on, group, budget)
+
+
+def actions(steps: list[Step]) -> dict[str, str]:
+    return {s.name: s.action for s in steps}
+
+
+def test_a_budget_of_one_moves_one_vm_at_a_time_and_says_what_the_others_wait_for() -> None:
+    vms = [vm(1), vm(2), vm(3), vm(9, host="h2")]  # web-9 serves elsewhere
+    steps = plan({"h1"}, vms)
+    assert actions(steps) == {"web-1": "replace", "web-2": "wait", "web-3": "wait"}
+    assert steps[1].why == "group web: 1 of its VMs unavailable, max_unavailable = 1"
+    new = DrainVm("n1", "web-1", "h3", "creating", "replace", "web", 1, replaces="v1")
+    steps = plan({"h1"}, [*vms, new])
+    assert actions(steps) == {"web-1": "wait", "web-2": "wait", "web-3": "wait"}
+    assert steps[0].why == "its replacement n1 is creating on h3"
+    steps = plan({"h1"}, [*vms, replace(new, status="running")])
+    assert actions(steps) == {"web-1": "delete_old", "web-2": "wait", "web-3": "wait"}
+    gone = [replace(vms[0], status="deleted"), *vms[1:], replace(new, status="running")]
+    assert actions(plan({"h1"}, gone)) == {"web-1": "done", "web-2": "wait", "web-3": "wait"}
+    # deleted and forgotten: the next one moves
+    assert actions(plan({"h1"}, [*vms[1:], replace(new, status="running")])) == {"web-2": "replace", "web-3": "wait"}
+
+
+def test_a_member_down_elsewhere_uses_the_budget() -> None:
+    vms = [vm(1), vm(9, host="h2", status="stopped")]
+    assert plan({"h1"}, vms)[0].why == "group web: 1 of its VMs unavailable, max_unavailable = 1"
+    assert actions(plan({"h1"}, [vm(1, budget=2), vm(9, host="h2", status="stopped", budget=2)])) == {"web-1": "replace"}
+
+
+def test_block_and_stop_and_no_group() -> None:
+    vms = [vm(1, on="block", group=""), vm(2, on="stop", group=""), vm(3, group=""), vm(4, group="",
+                                                                                        status="stopped", on="stop")]
+    steps = {s.name: s for s in plan({"h1"}, vms)}
+    assert steps["web-1"].action == "wait" and steps["web-1"].why == "on_maintenance = block: its owner moves or deletes it"
+    assert steps["web-2"].action == "stop" and steps["web-3"].action == "replace"
+    assert steps["web-4"].action == "done"
+
+
+def test_a_failed_replacement_is_not_retried_by_the_drain() -> None:
+    new = DrainVm("n1", "web-1", None, "failed", "replace", "web", 1, replaces="v1")
+    s = plan({"h1"}, [vm(1), new])[0]
+    assert s.action == "wait" and "failed" in s.why and "operator" in s.why
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_a_simulated_drain_never_exceeds_the_budget_and_finishes(seed: int) -> None:
+    rnd = random.Random(seed)
+    budgets = {"a": 1, "b": 2, "c": 0}
+    fleet = [DrainVm(f"v{i}", f"vm-{i}", rnd.choice(["h1", "h1", "h2"]), "running", rnd.choice(["replace", "stop"]),
+                     g, budgets[g]) for i, g in enumerate(rnd.choice("aabbc") for _ in range(12))]
+    n = len(fleet)
+    for _ in range(200):
+        steps = [s for s in plan({"h1"}, fleet) if s.action not in ("wait", "done")]
+        starting = [k for k, v in enumerate(fleet) if v.replaces and v.status == "creating"]
+        if not steps and not starting:
+            break
+        if not steps:
+            k = rnd.choice(starting)
+            fleet[k] = replace(fleet[k], status="running")
+            continue
+        s = rnd.choice(steps)  # the loop acts on one step at a time, in any order
+        i = next(k for k, v in enumerate(fleet) if v.id == s.vm)
+        if s.action == "replace":
+            fleet.append(DrainVm(f"n{n}", fleet[i].name, "h3", "creating", "replace", fleet[i].group,
+                                 fleet[i].max_unavailable, replaces=fleet[i].id))
+            n += 1
+        elif s.action == "stop":
+            fleet[i] = replace(fleet[i], status="stopped")
+        elif s.action == "delete_old":
+            del fleet[i]
+        # replacements come up one by one, at random
+        starting = [k for k, v in enumerate(fleet) if v.replaces and v.status == "creating"]
+        if starting and rnd.random() < 0.5:
+            k = rnd.choice(starting)
+            fleet[k] = replace(fleet[k], status="running")
+        for g, cap in budgets.items():
+            moving = {v.replaces for v in fleet if v.replaces and v.status != "running"}
+            down = sum(1 for v in fleet if v.group == g and not v.replaces and (v.status != "running" or v.id in moving))
+            assert down <= cap, (g, down, cap)
+    # what is left waits on a full budget (members stopped for the maintenance hold it)
+    for step in plan({"h1"}, fleet):
+        assert step.action == "done" or step.action == "wait" and "max_unavailable" in step.why, step

@@ -1,0 +1,39 @@
+"""A real scheduler app in-process (its database real: SQLite or PostgreSQL, migrated),
+spoken to through its HTTP interface by Starlette's TestClient: for the scheduler's API
+tests and for fleet-rollout's engine tests, which keep their rollouts in it."""
+
+from __future__ import annotations
+
+import hashlib
+from collections.abc import Callable
+from typing import Any
+
+from fastapi.testclient import TestClient
+
+from scheduler.api.app import create_app
+from scheduler.config import Settings
+from scheduler.db.engine import Store
+from scheduler.db.migrate import upgrade
+
+
+def token_config(tokens: dict[str, list[str]]) -> list[dict]:
+    """``{token: scopes}`` -> the config's tokens, each named after itself."""
+    return [{"name": k, "sha256": hashlib.sha256(k.encode()).hexdigest(), "scopes": v} for k, v in tokens.items()]
+
+
+def settings(db_url: str, tokens: dict[str, list[str]], **over: Any) -> Settings:
+    data: dict[str, Any] = {"db": {"url": db_url}, "auth": {"tokens": token_config(tokens)},
+                            "dispatch": {"enabled": False}, "reconcile": {"interval_s": 0},
+                            "stats": {"heartbeat_flush_s": 0}}  # write-through: tests read at once
+    for k, v in over.items():
+        data.setdefault(k, {}).update(v)
+    return Settings(**data)
+
+
+def scheduler_client(db_url: str, tokens: dict[str, list[str]], *, clock: Callable[[], float],
+                     hostd=None, **over: Any) -> TestClient:  # type: ignore[no-untyped-def]
+    """The scheduler on ``db_url`` (migrated to the head first), behind a TestClient."""
+    store = Store.from_url(db_url)
+    upgrade(store.engine)
+    app = create_app(settings(db_url, tokens, **over), store=store, hostd=hostd, clock=clock)
+    return TestClient(app, raise_server_exceptions=False)
