@@ -35,14 +35,26 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     if mark is not None:
         return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default"))
     names = getattr(item, "fixturenames", ())
-    if item.get_closest_marker("integration") or item.get_closest_marker("root") \
-            or MACHINE_FIXTURES.intersection(names):
+    if MACHINE_FIXTURES.intersection(names):
+        return "machine"
+    if _on_postgres(item):
+        return "postgres"
+    if item.get_closest_marker("integration") or item.get_closest_marker("root"):
         return "machine"
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs.values() if info is not None else ()
     if any(d.scope in ("module", "class", "package") for ds in defs for d in ds):
         return item.nodeid.split("::")[0]
     return None
+
+
+def _on_postgres(item: pytest.Item) -> bool:
+    """A test on the throwaway PostgreSQL server (tests/scheduler/conftest.py) and nothing
+    else of the machine's: they run in their own group, one server for all of them, beside
+    the machine group instead of inside it."""
+    params = getattr(getattr(item, "callspec", None), "params", {})
+    return "pg_server" in getattr(item, "fixturenames", ()) or any(
+        str(v).startswith("postgresql") for k, v in params.items() if k in ("db_url", "db_and_lock"))
 
 
 @pytest.hookimpl(tryfirst=True)  # before xdist reads the marks
@@ -59,7 +71,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     weight: dict[str, int] = {}
     for item in items:
         g = groups[item]
-        w = 2 if g == "machine" else 1 if item.get_closest_marker("slow") else 0
+        w = 2 if g == "machine" else 1 if item.get_closest_marker("slow") or g == "postgres" else 0
         weight[g] = max(weight.get(g, 0), w)
     # Within a group, quiet tests last: by then the other workers run short tests, so a
     # quiet test waits little for theirs to end (first, it would wait for the longest).

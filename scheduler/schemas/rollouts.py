@@ -107,6 +107,8 @@ class RolloutStateChange(_In):
     reason: str = Field("", pattern=TEXT)
     wave: int | None = Field(None, ge=0, description="the wave the rollout is at from now; none: unchanged")
     detail: JsonObject = Field(default_factory=dict)
+    expect: RolloutState | None = Field(None, description="compare-and-set: refused (409 hyb.rollout.stale_state) "
+                                        "unless the rollout is in this state (an operator's pause came first)")
 
 
 class RolloutVerb(_In):

@@ -87,7 +87,8 @@ class RolloutService:
 
     def set_state(self, name: str, body: RolloutStateChange) -> RolloutOut:
         """The controller's rollout-level transition (the next wave, halted, done ...),
-        fenced by its lease."""
+        fenced by its lease, and a compare-and-set on the state it decided from
+        (``expect``): an operator's pause or abort in between is not overwritten."""
         now = self.clock()
         with self.store.write() as s:
             r = repo.get_rollout(session=s, name=name, lock="update")
@@ -95,6 +96,8 @@ class RolloutService:
             if body.wave is not None and body.wave >= r.waves:
                 raise InvalidRequest(f"rollout {name} has waves 0 to {r.waves - 1}, not {body.wave}", field="wave")
             before = r.state
+            if body.expect is not None and before != body.expect:
+                raise RolloutStaleState(f"rollout {name}: expected state {body.expect}, found {before}", field="expect")
             _change(s, r, body.state, reason=body.reason, wave=body.wave, holder=body.holder, detail=body.detail,
                     now=now)
             out = _one(s, r, now)

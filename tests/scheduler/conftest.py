@@ -1,6 +1,8 @@
 """Scheduler fixtures: the same tests run on SQLite (a file in tmp_path) and on a real
 PostgreSQL 15 server this fixture starts on loopback in a temp dir, as the `postgres`
-user (PostgreSQL refuses root), and stops by PID even when tests fail."""
+user (PostgreSQL refuses root), and stops by PID even when tests fail. ``api``: the
+scheduler app on that database behind a TestClient, on a ``clock`` the test moves
+(a module may define its own ``api``: more tokens, hosts registered first)."""
 
 from __future__ import annotations
 
@@ -9,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from sched_helpers import Clock, make_client
 
 from tools.dev.schedbench import PG_BIN, create_database, postgres
 
@@ -49,3 +52,14 @@ def db_and_lock(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, st
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/sched.db", "store"
     return new_pg_database(request.getfixturevalue("pg_server")), request.param.partition("-")[2] or "store"
+
+
+@pytest.fixture
+def clock() -> Clock:
+    return Clock()
+
+
+@pytest.fixture
+def api(db_url: str, clock: Clock):  # type: ignore[no-untyped-def]
+    with make_client(db_url, clock=clock) as c:
+        yield c

@@ -114,6 +114,9 @@ class Engine:
         self._retried: set[str] = set()
         self.steps = 0  # host steps taken (the bench divides CPU by it)
         self.owner = owner_of(name)
+        # A host as its last transition wrote it: its driver's next step reads no more
+        # (one thread drives a host at a time).
+        self._written: dict[str, HostRow] = {}
 
     # ---------------------------------------------------------------- the rollout
 
@@ -162,9 +165,13 @@ class Engine:
             return state, wave
 
     def _set_rollout(self, state: str, reason: str = "", **kw) -> None:  # type: ignore[no-untyped-def]
-        self.store.set_rollout(self.name, state, reason, **kw)
-        with self._seen_lock:
-            self._seen = ("", 0, 0.0)
+        """The controller's rollout-level transition, from the state it decided on
+        (``expect``): StaleState if an operator changed it meanwhile."""
+        try:
+            self.store.set_rollout(self.name, state, reason, **kw)
+        finally:
+            with self._seen_lock:
+                self._seen = ("", 0, 0.0)
 
     def _state(self) -> str:
         return "lost" if self._lost.is_set() else self._rollout_state()[0]
@@ -186,7 +193,10 @@ class Engine:
                     return state
                 hosts = self._work(state, wave)
                 if not hosts and not running:
-                    nxt = self._next(state, wave)
+                    try:
+                        nxt = self._next(state, wave)
+                    except StaleState:  # an operator's command came first: read it
+                        continue
                     if nxt is not None:
                         return nxt
                     continue
@@ -221,27 +231,29 @@ class Engine:
     def _next(self, state: str, wave: int) -> str | None:
         """Nothing left in this wave: the next wave, or the rollout's end (returned)."""
         if state == "aborting":
-            self._set_rollout("aborted", "aborted by the operator; hosts mid-change rolled back")
+            self._set_rollout("aborted", "aborted by the operator; hosts mid-change rolled back", expect=state)
             return "aborted"
         if state == "rolling_back":
             stuck = [h.name for h in self.store.brief(self.name)
                      if h.state == "failed" and h.data.get("rollback_failed")]
             final = "rolled_back" if not stuck else "halted"
-            self._set_rollout(final, f"could not roll back: {', '.join(stuck)}" if stuck else "")
+            self._set_rollout(final, f"could not roll back: {', '.join(stuck)}" if stuck else "", expect=state)
             return final
         hosts = self.store.brief(self.name, wave=wave)
         failures = sum(1 for h in hosts if h.state in FAILED)
         budget = self.spec.max_failures(wave)
         if failures > budget:
             why = f"wave {wave}: {failures} failed hosts, over its budget of {budget}"
-            self._set_rollout("halted", why, detail={"failed": [h.name for h in hosts if h.state in FAILED]})
+            self._set_rollout("halted", why, detail={"failed": [h.name for h in hosts if h.state in FAILED]},
+                              expect=state)
             return "halted"
         r = self.store.rollout(self.name)
         if wave + 1 < r.waves:
-            self._set_rollout("running", wave=wave + 1, detail={"wave_done": wave, "failed": failures})
+            self._set_rollout("running", wave=wave + 1, detail={"wave_done": wave, "failed": failures},
+                              expect=state)
             return None
         skipped = [h.name for h in self.store.brief(self.name) if h.state == "skipped"]
-        self._set_rollout("done", f"{r.waves} waves" + (
+        self._set_rollout("done", expect=state, reason=f"{r.waves} waves" + (
             f"; {len(skipped)} hosts skipped (another owner's): {', '.join(skipped[:10])}"
             + (" ..." if len(skipped) > 10 else "") if skipped else ""))
         return "done"
@@ -266,7 +278,7 @@ class Engine:
                 st = self._state()
                 if st not in ACTIVE:
                     return
-                h = self.store.host(self.name, host)
+                h = self._written.pop(host, None) or self.store.host(self.name, host)
                 step = self._step_for(st, h)
                 if step is None:
                     return
@@ -275,7 +287,10 @@ class Engine:
         except (Stop, LeaseLost, StaleState) as e:
             log.info("%s: %s", host, e)
         except Pause as e:
-            self._set_rollout("paused", str(e))
+            try:
+                self._set_rollout("paused", str(e), expect="running")
+            except StaleState:
+                log.info("%s: not paused (%s): the rollout is no longer running", host, e)
 
     def _step_for(self, rollout_state: str, h: HostRow) -> Callable[[HostRow], None] | None:
         undoing = rollout_state in ("aborting", "rolling_back")
@@ -292,7 +307,7 @@ class Engine:
                 "rolling_back": self._rollback}.get(h.state)
 
     def _move(self, h: HostRow, to: str, detail: dict | None = None, data: dict | None = None) -> None:
-        self.store.move(self.name, h.name, h.state, to, detail, data)
+        self._written[h.name] = self.store.move(self.name, h.name, h.state, to, detail, data)
         self.on_event(h.name, h.state, to)
 
     def _fail(self, h: HostRow, why: str, detail: dict | None = None) -> None:

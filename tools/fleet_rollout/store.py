@@ -13,8 +13,8 @@ a lease that lapses after the TTL, or at once for the next run on the same machi
 (its holder names a process that is gone).
 
 A scheduler that does not answer is asked again for ``retry_s`` (a replica restarting);
-after that, or on a database error of the scheduler's (a full disk), the call fails
-with ``StoreUnavailable``: one line naming the scheduler and the cause. Every transition
+after that, or at once on a database error of the scheduler's (a full disk), the call
+fails with ``StoreUnavailable``: one line naming the scheduler and the cause. Every transition
 written before it stands; the next run resumes from there.
 """
 
@@ -134,7 +134,8 @@ class Store:
             try:
                 return self.api.request(method, path, **kw)
             except SchedulerUnreachable as e:
-                if time.monotonic() >= end:
+                # no answer may be a replica restarting; a database error (a full disk) lasts
+                if time.monotonic() >= end or e.code == "hyb.store.unavailable":
                     raise StoreUnavailable(f"rollout state at {self.where}: {e}") from None
                 time.sleep(1.0)
             except SchedulerError as e:
@@ -176,12 +177,14 @@ class Store:
         return [r["name"] for r in self._req("GET", "/v1/rollouts")["items"]]
 
     def set_rollout(self, name: str, state: str, reason: str = "", *, wave: int | None = None,
-                    fenced: bool = True, detail: dict | None = None) -> None:
-        """Rollout-level transition: the controller's (fenced by its lease), or an
-        operator's command (``fenced=False``: pause, resume, abort, rollback)."""
+                    fenced: bool = True, detail: dict | None = None, expect: str | None = None) -> None:
+        """Rollout-level transition: the controller's (fenced by its lease; ``expect``: only
+        from that state, else StaleState), or an operator's command (``fenced=False``:
+        pause, resume, abort, rollback)."""
         if fenced:
             self._req("POST", self._path(name, "state"), json={
-                "holder": self.holder, "state": state, "reason": reason, "wave": wave, "detail": detail or {}})
+                "holder": self.holder, "state": state, "reason": reason, "wave": wave, "detail": detail or {},
+                "expect": expect})
             return
         if state not in VERBS:
             raise StoreError(f"an operator cannot set a rollout {state}")
@@ -207,11 +210,12 @@ class Store:
         return _host_row(self._req("GET", self._path(name, "hosts", host)))
 
     def move(self, name: str, host: str, frm: str, to: str, detail: dict | None = None,
-             data: dict | None = None) -> None:
+             data: dict | None = None) -> HostRow:
         """host: ``frm`` -> ``to``, with the decision's record; ``data`` merges into the
-        host's durable data (what later steps need: the baseline, the prior state)."""
-        self._req("POST", self._path(name, "hosts", host, "transition"), json={
-            "holder": self.holder, "from": frm, "to": to, "detail": detail or {}, "data": data or {}})
+        host's durable data (what later steps need: the baseline, the prior state).
+        Returns the host as written (the next step needs no read)."""
+        return _host_row(self._req("POST", self._path(name, "hosts", host, "transition"), json={
+            "holder": self.holder, "from": frm, "to": to, "detail": detail or {}, "data": data or {}}))
 
     def note(self, name: str, host: str, detail: dict) -> None:
         """A record without a state change (a retried RPC, an undecided gate)."""

@@ -11,7 +11,7 @@ import time
 import pytest
 from sqlalchemy import MetaData, Table
 
-from sched_helpers import ADM, HOST, TA, Clock, auth, host_body, make_client, token_config, vm_body
+from sched_helpers import ADM, HOST, TA, auth, host_body, make_client, token_config, vm_body
 from scheduler.db.engine import Store
 from scheduler.db.migrate import downgrade, upgrade
 from scheduler.errors import HostAdminOwned
@@ -21,11 +21,6 @@ from scheduler.schemas.hosts import AdminChange
 OPS2 = auth("ops2")  # a second admin: another operator, or a fleet rollout's token
 TOKENS = token_config() + [{"name": "ops2", "sha256": hashlib.sha256(b"ops2").hexdigest(), "scopes": ["admin"]}]
 HOLD = ("admin_state", "admin_owner", "admin_reason", "admin_since", "generation")
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
 
 
 @pytest.fixture

@@ -8,22 +8,11 @@ from pathlib import Path
 import pytest
 
 from tools.dev.host_shapes import Shape
-from sched_helpers import ADM, HOST, ONE_G, PLAIN, TA, TB, Clock, auth, host_body, make_client, vm_body
+from sched_helpers import ADM, HOST, ONE_G, PLAIN, TA, TB, auth, host_body, vm_body
 
 REPO = Path(__file__).resolve().parents[3]
 SMALL = Shape("small", nodes=2, cores_per_node=4, smt=2, io_cores_per_node=1, host_cores=1,
               pages_2m_per_node=2048, vfs_per_node=2, pf_mbps=10000, disks_per_node=1)
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def api(db_url, clock):  # type: ignore[no-untyped-def]
-    with make_client(db_url, clock=clock) as c:
-        yield c
 
 
 def register(api, name, shape=SMALL, **kw):  # type: ignore[no-untyped-def]

@@ -8,15 +8,10 @@ import hashlib
 import pytest
 from sqlalchemy import event
 
-from sched_helpers import ADM, HOST, TA, Clock, auth, host_body, make_client, token_config
+from sched_helpers import ADM, HOST, TA, auth, host_body, make_client, token_config
 
 PROM = auth("prom")
 DIGEST = "ab" * 32
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
 
 
 @pytest.fixture

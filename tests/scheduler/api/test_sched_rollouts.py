@@ -14,7 +14,7 @@ import pytest
 from sqlalchemy import event, func, select
 
 from fastapi.testclient import TestClient
-from sched_helpers import ADM, HOST, TA, Clock, host_body, make_client, settings
+from sched_helpers import ADM, HOST, TA, Clock, host_body, settings
 from scheduler.api.app import create_app
 from scheduler.db.engine import Store
 from scheduler.db.migrate import upgrade
@@ -29,17 +29,6 @@ STATES = ("running", "paused", "halted", "aborting", "aborted", "rolling_back", 
 ALLOWED = {"pause": ("paused", ("running",)), "resume": ("running", ("paused", "halted", "done")),
            "abort": ("aborting", ("running", "paused", "halted", "aborting")),
            "rollback": ("rolling_back", ("running", "paused", "halted", "done", "aborted", "rolling_back"))}
-
-
-@pytest.fixture
-def clock() -> Clock:
-    return Clock()
-
-
-@pytest.fixture
-def api(db_url, clock):  # type: ignore[no-untyped-def]
-    with make_client(db_url, clock=clock) as c:
-        yield c
 
 
 def host_in(name: str, rack: str = "r1") -> dict:
@@ -284,6 +273,19 @@ def test_the_controllers_state_change_is_fenced(api, clock):
     assert error(set_state(api, "r", "finished"))[:3] == (422, "hyb.request.invalid", "state")
     assert error(set_state(api, "r", "done", "ctl-2"))[:2] == (409, "hyb.rollout.lease_lost")
     assert api.get("/v1/rollouts/r", headers=ADM).json()["state"] == "halted"
+
+
+def test_the_controllers_next_wave_does_not_overwrite_an_operators_pause(api, clock):
+    """The controller decided from "running"; the operator paused meanwhile: its
+    compare-and-set (``expect``) is refused and the pause stands."""
+    create(api, "r", ["h1"], ["h2"])
+    assert take(api, "r").status_code == 200
+    assert api.post("/v1/rollouts/r/pause", json={}, headers=ADM).status_code == 200
+    assert error(set_state(api, "r", "running", wave=1, expect="running")) == (
+        409, "hyb.rollout.stale_state", "expect", "rollout r: expected state running, found paused")
+    got = api.get("/v1/rollouts/r", headers=ADM).json()
+    assert (got["state"], got["wave"]) == ("paused", 0)
+    assert set_state(api, "r", "paused", reason="gate undecided", expect="paused").status_code == 200
 
 
 def test_operator_verbs_apply_to_their_states_only(api, clock):

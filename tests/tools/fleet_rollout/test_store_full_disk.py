@@ -28,7 +28,8 @@ from tools.fleet_rollout.plan import make_plan
 from tools.fleet_rollout.spec import parse_spec
 from tools.fleet_rollout.store import Store, StoreUnavailable
 
-pytestmark = pytest.mark.root
+# root (mount), but only its own tmpfs and scheduler: not the machine group
+pytestmark = [pytest.mark.root, pytest.mark.xdist_group("rollout-full-disk")]
 ADMIN = "full-disk-admin-token"
 
 
