@@ -30,7 +30,7 @@ from api import hostd_pb2 as pb
 from tools.fleet_rollout.spec import policy_digest
 
 pytestmark = pytest.mark.slow
-SETS = {"a": 4, "b": 2, "c": 2}  # hosts per test, by the label `set`
+SETS = {"a": 2, "b": 2, "c": 1}  # hosts per test, by the label `set`
 OTHER = POLICY.replace("count_per_node = 2048", "count_per_node = 1024")
 SPEC = """name = "{name}"
 kind = "convert"
@@ -46,7 +46,7 @@ max_failures = [0, 1]
 concurrency = 4
 per_rack = 4
 rpc_timeout_s = 5
-unreachable_s = 5
+unreachable_s = 3
 [steps]
 baseline_s = 0  # the gate: ceilings over the soak (this fleet just started)
 soak_s = 4

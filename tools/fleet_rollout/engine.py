@@ -525,7 +525,8 @@ class Engine:
         self._move(h, "verified")
 
     def _controls(self, h: HostRow, since: float) -> tuple[list[Sample], list[str]]:
-        """Unconverted hosts of this rollout over the same window, other racks first."""
+        """Unconverted hosts of this rollout over the same window, other racks first; a
+        host that did not answer, or sampled too little of the window, is passed over."""
         want = self.spec.gate.controls
         if not want:
             return [], []
@@ -541,7 +542,7 @@ class Engine:
             except HostError:
                 continue
             got = [s for s in samples if s.at >= since]
-            if got:
+            if _judgeable(got) >= self.spec.gate.min_samples:  # one silent for part of the window is no control
                 out += got
                 used.append(c.name)
         return out, used

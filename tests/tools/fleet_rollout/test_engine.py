@@ -21,7 +21,7 @@ NAMES = [f"h{i}" for i in range(8)]
 SPEC = {"name": "r1", "policy": "p", "policy_text": "[io_service]\ncpus = \"0\"\n",
         "waves": {"canary": 1, "percent": [50, 100], "max_failures": [0, 1]},
         "limits": {"concurrency": 4, "per_rack": 2, "unreachable_s": 1.0},
-        "steps": {"baseline_s": 0.5, "soak_s": 0.5},
+        "steps": {"baseline_s": 0.3, "soak_s": 0.3},  # fake samples every 0.05 s: 6 a window
         "gate": {"min_samples": 5, "controls": 2, "alpha": 0.05}}
 OPTS = Options(lease_ttl_s=5, poll_s=0.01, stats_wait_s=1)
 
