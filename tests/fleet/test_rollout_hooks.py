@@ -49,7 +49,7 @@ def test_a_hostd_upgrade_keeps_every_vm_or_fails_the_host(sched) -> None:  # typ
         for h in f.hosts:
             (h.state_dir / "release-id").write_text("r1\n")
         f.start(timeout_s=120)
-        version = _info(f, "upg-0000").hostd_version
+        version = f.info("upg-0000").hostd_version
         assert version.endswith("+r1")
         new = version.replace("+r1", "+r2")
         vms = {}
@@ -86,7 +86,7 @@ upgrade_timeout_s = 90
         assert "VMs lost in the upgrade" in problems[loser]["reason"] and problems[loser]["state"] == "failed"
         assert "previous version" in problems[loser]["rollback"]
         for h in f.hosts:
-            info = _info(f, h.name)
+            info = f.info(h.name)
             assert info.hostd_version == new, h.name  # every host runs the new build
             stub, ch = f.stub(h.name)
             try:
@@ -137,7 +137,7 @@ reboot_timeout_s = 90
         assert set(problems) == {"rbt-0002"} and problems["rbt-0002"]["state"] == "rolled_back", problems
         assert "back from the reboot without the boot-time changes" in problems["rbt-0002"]["reason"]
         for h in f.hosts:
-            info = _info(f, h.name)
+            info = f.info(h.name)
             assert (info.carved_policy_digest != "") == (h.name != "rbt-0002"), h.name
             assert list(info.reboot_pending) == [], h.name
         tr = [t for t in json.loads(rollout(sched, w, "status", "convert-reboot", "--json", "--transitions").stdout)
@@ -169,10 +169,3 @@ def run_done(sched, w: Path) -> dict:  # type: ignore[no-untyped-def]
     assert r.returncode == 0 and st["state"] == "done", (r.stderr[-2000:], st)
     return st
 
-
-def _info(f: SimFleet, name: str) -> pb.HostInfo:
-    stub, ch = f.stub(name, "fleet-rollout")
-    try:
-        return stub.GetHostInfo(pb.GetHostInfoRequest(), timeout=10)
-    finally:
-        ch.close()

@@ -91,13 +91,6 @@ def start(sched: dict, work: Path, *args: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE)
 
 
-def carve_of(f: SimFleet, host: str) -> pb.HostInfo:
-    stub, ch = f.stub(host, "fleet-rollout")
-    try:
-        return stub.GetHostInfo(pb.GetHostInfoRequest(), timeout=10)
-    finally:
-        ch.close()
-
 
 def admin(f: SimFleet) -> dict[str, tuple[str, str | None]]:
     with f.api() as api:
@@ -145,7 +138,7 @@ def test_two_rollouts_started_together_one_is_refused_and_a_rollback_keeps_to_it
     hosts = names(fleet, "a")
     work_a, name, _, digest = one_refused(sched, procs, hosts)
     for h in hosts:
-        info = carve_of(fleet, h)
+        info = fleet.info(h)
         assert (info.carved_policy_digest, info.carve_operation) == (digest, f"rollout/{name}/{h}/carve")
     assert set(admin(fleet).values()) == {("active", None)}
 
@@ -155,7 +148,7 @@ def test_two_rollouts_started_together_one_is_refused_and_a_rollback_keeps_to_it
     stub, ch = fleet.stub(hand, "fleet-rollout")
     try:
         stub.Carve(pb.CarveRequest(policy_toml=OTHER, policy_digest=policy_digest(OTHER),
-                                   expected_digest=carve_of(fleet, hand).carved_policy_digest,
+                                   expected_digest=fleet.info(hand).carved_policy_digest,
                                    operation_id="ticket-4711"), timeout=60)
     finally:
         ch.close()
@@ -165,9 +158,9 @@ def test_two_rollouts_started_together_one_is_refused_and_a_rollback_keeps_to_it
     assert st["state"] == "halted" and hand in st["reason"], st
     why = next(p for p in st["problems"] if p["host"] == hand)["rollback"]
     assert "(operation ticket-4711), not this rollout's carve" in why, why
-    assert carve_of(fleet, hand).carve_operation == "ticket-4711"  # left alone
+    assert fleet.info(hand).carve_operation == "ticket-4711"  # left alone
     for h in mine[1:]:
-        assert carve_of(fleet, h).carved_policy_digest == ""  # its own: undone
+        assert fleet.info(h).carved_policy_digest == ""  # its own: undone
     assert set(admin(fleet).values()) == {("active", None)}
 
 
@@ -180,7 +173,7 @@ def test_a_second_rollout_2_5_s_later_is_refused(fleet, sched) -> None:  # type:
                                                 (second, w / "op-d", "conv-2", "other.toml")], names(fleet, "b"))
     assert name == "conv-1"
     for h in names(fleet, "b"):
-        assert carve_of(fleet, h).carved_policy_digest == digest
+        assert fleet.info(h).carved_policy_digest == digest
     assert set(admin(fleet).values()) == {("active", None)}
 
 

@@ -410,6 +410,16 @@ class SimFleet:
         ch = grpc.secure_channel(self.host(name).address, creds)
         return pb_grpc.HostdStub(ch), ch
 
+    def info(self, name: str):  # type: ignore[no-untyped-def]
+        """The host's GetHostInfo (its carve and who made it), asked as fleet-rollout."""
+        from api import hostd_pb2 as pb
+
+        stub, ch = self.stub(name, "fleet-rollout")
+        try:
+            return stub.GetHostInfo(pb.GetHostInfoRequest(), timeout=10)
+        finally:
+            ch.close()
+
     def carved(self, name: str) -> bool:
         """Whether the host's tree shows a carve (the IO service's cpuset exists)."""
         return (self.host(name).root / CPUSET / "hyb-io").is_dir()

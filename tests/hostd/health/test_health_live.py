@@ -46,7 +46,9 @@ def test_a_foreign_busy_loop_on_io_cpus_rises_and_falls() -> None:
         during = sampled(s)
         for st in during:
             mine = [f for f in st.top_foreign if f.pid == loop.pid]
-            assert mine and mine[0].cpu == io_cpu and mine[0].cpu_s >= 0.6 * st.interval_s, st.top_foreign
+            # at least a quarter of the CPU: "quiet" keeps other tests off, not the processes of
+            # another worker's module fixtures (a simulated fleet starting) that share the CPU
+            assert mine and mine[0].cpu == io_cpu and mine[0].cpu_s >= 0.25 * st.interval_s, st.top_foreign
             assert st.io_cpu_busy >= 0.6 and st.foreign_cpu_s >= 0.6 * st.interval_s
     finally:
         loop.kill()
