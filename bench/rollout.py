@@ -322,6 +322,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"rollout: {st['state']} in {run.wall_s:.0f} s; hosts {states}; carved trees {carved}/{args.hosts}; "
               f"problems {[(p['host'], p['state'], p['reason'][:80]) for p in st['problems']][:5]}", flush=True)
         wrong = check_verified(fleet, store, work, certs)
+        store.api.close()
         print(f"verified hosts whose hostd or tree disagrees with the record: {len(wrong)}"
               + (f" {wrong[:10]} (transitions in {work / 'disagree.json'})" if wrong else ""), flush=True)
         if run.rc != 0:

@@ -65,53 +65,53 @@ def wait(fn, what: str, timeout: float = 120):
 
 
 def test_post_boot_get_delete(stack):
-    api = httpx.Client(base_url=stack["url"], headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30,
-                       verify=ssl.create_default_context(cafile=str(stack["ca"])))
-    host = wait(lambda: (r := api.get("/v1/hosts/e2e-host")).status_code == 200 and r.json(),
-                "hostd registration", 30)
-    assert host["state"] == "active"
-    body = {"name": "hyb-test-e2e", "vcpus": 1, "memory_mib": 256, "image": "smoke",
-            "disks": [{"disk": stack["disk"], "iotune": {"total_bytes_sec": 8 * 2**20, "total_iops_sec": 300}}]}
-    r = api.post("/v1/vms", json=body, headers={"Idempotency-Key": "e2e-1"})
-    assert r.status_code in (201, 202), r.text
-    vm_id = r.json()["id"]
-    again = api.post("/v1/vms", json=body, headers={"Idempotency-Key": "e2e-1"})
-    assert again.status_code in (200, 201, 202) and again.json()["id"] == vm_id
+    with httpx.Client(base_url=stack["url"], headers={"Authorization": f"Bearer {ADMIN}"}, timeout=30,
+                      verify=ssl.create_default_context(cafile=str(stack["ca"]))) as api:
+        host = wait(lambda: (r := api.get("/v1/hosts/e2e-host")).status_code == 200 and r.json(),
+                    "hostd registration", 30)
+        assert host["state"] == "active"
+        body = {"name": "hyb-test-e2e", "vcpus": 1, "memory_mib": 256, "image": "smoke",
+                "disks": [{"disk": stack["disk"], "iotune": {"total_bytes_sec": 8 * 2**20, "total_iops_sec": 300}}]}
+        r = api.post("/v1/vms", json=body, headers={"Idempotency-Key": "e2e-1"})
+        assert r.status_code in (201, 202), r.text
+        vm_id = r.json()["id"]
+        again = api.post("/v1/vms", json=body, headers={"Idempotency-Key": "e2e-1"})
+        assert again.status_code in (200, 201, 202) and again.json()["id"] == vm_id
 
-    vm = wait(lambda: (v := api.get(f"/v1/vms/{vm_id}").json())["status"] in ("running", "failed") and v,
-              "VM running")
-    assert vm["status"] == "running", vm
-    assert vm["host"] == "e2e-host" and vm["placement"]["nodes"] == [0] and vm["hostd_vm_id"]
-    assert vm["placement"]["cpus"] == [1]
-    assert vm["placement"]["hugepages"] == [{"node": 0, "size_kb": 2048, "count": 128}]
-    dom_name = f"hyb-test-e2e-{vm_id[:8]}"  # the scheduler names domains <name>-<id prefix>
-    log = stack["state"] / "vms" / dom_name / "console.log"
-    wait(lambda: log.exists() and "HYB-SMOKE-OK" in log.read_text(errors="replace"), "guest marker", 300)
+        vm = wait(lambda: (v := api.get(f"/v1/vms/{vm_id}").json())["status"] in ("running", "failed") and v,
+                  "VM running")
+        assert vm["status"] == "running", vm
+        assert vm["host"] == "e2e-host" and vm["placement"]["nodes"] == [0] and vm["hostd_vm_id"]
+        assert vm["placement"]["cpus"] == [1]
+        assert vm["placement"]["hugepages"] == [{"node": 0, "size_kb": 2048, "count": 128}]
+        dom_name = f"hyb-test-e2e-{vm_id[:8]}"  # the scheduler names domains <name>-<id prefix>
+        log = stack["state"] / "vms" / dom_name / "console.log"
+        wait(lambda: log.exists() and "HYB-SMOKE-OK" in log.read_text(errors="replace"), "guest marker", 300)
 
-    c = libvirt.open("qemu:///system")
-    try:
-        dom = c.lookupByName(dom_name)
-        assert list(dom.vcpuPinInfo(0)) == [(False, True)]
-    finally:
-        c.close()
+        c = libvirt.open("qemu:///system")
+        try:
+            dom = c.lookupByName(dom_name)
+            assert list(dom.vcpuPinInfo(0)) == [(False, True)]
+        finally:
+            c.close()
 
-    # Capacity is gone on the host: a second 1-vCPU VM is refused with the reason.
-    r2 = api.post("/v1/vms", json=body | {"name": "hyb-test-e2e-2", "disks": []},
-                  headers={"Idempotency-Key": "e2e-2"})
-    assert r2.status_code == 507, r2.text
-    assert "cpu" in r2.text.lower()
+        # Capacity is gone on the host: a second 1-vCPU VM is refused with the reason.
+        r2 = api.post("/v1/vms", json=body | {"name": "hyb-test-e2e-2", "disks": []},
+                      headers={"Idempotency-Key": "e2e-2"})
+        assert r2.status_code == 507, r2.text
+        assert "cpu" in r2.text.lower()
 
-    # hostd's heartbeats carry its IO-health signal; the scheduler keeps it per host
-    hist = wait(lambda: (h := api.get("/v1/hosts/e2e-host/stats").json())["items"] and h, "host stats", 30)
-    last = hist["items"][-1]
-    assert last["heartbeats"] >= 1 and last["samples"] >= 1 and last["cpu_vms"] > 0  # the TCG guest burns CPU
+        # hostd's heartbeats carry its IO-health signal; the scheduler keeps it per host
+        hist = wait(lambda: (h := api.get("/v1/hosts/e2e-host/stats").json())["items"] and h, "host stats", 30)
+        last = hist["items"][-1]
+        assert last["heartbeats"] >= 1 and last["samples"] >= 1 and last["cpu_vms"] > 0  # the TCG guest burns CPU
 
-    assert api.delete(f"/v1/vms/{vm_id}").status_code == 204
-    wait(lambda: api.get(f"/v1/vms/{vm_id}").status_code == 404, "VM deleted", 60)
-    c = libvirt.open("qemu:///system")
-    try:
-        assert [d.name() for d in c.listAllDomains() if d.name().startswith("hyb-test-")] == []
-    finally:
-        c.close()
-    free = api.get("/v1/hosts/e2e-host").json()
-    assert free["nodes"][0]["used_cpus"] == [], free
+        assert api.delete(f"/v1/vms/{vm_id}").status_code == 204
+        wait(lambda: api.get(f"/v1/vms/{vm_id}").status_code == 404, "VM deleted", 60)
+        c = libvirt.open("qemu:///system")
+        try:
+            assert [d.name() for d in c.listAllDomains() if d.name().startswith("hyb-test-")] == []
+        finally:
+            c.close()
+        free = api.get("/v1/hosts/e2e-host").json()
+        assert free["nodes"][0]["used_cpus"] == [], free

@@ -83,3 +83,4 @@ def test_a_scheduler_that_does_not_answer_is_one_line_after_the_retries() -> Non
     assert 1.0 <= time.monotonic() - t0 < 5
     msg = str(e.value)
     assert msg.startswith("rollout state at http://127.0.0.1:9: scheduler GET /v1/rollouts: ") and "\n" not in msg
+    s.api.close()
