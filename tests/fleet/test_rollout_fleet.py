@@ -155,7 +155,7 @@ def test_a_rollout_with_faults_and_a_controller_killed_at_random(fleet, sched) -
                     time.sleep(0.2)
                 f.unreachable(gone)
             try:
-                out, err = p.communicate(timeout=rnd.uniform(4, 12) if kills < 4 else 400)
+                out, err = p.communicate(timeout=rnd.uniform(4, 12) if kills < 3 else 400)
             except subprocess.TimeoutExpired:
                 p.send_signal(signal.SIGKILL)  # the controller dies mid-step, lease and all
                 p.communicate()
