@@ -49,7 +49,7 @@ from tools.fleet_rollout.clients import (
     SchedulerUnreachable,
     run_hook,
 )
-from tools.fleet_rollout.gates import Sample, Verdict, judge
+from tools.fleet_rollout.gates import Sample, Verdict, judge, judgeable
 from tools.fleet_rollout.spec import RolloutSpec
 from tools.fleet_rollout.store import HostRow, LeaseLost, StaleState, Store, StoreError, StoreUnavailable
 
@@ -60,14 +60,6 @@ FAILED = ("failed", "rolling_back", "rolled_back")
 # Rollout states: running, paused, halted, aborting, aborted, rolling_back, rolled_back, done.
 ACTIVE = ("running", "aborting", "rolling_back")
 ROLLBACK_FROM = ("baselined", "cordoned", "carving", "rebooting", "soaking", "restoring", "verified")
-
-
-def _judgeable(samples: list[Sample]) -> int:
-    """How many of ``samples`` the gate can use: the fewest of any metric the host measures
-    (after a hostd outage the first samples may carry PSI but no probe round trip)."""
-    counts = [sum(1 for s in samples if getattr(s, m) is not None) for m in ("psi_some_avg10", "probe_p99_ms")]
-    measured = [c for c in counts if c]
-    return min(measured) if measured else len(samples)
 
 
 class Pause(Exception):
@@ -154,12 +146,12 @@ class Engine:
             except StoreUnavailable as e:  # the next renewal may get through; writes are fenced anyway
                 log.warning("could not renew the lease of %s: %s", self.name, e)
 
-    def _rollout_state(self, *, fresh: bool = False) -> tuple[str, int]:
+    def _rollout_state(self) -> tuple[str, int]:
         """The rollout's (state, wave), read at most once per poll interval however many
         host threads ask (an operator's pause is seen within it)."""
         with self._seen_lock:
             state, wave, at = self._seen
-            if fresh or time.monotonic() - at >= self.opts.poll_s:
+            if time.monotonic() - at >= self.opts.poll_s:
                 state, wave = self.store.state(self.name)
                 self._seen = (state, wave, time.monotonic())
             return state, wave
@@ -210,9 +202,9 @@ class Engine:
         if state == "running":
             todo = [h for h in self.store.brief(self.name, wave=wave)
                     if h.state not in DONE and not (h.state == "failed" and h.data.get("rollback_failed"))]
-            if self._unfinished - self._retried:
-                todo += [h for h in self.store.brief(self.name)
-                         if h.name in self._unfinished - self._retried and h.state == "failed"]
+            again = self._unfinished - self._retried
+            if again:
+                todo += [h for h in self.store.brief(self.name) if h.name in again and h.state == "failed"]
             return todo
 
         def retry(h: HostRow) -> bool:
@@ -490,7 +482,7 @@ class Engine:
             interval = got_interval
             start = (since if since is not None else time.time() - seconds)
             got = [s for s in samples if s.at >= start]
-            if (_judgeable(got) + 1) * interval >= seconds or time.monotonic() > deadline:
+            if (judgeable(got) + 1) * interval >= seconds or time.monotonic() > deadline:
                 return got
             self._wait(min(interval, seconds))
 
@@ -542,7 +534,7 @@ class Engine:
             except HostError:
                 continue
             got = [s for s in samples if s.at >= since]
-            if _judgeable(got) >= self.spec.gate.min_samples:  # one silent for part of the window is no control
+            if judgeable(got) >= self.spec.gate.min_samples:  # one silent for part of the window is no control
                 out += got
                 used.append(c.name)
         return out, used

@@ -62,6 +62,14 @@ def _values(samples: Sequence[Sample], metric: str) -> list[float]:
     return [v for s in samples if (v := getattr(s, metric)) is not None]
 
 
+def judgeable(samples: Sequence[Sample]) -> int:
+    """How many of ``samples`` the gate can compare: the fewest of any metric it compares
+    that the host measures (after a hostd outage the first samples may carry PSI but no
+    probe round trip)."""
+    measured = [n for m in RISE_FLOOR if (n := len(_values(samples, m)))]
+    return min(measured) if measured else len(samples)
+
+
 def _quantile(v: list[float], q: float) -> float:
     v = sorted(v)
     return v[min(len(v) - 1, int(q * len(v)))]
