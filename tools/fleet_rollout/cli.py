@@ -125,7 +125,7 @@ def _hostd(args: argparse.Namespace, spec: RolloutSpec | None = None) -> HostdCl
     return HostdClients(Tls.from_dir(args.tls_dir), spec.limits.rpc_timeout_s if spec else 10.0)
 
 
-def _scheduler(args: argparse.Namespace) -> Scheduler | None:
+def _scheduler(args: argparse.Namespace, spec: RolloutSpec | None = None) -> Scheduler | None:
     if not args.scheduler_url:
         return None
     if args.token_file is None:
@@ -134,11 +134,12 @@ def _scheduler(args: argparse.Namespace) -> Scheduler | None:
         token = args.token_file.read_text().strip()
     except OSError as e:
         raise SpecError("--token-file", f"{e.filename}: {e.strerror}") from None
-    return Scheduler(args.scheduler_url, token, ca=args.scheduler_ca)
+    return Scheduler(args.scheduler_url, token, ca=args.scheduler_ca,
+                     connections=spec.limits.concurrency if spec else 20)
 
 
 def _store(args: argparse.Namespace, spec: RolloutSpec | None = None) -> Store:
-    sched = _scheduler(args)
+    sched = _scheduler(args, spec)
     if sched is None:
         raise SpecError("--scheduler-url", "the scheduler keeps the rollouts: give its URL "
                                            "(or FLEET_ROLLOUT_SCHEDULER_URL)")
@@ -207,17 +208,18 @@ def _run(args: argparse.Namespace, console: Console) -> int:
 
 def _drive(args: argparse.Namespace, store: Store, name: str, console: Console) -> int:
     spec = store.rollout(name).spec
-    hostd = _hostd(args, spec)
+    hostd, sched = _hostd(args, spec), _scheduler(args, spec)
     store.retry_s = spec.limits.unreachable_s
 
     def event(host: str, frm: str, to: str) -> None:
         if not args.json and to in ("verified", "failed", "rolled_back"):
             console.print(f"{host}: {frm} -> {to}", highlight=False, markup=False)
     try:
-        # the store's scheduler client cordons too: one connection pool to the scheduler
-        final = Engine(store, name, hostd, store.api, Options(lease_ttl_s=args.lease_ttl), on_event=event).run()
+        final = Engine(store, name, hostd, sched, Options(lease_ttl_s=args.lease_ttl), on_event=event).run()
     finally:
         hostd.close()
+        if sched:
+            sched.close()
     return _show(args, store, name, console,
                  ok=final == "done" and args.cmd != "rollback" or args.cmd == "rollback" and final == "rolled_back")
 
