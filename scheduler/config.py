@@ -99,6 +99,12 @@ class ReconcileConfig(BaseModel):
     grace_s: float = 300.0  # a VM pending/creating this long with no hostd VM is failed
 
 
+class DrainConfig(BaseModel):
+    interval_s: float = 5.0  # between drain rounds (and at once after a drain is asked for); 0 = off
+    workers: int = 4  # replacements dispatched, old VMs deleted and VMs stopped at once
+    stop_grace_s: int = 30  # an on_maintenance = stop VM's guest has this long to power off
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HYB_SCHED_", env_nested_delimiter="__",
                                       extra="forbid")
@@ -108,6 +114,7 @@ class Settings(BaseSettings):
     placement: PlacementConfig = Field(default_factory=PlacementConfig)
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
     reconcile: ReconcileConfig = Field(default_factory=ReconcileConfig)
+    drain: DrainConfig = Field(default_factory=DrainConfig)
     stats: StatsConfig = Field(default_factory=StatsConfig)
     log_level: str = "INFO"
 

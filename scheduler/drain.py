@@ -22,6 +22,9 @@ from typing import Literal
 
 Action = Literal["replace", "stop", "delete_old", "wait", "done"]
 ON_MAINTENANCE = ("replace", "stop", "block")
+# A VM in these statuses holds nothing on its host: the drain has nothing to do with it.
+DONE = {"stopped": "stopped", "failed": "failed: it holds nothing on the host",
+        "deleting": "being stopped or deleted"}
 
 
 @dataclass(frozen=True)
@@ -29,12 +32,11 @@ class DrainVm:
     id: str
     name: str
     host: str | None
-    status: str  # the scheduler's: pending, creating, running, stopped, failed, deleting, ...
+    status: str  # the scheduler's: pending, creating, running, stopped, failed, deleting
     on_maintenance: str = "block"
     group: str = ""
     max_unavailable: int = 0
     replaces: str = ""  # this VM is the replacement of that VM id
-    stopped_for_maintenance: bool = False
 
 
 @dataclass(frozen=True)
@@ -65,8 +67,8 @@ def plan(draining: set[str], vms: list[DrainVm]) -> list[Step]:
     replacement = {v.replaces: v for v in vms if v.replaces}
     steps: list[Step] = []
     for v in sorted((v for v in vms if v.host in draining and not v.replaces), key=lambda v: (v.group, v.name)):
-        if v.status in ("deleted", "deleting") or (v.status == "stopped" and v.on_maintenance == "stop"):
-            steps.append(Step(v.id, v.name, "done", f"{v.status}"))
+        if v.status in DONE:
+            steps.append(Step(v.id, v.name, "done", DONE[v.status]))
             continue
         new = replacement.get(v.id)
         if new is not None:
@@ -82,11 +84,14 @@ def plan(draining: set[str], vms: list[DrainVm]) -> list[Step]:
         if v.on_maintenance == "block":
             steps.append(Step(v.id, v.name, "wait", "on_maintenance = block: its owner moves or deletes it"))
             continue
-        if v.group and v.status == "running" and down[v.group] >= v.max_unavailable:
+        if v.status != "running":
+            steps.append(Step(v.id, v.name, "wait", f"it is {v.status}: the drain moves it once it runs"))
+            continue
+        if v.group and down[v.group] >= v.max_unavailable:
             steps.append(Step(v.id, v.name, "wait", f"group {v.group}: {down[v.group]} of its VMs unavailable, "
                                                     f"max_unavailable = {v.max_unavailable}"))
             continue
-        if v.group and v.status == "running":
+        if v.group:
             down[v.group] += 1  # this move takes one of the budget
         steps.append(Step(v.id, v.name, "replace" if v.on_maintenance == "replace" else "stop",
                           "on_maintenance = " + v.on_maintenance))

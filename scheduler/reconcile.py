@@ -4,7 +4,7 @@ Per reachable host: ListVMs, then
 - a VM the scheduler thinks is running/creating (older than the grace period) that
   hostd does not have: failed ("vanished"), claim released;
 - a hostd VM carrying our ``hyb.vm`` label that the scheduler shows pending/creating/failed:
-  running, with hostd's vm id and CPUs;
+  running, with hostd's vm id and CPUs (one it is deleting, a drain's stop, stays so);
 - a hostd VM with our label and no scheduler row (deleted here, still running there):
   adopted as a running VM of its tenant with hostd's placement, so its resources count;
 - a running VM whose CPUs differ from hostd's pins: hostd's pins adopted;
@@ -54,7 +54,7 @@ def reconcile_host(app: Any, hostd: Any, name: str, *, grace_s: float) -> list[s
                 v.status, v.reason, v.allocation, v.updated = "failed", got.reason or "failed on hostd", None, now
                 repairs.append(f"failed vm={vm_id}")
                 continue
-            if got.state in (pb.VM_STATE_RUNNING, pb.VM_STATE_STOPPED) and v.status != "running":
+            if got.state in (pb.VM_STATE_RUNNING, pb.VM_STATE_STOPPED) and v.status not in ("running", "deleting"):
                 v.status, v.hostd_vm_id, v.reason, v.updated = "running", got.vm_id, "", now
                 if v.allocation is None:
                     v.allocation = _alloc_of(got).to_dict()
@@ -113,7 +113,7 @@ def _adopted(vm_id: str, got: pb.VM, host: str, now: float) -> Vm:
     return Vm(id=vm_id, tenant=tenant, name=name, idempotency_key=f"adopted:{vm_id}", request_hash="",
               request=req, host=host, allocation=_alloc_of(got).to_dict(), status="running",
               reason="adopted from hostd by reconcile", hostd_vm_id=got.vm_id, affinity_group="", attempts=0,
-              created=now, updated=now)
+              replaces=None, disruption_group="", created=now, updated=now)
 
 
 def reconcile_all(app: Any, hostd: Any, cfg: ReconcileConfig) -> dict[str, list[str]]:

@@ -22,6 +22,7 @@ from scheduler.db.migrate import HERE, current
 from scheduler.db.models import Host, Vm
 from scheduler.metrics import Metrics
 from scheduler.service.claims import Placer
+from scheduler.service.drains import DrainLoop, DrainService
 from scheduler.service.hostcache import HostCache
 from scheduler.service.hosts import HostService
 from scheduler.service.rollouts import RolloutService
@@ -50,11 +51,16 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
         bg = background(app) if background else None
+        drains = DrainLoop(app.state.drains, settings.drain.interval_s) \
+            if app.state.dispatch_enabled and settings.drain.interval_s > 0 else None
         try:
             yield
         finally:
+            if drains is not None:
+                drains.stop()
             if bg is not None:
                 bg.stop()  # type: ignore[attr-defined]
+            app.state.drains.close()
             app.state.vms.close()
             app.state.hosts.close()
 
@@ -89,6 +95,8 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
                               max_attempts=settings.dispatch.max_attempts, metrics=metrics, clock=clock,
                               claim_batch=settings.placement.claim_batch)
     app.state.rollouts = RolloutService(store=store, clock=clock)
+    app.state.drains = DrainService(store=store, vms=app.state.vms, clock=clock, workers=settings.drain.workers,
+                                    stop_grace_s=settings.drain.stop_grace_s)
     errors.install(app)
     app.include_router(hosts.router)
     app.include_router(vms.router)

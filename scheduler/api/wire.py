@@ -146,7 +146,8 @@ def vm_json(vm: Vm) -> dict:
         "vfs": [dict(v) for v in a.get("vfs", ())], "disks": [dict(d) for d in a.get("disks", ())],
         "cells": cells_json(a["nodes"], a["cpus"], a["pages"], a.get("cell_vcpus", ()))}
     return {"id": vm.id, "name": vm.name, "tenant": vm.tenant, "status": vm.status, "reason": vm.reason,
-            "host": vm.host, "placement": placement, "hostd_vm_id": vm.hostd_vm_id, "attempts": vm.attempts,
+            "host": vm.host, "replaces": vm.replaces, "placement": placement, "hostd_vm_id": vm.hostd_vm_id,
+            "attempts": vm.attempts,
             # as vm_out: the stored request carries the effective tenant, the public one None
             "request": {k: (None if k == "tenant" else v) for k, v in vm.request.items()},
             "created": vm.created, "updated": vm.updated}

@@ -76,6 +76,10 @@ class Vm(Base):
     hostd_vm_id: Mapped[str] = mapped_column(String(64), default="")
     affinity_group: Mapped[str] = mapped_column(String(64), default="", index=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
+    # A drain's replacement names the VM it replaces (the drain deletes that one once
+    # this one runs); the disruption budget's group, for the drain's fleet-wide count.
+    replaces: Mapped[str | None] = mapped_column(String(36), nullable=True, index=True)
+    disruption_group: Mapped[str] = mapped_column(String(64), default="", server_default="", index=True)
     created: Mapped[float] = mapped_column(Float)
     updated: Mapped[float] = mapped_column(Float)
 

@@ -113,6 +113,25 @@ class HostsPublic(BaseModel):
     items: list[HostPublic]
 
 
+class DrainStepOut(BaseModel):
+    vm: str
+    name: str
+    action: Literal["replace", "stop", "delete_old", "wait", "done"] = Field(
+        description="what the drain does to it now, or `wait` (see `why`), or `done`: it holds nothing here")
+    why: str
+
+
+class DrainPublic(BaseModel):
+    """What a drain of the host does, per VM on it, now (the same plan the drain loop
+    acts on); a host not draining shows what a drain would do."""
+
+    host: str
+    admin_state: Literal["active", "cordoned", "draining"]
+    drained: bool = Field(description="draining, and no VM holds anything on it")
+    left: int = Field(description="VMs still holding something on the host")
+    steps: list[DrainStepOut]
+
+
 class HostStatsIn(BaseModel):
     """The IO-health signal of the heartbeat interval (hostd/health/summary.py)."""
 

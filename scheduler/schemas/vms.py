@@ -55,6 +55,17 @@ class AntiAffinity(BaseModel):
     scope: Literal["host", "rack"] = "host"
 
 
+class DisruptionBudget(BaseModel):
+    """VMs that serve together (like Kubernetes' PodDisruptionBudget): a drain makes at
+    most ``max_unavailable`` of the group's VMs unavailable at once, counting every VM
+    of the group in the fleet that is not running or is being moved. VMs of one group
+    should give one number; when they differ, the smallest holds."""
+
+    model_config = ConfigDict(extra="forbid")
+    group: str = Field(pattern=NAME)
+    max_unavailable: StrictInt = Field(1, ge=0, le=10000, description="0: a drain never moves or stops them")
+
+
 class VmCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")
     name: str = Field(pattern=NAME)
@@ -72,6 +83,12 @@ class VmCreate(BaseModel):
     host_labels: dict[str, str] = Field(default_factory=dict, max_length=16)
     labels: dict[str, str] = Field(default_factory=dict, max_length=32)
     tenant: str | None = Field(None, pattern=NAME, description="admin only; tenants create as themselves")
+    on_maintenance: Literal["replace", "stop", "block"] = Field(
+        "block", description="what a drain of its host may do (like GCE's onHostMaintenance): `replace` creates "
+                             "it again from this request on another host and deletes this one once the new one "
+                             "runs; `stop` shuts it down (status `stopped`, its resources freed); `block` waits "
+                             "for its owner to move or delete it")
+    disruption_budget: DisruptionBudget | None = None
 
 
 class PagesOut(BaseModel):
@@ -114,9 +131,10 @@ class VmPublic(BaseModel):
     id: str
     name: str
     tenant: str
-    status: Literal["pending", "creating", "running", "failed", "deleting"]
+    status: Literal["pending", "creating", "running", "failed", "deleting", "stopped"]
     reason: str
     host: str | None
+    replaces: str | None = Field(None, description="the VM this one replaces (a drain's `replace`), until that one is deleted")
     placement: PlacementOut | None
     hostd_vm_id: str
     attempts: int

@@ -61,6 +61,17 @@ def affinity_of(body: VmCreate) -> Affinity:
     return Affinity(body.anti_affinity.group, body.anti_affinity.scope) if body.anti_affinity else Affinity()
 
 
+# Fields added after requests were first hashed, with their defaults: a request that
+# leaves them at the default hashes as it did before they existed, so an Idempotency-Key
+# recorded by an older scheduler still replays.
+LATER_DEFAULTS: dict[str, Any] = {"on_maintenance": "block", "disruption_budget": None}
+
+
+def hashed(req: dict[str, Any]) -> dict[str, Any]:
+    """``req`` as its hash sees it: the later fields left out where they are default."""
+    return {k: v for k, v in req.items() if k not in LATER_DEFAULTS or v != LATER_DEFAULTS[k]}
+
+
 def request_hash(req: dict[str, Any]) -> str:
     """SHA-256 of the request as compact JSON with sorted keys (orjson: a tenth of
     ``json.dumps``' time, which was 5 % of the event loop's per create)."""
@@ -103,6 +114,7 @@ class CreateItem:
     want: VmWant
     req: dict[str, Any]
     digest: str
+    replaces: str = ""  # a drain's replacement: the VM it replaces
 
 
 class VmService:
@@ -123,11 +135,11 @@ class VmService:
 
     # ------------------------------------------------------------ create
 
-    def prepare(self, body: VmCreate, *, tenant: str, key: str, actor: str) -> CreateItem:
+    def prepare(self, body: VmCreate, *, tenant: str, key: str, actor: str, replaces: str = "") -> CreateItem:
         """Validate (InvalidRequest names the field) before anything queues or claims."""
         want = want_of(body, self.default_policy)
         req = body.model_dump(mode="json", by_alias=True) | {"tenant": tenant}
-        return CreateItem(body, tenant, key, actor, want, req, request_hash(req))
+        return CreateItem(body, tenant, key, actor, want, req, request_hash(hashed(req)), replaces)
 
     def create(self, body: VmCreate, *, tenant: str, key: str, actor: str) -> tuple[Vm, bool]:
         """Returns (vm, replayed). Same key + same body = the same VM, never a second one."""
@@ -200,7 +212,9 @@ class VmService:
             vm = Vm(id=vm_id, tenant=it.tenant, name=body.name, idempotency_key=it.key, request_hash=it.digest,
                     request=it.req, host=host, allocation=alloc.to_dict(), status="pending", reason="",
                     hostd_vm_id="", affinity_group=body.anti_affinity.group if body.anti_affinity else "",
-                    attempts=0, created=now, updated=now)
+                    attempts=0, replaces=it.replaces or None,
+                    disruption_group=body.disruption_budget.group if body.disruption_budget else "",
+                    created=now, updated=now)
             vm_repo.insert_vm(session=s, vm=vm)  # the unique (tenant, key) constraint fires here
             vm_repo.audit(session=s, principal=it.actor, action="vm.create", target=vm_id, now=now,
                           detail={"tenant": it.tenant, "host": host, "nodes": list(alloc.nodes),
@@ -210,7 +224,7 @@ class VmService:
 
     @staticmethod
     def _replay(prior: Vm, it: CreateItem) -> Vm:
-        if prior.request_hash != it.digest and prior.request_hash != request_hash_v1(it.req):
+        if prior.request_hash != it.digest and prior.request_hash != request_hash_v1(hashed(it.req)):
             raise IdempotencyMismatch("Idempotency-Key was used with a different request",
                                       field="Idempotency-Key")
         return prior
@@ -319,6 +333,27 @@ class VmService:
             vm_repo.audit(session=s, principal=actor, action="vm.delete", target=vm_id, now=self.clock(),
                           detail={"tenant": vm.tenant, "host": vm.host})
         log.info("vm deleted vm=%s host=%s", vm_id, vm.host)
+
+    def stop(self, vm_id: str, *, actor: str, reason: str, grace_seconds: int = 30, expect: str = "running") -> Vm:
+        """Shut a VM down for good (hostd deletes it, giving the guest ``grace_seconds``
+        to power off) and keep its record as ``stopped`` with its request and the host it
+        ran on; its resources are freed. ``expect``: the status it must have (a drain
+        marks it ``deleting`` first). HostdFailed: nothing changed here."""
+        with self.store.read() as s:
+            vm = vm_repo.get_vm(session=s, vm_id=vm_id)
+            address = host_repo.get_host(session=s, name=vm.host).address if vm.host else ""
+        if vm.status != expect:
+            raise VmBusy(f"the VM is {vm.status}, not {expect}", field="vm_id")
+        if vm.hostd_vm_id and self.hostd is not None:
+            self.hostd.delete(address, vm.hostd_vm_id, grace_seconds=grace_seconds)
+        with self.store.write() as s:
+            row = vm_repo.get_vm(session=s, vm_id=vm_id)
+            self.placer.release(s, row)
+            row.status, row.reason, row.hostd_vm_id, row.updated = "stopped", reason, "", self.clock()
+            vm_repo.audit(session=s, principal=actor, action="vm.stop", target=vm_id, now=self.clock(),
+                          detail={"tenant": row.tenant, "host": row.host, "reason": reason})
+        log.info("vm stopped vm=%s host=%s: %s", vm_id, vm.host, reason)
+        return row
 
     def update_io(self, vm_id: str, disks: list[tuple[str, IoTuneIn]], *, tenant: str | None,
                   actor: str, vfs: list[tuple[int, int, int]] | None = None) -> Vm:

@@ -1,8 +1,9 @@
 """The drain planner (scheduler/drain.py), pure: what a drain may do to each VM now,
 under the VMs' on_maintenance and their groups' disruption budgets. A simulated drain
 applies the steps one at a time, as the scheduler's loop does, until nothing moves, and
-checks the budget at every step. (Not yet wired to the scheduler's drain: see
-docs/status.md.)"""
+checks the budget at every step. The scheduler's drain loop (scheduler/service/drains.py)
+acts on these steps; tests/scheduler/test_sched_drain_loop.py drives it against real
+hostd servers."""
 
 from __future__ import annotations
 
@@ -34,7 +35,7 @@ def test_a_budget_of_one_moves_one_vm_at_a_time_and_says_what_the_others_wait_fo
     assert steps[0].why == "its replacement n1 is creating on h3"
     steps = plan({"h1"}, [*vms, replace(new, status="running")])
     assert actions(steps) == {"web-1": "delete_old", "web-2": "wait", "web-3": "wait"}
-    gone = [replace(vms[0], status="deleted"), *vms[1:], replace(new, status="running")]
+    gone = [replace(vms[0], status="deleting"), *vms[1:], replace(new, status="running")]
     assert actions(plan({"h1"}, gone)) == {"web-1": "done", "web-2": "wait", "web-3": "wait"}
     # deleted and forgotten: the next one moves
     assert actions(plan({"h1"}, [*vms[1:], replace(new, status="running")])) == {"web-2": "replace", "web-3": "wait"}
@@ -44,6 +45,14 @@ def test_a_member_down_elsewhere_uses_the_budget() -> None:
     vms = [vm(1), vm(9, host="h2", status="stopped")]
     assert plan({"h1"}, vms)[0].why == "group web: 1 of its VMs unavailable, max_unavailable = 1"
     assert actions(plan({"h1"}, [vm(1, budget=2), vm(9, host="h2", status="stopped", budget=2)])) == {"web-1": "replace"}
+
+
+def test_what_holds_nothing_is_done_and_what_is_being_created_waits() -> None:
+    vms = [vm(1, status="failed"), vm(2, status="stopped"), vm(3, status="creating"), vm(4, on="block", status="pending")]
+    steps = {s.name: s for s in plan({"h1"}, vms)}
+    assert {n: s.action for n, s in steps.items()} == {"web-1": "done", "web-2": "done", "web-3": "wait", "web-4": "wait"}
+    assert steps["web-3"].why == "it is creating: the drain moves it once it runs"
+    assert steps["web-4"].why.startswith("on_maintenance = block")
 
 
 def test_block_and_stop_and_no_group() -> None:
@@ -85,7 +94,9 @@ def test_a_simulated_drain_never_exceeds_the_budget_and_finishes(seed: int) -> N
             n += 1
         elif s.action == "stop":
             fleet[i] = replace(fleet[i], status="stopped")
-        elif s.action == "delete_old":
+        elif s.action == "delete_old":  # the old one goes; its replacement is a member like any other
+            j = next(k for k, v in enumerate(fleet) if v.replaces == fleet[i].id)
+            fleet[j] = replace(fleet[j], replaces="")
             del fleet[i]
         # replacements come up one by one, at random
         starting = [k for k, v in enumerate(fleet) if v.replaces and v.status == "creating"]

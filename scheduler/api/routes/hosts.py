@@ -10,8 +10,8 @@ from fastapi.concurrency import run_in_threadpool
 from scheduler.api import wire
 from scheduler.api.deps import CurrentPrincipal
 from scheduler.api.errors import ERRORS
-from scheduler.schemas.hosts import (AdminChange, HeartbeatOut, HostPublic, HostRegister, HostsPublic,
-                                     HostStatsPublic)
+from scheduler.schemas.hosts import (AdminChange, DrainPublic, DrainStepOut, HeartbeatOut, HostPublic,
+                                     HostRegister, HostsPublic, HostStatsPublic)
 from scheduler.service.hosts import HostService
 
 router = APIRouter(prefix="/v1/hosts", tags=["hosts"], responses=ERRORS)
@@ -89,6 +89,24 @@ def uncordon(name: str, request: Request, p: CurrentPrincipal, body: AdminChange
 
 @router.post("/{name}/drain", response_model=HostPublic)
 def drain(name: str, request: Request, p: CurrentPrincipal, body: AdminChange | None = None) -> HostPublic:
-    """No new VMs; the host is drained when `vms` reaches 0 (VMs are deleted by their owners).
-    409 `hyb.host.admin_owned` when another owner holds it (`force` overrides)."""
-    return _state(name, "draining", request, p, body)
+    """No new VMs, and the VMs on it are moved as each allows (`on_maintenance`: `replace`
+    re-creates it elsewhere and deletes it once the new one runs, `stop` shuts it down,
+    `block` waits for its owner), within their groups' disruption budgets. The host is
+    drained when `vms` reaches 0; `GET /v1/hosts/{name}/drain` says per VM what the drain
+    does or waits for. 409 `hyb.host.admin_owned` when another owner holds it (`force`
+    overrides)."""
+    out = _state(name, "draining", request, p, body)
+    request.app.state.drains.wake.set()
+    return out
+
+
+@router.get("/{name}/drain", response_model=DrainPublic)
+def drain_status(name: str, request: Request, p: CurrentPrincipal) -> DrainPublic:
+    """Per VM on the host: what its drain does now (`replace`, `stop`, `delete_old`),
+    or what it waits for (`wait`, with why: its owner, its group's budget, its
+    replacement), or `done`."""
+    p.require("host")
+    h, steps = request.app.state.drains.plan_for(name)
+    left = sum(st.action != "done" for st in steps)
+    return DrainPublic(host=h.name, admin_state=h.admin_state, drained=h.admin_state == "draining" and not left,
+                       left=left, steps=[DrainStepOut(**st.__dict__) for st in steps])

@@ -38,6 +38,7 @@ def placement_out(a: Allocation) -> PlacementOut:
 def vm_out(vm: Vm) -> VmPublic:
     req = {k: v for k, v in vm.request.items() if k != "tenant"}
     return VmPublic(id=vm.id, name=vm.name, tenant=vm.tenant, status=vm.status, reason=vm.reason, host=vm.host,
+                    replaces=vm.replaces,
                     placement=placement_out(Allocation.from_dict(vm.allocation)) if vm.allocation else None,
                     hostd_vm_id=vm.hostd_vm_id, attempts=vm.attempts, request=VmCreate.model_validate(req),
                     created=vm.created, updated=vm.updated)
@@ -109,7 +110,7 @@ async def create_vm(request: Request) -> Response:
 
 @router.get("", response_model=VmsPublic)
 def list_vms(request: Request, p: CurrentPrincipal, host: str | None = None,
-             status: Literal["pending", "creating", "running", "failed", "deleting"] | None = None,
+             status: Literal["pending", "creating", "running", "failed", "deleting", "stopped"] | None = None,
              name: str | None = None, tenant: str | None = None,
              limit: Annotated[int, Query(ge=1, le=1000)] = 100, after: str = "") -> VmsPublic:
     """Tenants see only their own VMs; `after` + `next` page through by id."""

@@ -65,13 +65,17 @@ def test_idempotency_key_replay_and_mismatch(api):
     assert missing.status_code == 422 and missing.json()["error"]["field"] == "Idempotency-Key"
     # a key recorded by a scheduler before the orjson hash (json.dumps spacing) still replays
     from scheduler.db.models import Vm
-    from scheduler.service.vms import request_hash, request_hash_v1
+    from scheduler.service.vms import LATER_DEFAULTS, request_hash, request_hash_v1
     with api.app.state.store.write() as s:
         row = s.get(Vm, a.json()["id"])
-        assert row.request_hash == request_hash(row.request) != request_hash_v1(row.request)
-        row.request_hash = request_hash_v1(row.request)
+        # the fields added later, at their defaults, hash as before they existed
+        before = {k: v for k, v in row.request.items() if k not in LATER_DEFAULTS}
+        assert row.request["on_maintenance"] == "block" and row.request["disruption_budget"] is None
+        assert row.request_hash == request_hash(before) != request_hash_v1(before)
+        row.request_hash = request_hash_v1(before)
     assert create(api, "same").json()["id"] == a.json()["id"]
     assert create(api, "same", vcpus=4).status_code == 409
+    assert create(api, "same", on_maintenance="replace").status_code == 409
 
 
 def test_bad_input_names_the_field(api):

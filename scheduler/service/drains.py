@@ -1,0 +1,224 @@
+"""Drains that move VMs: the scheduler's side of ``POST /v1/hosts/{name}/drain``.
+
+Every ``drain.interval_s`` (and at once after a drain is asked for), one round: the VMs
+on draining hosts, the VMs of their disruption groups anywhere in the fleet and the
+replacements under way are read, ``scheduler.drain.plan`` says per VM what may happen
+now, and the round acts on it:
+
+- ``replace``: a new VM from the old one's request (same tenant, name and spec; the
+  Idempotency-Key ``drain:<old id>``, so a repeated round or a second replica gets the
+  same replacement, never a second one), claimed through the usual placement (a
+  draining or cordoned host gets none), then dispatched to its hostd in the background;
+- ``delete_old``: the replacement runs, so the old VM is deleted (hostd first, then its
+  claim) and the replacement stops naming it;
+- ``stop``: the VM is marked ``deleting`` (so it counts against its group's budget from
+  that moment), hostd shuts it down, and its record stays as ``stopped``;
+- ``wait``: nothing; ``GET /v1/hosts/{name}/drain`` shows what it waits for.
+
+A step that fails is logged and tried again next round (a replacement that fails is
+not: its failure is shown until an operator acts). Rounds on PostgreSQL hold an advisory
+lock, so with several replicas one plans at a time and a budget is never spent twice;
+SQLite has one scheduler process.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable, Collection
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from sqlalchemy import or_, select, text, update
+
+from scheduler.db.engine import Store
+from scheduler.db.models import Host, Vm
+from scheduler.drain import DrainVm, Step, plan
+from scheduler.errors import SchedulerError
+from scheduler.schemas.vms import VmCreate
+from scheduler.service.vms import VmService
+
+log = logging.getLogger(__name__)
+
+# The round's lock on PostgreSQL (session-level, tried, never waited for); outside the
+# int4 range of the anti-affinity group locks, unlike the claim and rollout keys.
+ROUND_LOCK_KEY = int.from_bytes(b"HYBDRAIN", "big")
+
+
+def drain_vm(v: Vm, budgets: dict[str, int]) -> DrainVm:
+    """The planner's view of a VM row. ``budgets``: per (tenant/group), the smallest
+    ``max_unavailable`` its VMs give."""
+    req = v.request or {}
+    group = f"{v.tenant}/{v.disruption_group}" if v.disruption_group else ""
+    return DrainVm(v.id, v.name, v.host, v.status, req.get("on_maintenance") or "block", group,
+                   budgets.get(group, 0), v.replaces or "")
+
+
+def load(s: Any, hosts: Collection[str]) -> list[DrainVm]:
+    """What ``plan`` needs for ``hosts``: their VMs, every VM of those VMs' groups, and the
+    replacements of those VMs."""
+    on = s.scalars(select(Vm).where(Vm.host.in_(list(hosts)), Vm.replaces.is_(None))).all() if hosts else []
+    groups = {v.disruption_group for v in on if v.disruption_group}
+    ids = [v.id for v in on]
+    rows = {v.id: v for v in on}
+    if groups or ids:
+        for v in s.scalars(select(Vm).where(or_(Vm.disruption_group.in_(groups), Vm.replaces.in_(ids)))).all():
+            rows.setdefault(v.id, v)
+    tenants = {v.tenant for v in on if v.disruption_group}
+    budgets: dict[str, int] = {}
+    for v in rows.values():
+        b = (v.request or {}).get("disruption_budget")
+        if v.disruption_group and b and v.tenant in tenants:
+            key = f"{v.tenant}/{v.disruption_group}"
+            budgets[key] = min(budgets.get(key, b["max_unavailable"]), b["max_unavailable"])
+    return [drain_vm(v, budgets) for v in rows.values()]
+
+
+class DrainService:
+    def __init__(self, *, store: Store, vms: VmService, clock: Callable[[], float] = time.time,
+                 workers: int = 4, stop_grace_s: int = 30):
+        self.store = store
+        self.vms = vms
+        self.clock = clock
+        self.stop_grace_s = stop_grace_s
+        self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="drain")
+        self._busy: set[str] = set()  # VMs with a step under way in this process
+        self._busy_lock = threading.Lock()
+        self.wake = threading.Event()
+
+    def close(self) -> None:
+        self._pool.shutdown(wait=True, cancel_futures=True)
+
+    # ------------------------------------------------------------ read
+
+    def plan_for(self, host: str) -> tuple[Host, list[Step]]:
+        """The host and what its drain would do now (read only)."""
+        from scheduler.repo import hosts as host_repo
+        with self.store.read() as s:
+            h = host_repo.get_host(session=s, name=host)
+            s.expunge(h)
+            return h, plan({host}, load(s, [host]))
+
+    # ------------------------------------------------------------ act
+
+    def round(self) -> dict[str, list[Step]]:
+        """One pass over every draining host; returns the plan it acted on, per host."""
+        if self.store.engine.dialect.name != "postgresql":
+            return self._round()
+        with self.store.engine.connect() as c:
+            if not c.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": ROUND_LOCK_KEY}).scalar():
+                return {}  # another replica is planning
+            try:
+                return self._round()
+            finally:
+                c.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": ROUND_LOCK_KEY})
+                c.commit()
+
+    def _round(self) -> dict[str, list[Step]]:
+        with self.store.read() as s:
+            hosts = list(s.scalars(select(Host.name).where(Host.admin_state == "draining")).all())
+            if not hosts:
+                return {}
+            vms = load(s, hosts)
+            rows = {v.id: (v.tenant, dict(v.request or {}), v.host) for v in
+                    s.scalars(select(Vm).where(Vm.id.in_([d.id for d in vms])))}
+        steps = plan(set(hosts), vms)
+        by_host: dict[str, list[Step]] = {h: [] for h in hosts}
+        where = {v.id: v.host for v in vms}
+        for st in steps:
+            by_host.setdefault(where.get(st.vm) or "", []).append(st)
+            if st.action in ("wait", "done"):
+                continue
+            with self._busy_lock:
+                if st.vm in self._busy:
+                    continue
+                self._busy.add(st.vm)
+            try:
+                self._act(st, rows[st.vm], vms)
+            except SchedulerError as e:
+                log.warning("drain %s vm=%s (%s) failed, next round tries again: %s", st.action, st.vm, st.name, e)
+                self._done(st.vm)
+            except Exception:  # noqa: BLE001 - one VM's step must not stop the round
+                log.exception("drain %s vm=%s failed", st.action, st.vm)
+                self._done(st.vm)
+        return by_host
+
+    def _done(self, vm_id: str) -> None:
+        with self._busy_lock:
+            self._busy.discard(vm_id)
+
+    def _act(self, st: Step, row: tuple[str, dict[str, Any], str | None], vms: list[DrainVm]) -> None:
+        tenant, req, host = row
+        actor = f"drain:{host}"
+        if st.action == "replace":
+            body = VmCreate.model_validate({k: v for k, v in req.items() if k != "tenant"})
+            item = self.vms.prepare(body, tenant=tenant, key=f"drain:{st.vm}", actor=actor, replaces=st.vm)
+            got = self.vms.create_many([item])[0]  # claimed now: the next round sees it
+            if isinstance(got, BaseException):
+                raise got
+            new, _ = got
+            log.info("drain replace vm=%s (%s) on %s: replacement %s on %s", st.vm, st.name, host, new.id, new.host)
+            self._pool.submit(self._background, st.vm, self.vms.dispatch, new.id)
+        elif st.action == "delete_old":
+            new = next(v for v in vms if v.replaces == st.vm)
+            self._pool.submit(self._background, st.vm, self._delete_old, st.vm, new.id, actor)
+        elif st.action == "stop":
+            with self.store.write() as s:  # counts against the group's budget from now on
+                hit = s.execute(update(Vm).where(Vm.id == st.vm, Vm.status == "running").values(
+                    status="deleting", reason=f"stopping for the drain of {host}", updated=self.clock()))
+            if hit.rowcount != 1:
+                return self._done(st.vm)
+            self._pool.submit(self._background, st.vm, self._stop, st.vm, host, actor)
+
+    def _background(self, vm_id: str, fn: Callable[..., object], *args: Any) -> None:
+        try:
+            fn(*args)
+        except Exception:  # noqa: BLE001 - logged; the next round sees the state and acts again
+            log.exception("drain step for vm=%s failed", vm_id)
+        finally:
+            self._done(vm_id)
+            self.wake.set()
+
+    def _delete_old(self, old: str, new: str, actor: str) -> None:
+        self.vms.delete(old, tenant=None, actor=actor)
+        with self.store.write() as s:
+            s.execute(update(Vm).where(Vm.id == new, Vm.replaces == old).values(replaces=None))
+        log.info("drain moved vm=%s -> %s", old, new)
+
+    def _stop(self, vm_id: str, host: str | None, actor: str) -> None:
+        try:
+            self.vms.stop(vm_id, actor=actor, reason=f"stopped for the drain of {host}",
+                          grace_seconds=self.stop_grace_s, expect="deleting")
+        except Exception:
+            with self.store.write() as s:  # not stopped: running again, the budget given back
+                s.execute(update(Vm).where(Vm.id == vm_id, Vm.status == "deleting").values(
+                    status="running", reason="", updated=self.clock()))
+            raise
+
+
+class DrainLoop:
+    """The rounds, in a thread: every ``interval_s``, or at once when woken."""
+
+    def __init__(self, svc: DrainService, interval_s: float):
+        self.svc = svc
+        self.interval_s = interval_s
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, name="drain", daemon=True)
+        self._t.start()
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.svc.wake.wait(self.interval_s)
+            self.svc.wake.clear()
+            if self._stop.is_set():
+                return
+            try:
+                self.svc.round()
+            except Exception:  # noqa: BLE001 - the loop must survive a bad round (a database away)
+                log.exception("drain round failed")
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.svc.wake.set()
+        self._t.join(10)
