@@ -18,7 +18,7 @@ def sched(tmp_path_factory: pytest.TempPathFactory):
     certs = dev_certs(w / "tls", ("fleet-rollout",))
     port = free_port()
     write_scheduler_config(w / "scheduler.toml", port=port, certs=certs, db=w / "scheduler.db",
-                           admin_token=ADMIN, host_token=HOST_TOKEN)
+                           admin_token=ADMIN, host_token=HOST_TOKEN, extra="[drain]\ninterval_s = 1\n")
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOSTD_", "HYB_SCHED_"))}
     s = Scheduler(w / "scheduler.toml", port, env, w / "scheduler.log", ca=certs / "ca.crt")
     try:

@@ -12,7 +12,10 @@ other, and a scheduler that goes away in the middle of a rollout.
   carve alone and says who made it.
 - The scheduler stopped while the canary soaks: the controller can neither uncordon
   nor write, so it stops with one line (exit 3), the rollout held where it was; after
-  the scheduler is back, `resume` finishes with every host active."""
+  the scheduler is back, `resume` finishes with every host active.
+- A conversion that would strand running VMs: hostd refuses the carve, the rollout
+  drains the host, the scheduler's drain replaces the VMs (on_maintenance = replace,
+  a disruption budget of 1) one at a time on the other host, and the carve goes on."""
 
 from __future__ import annotations
 
@@ -30,8 +33,9 @@ from api import hostd_pb2 as pb
 from tools.fleet_rollout.spec import policy_digest
 
 pytestmark = pytest.mark.slow
-SETS = {"a": 2, "b": 2, "c": 1}  # hosts per test, by the label `set`
+SETS = {"a": 2, "b": 2, "c": 1, "d": 2}  # hosts per test, by the label `set`
 OTHER = POLICY.replace("count_per_node = 2048", "count_per_node = 1024")
+STRAND = POLICY.replace('cpus = "1"', 'cpus = "1-2"', 1)  # the host OS takes VM CPU 2
 SPEC = """name = "{name}"
 kind = "convert"
 policy = "{policy}"
@@ -74,14 +78,16 @@ def fleet(sched):  # type: ignore[no-untyped-def]
         f.start(timeout_s=300)
         (w / "policy.toml").write_text(f.policy_text)
         (w / "other.toml").write_text(OTHER)
+        (w / "strand.toml").write_text(STRAND)
         yield f
     finally:
         f.stop()
 
 
-def spec(work: Path, name: str, policy: str, hosts: str) -> str:
+def spec(work: Path, name: str, policy: str, hosts: str, steps: str = "") -> str:
     work.mkdir(exist_ok=True)
-    (work / f"{name}.toml").write_text(SPEC.format(name=name, policy=work.parent / policy, set=hosts))
+    text = SPEC.format(name=name, policy=work.parent / policy, set=hosts).replace("[steps]\n", f"[steps]\n{steps}")
+    (work / f"{name}.toml").write_text(text)
     return f"{name}.toml"
 
 
@@ -208,3 +214,50 @@ def test_a_scheduler_outage_after_a_passed_gate_pauses_and_resume_finishes(fleet
 def _states(sched: dict, work: Path, name: str) -> dict[str, dict]:
     r = cli(sched, work, "status", name, "--json", "--transitions")
     return host_states(sched, work, name) if r.returncode == 0 else {}
+
+
+def test_a_conversion_that_would_strand_vms_drains_the_host_and_moves_them_one_at_a_time(fleet, sched) -> None:  # type: ignore[no-untyped-def]
+    w = sched["dir"] / "op-drain"
+    d = sorted(names(fleet, "d"))
+    web = {"vcpus": 1, "memory_mib": 128, "image": "smoke", "host_labels": {"set": "d"},
+           "on_maintenance": "replace", "disruption_budget": {"group": "web", "max_unavailable": 1}}
+    with fleet.api() as api:
+        for n in ("web-1", "web-2"):
+            r = api.post("/v1/vms", json=web | {"name": n}, headers={"Idempotency-Key": n})
+            assert r.status_code == 202, r.text
+        vms = [v for v in api.get("/v1/vms").json()["items"] if v["name"].startswith("web-")]
+        for v in vms:
+            v.update(_wait_running(api, v["id"]))
+    assert {v["host"] for v in vms} == {d[0]}  # pack: both on the first
+    assert 2 in {c for v in vms for c in v["placement"]["cpus"]}, vms  # so the new carve strands one
+    r = cli(sched, w, "run", spec(w, "conv-strand", "strand.toml", "d", "drain_timeout_s = 120\n"), "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    states = host_states(sched, w, "conv-strand")
+    assert {h: x["state"] for h, x in states.items()} == dict.fromkeys(d, "verified")
+    digest = policy_digest(STRAND)
+    for h in d:
+        assert fleet.info(h).carved_policy_digest == digest
+    res = cli(sched, w, "status", "conv-strand", "--json", "--transitions")
+    drained = {t["host"] for t in json.loads(res.stdout)["transitions"] if t["to"] == "draining"}
+    assert d[0] in drained, res.stdout[-3000:]
+    with fleet.api() as api:
+        vms = [v for v in api.get("/v1/vms").json()["items"] if v["name"].startswith("web-")]
+        audit = api.get("/v1/audit", params={"limit": 1000}).json()["items"]
+    assert sorted(v["name"] for v in vms) == ["web-1", "web-2"]
+    assert all(v["status"] == "running" and v["host"] in d and v["replaces"] is None for v in vms), vms
+    # one at a time: each drain created a replacement and deleted its old VM before the next
+    for h in drained:
+        steps = [a["action"] for a in sorted(audit, key=lambda a: a["id"]) if a["principal"] == f"drain:{h}"]
+        assert steps == ["vm.create", "vm.delete"] * 2, (h, steps)
+    assert set(admin(fleet).values()) == {("active", None)}
+
+
+def _wait_running(api, vm_id: str) -> dict:  # type: ignore[no-untyped-def]
+    end = time.monotonic() + 60
+    while time.monotonic() < end:
+        v = api.get(f"/v1/vms/{vm_id}").json()
+        if v["status"] in ("running", "failed"):
+            assert v["status"] == "running", v
+            return v
+        time.sleep(0.2)
+    raise AssertionError(f"{vm_id} never ran")

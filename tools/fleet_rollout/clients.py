@@ -203,6 +203,10 @@ class Scheduler:
     def host(self, name: str) -> dict:
         return self.request("GET", f"/v1/hosts/{name}")
 
+    def drain_status(self, name: str) -> dict:
+        """What the host's drain does or waits for, per VM (``GET /v1/hosts/{name}/drain``)."""
+        return self.request("GET", f"/v1/hosts/{name}/drain")
+
     def set_state(self, name: str, state: str, *, owner: str, reason: str = "") -> None:
         """Cordon, drain or uncordon as ``owner``: refused (SchedulerError, code
         hyb.host.admin_owned) while another owner holds the host."""

@@ -1,9 +1,14 @@
 """The controller: drives each host through its states, wave by wave, and survives
 its own death.
 
-Per host: pending -> baselined -> cordoned -> carving [-> rebooting] -> soaking ->
-restoring -> verified, or -> failed -> rolling_back -> rolled_back, or pending/baselined
--> skipped (another owner holds the host). Each state names the step still to do; a
+Per host: pending -> baselined -> cordoned -> carving [-> draining -> carving]
+[-> rebooting] -> soaking -> restoring -> verified, or -> failed -> rolling_back ->
+rolled_back, or pending/baselined -> skipped (another owner holds the host). A carve
+that hostd refuses because it would strand the host's VMs (hyb.carve.vms_would_not_fit;
+nothing changed) drains the host through the scheduler, which moves the VMs as each
+allows (on_maintenance, disruption budgets), and carves again once it is drained; a
+drain that does not finish in ``steps.drain_timeout_s`` fails the host with what it
+waits for. Each state names the step still to do; a
 step's side effect is idempotent (cordon; Carve by policy digest and operation id; a
 reboot is detected by hostd's start time, never redone) and its transition is written
 after it, with what it measured. So a controller SIGKILLed anywhere redoes at most the
@@ -43,6 +48,7 @@ from tools.fleet_rollout.clients import (
     HostdClients,
     HostError,
     HostInfo,
+    HostRefused,
     HostUnreachable,
     Scheduler,
     SchedulerError,
@@ -59,7 +65,7 @@ DONE = ("verified", "rolled_back", "skipped")
 FAILED = ("failed", "rolling_back", "rolled_back")
 # Rollout states: running, paused, halted, aborting, aborted, rolling_back, rolled_back, done.
 ACTIVE = ("running", "aborting", "rolling_back")
-ROLLBACK_FROM = ("baselined", "cordoned", "carving", "rebooting", "soaking", "restoring", "verified")
+ROLLBACK_FROM = ("baselined", "cordoned", "carving", "draining", "rebooting", "soaking", "restoring", "verified")
 
 
 class Pause(Exception):
@@ -294,7 +300,8 @@ class Engine:
         if undoing and h.state in ROLLBACK_FROM + ("failed",):
             return self._begin_rollback
         return {"pending": self._baseline, "baselined": self._cordon, "cordoned": self._begin_change,
-                "carving": self._change, "rebooting": self._await_reboot, "soaking": self._soak,
+                "carving": self._change, "draining": self._drain, "rebooting": self._await_reboot,
+                "soaking": self._soak,
                 "restoring": self._restore, "failed": self._begin_rollback,
                 "rolling_back": self._rollback}.get(h.state)
 
@@ -391,6 +398,10 @@ class Engine:
             r = self._rpc(self.hostd.carve, h.address, self.spec.policy_text, self.spec.policy_digest,
                           expected=h.data.get("prior_digest", ""), operation=operation_of(self.name, h.name, "carve"))
             mine = self._own_carve(h)
+        except HostRefused as e:
+            if e.code == "hyb.carve.vms_would_not_fit" and self.scheduler and self.spec.steps.drain_timeout_s > 0:
+                return self._begin_drain(h, str(e))
+            return self._fail(h, f"carve: {e}")
         except HostError as e:
             return self._fail(h, f"carve: {e}")
         if mine:
@@ -400,6 +411,35 @@ class Engine:
         if r.reboot_required and self.spec.steps.reboot_command:
             return self._move(h, "rebooting", detail)
         self._move(h, "soaking", detail, {"soak_since": time.time()})
+
+    def _begin_drain(self, h: HostRow, why: str) -> None:
+        """The carve would strand VMs: hold the host draining (as this rollout; it was
+        cordoned by it) so the scheduler moves them."""
+        try:
+            self._admin(h.name, "draining")
+        except SchedulerError as e:
+            return self._fail(h, f"drain: {e}")
+        log.info("%s: draining: %s", h.name, why)
+        self._move(h, "draining", {"reason": why}, {"drain_since": time.time()})
+
+    def _drain(self, h: HostRow) -> None:
+        """Wait for the scheduler's drain; then carve again (the host stays draining, as
+        this rollout's, until its uncordon)."""
+        since = h.data.get("drain_since", time.time())
+        while True:
+            try:
+                view = self._rpc(self.scheduler.drain_status, h.name)  # type: ignore[union-attr]
+            except SchedulerError as e:
+                return self._fail(h, f"drain: {e}")
+            if view["drained"]:
+                return self._move(h, "carving", {"drained_s": round(time.time() - since, 1)},
+                                  {"change_started": time.time()})
+            if time.time() - since > self.spec.steps.drain_timeout_s:
+                waits = [f"{st['name']} ({st['vm'][:8]}): {st['why']}" for st in view["steps"] if st["action"] != "done"]
+                return self._fail(h, f"the drain did not finish in {self.spec.steps.drain_timeout_s:.0f} s; "
+                                     f"{view['left']} VM(s) left: " + "; ".join(waits[:10]),
+                                  {"drain": view["steps"]})
+            self._wait(min(self.opts.poll_s * 4, 5.0))
 
     def _own_carve(self, h: HostRow) -> str:
         """Read the host back: "" if it carries this rollout's carve, else what it carries

@@ -1,6 +1,8 @@
 """Preflight: ask every selected host, in parallel, whether it can take the change
 (PlanCarve for a policy, GetHostInfo for a hostd version). Read-only RPCs. A host that
-cannot is skipped with hostd's reason; it is never attempted."""
+cannot is skipped with hostd's reason; it is never attempted. A host whose VMs the
+policy would not hold can, when the rollout may drain (``steps.drain_timeout_s``): the
+scheduler moves its VMs first."""
 
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ def refusal(clients: HostdClients, host: Host, spec: RolloutSpec) -> str | None:
         return f"preflight: {e}"
     if r.HasField("nofit") and r.nofit.field:
         return f"does not fit [{r.nofit.field}]: {r.nofit.reason}"
-    if r.vm_conflicts:
+    if r.vm_conflicts and spec.steps.drain_timeout_s <= 0:  # else the rollout drains the host first
         return "running VMs would not fit: " + "; ".join(r.vm_conflicts)
     if r.already_carved:
         return "already carved with this policy"

@@ -86,6 +86,10 @@ class Steps(_Strict):
     # kind = "hostd": the command that installs and restarts the new hostd on a host.
     upgrade_command: list[str] = Field(default_factory=list)
     upgrade_timeout_s: Annotated[float, Field(gt=0)] = 300.0
+    # A carve hostd refuses because it would strand the host's VMs: drain the host (the
+    # scheduler moves the VMs that allow it) and carve again, failing the host when the
+    # drain has not finished after this long; 0: fail the host at once, as before.
+    drain_timeout_s: Annotated[float, Field(ge=0, le=7 * 86400)] = 1800.0
 
 
 class Gate(_Strict):
@@ -109,7 +113,8 @@ class Gate(_Strict):
 class RolloutSpec(_Strict):
     name: str = Field(pattern=NAME)
     # convert: carve unconverted hosts; policy: carve a new policy on converted hosts
-    # (refused on a host whose VMs it would not hold); hostd: a new hostd version.
+    # (a host whose VMs it would not hold is drained first, or skipped with
+    # steps.drain_timeout_s = 0); hostd: a new hostd version.
     kind: Literal["convert", "policy", "hostd"] = "convert"
     policy: str = ""  # path of the carve policy (relative to the spec file); convert/policy
     hostd_version: str = ""  # kind = "hostd": the version every host must report afterwards
