@@ -124,6 +124,25 @@ def write_tree(root: Path, hostname: str) -> None:
         write_proc(root, p, "/")
 
 
+def cgroup_files(root: Path) -> None:
+    """A cpuset cgroup made with mkdir gets its control files, empty, as the kernel
+    gives them (cgroup v1: no CPUs, no memory nodes, no tasks until written); the
+    animator does this every tick. A plain directory would lack them, and a carve
+    replanned after a hostd killed between its mkdir and its first write would read a
+    file no real host is without. Created exclusively: a value hostd wrote first is
+    never replaced."""
+    base = root / CPUSET
+    for e in os.scandir(base):
+        if not e.is_dir():
+            continue
+        for name in ("cpuset.cpus", "cpuset.mems", "cgroup.procs", "tasks"):
+            try:
+                with open(os.path.join(e.path, name), "x"):
+                    pass
+            except (FileExistsError, FileNotFoundError):
+                pass  # there already, or the cgroup was removed meanwhile
+
+
 def write_proc(root: Path, p: SimProc, cgroup: str) -> None:
     """A process's static files: cmdline, comm, stat (for its flags), status
     (Cpus_allowed_list, per thread too) and cgroup."""
@@ -296,6 +315,7 @@ class Animator:
             self._serve_probes(max(0.0, next_tick - time.monotonic()))
 
     def _advance(self, st: TreeState, dt: float) -> None:
+        cgroup_files(st.root)
         self._membership(st)
         self._pool(st)
         rng, cpus_of = st.rng, self._cgroup_cpus(st)
