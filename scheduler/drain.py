@@ -23,8 +23,7 @@ from typing import Literal
 Action = Literal["replace", "stop", "delete_old", "wait", "done"]
 ON_MAINTENANCE = ("replace", "stop", "block")
 # A VM in these statuses holds nothing on its host: the drain has nothing to do with it.
-DONE = {"stopped": "stopped", "failed": "failed: it holds nothing on the host",
-        "deleting": "being stopped or deleted"}
+DONE = {"stopped": "stopped", "failed": "failed: it holds nothing on the host"}
 
 
 @dataclass(frozen=True)
@@ -70,13 +69,16 @@ def plan(draining: set[str], vms: list[DrainVm]) -> list[Step]:
         if v.status in DONE:
             steps.append(Step(v.id, v.name, "done", DONE[v.status]))
             continue
+        if v.status == "deleting":  # a stop under way (its budget is spent): go on with it
+            steps.append(Step(v.id, v.name, "stop", "being stopped for the drain"))
+            continue
         new = replacement.get(v.id)
         if new is not None:
             if new.status == "running":
                 steps.append(Step(v.id, v.name, "delete_old", f"its replacement {new.id} runs on {new.host}"))
             elif new.status in ("failed", "deleted"):
                 steps.append(Step(v.id, v.name, "wait", f"its replacement {new.id} {new.status}: the drain "
-                                                        "will not try again until an operator acts"))
+                                                        "tries again once an operator deletes it"))
             else:
                 steps.append(Step(v.id, v.name, "wait", f"its replacement {new.id} is {new.status}"
                                                         + (f" on {new.host}" if new.host else "")))

@@ -12,7 +12,9 @@ now, and the round acts on it:
 - ``delete_old``: the replacement runs, so the old VM is deleted (hostd first, then its
   claim) and the replacement stops naming it;
 - ``stop``: the VM is marked ``deleting`` (so it counts against its group's budget from
-  that moment), hostd shuts it down, and its record stays as ``stopped``;
+  that moment), hostd shuts it down, and its record stays as ``stopped``; a VM found
+  ``deleting`` (a scheduler stopped in the middle) is stopped again (hostd's delete is
+  idempotent);
 - ``wait``: nothing; ``GET /v1/hosts/{name}/drain`` shows what it waits for.
 
 A step that fails is logged and tried again next round (a replacement that fails is
@@ -163,9 +165,9 @@ class DrainService:
         elif st.action == "delete_old":
             new = next(v for v in vms if v.replaces == st.vm)
             self._pool.submit(self._background, st.vm, self._delete_old, st.vm, new.id, actor)
-        elif st.action == "stop":
+        elif st.action == "stop":  # from running, or again after a restart in the middle (deleting)
             with self.store.write() as s:  # counts against the group's budget from now on
-                hit = s.execute(update(Vm).where(Vm.id == st.vm, Vm.status == "running").values(
+                hit = s.execute(update(Vm).where(Vm.id == st.vm, Vm.status.in_(("running", "deleting"))).values(
                     status="deleting", reason=f"stopping for the drain of {host}", updated=self.clock()))
             if hit.rowcount != 1:
                 return self._done(st.vm)
