@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import os
 import shlex
 import subprocess
 from pathlib import Path
@@ -205,7 +206,8 @@ def test_env_files_are_what_the_guest_script_sources(profiles, tmp_path):
     for name in names:
         # source the file with a real POSIX shell, as hyb-profile-apply does
         out = subprocess.run(["sh", "-c", f"set -a; . {shlex.quote(str(tmp_path / (name + '.env')))}; "
-                              "env | grep ^HYB_ | sort"], capture_output=True, text=True, check=True).stdout
+                              "env | grep ^HYB_ | sort"], capture_output=True, text=True, check=True,
+                             env={"PATH": os.environ["PATH"]}).stdout  # only what the file sets
         assert dict(line.split("=", 1) for line in out.splitlines()) == guest_env(profiles[name])
     assert guest_env(profiles["online"])["HYB_MALLOC_CONF"] == "dirty_decay_ms:60000,muzzy_decay_ms:60000"
     assert guest_env(profiles["baseline"]) == {"HYB_PROFILE": "baseline", "HYB_IRQ_VIRTIO_AFFINITY": "0",

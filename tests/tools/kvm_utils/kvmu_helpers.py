@@ -18,9 +18,17 @@ def kvm_utils_popen(*args: str, sigint: int = signal.SIG_DFL) -> subprocess.Pope
     process inherited (a suite started as a background job runs with SIGINT ignored, and
     an ignored signal stays ignored across fork and exec). `sigint=signal.SIG_IGN` starts
     it as a shell starts a background job."""
-    return subprocess.Popen([sys.executable, "-m", "tools.kvm_utils", *args], cwd=REPO,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
+    return subprocess.Popen([*with_sigint(sigint), sys.executable, "-m", "tools.kvm_utils", *args], cwd=REPO,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def with_sigint(sigint: int) -> list[str]:
+    """The argv prefix that starts a command with SIGINT ignored or at its default
+    (coreutils' env execs it in place: the same PID). Not a ``preexec_fn``: that makes
+    subprocess fork() this multi-threaded test process and run Python in the child,
+    where gRPC's fork handlers (the worker has imported grpc) now and then abort it
+    ("epoll_wait error: Bad file descriptor", SIGABRT) before the exec."""
+    return ["env", "--ignore-signal=INT" if sigint == signal.SIG_IGN else "--default-signal=INT"]
 
 
 def sigint_disposition(pid: int) -> str:

@@ -8,15 +8,15 @@ import subprocess
 import sys
 import textwrap
 
-from kvmu_helpers import REPO
+from kvmu_helpers import REPO, with_sigint
 
 
 def run_child(body: str, sigint=signal.SIG_IGN) -> list[str]:
     """`body` in a fresh interpreter started as a background job (SIGINT ignored); its
     stdout lines."""
     code = "import os, signal\nfrom tools.kvm_utils import stopping\n" + textwrap.dedent(body)
-    r = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=30,
-                       preexec_fn=lambda: signal.signal(signal.SIGINT, sigint))
+    r = subprocess.run([*with_sigint(sigint), sys.executable, "-c", code], cwd=REPO, capture_output=True,
+                       text=True, timeout=30)
     assert r.returncode == 0, r.stderr
     return r.stdout.split()
 
