@@ -70,6 +70,10 @@ class PlacementConfig(BaseModel):
     # "rows" = concurrent claim batches that row-lock their hosts (SQLite is always "store")
     claim_lock: Literal["store", "rows"] = "store"
     heartbeat_timeout_s: float = 60.0  # a host silent this long is "down"
+    # A host's liveness is written at most once per this many seconds per replica (its
+    # heartbeats are answered from memory): the recorded time lags the last beat by at
+    # most this, whatever the beat rate. 0: every flushed beat is written.
+    heartbeat_write_s: float = Field(5.0, ge=0, le=3600)
     index_refresh_ms: float = 2.0  # at most this stale w.r.t. other replicas before a placement
     index_down_check_s: float = 0.0  # ask which hosts went quiet (indexed query); 0 = min(10, timeout/4)
     index_full_refresh_s: float = 0.0  # full pass of the index (safety net, deleted rows); 0 = 300

@@ -89,7 +89,8 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
     app.state.hosts = HostService(store=store, cache=cache, heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,
                                   clock=clock, stats_bucket_s=settings.stats.bucket_s,
                                   stats_retention_days=settings.stats.retention_days,
-                                  heartbeat_flush_s=settings.stats.heartbeat_flush_s)
+                                  heartbeat_flush_s=settings.stats.heartbeat_flush_s,
+                                  heartbeat_write_s=settings.placement.heartbeat_write_s)
     app.state.vms = VmService(store=store, placer=placer, hostd=hostd if app.state.dispatch_enabled else None,
                               default_policy=settings.placement.default_policy,
                               max_attempts=settings.dispatch.max_attempts, metrics=metrics, clock=clock,

@@ -90,8 +90,7 @@ async def heartbeat(app: Any, scope: Scope, receive: Receive, send: Send) -> Rec
         return replay
     name = _beat_host(scope["path"])
     try:
-        out = await run_in_threadpool(app.state.hosts.heartbeat, name, actor=p.name, admin=p.admin,
-                                      bound_host=p.host, stats=beat.stats if beat else None)
+        out = await wire.beat(app.state.hosts, name, p, beat)
     except SchedulerError as e:
         await _answer(app, send, e.status, domain_body(e), (), route=BEAT_ROUTE)
         return None

@@ -21,6 +21,7 @@ from functools import cache
 from typing import Any
 
 from fastapi import APIRouter
+from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from pydantic import TypeAdapter, ValidationError
@@ -29,7 +30,7 @@ from scheduler.api.deps import Principal, tenant_scope
 from scheduler.db.models import Vm
 from scheduler.errors import Forbidden, InvalidRequest
 from scheduler.resources import split_cells
-from scheduler.schemas.hosts import HeartbeatIn
+from scheduler.schemas.hosts import HeartbeatIn, HeartbeatOut
 from scheduler.schemas.vms import VmCreate
 
 KEY = r"^[A-Za-z0-9_.:-]{1,128}$"
@@ -112,6 +113,18 @@ def read_heartbeat(p: Principal, *, ctype: str, body: bytes) -> HeartbeatIn | No
     if not json_content(ctype):
         raise invalid(("body",), f"send the heartbeat as JSON (Content-Type: application/json), not {ctype}")
     return _model(HeartbeatIn | None, body)  # the contract's body: a HeartbeatIn or null
+
+
+async def beat(hosts: Any, name: str, p: Principal, beat: HeartbeatIn | None) -> HeartbeatOut:
+    """Answer a heartbeat read by ``read_heartbeat``: from memory on the event loop when
+    it can (``HostService.heartbeat_now``: no database, no thread hop), else through the
+    database on the thread pool (``heartbeat``: 404, refusals and their audit)."""
+    stats = beat.stats if beat else None
+    out = hosts.heartbeat_now(name, actor=p.name, admin=p.admin, bound_host=p.host, stats=stats)
+    if out is not None:
+        return out
+    return await run_in_threadpool(hosts.heartbeat, name, actor=p.name, admin=p.admin, bound_host=p.host,
+                                   stats=stats)
 
 
 def body_schemas() -> dict[str, dict]:

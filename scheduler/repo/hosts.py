@@ -97,6 +97,7 @@ def upsert_host(*, session: Session, name: str, address: str, rack: str, labels:
         return h, True
     if owner and not h.owner:
         h.owner = owner  # registered before owners were recorded: claimed now
+        h.seq = next_seq(session)  # every replica's heartbeat check must see it
     for k, v in scrape.items():
         if getattr(h, k) != v:
             setattr(h, k, v)
@@ -271,10 +272,18 @@ def quiet(*, session: Session, before: float) -> Sequence[Any]:
 
 
 def fleet_state(*, session: Session) -> Sequence[Any]:
-    """Every host's (name, generation, layout_rev, admin_state, last_heartbeat, seq): the
-    index's periodic full pass (heartbeats do not stamp seq; hosts may be deleted)."""
+    """Every host's (name, generation, layout_rev, admin_state, last_heartbeat, seq, owner):
+    the index's periodic full pass (heartbeats do not stamp seq; hosts may be deleted)."""
     return session.execute(select(Host.name, Host.generation, Host.layout_rev, Host.admin_state,
-                                  Host.last_heartbeat, Host.seq)).all()
+                                  Host.last_heartbeat, Host.seq, Host.owner)).all()
+
+
+def owners(*, session: Session, names: Sequence[str]) -> dict[str, str]:
+    """name -> the principal that registered it ("" when none recorded)."""
+    out: dict[str, str] = {}
+    for i in range(0, len(names), 500):
+        out.update(session.execute(select(Host.name, Host.owner).where(Host.name.in_(names[i:i + 500]))).all())
+    return out
 
 
 def usages(*, session: Session, names: Sequence[str]) -> dict[str, tuple[int, dict[str, Any]]]:

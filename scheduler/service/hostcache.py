@@ -58,6 +58,7 @@ class HostCache:
         self._refreshing = threading.Lock()  # one refresher at a time; others use the index as is
         self._res: dict[str, tuple[int, HostRes]] = {}
         self._admin: dict[str, str] = {}  # name -> admin_state
+        self._owner: dict[str, str] = {}  # name -> the principal that registered it (heartbeats check it)
         self._down: set[str] = set()  # silent for longer than the timeout, as last read
         self._position: int | None = None  # feed position; None = no full pass yet
         self._last_full = self._last_inc = self._last_down = float("-inf")
@@ -171,9 +172,16 @@ class HostCache:
             position, rows = host_repo.feed(session=s, position=self._position)
             if rows:
                 self._load_res(s, [r.name for r in rows if self._res_stale(r.name, r.layout_rev)])
+                # A change that is not a claim (same generation: a registration, an admin
+                # state, back from down) may be a new owner: read those hosts' owners.
+                entries = self.index.entries
+                other = [r.name for r in rows if (e := entries.get(r.name)) is not None and e.generation == r.generation]
+                owners = host_repo.owners(session=s, names=other) if other else {}
             if quiet:
                 silent = {r.name for r in host_repo.quiet(session=s, before=now - self.timeout)}
         with self._lock:
+            if rows:
+                self._owner.update(owners)
             for r in rows:
                 self._admin[r.name] = r.admin_state
                 self._apply(r.name, r.generation, r.layout_rev, r.usage, now=now, heartbeat=r.last_heartbeat)
@@ -205,11 +213,13 @@ class HostCache:
                 self._logged(name)
                 self._res.pop(name, None)
                 self._admin.pop(name, None)
+                self._owner.pop(name, None)
                 self._down.discard(name)
         for i in range(0, len(rows), 500):  # chunks: walks get the lock in between
             with self._lock:
                 for r in rows[i:i + 500]:
                     e = entries.get(r.name)
+                    self._owner[r.name] = r.owner
                     if e is None or r.generation >= e.generation:  # never older state over newer
                         self._admin[r.name] = r.admin_state
                     if r.name in usages:
@@ -232,6 +242,7 @@ class HostCache:
             r = host_repo.host_res(h)
             with self._lock:
                 self._res[h.name] = (h.layout_rev, r)
+                self._owner[h.name] = h.owner
 
     def _apply(self, name: str, generation: int, rev: int, usage: Usage | dict[str, Any], *, now: float,
                heartbeat: float | None = None) -> None:
@@ -333,6 +344,16 @@ class HostCache:
             return SimpleNamespace(name=name, generation=e.generation, usage=e.view.usage, layout_rev=e.layout_rev,
                                    admin_state=admin, last_heartbeat=None, rack=e.view.res.rack,
                                    state="down" if name in self._down else admin)
+
+    def who(self, name: str) -> tuple[str, str, int] | None:
+        """(owner, admin state, generation) of ``name`` as the index has them (None: not
+        indexed): what a heartbeat checks and answers, with no database read."""
+        with self._lock:
+            e = self.index.entries.get(name)
+            admin, owner = self._admin.get(name), self._owner.get(name)
+            if e is None or admin is None or owner is None:
+                return None
+            return owner, admin, e.generation
 
     def reload(self, store: Store, names: Sequence[str], *, now: float) -> None:
         """Put ``names`` back as the database has them, even over newer generations this

@@ -29,7 +29,8 @@ log = logging.getLogger(__name__)
 class HostService:
     def __init__(self, *, store: Store, cache: HostCache, heartbeat_timeout_s: float,
                  clock: Callable[[], float] = time.time, stats_bucket_s: int = 300,
-                 stats_retention_days: float = 14.0, heartbeat_flush_s: float = 0.0):
+                 stats_retention_days: float = 14.0, heartbeat_flush_s: float = 0.0,
+                 heartbeat_write_s: float = 0.0):
         self.store = store
         self.bucket_s = stats_bucket_s
         self.retention_s = stats_retention_days * 86400
@@ -40,6 +41,8 @@ class HostService:
         # ``heartbeat_flush_s`` (0: each flushed at once, as it comes): at fleet scale (700-10,000
         # a second) a write transaction each took SQLite's writer lock from the claims.
         self.flush_s = heartbeat_flush_s
+        self.write_s = heartbeat_write_s
+        self._written: dict[str, float] = {}  # host -> the beat time this replica last wrote
         self._beats: dict[str, tuple[float, list[HostStatsIn]]] = {}
         self._beats_lock = threading.Lock()
         self._stop = threading.Event()
@@ -70,10 +73,33 @@ class HostService:
         log.info("host %s name=%s address=%s", "registered" if created else "re-registered", h.name, h.address)
         return out, created
 
+    def heartbeat_now(self, name: str, *, actor: str, admin: bool, bound_host: str | None,
+                      stats: HostStatsIn | None = None) -> HeartbeatOut | None:
+        """The steady-state heartbeat, answered from memory on the caller's thread: who may
+        beat for the host and what to answer come from the placement index (kept current
+        from the change feed, which carries registrations, owners and admin states from
+        every replica), the beat is recorded for the flusher. No database read or write.
+        None when the database must answer: the index is cold or does not know the host
+        (404, or registered a moment ago on another replica), or the caller may not beat
+        for it (refused and audited by ``heartbeat``), or beats are written through
+        (``heartbeat_flush_s = 0``)."""
+        if self.flush_s <= 0 or self.cache.cold:
+            return None
+        got = self.cache.who(name)
+        if got is None:
+            return None
+        owner, state, generation = got
+        if not admin and ((bound_host is not None and bound_host != name) or (owner and owner != actor)):
+            return None
+        now = self.clock()
+        self._record(name, now, stats)
+        return HeartbeatOut(name=name, state=state, generation=generation, last_heartbeat=now)
+
     def heartbeat(self, name: str, *, actor: str, admin: bool, bound_host: str | None,
                   stats: HostStatsIn | None = None) -> HeartbeatOut:
         """``actor`` says host ``name`` is alive, under the same rule as ``register``: a
-        caller who forgets who it is gets a TypeError, never an admin's rights."""
+        caller who forgets who it is gets a TypeError, never an admin's rights. Checked
+        against the database (``heartbeat_now`` is the same from memory)."""
         now = self.clock()
         try:
             with self.store.read() as s:  # no writer lock: the check, and 404 for an unknown host
@@ -83,15 +109,18 @@ class HostService:
         except HostNotYours as e:
             self._audit_denied(actor, "host.heartbeat", name, e)
             raise
+        self._record(name, now, stats)
+        if self.flush_s <= 0:
+            self.flush()  # write-through: the same statements, at once
+        return out
+
+    def _record(self, name: str, now: float, stats: HostStatsIn | None) -> None:
         with self._beats_lock:
             _, pending = self._beats.get(name, (now, []))
             self._beats[name] = (now, pending + ([stats] if stats else []))
             if self._flusher is None and self.flush_s > 0:
                 self._flusher = threading.Thread(target=self._flush_loop, name="heartbeats", daemon=True)
                 self._flusher.start()
-        if self.flush_s <= 0:
-            self.flush()  # write-through: the same statements, at once
-        return out
 
     def _expire(self, s: Session) -> None:
         """Retention, at most once per window (an index on the bucket makes it a range delete)."""
@@ -102,7 +131,10 @@ class HostService:
 
     def flush(self) -> int:
         """Write the heartbeats received since the last flush, in one transaction; how many
-        hosts. A host deleted meanwhile is skipped."""
+        hosts. A host's liveness (``last_heartbeat``) is written only when this replica
+        last wrote it ``write_s`` or more ago: the database's cost per host is bounded
+        whatever the beat rate, and the recorded liveness lags the last beat by at most
+        ``write_s`` (plus a flush). A host deleted meanwhile is skipped."""
         with self._beats_lock:
             beats, self._beats = self._beats, {}
         if not beats:
@@ -111,16 +143,22 @@ class HostService:
         for name, (_at, stats) in beats.items():
             for st in stats:
                 stats_repo.fold(buckets, name, st, self.bucket_s)
+        due = {n: at for n, (at, _) in beats.items() if at - self._written.get(n, float("-inf")) >= self.write_s}
+        if not due and not buckets:
+            return len(beats)
         with self.store.write() as s:
-            gone = set(host_repo.heartbeat_many(session=s, beats={n: at for n, (at, _) in beats.items()},
-                                                heartbeat_timeout_s=self.timeout))
+            gone = set(host_repo.heartbeat_many(session=s, beats=due, heartbeat_timeout_s=self.timeout)) \
+                if due else set()
             stats_repo.add_many(session=s, rows={k: v for k, v in buckets.items() if k[0] not in gone})
             self._expire(s)
+        self._written.update(due)
         return len(beats)
 
     def _flush_loop(self) -> None:
         while not self._stop.wait(self.flush_s):
             try:
+                # keeps the index, which ``heartbeat_now`` answers from, current with no placements
+                self.cache.refresh(self.store, now=self.clock())
                 self.flush()
             except Exception:  # noqa: BLE001 - the next round retries what is pending again
                 log.exception("heartbeat flush failed")

@@ -5,7 +5,6 @@ from __future__ import annotations
 from typing import Literal
 
 from fastapi import APIRouter, Request, Response
-from fastapi.concurrency import run_in_threadpool
 
 from scheduler.api import wire
 from scheduler.api.deps import CurrentPrincipal
@@ -43,8 +42,7 @@ async def heartbeat(name: str, request: Request, p: CurrentPrincipal) -> Heartbe
     """Alive; with ``stats``, the host's IO-health signal since its last heartbeat (stored,
     downsampled: ``GET /v1/hosts/{name}/stats``)."""
     beat = wire.read_heartbeat(p, ctype=request.headers.get("content-type", ""), body=await request.body())
-    return await run_in_threadpool(_svc(request).heartbeat, name, actor=p.name, admin=p.admin,
-                                   bound_host=p.host, stats=beat.stats if beat else None)
+    return await wire.beat(_svc(request), name, p, beat)
 
 
 @router.get("/{name}/stats", response_model=HostStatsPublic)
