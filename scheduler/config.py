@@ -69,7 +69,9 @@ class PlacementConfig(BaseModel):
     # PostgreSQL: "store" = one claim transaction at a time across replicas (advisory lock),
     # "rows" = concurrent claim batches that row-lock their hosts (SQLite is always "store")
     claim_lock: Literal["store", "rows"] = "store"
-    heartbeat_timeout_s: float = 60.0  # a host silent this long is "down"
+    # A host silent this long is "down" (no new VMs; marked down and its VMs flagged at
+    # the next [liveness] check): with hostd's 10 s beats, marked within 30 s of its last.
+    heartbeat_timeout_s: float = 25.0
     # A host's liveness is written at most once per this many seconds per replica (its
     # heartbeats are answered from memory): the recorded time lags the last beat by at
     # most this, whatever the beat rate. 0: every flushed beat is written.
@@ -103,6 +105,14 @@ class ReconcileConfig(BaseModel):
     grace_s: float = 300.0  # a VM pending/creating this long with no hostd VM is failed
 
 
+class LivenessConfig(BaseModel):
+    check_s: float = Field(5.0, ge=0)  # between checks for hosts to mark down; 0 = off
+    grace_s: float = Field(0.0, ge=0)  # after start, mark nothing for this long; 0 = placement.heartbeat_timeout_s
+    rack_share: float = Field(0.5, gt=0, le=1)  # a rack newly silent above this share: one event, nobody marked
+    fleet_share: float = Field(0.2, gt=0, le=1)  # the fleet newly silent above this share: likewise
+    min_hosts: int = Field(3, ge=1)  # a rack (or fleet) smaller than this makes no event
+
+
 class DrainConfig(BaseModel):
     interval_s: float = 5.0  # between drain rounds (and at once after a drain is asked for); 0 = off
     workers: int = 4  # replacements dispatched, old VMs deleted and VMs stopped at once
@@ -119,6 +129,7 @@ class Settings(BaseSettings):
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
     reconcile: ReconcileConfig = Field(default_factory=ReconcileConfig)
     drain: DrainConfig = Field(default_factory=DrainConfig)
+    liveness: LivenessConfig = Field(default_factory=LivenessConfig)
     stats: StatsConfig = Field(default_factory=StatsConfig)
     log_level: str = "INFO"
 

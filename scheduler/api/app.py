@@ -24,6 +24,7 @@ from scheduler.metrics import Metrics
 from scheduler.service.claims import Placer
 from scheduler.service.drains import DrainLoop, DrainService
 from scheduler.service.hostcache import HostCache
+from scheduler.service.liveness import LivenessWatch
 from scheduler.service.hosts import HostService
 from scheduler.service.rollouts import RolloutService
 from scheduler.service.tokens import TokenBook
@@ -53,11 +54,14 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
         bg = background(app) if background else None
         drains = DrainLoop(app.state.drains, settings.drain.interval_s) \
             if app.state.dispatch_enabled and settings.drain.interval_s > 0 else None
+        watch = app.state.liveness.start() if settings.liveness.check_s > 0 else None
         try:
             yield
         finally:
             if drains is not None:
                 drains.stop()
+            if watch is not None:
+                watch.stop()
             if bg is not None:
                 bg.stop()  # type: ignore[attr-defined]
             app.state.drains.close()
@@ -96,6 +100,8 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
                               max_attempts=settings.dispatch.max_attempts, metrics=metrics, clock=clock,
                               claim_batch=settings.placement.claim_batch)
     app.state.rollouts = RolloutService(store=store, clock=clock)
+    app.state.liveness = LivenessWatch(store=store, cfg=settings.liveness, clock=clock,
+                                       heartbeat_timeout_s=settings.placement.heartbeat_timeout_s)
     app.state.drains = DrainService(store=store, vms=app.state.vms, clock=clock, workers=settings.drain.workers,
                                     stop_grace_s=settings.drain.stop_grace_s)
     errors.install(app)

@@ -37,6 +37,9 @@ class Host(Base):
     # other host principal may re-register or heartbeat it (admins may).
     owner: Mapped[str] = mapped_column(String(64), default="", server_default="")
     last_heartbeat: Mapped[float] = mapped_column(Float, default=0.0, index=True)  # the index's quiet-hosts query
+    # When a liveness check marked it down (silent past the timeout; its VMs flagged);
+    # NULL while up. Set once (a conditional update), cleared when it beats again.
+    down_since: Mapped[float | None] = mapped_column(Float, nullable=True)
     # Fleet-wide change feed: stamped from one counter on every change the placement index
     # must see (usage, layout, admin state, back from down); readers ask "seq > last seen".
     seq: Mapped[int] = mapped_column(BigInteger, default=0, index=True)

@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Sequence
 from functools import cache
 from typing import Any
 
-from sqlalchemy import bindparam, select, text, update
+from sqlalchemy import bindparam, func, select, text, update
 from sqlalchemy.orm import Session
 
 from api.jsonmodel import SchemaError
 from api.layout import MAX_CPU, Layout, layout_problems
-from scheduler.db.models import Host
+from scheduler.db.models import Host, Vm
 from scheduler.errors import BadLayout, HostNotFound, LayoutShrink
 from scheduler.repo import lite, pg
 from scheduler.resources import HostRes, Usage, host_from_layout, usage_lost
@@ -116,6 +117,7 @@ def upsert_host(*, session: Session, name: str, address: str, rack: str, labels:
         h.seq = next_seq(session)
     elif now - h.last_heartbeat > heartbeat_timeout_s:
         h.seq = next_seq(session)  # back from down: the index must see it
+    back_up(session=session, host=h)
     h.last_heartbeat = now
     h.updated = now
     session.flush()
@@ -145,9 +147,47 @@ def heartbeat(*, session: Session, name: str, now: float, heartbeat_timeout_s: f
     h = get_host(session=session, name=name)
     if now - h.last_heartbeat > heartbeat_timeout_s:
         h.seq = next_seq(session)  # back from down: the index must see it
+        back_up(session=session, host=h)
     h.last_heartbeat = now
     session.flush()
     return h
+
+
+DOWN_FLAG = "host {host} silent since {since}: marked down"  # a flagged VM's reason
+
+
+def mark_down(*, session: Session, name: str, silent_since: float, now: float) -> bool:
+    """Mark ``name`` down unless some replica did (or it beat meanwhile); True: marked
+    now. Its running VMs are flagged in their ``reason``."""
+    t = Host.__table__
+    hit = session.connection().execute(t.update().where(t.c.name == name, t.c.down_since.is_(None),
+                                                        t.c.last_heartbeat == silent_since).values(down_since=now))
+    if hit.rowcount != 1:
+        return False
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(silent_since))
+    session.execute(update(Vm).where(Vm.host == name, Vm.status == "running", Vm.reason == "")
+                    .values(reason=DOWN_FLAG.format(host=name, since=since)))
+    return True
+
+
+def back_up(*, session: Session, host: Host) -> None:
+    """A host marked down beats or registers again: the mark and its VMs' flags go."""
+    if host.down_since is None:
+        return
+    host.down_since = None
+    session.execute(update(Vm).where(Vm.host == host.name, Vm.reason.like(f"host {host.name} silent since %"))
+                    .values(reason=""))
+
+
+def silent(*, session: Session, before: float) -> Sequence[Any]:
+    """(name, rack, last_heartbeat, down_since) of the hosts silent since ``before``
+    (indexed on last_heartbeat: the silent hosts, not the fleet)."""
+    return session.execute(select(Host.name, Host.rack, Host.last_heartbeat, Host.down_since)
+                           .where(Host.last_heartbeat < before)).all()
+
+
+def rack_sizes(*, session: Session) -> dict[str, int]:
+    return dict(session.execute(select(Host.rack, func.count()).group_by(Host.rack)).all())
 
 
 def heartbeat_many(*, session: Session, beats: dict[str, float], heartbeat_timeout_s: float) -> list[str]:

@@ -98,6 +98,8 @@ class HostPublic(BaseModel):
     admin_owner: str | None = Field(None, description='who cordoned or drained it ("": not recorded); none: active')
     admin_reason: str | None = None
     admin_since: float | None = Field(None, description="unix time the owner took it out of active")
+    down_since: float | None = Field(None, description="unix time a liveness check marked it down (silent past "
+                                                       "the heartbeat timeout; its running VMs flagged); none: up")
     generation: int
     last_heartbeat: float
     vms: int

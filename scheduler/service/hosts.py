@@ -290,7 +290,7 @@ class HostService:
                           state=host_repo.effective_state(h, now=now, heartbeat_timeout_s=self.timeout),
                           admin_state=h.admin_state, admin_owner=h.admin_owner if held else None,
                           admin_reason=h.admin_reason if held else None, admin_since=h.admin_since if held else None,
-                          generation=h.generation, last_heartbeat=h.last_heartbeat,
+                          down_since=h.down_since, generation=h.generation, last_heartbeat=h.last_heartbeat,
                           vms=vms, nodes=nodes, pfs=pfs, disks=disks, metrics_url=h.metrics_url,
                           hostd_version=h.hostd_version, carved_policy=h.carved_policy)
 

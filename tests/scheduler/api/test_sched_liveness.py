@@ -117,3 +117,64 @@ def test_a_silent_host_is_down_after_the_timeout(db_url) -> None:
         assert api.get("/v1/hosts/oss-1", headers=ADM).json()["state"] == "active"
         clock.t = T0 + 30 + 31
         assert api.get("/v1/hosts/oss-1", headers=ADM).json()["state"] == "down"
+
+
+def _rig(api, clock: Clock, n: int, rack: str = "r1") -> None:  # type: ignore[no-untyped-def]
+    for i in range(n):
+        assert api.post("/v1/hosts", json=host_body(f"{rack}-{i}", rack=rack), headers=HOST).status_code == 201
+
+
+def test_a_silent_host_is_marked_down_once_its_vms_flagged_and_cleared_when_it_beats(db_url) -> None:
+    from sched_helpers import TA, vm_body
+    clock = Clock(T0)
+    cfg = {"placement": {"heartbeat_timeout_s": 25}, "liveness": {"check_s": 0, "grace_s": 30}}
+    with make_client(db_url, clock=clock, **cfg) as a, make_client(db_url, clock=clock, **cfg) as b:
+        _rig(a, clock, 10)
+        vm = a.post("/v1/vms", json=vm_body("web-1", vcpus=1, memory_mib=128), headers=TA | {"Idempotency-Key": "w"})
+        host = vm.json()["host"]
+        with a.app.state.store.write() as s:  # what dispatch would have made of it
+            from scheduler.db.models import Vm
+            s.get(Vm, vm.json()["id"]).status = "running"
+        assert a.app.state.liveness.check() is None  # the grace period after start
+        for t in range(10, 31, 10):  # every host but one beats every 10 s
+            clock.t = T0 + t
+            for i in range(10):
+                if f"r1-{i}" != host:
+                    assert a.post(f"/v1/hosts/r1-{i}/heartbeat", headers=HOST).status_code == 200
+        clock.t = T0 + 31  # past the grace, and 31 s after the silent host's last word
+        got = a.app.state.liveness.check()
+        assert got is not None and got.mark == [host] and got.events == []
+        clock.t = T0 + 41
+        assert b.app.state.liveness.check().mark == []  # marked once, by a; b sees it marked
+        shown = a.get(f"/v1/hosts/{host}", headers=ADM).json()
+        assert shown["state"] == "down" and shown["down_since"] == T0 + 31
+        v = a.get(f"/v1/vms/{vm.json()['id']}", headers=TA).json()
+        assert v["status"] == "running" and v["reason"] == f"host {host} silent since 2025-11-24T16:00:00Z: marked down"
+        downs = [x for x in a.get("/v1/audit", headers=ADM).json()["items"] if x["action"] == "host.down"]
+        assert [(x["target"], x["detail"]["vms_flagged"]) for x in downs] == [(host, 1)]
+        # it beats again: the mark and the flag go
+        assert a.post(f"/v1/hosts/{host}/heartbeat", headers=HOST).status_code == 200
+        shown = a.get(f"/v1/hosts/{host}", headers=ADM).json()
+        assert shown["state"] == "active" and shown["down_since"] is None
+        assert a.get(f"/v1/vms/{vm.json()['id']}", headers=TA).json()["reason"] == ""
+
+
+def test_a_rack_going_silent_at_once_is_one_event_not_ten_downs(db_url) -> None:
+    clock = Clock(T0)
+    cfg = {"placement": {"heartbeat_timeout_s": 25}, "liveness": {"check_s": 0, "grace_s": 1}}
+    with make_client(db_url, clock=clock, **cfg) as api:
+        _rig(api, clock, 10, "r1")
+        _rig(api, clock, 10, "r2")
+        _rig(api, clock, 30, "r3")
+        clock.t = T0 + 20
+        for rack in ("r2", "r3"):  # r1's switch dies: nothing from it
+            for i in range(10 if rack == "r2" else 30):
+                assert api.post(f"/v1/hosts/{rack}-{i}/heartbeat", headers=HOST).status_code == 200
+        clock.t = T0 + 30
+        got = api.app.state.liveness.check()
+        assert got.mark == [] and len(got.held) == 10
+        assert got.events == ["rack r1: 10 of 10 hosts went silent at once (over 50%); not marked down one by one"]
+        api.app.state.liveness.check()  # the same event: audited once
+        events = [x for x in api.get("/v1/audit", headers=ADM).json()["items"] if x["action"] == "fleet.silence"]
+        assert len(events) == 1 and events[0]["detail"]["hosts"] == [f"r1-{i}" for i in range(10)]
+        assert all(api.get(f"/v1/hosts/r1-{i}", headers=ADM).json()["down_since"] is None for i in range(10))

@@ -33,11 +33,14 @@ def test_migrations_up_down_up(db_url):
     store = Store.from_url(db_url)
     try:
         upgrade(store.engine)
-        assert current(store.engine) == "0011"
+        assert current(store.engine) == "0012"
         rollouts = {"rollouts", "rollout_hosts", "rollout_transitions", "rollout_leases"}
         assert {"hosts", "vms", "audit"} | rollouts <= set(inspect(store.engine).get_table_names())
         assert {"owner", "metrics_url", "hostd_version", "carved_policy", "admin_owner", "admin_reason",
                 "admin_since"} <= {c["name"] for c in inspect(store.engine).get_columns("hosts")}
+        assert "down_since" in {c["name"] for c in inspect(store.engine).get_columns("hosts")}
+        downgrade(store.engine, "0011")
+        assert "down_since" not in {c["name"] for c in inspect(store.engine).get_columns("hosts")}
         assert {"replaces", "disruption_group"} <= {c["name"] for c in inspect(store.engine).get_columns("vms")}
         downgrade(store.engine, "0010")
         assert "replaces" not in {c["name"] for c in inspect(store.engine).get_columns("vms")}
@@ -53,7 +56,7 @@ def test_migrations_up_down_up(db_url):
         assert "hosts" not in inspect(store.engine).get_table_names()
         out = subprocess.run([sys.executable, "-m", "scheduler.cli", "db", "upgrade", "--url", db_url],
                              capture_output=True, text=True, cwd=REPO, check=True)
-        assert out.stdout.strip() == "0011"
+        assert out.stdout.strip() == "0012"
     finally:
         store.dispose()
 
