@@ -76,6 +76,9 @@ class PlacementConfig(BaseModel):
     # heartbeats are answered from memory): the recorded time lags the last beat by at
     # most this, whatever the beat rate. 0: every flushed beat is written.
     heartbeat_write_s: float = Field(5.0, ge=0, le=3600)
+    # A host beating again sooner than this after its last beat gets 429
+    # hyb.heartbeat.too_soon (nothing recorded): hostd beats every 10 s. 0 = no limit.
+    heartbeat_min_interval_s: float = Field(1.0, ge=0, le=3600)
     index_refresh_ms: float = 2.0  # at most this stale w.r.t. other replicas before a placement
     index_down_check_s: float = 0.0  # ask which hosts went quiet (indexed query); 0 = min(10, timeout/4)
     index_full_refresh_s: float = 0.0  # full pass of the index (safety net, deleted rows); 0 = 300

@@ -64,6 +64,14 @@ class HostAdminOwned(SchedulerError):
     status = 409
 
 
+class BeatTooSoon(SchedulerError):
+    """A host beat again sooner than ``placement.heartbeat_min_interval_s`` after its last
+    beat: one host's flood must not take the event loop from the fleet."""
+
+    code = "hyb.heartbeat.too_soon"
+    status = 429
+
+
 class HostNotFound(SchedulerError):
     code = "hyb.host.not_found"
     status = 404

@@ -94,7 +94,8 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
                                   clock=clock, stats_bucket_s=settings.stats.bucket_s,
                                   stats_retention_days=settings.stats.retention_days,
                                   heartbeat_flush_s=settings.stats.heartbeat_flush_s,
-                                  heartbeat_write_s=settings.placement.heartbeat_write_s)
+                                  heartbeat_write_s=settings.placement.heartbeat_write_s,
+                                  heartbeat_min_interval_s=settings.placement.heartbeat_min_interval_s)
     app.state.vms = VmService(store=store, placer=placer, hostd=hostd if app.state.dispatch_enabled else None,
                               default_policy=settings.placement.default_policy,
                               max_attempts=settings.dispatch.max_attempts, metrics=metrics, clock=clock,

@@ -27,6 +27,7 @@ from fastapi.openapi.utils import get_openapi
 from pydantic import TypeAdapter, ValidationError
 
 from scheduler.api.deps import Principal, tenant_scope
+from scheduler.api.gate import BodyTooLarge
 from scheduler.db.models import Vm
 from scheduler.errors import Forbidden, InvalidRequest
 from scheduler.resources import split_cells
@@ -104,10 +105,16 @@ def read_create(p: Principal, *, dry_run: str | None, key: str | None, ctype: st
     return CreateRequest(body=vm, tenant=tenant, key=key, dry_run=dry, actor=p.name)
 
 
+MAX_BEAT_BYTES = 64 << 10
+
+
 def read_heartbeat(p: Principal, *, ctype: str, body: bytes) -> HeartbeatIn | None:
     """A heartbeat's body: none (blank) or ``null`` is a beat without stats; else JSON
     ``HeartbeatIn``. The principal needs the host scope first."""
     p.require("host")
+    if len(body) > MAX_BEAT_BYTES:
+        raise BodyTooLarge(f"{len(body)} bytes; a heartbeat's body is at most {MAX_BEAT_BYTES} "
+                           "(its stats are a few hundred)", field="body")
     if not body.strip():
         return None
     if not json_content(ctype):

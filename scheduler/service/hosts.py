@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.db.engine import Store
 from scheduler.db.models import Host
-from scheduler.errors import HostAdminOwned, HostNotYours
+from scheduler.errors import BeatTooSoon, HostAdminOwned, HostNotYours
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import stats as stats_repo
 from scheduler.repo import vms as vm_repo
@@ -30,7 +30,7 @@ class HostService:
     def __init__(self, *, store: Store, cache: HostCache, heartbeat_timeout_s: float,
                  clock: Callable[[], float] = time.time, stats_bucket_s: int = 300,
                  stats_retention_days: float = 14.0, heartbeat_flush_s: float = 0.0,
-                 heartbeat_write_s: float = 0.0):
+                 heartbeat_write_s: float = 0.0, heartbeat_min_interval_s: float = 0.0):
         self.store = store
         self.bucket_s = stats_bucket_s
         self.retention_s = stats_retention_days * 86400
@@ -42,6 +42,8 @@ class HostService:
         # a second) a write transaction each took SQLite's writer lock from the claims.
         self.flush_s = heartbeat_flush_s
         self.write_s = heartbeat_write_s
+        self.min_interval_s = heartbeat_min_interval_s
+        self._last_beat: dict[str, float] = {}  # host -> its last beat taken (the rate limit)
         self._written: dict[str, float] = {}  # host -> the beat time this replica last wrote
         self._beats: dict[str, tuple[float, list[HostStatsIn]]] = {}
         self._beats_lock = threading.Lock()
@@ -115,7 +117,15 @@ class HostService:
         return out
 
     def _record(self, name: str, now: float, stats: HostStatsIn | None) -> None:
+        """Keep the beat for the flusher; BeatTooSoon (429, nothing kept) when the host beat
+        less than ``min_interval_s`` ago."""
         with self._beats_lock:
+            last = self._last_beat.get(name)
+            if last is not None and 0 <= now - last < self.min_interval_s:
+                raise BeatTooSoon(f"{name} beat {now - last:.3f} s ago; at most one beat per "
+                                  f"{self.min_interval_s:g} s a host (placement.heartbeat_min_interval_s)",
+                                  field="name", extra={"retry_after_s": round(self.min_interval_s - (now - last), 3)})
+            self._last_beat[name] = now
             _, pending = self._beats.get(name, (now, []))
             self._beats[name] = (now, pending + ([stats] if stats else []))
             if self._flusher is None and self.flush_s > 0:

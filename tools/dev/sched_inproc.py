@@ -25,7 +25,9 @@ def settings(db_url: str, tokens: dict[str, list[str]], **over: Any) -> Settings
     data: dict[str, Any] = {"db": {"url": db_url}, "auth": {"tokens": token_config(tokens)},
                             "dispatch": {"enabled": False}, "reconcile": {"interval_s": 0},
                             "stats": {"heartbeat_flush_s": 0},  # write-through: tests read at once
-                            "liveness": {"check_s": 0}}  # tests call app.state.liveness.check()
+                            "liveness": {"check_s": 0},  # tests call app.state.liveness.check()
+                            # tests beat on a clock they step (or not): the rate limit is opt-in here
+                            "placement": {"heartbeat_min_interval_s": 0}}
     for k, v in over.items():
         data.setdefault(k, {}).update(v)
     return Settings(**data)

@@ -91,6 +91,7 @@ def test_another_replicas_registration_and_cordon_reach_the_answer(db_url) -> No
         assert a.post("/v1/hosts/oss-2/heartbeat", headers=auth("hst2")).status_code == 200
         assert a.post("/v1/hosts/oss-2/heartbeat", headers=HOST).status_code == 403
         assert b.post("/v1/hosts/oss-1/cordon", json={"owner": "ops"}, headers=ADM).status_code == 200
+        clock.t = T0 + 10  # the next beats
         warm(a, clock)
         with connections(a) as used:
             r = a.post("/v1/hosts/oss-1/heartbeat", headers=HOST)
@@ -178,3 +179,30 @@ def test_a_rack_going_silent_at_once_is_one_event_not_ten_downs(db_url) -> None:
         events = [x for x in api.get("/v1/audit", headers=ADM).json()["items"] if x["action"] == "fleet.silence"]
         assert len(events) == 1 and events[0]["detail"]["hosts"] == [f"r1-{i}" for i in range(10)]
         assert all(api.get(f"/v1/hosts/r1-{i}", headers=ADM).json()["down_since"] is None for i in range(10))
+
+
+def test_a_flood_from_one_host_and_a_huge_beat_are_refused_and_record_nothing(db_url) -> None:
+    clock = Clock(T0)
+    with make_client(db_url, clock=clock, placement={"heartbeat_min_interval_s": 1},
+                     stats={"heartbeat_flush_s": 30}) as api:
+        assert api.post("/v1/hosts", json=host_body("oss-1"), headers=HOST).status_code == 201
+        assert api.post("/v1/hosts", json=host_body("oss-2"), headers=HOST).status_code == 201
+        warm(api, clock)
+        svc = api.app.state.hosts
+        clock.t = T0 + 10
+        assert api.post("/v1/hosts/oss-1/heartbeat", headers=HOST).status_code == 200
+        clock.t = T0 + 10.4
+        for _ in range(50):
+            r = api.post("/v1/hosts/oss-1/heartbeat", headers=HOST)
+            assert r.status_code == 429, r.text
+        err = r.json()["error"]
+        assert err["code"] == "hyb.heartbeat.too_soon" and err["field"] == "name"
+        assert "oss-1 beat 0.400 s ago" in err["message"]
+        assert api.post("/v1/hosts/oss-2/heartbeat", headers=HOST).status_code == 200  # others are not held up
+        clock.t = T0 + 11
+        assert api.post("/v1/hosts/oss-1/heartbeat", headers=HOST).status_code == 200
+        big = b'{"stats": null, "pad": "' + b"x" * (1 << 20) + b'"}'
+        r = api.post("/v1/hosts/oss-2/heartbeat", content=big, headers=HOST | {"Content-Type": "application/json"})
+        assert r.status_code == 413 and r.json()["error"]["field"] == "body", r.text
+        assert svc.flush() == 2  # oss-1 once (its last), oss-2 once: the refused beats kept nothing
+        assert api.get("/v1/hosts/oss-1", headers=ADM).json()["last_heartbeat"] == T0 + 11
