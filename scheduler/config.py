@@ -91,6 +91,9 @@ class StatsConfig(BaseModel):
     retention_days: float = Field(14.0, gt=0, le=3650)
     # Heartbeats are written in one transaction per this many seconds (0: one each).
     heartbeat_flush_s: float = Field(1.0, ge=0, le=30)
+    # Host-day summaries (POST /v1/hosts/{name}/days, the utilisation view) are kept this
+    # long: a year of before/after and then some.
+    history_days: float = Field(400.0, gt=0, le=3650)
 
 
 class DispatchConfig(BaseModel):

@@ -14,7 +14,7 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
 from scheduler.api import errors, fastpath, gate, wire
-from scheduler.api.routes import audit, hosts, rollouts, vms
+from scheduler.api.routes import audit, fleet, hosts, rollouts, vms
 from scheduler.api.routes import prometheus as prometheus_sd
 from scheduler.config import Settings
 from scheduler.db.engine import Store
@@ -23,6 +23,7 @@ from scheduler.db.models import Host, Vm
 from scheduler.metrics import Metrics
 from scheduler.service.claims import Placer
 from scheduler.service.drains import DrainLoop, DrainService
+from scheduler.service.fleet import FleetService
 from scheduler.service.hostcache import HostCache
 from scheduler.service.liveness import LivenessWatch
 from scheduler.service.hosts import HostService
@@ -95,12 +96,15 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
                                   stats_retention_days=settings.stats.retention_days,
                                   heartbeat_flush_s=settings.stats.heartbeat_flush_s,
                                   heartbeat_write_s=settings.placement.heartbeat_write_s,
-                                  heartbeat_min_interval_s=settings.placement.heartbeat_min_interval_s)
+                                  heartbeat_min_interval_s=settings.placement.heartbeat_min_interval_s,
+                                  history_days=settings.stats.history_days)
     app.state.vms = VmService(store=store, placer=placer, hostd=hostd if app.state.dispatch_enabled else None,
                               default_policy=settings.placement.default_policy,
                               max_attempts=settings.dispatch.max_attempts, metrics=metrics, clock=clock,
                               claim_batch=settings.placement.claim_batch)
     app.state.rollouts = RolloutService(store=store, clock=clock)
+    app.state.fleet = FleetService(store=store, heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,
+                                   clock=clock)
     app.state.liveness = LivenessWatch(store=store, cfg=settings.liveness, clock=clock,
                                        heartbeat_timeout_s=settings.placement.heartbeat_timeout_s)
     app.state.drains = DrainService(store=store, vms=app.state.vms, clock=clock, workers=settings.drain.workers,
@@ -111,6 +115,7 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
     app.include_router(audit.router)
     app.include_router(prometheus_sd.router)
     app.include_router(rollouts.router)
+    app.include_router(fleet.router)
 
     @app.get("/healthz", tags=["ops"])
     def healthz() -> dict[str, str]:

@@ -148,6 +148,32 @@ class HostStat(Base):
     probe_p99_ms_max: Mapped[float | None] = mapped_column(Float, nullable=True)
 
 
+class HostDay(Base):
+    """One host-local day of a host (``POST /v1/hosts/{name}/days``, folded by its hostd):
+    the fleet's utilisation view reads these. Under 256 bytes a row: ``hours`` and
+    ``hist`` are comma-separated integers ("" for an hour without samples)."""
+
+    __tablename__ = "host_days"
+
+    host: Mapped[str] = mapped_column(String(64), primary_key=True)
+    day: Mapped[str] = mapped_column(String(10), primary_key=True, index=True)  # YYYY-MM-DD, host-local
+    utc_offset_min: Mapped[int] = mapped_column(Integer)
+    cpus: Mapped[int] = mapped_column(Integer)
+    samples: Mapped[int] = mapped_column(Integer)
+    peak: Mapped[str] = mapped_column(String(40))  # "21:00-22:00"
+    peak_samples: Mapped[int] = mapped_column(Integer)
+    peak_io: Mapped[float] = mapped_column(Float)  # mean CPUs in use over the peak window
+    peak_vms: Mapped[float] = mapped_column(Float)
+    peak_other: Mapped[float] = mapped_column(Float)
+    hours: Mapped[str] = mapped_column(String(100))  # 24 percents
+    hist: Mapped[str] = mapped_column(String(140))  # 20 counts
+    probe_p99_ms_max: Mapped[float | None] = mapped_column(Float, nullable=True)
+    psi_some_avg10_max: Mapped[float | None] = mapped_column(Float, nullable=True)
+    foreign_cpu_s: Mapped[float] = mapped_column(Float)
+    probe_failed: Mapped[int] = mapped_column(Integer)
+    received: Mapped[float] = mapped_column(Float)
+
+
 class Rollout(Base):
     """A fleet rollout (``fleet-rollout``) whose durable state the scheduler keeps, so that
     every operator's rollouts see each other: a host belongs to at most one active

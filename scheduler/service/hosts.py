@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import logging
 import threading
 import time
@@ -13,11 +14,13 @@ from sqlalchemy.orm import Session
 
 from scheduler.db.engine import Store
 from scheduler.db.models import Host
-from scheduler.errors import BeatTooSoon, HostAdminOwned, HostNotYours
+from scheduler.errors import BeatTooSoon, HostAdminOwned, HostNotYours, InvalidRequest
+from scheduler.repo import days as days_repo
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import stats as stats_repo
 from scheduler.repo import vms as vm_repo
 from scheduler.resources import Usage
+from scheduler.schemas.fleet import HostDaysIn
 from scheduler.schemas.hosts import (AdminChange, HeartbeatOut, HostDiskOut, HostPublic, HostRegister, HostsPublic,
                                      HostStatsIn, HostStatsPublic, NodeOut, PfOut, PoolOut, StatsBucketOut,
                                      TargetGroup)
@@ -30,7 +33,8 @@ class HostService:
     def __init__(self, *, store: Store, cache: HostCache, heartbeat_timeout_s: float,
                  clock: Callable[[], float] = time.time, stats_bucket_s: int = 300,
                  stats_retention_days: float = 14.0, heartbeat_flush_s: float = 0.0,
-                 heartbeat_write_s: float = 0.0, heartbeat_min_interval_s: float = 0.0):
+                 heartbeat_write_s: float = 0.0, heartbeat_min_interval_s: float = 0.0,
+                 history_days: float = 400.0):
         self.store = store
         self.bucket_s = stats_bucket_s
         self.retention_s = stats_retention_days * 86400
@@ -44,6 +48,9 @@ class HostService:
         self.write_s = heartbeat_write_s
         self.min_interval_s = heartbeat_min_interval_s
         self._last_beat: dict[str, float] = {}  # host -> its last beat taken (the rate limit)
+        self._days: dict[tuple[str, str], dict] = {}  # (host, day) -> its latest summary, unwritten
+        self.history_days = history_days
+        self._days_expired = 0.0
         self._written: dict[str, float] = {}  # host -> the beat time this replica last wrote
         self._beats: dict[str, tuple[float, list[HostStatsIn]]] = {}
         self._beats_lock = threading.Lock()
@@ -116,6 +123,30 @@ class HostService:
             self.flush()  # write-through: the same statements, at once
         return out
 
+    def record_days(self, name: str, body: HostDaysIn, *, actor: str, admin: bool, bound_host: str | None) -> int:
+        """``actor`` sends host ``name``'s day summaries (the heartbeat's rule for who may);
+        kept for the flusher (the latest of a day replaces the earlier). A day more than
+        a day ahead of the scheduler's UTC date is refused, naming it."""
+        now = self.clock()
+        latest = (dt.datetime.fromtimestamp(now, dt.timezone.utc) + dt.timedelta(days=1)).date()
+        for i, d in enumerate(body.days):
+            if d.day > latest:
+                raise InvalidRequest(f"{d.day} is in the future (the scheduler's date is "
+                                     f"{(latest - dt.timedelta(days=1)).isoformat()} UTC)", field=f"days[{i}].day")
+        try:
+            with self.store.read() as s:
+                self._may_act(s, name, actor=actor, admin=admin, bound_host=bound_host)
+                host_repo.get_host(session=s, name=name)
+        except HostNotYours as e:
+            self._audit_denied(actor, "host.days", name, e)
+            raise
+        with self._beats_lock:
+            for d in body.days:
+                self._days[(name, d.day.isoformat())] = days_repo.row_of(name, d, now)
+        if self.flush_s <= 0:
+            self.flush()
+        return len(body.days)
+
     def _record(self, name: str, now: float, stats: HostStatsIn | None) -> None:
         """Keep the beat for the flusher; BeatTooSoon (429, nothing kept) when the host beat
         less than ``min_interval_s`` ago."""
@@ -132,6 +163,14 @@ class HostService:
                 self._flusher = threading.Thread(target=self._flush_loop, name="heartbeats", daemon=True)
                 self._flusher.start()
 
+    def _expire_days(self, s: Session) -> None:
+        """Day rows older than ``history_days``, at most once an hour."""
+        now = self.clock()
+        if now - self._days_expired > 3600:
+            cut = dt.datetime.fromtimestamp(now - self.history_days * 86400, dt.timezone.utc).date().isoformat()
+            days_repo.expire(session=s, before_day=cut)
+            self._days_expired = now
+
     def _expire(self, s: Session) -> None:
         """Retention, at most once per window (an index on the bucket makes it a range delete)."""
         now = self.clock()
@@ -147,6 +186,11 @@ class HostService:
         ``write_s`` (plus a flush). A host deleted meanwhile is skipped."""
         with self._beats_lock:
             beats, self._beats = self._beats, {}
+            days, self._days = self._days, {}
+        if days:
+            with self.store.write() as s:
+                days_repo.upsert_many(session=s, rows=list(days.values()))
+                self._expire_days(s)
         if not beats:
             return 0
         buckets: dict[tuple[str, int], dict] = {}

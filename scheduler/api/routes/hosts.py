@@ -9,6 +9,7 @@ from fastapi import APIRouter, Request, Response
 from scheduler.api import wire
 from scheduler.api.deps import CurrentPrincipal
 from scheduler.api.errors import ERRORS
+from scheduler.schemas.fleet import DaysAccepted, HostDaysIn
 from scheduler.schemas.hosts import (AdminChange, DrainPublic, DrainStepOut, HeartbeatOut, HostPublic,
                                      HostRegister, HostsPublic, HostStatsPublic)
 from scheduler.service.hosts import HostService
@@ -43,6 +44,17 @@ async def heartbeat(name: str, request: Request, p: CurrentPrincipal) -> Heartbe
     downsampled: ``GET /v1/hosts/{name}/stats``)."""
     beat = wire.read_heartbeat(p, ctype=request.headers.get("content-type", ""), body=await request.body())
     return await wire.beat(_svc(request), name, p, beat)
+
+
+@router.post("/{name}/days", response_model=DaysAccepted, status_code=202)
+def host_days(name: str, body: HostDaysIn, request: Request, p: CurrentPrincipal) -> DaysAccepted:
+    """The host's day summaries, folded by its hostd (today's so far, and yesterday's
+    last): kept for `stats.history_days`, read by `GET /v1/fleet/utilization`. The latest
+    of a day replaces the earlier; written with the next heartbeat flush. Who may send
+    them is who may beat for the host."""
+    p.require("host")
+    n = _svc(request).record_days(name, body, actor=p.name, admin=p.admin, bound_host=p.host)
+    return DaysAccepted(days=n)
 
 
 @router.get("/{name}/stats", response_model=HostStatsPublic)

@@ -1,0 +1,41 @@
+"""/v1/fleet: the fleet's utilisation over the host-day history (admin)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated, Literal
+
+from fastapi import APIRouter, Query, Request
+
+from scheduler.api.deps import CurrentPrincipal
+from scheduler.api.errors import ERRORS
+from scheduler.schemas.fleet import BinHostsPublic, UtilizationPublic
+
+router = APIRouter(prefix="/v1/fleet", tags=["fleet"], responses=ERRORS)
+
+
+@router.get("/utilization", response_model=UtilizationPublic, openapi_extra={"x-examples": {
+    "evening peak by class": "/v1/fleet/utilization?day=2026-11-25&group=class",
+    "before/after a conversion, by rack": "/v1/fleet/utilization?day=2026-11-25&compare=2026-10-25&group=rack",
+    "20:00-23:00 host-local, by carved policy": "/v1/fleet/utilization?day=2026-11-25&window=20-23&group=policy"}})
+def utilization(request: Request, p: CurrentPrincipal, day: dt.date, compare: dt.date | None = None,
+                window: str = "peak", group: Literal["class", "rack", "state", "policy"] = "class",
+                bins: Annotated[int, Query()] = 20) -> UtilizationPublic:
+    """The distribution of host CPU use across the fleet on a host-local `day`: the share
+    of each host's CPUs in use, in `bins` equal bins over 0..1, with the host count per
+    group in each bin, and each group's mean, median and p90. `window`: `peak` (the
+    window each hostd folds, 21:00-22:00 by default; `group=class` splits the IO
+    service, the VMs and the rest) or host-local hours `HH-HH` (whole-host use). Hosts
+    registered but without data for the day are counted as missing. `compare`: a second
+    day, answered alike (before/after). Each bin names the request that lists its hosts."""
+    p.require()
+    return request.app.state.fleet.utilization(day=day, compare=compare, window=window, group=group, bins=bins)
+
+
+@router.get("/utilization/hosts", response_model=BinHostsPublic)
+def utilization_hosts(request: Request, p: CurrentPrincipal, day: dt.date, bin: int, window: str = "peak",
+                      bins: int = 20, cls: Annotated[str, Query(alias="class")] = "all") -> BinHostsPublic:
+    """The hosts in one bin of `GET /v1/fleet/utilization` with their value (`class`:
+    `all`, or `io`, `vms`, `other` with `window=peak`)."""
+    p.require()
+    return request.app.state.fleet.bin_hosts(day=day, window=window, bins=bins, index=bin, cls=cls)

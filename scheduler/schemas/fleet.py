@@ -1,0 +1,105 @@
+"""The fleet's history (``POST /v1/hosts/{name}/days``) and its utilisation view
+(``GET /v1/fleet/utilization``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Annotated
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
+
+Percent = Annotated[StrictInt, Field(ge=0, le=100)]
+
+
+class PeakIn(BaseModel):
+    """Mean CPUs in use over the host-local peak window, by class."""
+
+    model_config = ConfigDict(extra="forbid")
+    start: str = Field(pattern=r"^([01][0-9]|2[0-3]):[0-5][0-9]$", description="host-local HH:MM")
+    end: str = Field(pattern=r"^([01][0-9]|2[0-4]):[0-5][0-9]$", description="host-local HH:MM, after start")
+    samples: StrictInt = Field(ge=0, le=86400)
+    io: float = Field(ge=0, le=65536, description="the IO service")
+    vms: float = Field(ge=0, le=65536)
+    other: float = Field(ge=0, le=65536)
+
+
+class HostDayIn(BaseModel):
+    """One host-local day of a host, folded by its hostd from its samples: what the
+    fleet view needs, under 256 bytes stored. Sent again as the day goes on (the latest
+    replaces the earlier) and once more after the peak window and the day end."""
+
+    model_config = ConfigDict(extra="forbid")
+    day: dt.date
+    utc_offset_min: StrictInt = Field(ge=-720, le=840)
+    cpus: StrictInt = Field(ge=1, le=65536, description="online CPUs")
+    samples: StrictInt = Field(ge=0, le=86400)
+    peak: PeakIn
+    hours: list[Percent | None] = Field(min_length=24, max_length=24,
+                                        description="per host-local hour: mean CPU use of the whole host, percent")
+    hist: list[StrictInt] = Field(min_length=20, max_length=20,
+                                  description="the day's samples of whole-host CPU use in 5 % bins")
+    probe_p99_ms_max: float | None = Field(None, ge=0)
+    psi_some_avg10_max: float | None = Field(None, ge=0, le=100)
+    foreign_cpu_s: float = Field(0.0, ge=0)
+    probe_failed: StrictInt = Field(0, ge=0)
+
+    @field_validator("hist")
+    @classmethod
+    def _counts(cls, v: list[int]) -> list[int]:
+        if any(n < 0 or n > 86400 for n in v):
+            raise ValueError("each count is 0..86400 samples")
+        return v
+
+
+class HostDaysIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+    days: list[HostDayIn] = Field(min_length=1, max_length=3, description="today's so far, and yesterday's last")
+
+
+class DaysAccepted(BaseModel):
+    days: int = Field(description="summaries taken (written with the next heartbeat flush)")
+
+
+class UtilizationBin(BaseModel):
+    lo: float
+    hi: float
+    counts: dict[str, int] = Field(description="hosts per group in this bin")
+    hosts: str = Field(description="the request that lists this bin's hosts")
+
+
+class GroupSummary(BaseModel):
+    hosts: int
+    mean: float | None
+    median: float | None
+    p90: float | None
+
+
+class DayDistribution(BaseModel):
+    day: dt.date
+    hosts_included: int
+    hosts_missing: int = Field(description="registered hosts with no data for the day and window")
+    bins: list[UtilizationBin]
+    groups: dict[str, GroupSummary]
+
+
+class UtilizationPublic(BaseModel):
+    """The share of each host's CPUs in use, binned across the fleet."""
+
+    window: str = Field(description='"peak" (the window each hostd folds, by class) or host-local hours "HH-HH"')
+    group: str
+    bins: int
+    day: DayDistribution
+    compare: DayDistribution | None = None
+
+
+class BinHost(BaseModel):
+    host: str
+    value: float
+
+
+class BinHostsPublic(BaseModel):
+    day: dt.date
+    bin: int
+    lo: float
+    hi: float
+    hosts: list[BinHost]

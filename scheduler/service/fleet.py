@@ -1,0 +1,104 @@
+"""The fleet's utilisation view over the host-day history (``GET /v1/fleet/utilization``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+import re
+import time
+from collections.abc import Callable
+from urllib.parse import urlencode
+
+from scheduler.db.engine import Store
+from scheduler.errors import InvalidRequest
+from scheduler.repo import days as days_repo
+from scheduler.repo import hosts as host_repo
+from scheduler.schemas.fleet import BinHostsPublic, DayDistribution, UtilizationPublic
+from scheduler.utilization import CLASSES, Day, distribution, hosts_in_bin
+
+HOURS = re.compile(r"^(\d{1,2})-(\d{1,2})$")
+MAX_BINS = 100
+
+
+def parse_window(window: str) -> tuple[int, int] | None:
+    """"peak" -> None; "HH-HH" -> host-local hours [start, end). InvalidRequest names it."""
+    if window == "peak":
+        return None
+    m = HOURS.match(window)
+    if not m:
+        raise InvalidRequest(f'{window!r}: "peak" or host-local hours "HH-HH" (e.g. 20-23)', field="window")
+    start, end = int(m.group(1)), int(m.group(2))
+    if not 0 <= start <= 23 or not 1 <= end <= 24:
+        raise InvalidRequest(f"{window!r}: hours are 0-23 (start) and 1-24 (end)", field="window")
+    if end <= start:
+        raise InvalidRequest(f"{window!r} ends before it starts", field="window")
+    return start, end
+
+
+class FleetService:
+    def __init__(self, *, store: Store, heartbeat_timeout_s: float, clock: Callable[[], float] = time.time):
+        self.store = store
+        self.timeout = heartbeat_timeout_s
+        self.clock = clock
+
+    def _check_day(self, day: dt.date, field: str) -> str:
+        today = dt.datetime.fromtimestamp(self.clock(), dt.timezone.utc).date()
+        if day > today + dt.timedelta(days=1):  # host-local days run up to 14 h ahead of UTC
+            raise InvalidRequest(f"{day} is in the future (the scheduler's date is {today} UTC)", field=field)
+        return day.isoformat()
+
+    def _days(self, day: str) -> tuple[list[Day], int]:
+        now = self.clock()
+        with self.store.read() as s:
+            rows = days_repo.for_day(session=s, day=day)
+        out = []
+        for name, rack, admin, last, policy, d in rows:
+            if d is None:
+                continue
+            state = host_repo.effective_state(_Beat(admin, last), now=now, heartbeat_timeout_s=self.timeout)
+            hours = [int(h) if h else None for h in d.hours.split(",")]
+            out.append(Day(name, rack, state, policy or "", d.cpus,
+                           {"io": d.peak_io, "vms": d.peak_vms, "other": d.peak_other}, d.peak_samples, hours))
+        return out, len(rows)
+
+    def utilization(self, *, day: dt.date, compare: dt.date | None, window: str, group: str,
+                    bins: int) -> UtilizationPublic:
+        if not 1 <= bins <= MAX_BINS:
+            raise InvalidRequest(f"{bins}: 1..{MAX_BINS} bins", field="bins")
+        span = parse_window(window)
+        if group == "class" and span is not None:
+            raise InvalidRequest("the split by class is kept for the peak window only: window=peak", field="group")
+        first = self._check_day(day, "day")
+        second = self._check_day(compare, "compare") if compare else None
+        return UtilizationPublic(window=window, group=group, bins=bins,
+                                 day=self._distribution(first, span, window, group, bins),
+                                 compare=self._distribution(second, span, window, group, bins) if second else None)
+
+    def _distribution(self, day: str, span: tuple[int, int] | None, window: str, group: str,
+                      bins: int) -> DayDistribution:
+        days, registered = self._days(day)
+        got = distribution(days, window=span, group=group, bins=bins, expected=registered)
+        for i, b in enumerate(got["bins"]):
+            b["hosts"] = "/v1/fleet/utilization/hosts?" + urlencode(
+                {"day": day, "window": window, "bins": bins, "bin": i} | ({"class": "all"} if group != "class" else {}))
+        return DayDistribution(day=dt.date.fromisoformat(day), **got)
+
+    def bin_hosts(self, *, day: dt.date, window: str, bins: int, index: int, cls: str) -> BinHostsPublic:
+        if not 1 <= bins <= MAX_BINS:
+            raise InvalidRequest(f"{bins}: 1..{MAX_BINS} bins", field="bins")
+        if not 0 <= index < bins:
+            raise InvalidRequest(f"{index}: 0..{bins - 1}", field="bin")
+        span = parse_window(window)
+        if cls != "all" and (cls not in CLASSES or span is not None):
+            raise InvalidRequest(f"{cls!r}: all, or one of {', '.join(CLASSES)} with window=peak", field="class")
+        d = self._check_day(day, "day")
+        days, _ = self._days(d)
+        hosts = hosts_in_bin(days, window=span, cls=None if cls == "all" else cls, bins=bins, index=index)
+        return BinHostsPublic(day=day, bin=index, lo=index / bins, hi=(index + 1) / bins,
+                              hosts=[{"host": h, "value": v} for h, v in hosts])
+
+
+class _Beat:
+    """What ``effective_state`` reads of a host."""
+
+    def __init__(self, admin_state: str, last_heartbeat: float):
+        self.admin_state, self.last_heartbeat = admin_state, last_heartbeat

@@ -1,0 +1,120 @@
+"""The fleet's utilisation view (issue 28): hosts send their folded days
+(``POST /v1/hosts/{name}/days``), ``GET /v1/fleet/utilization`` bins the share of each
+host's CPUs in use across the fleet, per group, with a second day to compare, and lists
+a bin's hosts. TestClient over a real store (SQLite; PostgreSQL under the integration
+marker); the expected numbers are worked out here from the days sent."""
+
+from __future__ import annotations
+
+import datetime as dt
+import statistics
+
+import pytest
+
+from sched_helpers import ADM, HOST, Clock, auth, host_body, make_client
+from scheduler.utilization import Day, distribution
+
+T0 = 1_764_100_000.0  # 2025-11-25T19:46:40Z
+DAY, BEFORE = "2025-11-25", "2025-10-25"
+
+
+def day_body(day: str, *, io: float, vms: float, other: float, cpus: int = 16, hour: int | None = 50) -> dict:
+    return {"day": day, "utc_offset_min": 480, "cpus": cpus, "samples": 86400,
+            "peak": {"start": "21:00", "end": "22:00", "samples": 3600, "io": io, "vms": vms, "other": other},
+            "hours": [hour] * 20 + [80, 90, 70, None], "hist": [0] * 10 + [86400] + [0] * 9,
+            "probe_p99_ms_max": 2.5, "psi_some_avg10_max": 1.0, "foreign_cpu_s": 0.0, "probe_failed": 0}
+
+
+# (host, rack, peak CPUs: io, vms, other) of 16 CPUs; h5 registered, sends nothing
+PEAKS = {"h0": ("r1", 2.0, 4.0, 0.8), "h1": ("r1", 2.0, 8.0, 0.8), "h2": ("r1", 1.6, 12.0, 0.4),
+         "h3": ("r2", 2.0, 2.0, 0.0), "h4": ("r2", 4.0, 11.2, 0.8)}
+
+
+@pytest.fixture
+def api(db_url):  # type: ignore[no-untyped-def]
+    with make_client(db_url, clock=Clock(T0)) as c:
+        for name in [*PEAKS, "h5"]:
+            rack = PEAKS.get(name, ("r2",))[0]
+            assert c.post("/v1/hosts", json=host_body(name, rack=rack), headers=HOST).status_code == 201
+        for name, (_, io, vms, other) in PEAKS.items():
+            body = {"days": [day_body(DAY, io=io, vms=vms, other=other),
+                             day_body(BEFORE, io=io * 2, vms=vms / 2, other=other)]}
+            r = c.post(f"/v1/hosts/{name}/days", json=body, headers=HOST)
+            assert r.status_code == 202 and r.json() == {"days": 2}, r.text
+        yield c
+
+
+def test_the_peak_distribution_by_class_and_rack(api) -> None:  # type: ignore[no-untyped-def]
+    r = api.get("/v1/fleet/utilization", params={"day": DAY, "group": "class", "bins": 10}, headers=ADM)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert got["window"] == "peak" and got["compare"] is None
+    d = got["day"]
+    assert (d["hosts_included"], d["hosts_missing"]) == (5, 1)
+    vms = sorted(v[2] / 16 for v in PEAKS.values())  # 0.125 0.25 0.5 0.7 0.75
+    assert d["groups"]["vms"] == {"hosts": 5, "mean": round(statistics.fmean(vms), 4),
+                                  "median": 0.5, "p90": round(statistics.quantiles(vms, n=10, method="inclusive")[-1], 4)}
+    assert [b["counts"].get("vms", 0) for b in d["bins"]] == [0, 1, 1, 0, 0, 1, 0, 2, 0, 0]
+    assert [b["counts"].get("io", 0) for b in d["bins"]] == [0, 4, 1, 0, 0, 0, 0, 0, 0, 0]  # 0.1 is bin 1
+    by_rack = api.get("/v1/fleet/utilization", params={"day": DAY, "group": "rack", "bins": 4}, headers=ADM).json()
+    totals = {n: (io + vms + other) / 16 for n, (_, io, vms, other) in PEAKS.items()}  # h4 = 1.0: the last bin
+    # 0.425 0.675 0.875 | 0.25 1.0
+    assert [b["counts"] for b in by_rack["day"]["bins"]] == [{}, {"r1": 1, "r2": 1}, {"r1": 1}, {"r1": 1, "r2": 1}]
+    assert by_rack["day"]["groups"]["r1"]["hosts"] == 3 and totals["h4"] == 1.0
+    # a bin lists its hosts, by the request the bin names
+    link = by_rack["day"]["bins"][3]["hosts"]
+    listed = api.get(link, headers=ADM).json()
+    assert [(h["host"], h["value"]) for h in listed["hosts"]] == [("h2", 0.875), ("h4", 1.0)]
+
+
+def test_before_and_after_and_an_hours_window(api) -> None:  # type: ignore[no-untyped-def]
+    got = api.get("/v1/fleet/utilization", params={"day": DAY, "compare": BEFORE, "group": "class"},
+                  headers=ADM).json()
+    assert got["compare"]["day"] == BEFORE
+    assert got["compare"]["groups"]["io"]["mean"] == round(2 * got["day"]["groups"]["io"]["mean"], 4)
+    hours = api.get("/v1/fleet/utilization", params={"day": DAY, "window": "20-23", "group": "state"},
+                    headers=ADM).json()
+    assert hours["day"]["groups"] == {"active": {"hosts": 5, "mean": 0.8, "median": 0.8, "p90": 0.8}}
+
+
+def test_bad_questions_name_the_field(api) -> None:  # type: ignore[no-untyped-def]
+    future = (dt.datetime.fromtimestamp(T0, dt.timezone.utc).date() + dt.timedelta(days=3)).isoformat()
+    for params, field in (({"day": DAY, "window": "23-20"}, "window"), ({"day": DAY, "window": "evening"}, "window"),
+                          ({"day": future}, "day"), ({"day": DAY, "compare": future}, "compare"),
+                          ({"day": DAY, "bins": 10000}, "bins"), ({"day": DAY, "window": "20-23", "group": "class"},
+                                                                  "group"),
+                          ({"day": "yesterday"}, "day")):
+        r = api.get("/v1/fleet/utilization", params=params, headers=ADM)
+        assert r.status_code == 422 and r.json()["error"]["field"] == field, (params, r.text)
+    assert api.get("/v1/fleet/utilization", params={"day": DAY}, headers=HOST).status_code == 403
+
+
+def test_days_from_the_wrong_host_or_badly_made_change_nothing(api) -> None:  # type: ignore[no-untyped-def]
+    future = (dt.datetime.fromtimestamp(T0, dt.timezone.utc).date() + dt.timedelta(days=3)).isoformat()
+    before = api.get("/v1/fleet/utilization", params={"day": DAY, "group": "rack"}, headers=ADM).json()
+    r = api.post("/v1/hosts/h0/days", json={"days": [day_body(DAY, io=0, vms=0, other=0)]}, headers=auth("hst2"))
+    assert r.status_code == 403 and r.json()["error"]["code"] == "hyb.host.not_yours"
+    bad = day_body(DAY, io=0, vms=0, other=0)
+    for body, field in (({"days": [day_body(future, io=0, vms=0, other=0)]}, "days[0].day"),
+                        ({"days": [bad | {"hours": [1] * 23}]}, "days[0].hours"),
+                        ({"days": [bad | {"hist": [-1] * 20}]}, "days[0].hist"),
+                        ({"days": [bad] * 4}, "days")):
+        r = api.post("/v1/hosts/h0/days", json=body, headers=HOST)
+        assert r.status_code == 422 and r.json()["error"]["field"] == field, (field, r.text)
+    assert api.get("/v1/fleet/utilization", params={"day": DAY, "group": "rack"}, headers=ADM).json() == before
+
+
+def test_a_host_day_is_stored_in_under_256_bytes(api) -> None:  # type: ignore[no-untyped-def]
+    from scheduler.db.models import HostDay
+    with api.app.state.store.read() as s:
+        rows = s.query(HostDay).all()
+        sizes = [sum(len(str(getattr(r, c.name)).encode()) for c in HostDay.__table__.columns) for r in rows]
+    assert len(rows) == 10 and max(sizes) < 256, sizes
+
+
+def test_distribution_pure() -> None:
+    days = [Day(f"h{i}", "r", "active", "", 10, {"io": 1.0, "vms": i, "other": 0.0}, 60, [None] * 24) for i in range(10)]
+    got = distribution(days, window=None, group="class", bins=10, expected=12)
+    assert got["hosts_included"] == 10 and got["hosts_missing"] == 2
+    assert [b["counts"].get("vms", 0) for b in got["bins"]] == [1] * 10
+    assert distribution(days, window=(0, 24), group="rack", bins=5, expected=10)["hosts_included"] == 0
