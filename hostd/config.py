@@ -12,6 +12,7 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from api.scrape import check_metrics_url
 from hostd.errors import ConfigError
+from hostd.health.daily import parse_window
 from hostd.health.probe import Probe, ProbeSpecError
 
 DEFAULT_CONFIG = Path("/etc/hostd/hostd.toml")
@@ -71,6 +72,11 @@ class HostdConfig(BaseSettings):
     rack: str = ""
     labels: dict[str, str] = {}
     heartbeat_s: float = 10.0
+    # The host's days, folded from its IO-health samples (hostd/health/daily.py), are sent
+    # to the scheduler every days_s seconds (0 = not sent) for the fleet's utilisation
+    # view; peak_window is the host-local window whose CPU use is kept by class.
+    days_s: float = Field(300.0, ge=0, le=86400)
+    peak_window: str = "21:00-22:00"
     # The IO-health signal (hostd/health/): seconds between samples (0 = off).
     io_health_interval_s: float = Field(1.0, ge=0, le=60)
     # An active probe of the IO service: "" (none), "tcp:HOST:PORT", "http://HOST:PORT/PATH"
@@ -110,6 +116,11 @@ def load_config(path: Path | None) -> HostdConfig:
             check_metrics_url(cfg.metrics_url)  # the scheduler's rule: what it would refuse, hostd does not start with
         except ValueError as e:
             raise ConfigError(f"{cfg.metrics_url!r}: {e}", field="metrics_url") from None
+    try:
+        parse_window(cfg.peak_window)
+    except (ValueError, IndexError) as e:
+        raise ConfigError(f"{cfg.peak_window!r}: HH:MM-HH:MM within a day, the end after the start ({e})",
+                          field="peak_window") from None
     tls = [cfg.tls_cert, cfg.tls_key, cfg.tls_ca]
     if any(tls) and not all(tls):
         raise ConfigError("give tls_cert, tls_key and tls_ca together", field="tls_cert")

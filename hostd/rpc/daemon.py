@@ -298,7 +298,8 @@ def _registrar(cfg: HostdConfig, served: Served, manager: VmManager,
     except OSError as e:
         raise ConfigError(f"{e.filename}: {e.strerror}", field="scheduler_token_file") from None
     body = _registration(cfg, served, manager, port)
-    r = Registrar(cfg.scheduler_url, token, body, interval_s=cfg.heartbeat_s, ca=cfg.scheduler_ca, stats=sampler)
+    r = Registrar(cfg.scheduler_url, token, body, interval_s=cfg.heartbeat_s, ca=cfg.scheduler_ca, stats=sampler,
+                  days_s=cfg.days_s, peak_window=cfg.peak_window, days_file=cfg.state_dir / "days.json")
     r.start()
     return r
 

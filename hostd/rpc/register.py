@@ -7,14 +7,17 @@ stops hostd from serving the VMs it has.
 from __future__ import annotations
 
 import logging
+import os
 import ssl
 import threading
+import time
 from pathlib import Path
 
 import httpx
 
 from api.layout import Layout
 from hostd.discover.model import Topology
+from hostd.health.daily import DayFold
 from hostd.health.sampler import Sampler
 from hostd.health.summary import summarize
 
@@ -75,11 +78,18 @@ class Registrar:
     scheduler has forgotten this host (404) or after it was unreachable."""
 
     def __init__(self, url: str, token: str, body: dict, *, interval_s: float,
-                 ca: Path | None = None, stats: Sampler | None = None):
+                 ca: Path | None = None, stats: Sampler | None = None, days_s: float = 0.0,
+                 peak_window: str = "21:00-22:00", days_file: Path | None = None):
         self.url = url.rstrip("/")
         self.body = body
         self.stats = stats  # the IO-health signal: each beat carries the samples since the last
         self._sent_at = 0.0
+        # The host's days (hostd/health/daily.py), fed the same samples, sent every days_s
+        # and kept in days_file across restarts.
+        self.days_s, self.peak_window, self.days_file = days_s, peak_window, days_file
+        self.days = self._fold(body) if stats is not None and days_s > 0 else None
+        self._folded_at = 0.0
+        self._days_sent = time.monotonic()
         self.interval_s = interval_s
         self.client = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=10,
                                    verify=ssl.create_default_context(cafile=str(ca)) if ca else True)
@@ -97,9 +107,35 @@ class Registrar:
         log.info("registered with scheduler url=%s host=%s status=%d", self.url, body["name"],
                  r.status_code)
 
+    def _fold(self, body: dict) -> DayFold:
+        cpus = sum(len(n.get(k, ())) for n in body.get("layout", {}).get("nodes", ())
+                   for k in ("io_cpus", "host_cpus", "vm_cpus"))
+        fold = DayFold(cpus or os.cpu_count() or 1, peak=self.peak_window)
+        if self.days_file is not None and self.days_file.exists():
+            try:
+                fold.load(self.days_file.read_text())
+            except (OSError, ValueError, TypeError, KeyError) as e:
+                log.warning("days file %s not read (%s): the days start afresh", self.days_file, e)
+        return fold
+
+    def send_days(self) -> None:
+        """The days so far to the scheduler, and to ``days_file``."""
+        if self.days is None or not self.days.days:
+            return
+        if self.days_file is not None:
+            tmp = self.days_file.with_suffix(".tmp")
+            tmp.write_text(self.days.to_json())
+            os.replace(tmp, self.days_file)
+        r = self.client.post(f"{self.url}/v1/hosts/{self.body['name']}/days", json={"days": self.days.summaries()})
+        if r.status_code != 202:
+            raise RuntimeError(f"days refused: {r.status_code} {r.text[:300]}")
+        self._days_sent = time.monotonic()
+
     def update(self, body: dict) -> None:
         """A new registration (the host was carved again): sent on the next beat, which
-        registers afresh instead of heartbeating."""
+        registers afresh instead of heartbeating. A new CPU count starts the days afresh."""
+        if self.days is not None and self._fold(body).cpus != self.days.cpus:
+            self.days = DayFold(self._fold(body).cpus, peak=self.peak_window)
         self.body = body
         self._generation += 1
         self.registered = False
@@ -109,7 +145,13 @@ class Registrar:
         if not self.registered:
             self.register()
             return
-        fresh = [s for s in self.stats.latest(KEEP_FOR_BEAT) if s.at > self._sent_at] if self.stats else []
+        latest = self.stats.latest(KEEP_FOR_BEAT) if self.stats else []
+        if self.days is not None:
+            new = [s for s in latest if s.at > self._folded_at]
+            self.days.add(new)
+            if new:
+                self._folded_at = new[-1].at
+        fresh = [s for s in latest if s.at > self._sent_at]
         summary = summarize(fresh)
         r = self.client.post(f"{self.url}/v1/hosts/{self.body['name']}/heartbeat",
                              json={"stats": summary} if summary else None)
@@ -120,6 +162,8 @@ class Registrar:
             self.register()
         elif r.status_code != 200:
             raise RuntimeError(f"heartbeat refused: {r.status_code} {r.text[:300]}")
+        if self.days is not None and time.monotonic() - self._days_sent >= self.days_s:
+            self.send_days()
 
     def run(self) -> None:
         while True:

@@ -33,7 +33,7 @@ N, RACKS = 10, 5
 @pytest.fixture(scope="module")
 def fleet(sched):
     f = SimFleet(sched["dir"] / "sim", N, RACKS, scheduler_url=sched["sched"].url, host_token=sched["host_token"],
-                 admin_token=sched["admin"], certs=sched["certs"])
+                 admin_token=sched["admin"], certs=sched["certs"], days_s=2)
     try:
         f.start(timeout_s=120)
         yield f
@@ -69,6 +69,26 @@ def test_every_host_registers_with_rack_and_labels(fleet: SimFleet) -> None:
     assert {h.rack for h in fleet.hosts} == {f"r{i:02d}" for i in range(RACKS)}
     assert {h.labels["wave"] for h in fleet.hosts} == {"0", "1", "2", "3", "4"}
     assert len({h.pid for h in fleet.hosts}) == N and len({h.root for h in fleet.hosts}) == N
+
+
+def test_every_host_sends_its_day_and_the_fleet_view_counts_it(fleet: SimFleet) -> None:
+    """Each hostd folds its samples into its host-local day (hostd/health/daily.py) and
+    sends it every days_s; the scheduler's utilisation view counts every host, with its
+    CPU share as the simulated tree's animator makes it (the IO service and the agents
+    busy on 8 CPUs)."""
+    import datetime as dt
+    today = dt.date.today().isoformat()  # the hosts' local day: this machine's
+
+    def view() -> dict | None:
+        with fleet.api() as api:
+            r = api.get("/v1/fleet/utilization", params={"day": today, "window": "0-24",
+                                                         "group": "rack", "bins": 20})
+        assert r.status_code == 200, r.text
+        d = r.json()["day"]
+        return d if d["hosts_included"] == N else None
+    d = wait(view, "every host's day in the fleet view", timeout=30)
+    assert d["hosts_missing"] == 0 and len(d["groups"]) == RACKS
+    assert all(0 < g["mean"] < 1 for g in d["groups"].values()), d["groups"]
 
 
 def test_degrade_shows_in_hostd_and_scheduler(fleet: SimFleet) -> None:
