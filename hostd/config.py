@@ -76,6 +76,10 @@ class HostdConfig(BaseSettings):
     # to the scheduler every days_s seconds (0 = not sent) for the fleet's utilisation
     # view; peak_window is the host-local window whose CPU use is kept by class.
     days_s: float = Field(300.0, ge=0, le=86400)
+    # Heartbeats carry no stats by default (the days above are what the scheduler keeps);
+    # true: each beat also carries the IO-health summary since the last one, which the
+    # scheduler folds into 5-minute buckets (GET /v1/hosts/{name}/stats).
+    heartbeat_stats: bool = False
     peak_window: str = "21:00-22:00"
     # The IO-health signal (hostd/health/): seconds between samples (0 = off).
     io_health_interval_s: float = Field(1.0, ge=0, le=60)

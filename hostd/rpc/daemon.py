@@ -299,7 +299,8 @@ def _registrar(cfg: HostdConfig, served: Served, manager: VmManager,
         raise ConfigError(f"{e.filename}: {e.strerror}", field="scheduler_token_file") from None
     body = _registration(cfg, served, manager, port)
     r = Registrar(cfg.scheduler_url, token, body, interval_s=cfg.heartbeat_s, ca=cfg.scheduler_ca, stats=sampler,
-                  days_s=cfg.days_s, peak_window=cfg.peak_window, days_file=cfg.state_dir / "days.json")
+                  days_s=cfg.days_s, peak_window=cfg.peak_window, days_file=cfg.state_dir / "days.json",
+                  beat_stats=cfg.heartbeat_stats)
     r.start()
     return r
 

@@ -79,10 +79,11 @@ class Registrar:
 
     def __init__(self, url: str, token: str, body: dict, *, interval_s: float,
                  ca: Path | None = None, stats: Sampler | None = None, days_s: float = 0.0,
-                 peak_window: str = "21:00-22:00", days_file: Path | None = None):
+                 peak_window: str = "21:00-22:00", days_file: Path | None = None, beat_stats: bool = False):
         self.url = url.rstrip("/")
         self.body = body
-        self.stats = stats  # the IO-health signal: each beat carries the samples since the last
+        self.stats = stats  # the IO-health signal: folded into the days, and with beat_stats in each beat
+        self.beat_stats = beat_stats
         self._sent_at = 0.0
         # The host's days (hostd/health/daily.py), fed the same samples, sent every days_s
         # and kept in days_file across restarts.
@@ -151,7 +152,7 @@ class Registrar:
             self.days.add(new)
             if new:
                 self._folded_at = new[-1].at
-        fresh = [s for s in latest if s.at > self._sent_at]
+        fresh = [s for s in latest if s.at > self._sent_at] if self.beat_stats else []
         summary = summarize(fresh)
         r = self.client.post(f"{self.url}/v1/hosts/{self.body['name']}/heartbeat",
                              json={"stats": summary} if summary else None)

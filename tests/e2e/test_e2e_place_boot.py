@@ -40,7 +40,8 @@ def stack(tmp_path: Path, libvirtd: str, smoke_guest, hugepages_2m, loop_disk: P
                        listen=f"127.0.0.1:{hport}", scheduler_url=f"https://127.0.0.1:{sport}",
                        scheduler_ca=certs / "ca.crt",
                        scheduler_token_file=tmp_path / "token", host_name="e2e-host",
-                       advertise_address=f"localhost:{hport}", heartbeat_s=1, rack="r1")
+                       advertise_address=f"localhost:{hport}", heartbeat_s=1, rack="r1",
+                       heartbeat_stats=True)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOSTD_", "HYB_SCHED_"))}
     sched = Scheduler(tmp_path / "scheduler.toml", sport, env, tmp_path / "scheduler.log", ca=certs / "ca.crt")
     hostd = Hostd(tmp_path / "hostd.toml", env, tmp_path / "hostd.log")

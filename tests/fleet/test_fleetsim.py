@@ -33,7 +33,8 @@ N, RACKS = 10, 5
 @pytest.fixture(scope="module")
 def fleet(sched):
     f = SimFleet(sched["dir"] / "sim", N, RACKS, scheduler_url=sched["sched"].url, host_token=sched["host_token"],
-                 admin_token=sched["admin"], certs=sched["certs"], days_s=2)
+                 admin_token=sched["admin"], certs=sched["certs"], days_s=2,
+                 beat_stats=True)
     try:
         f.start(timeout_s=120)
         yield f

@@ -118,7 +118,7 @@ class SimFleet:
                  heartbeat_s: float = 2.0, probe: bool = True, tick_s: float = 0.5, parallel: int = 0,
                  prefix: str = "sim", labels: Callable[[int, int], dict[str, str]] = default_labels,
                  trees_dir: Path | None = None, real_host: bool = False, hosts_per_process: int = 1,
-                 io_interval_s: float = 1.0, days_s: float = 300.0):
+                 io_interval_s: float = 1.0, days_s: float = 300.0, beat_stats: bool = False):
         """``host_token``: a scheduler token with the host scope (every host registers
         with it); ``admin_token``: for ``wait_registered``; ``certs``: a dev CA directory
         (tools/dev/make-dev-ca.sh) holding hostd's server certificate; ``parallel``: hostd
@@ -138,6 +138,7 @@ class SimFleet:
         self.url, self.host_token, self.admin_token, self.certs = scheduler_url, host_token, admin_token, certs
         self.policy_text, self.io_cpus, self.heartbeat_s, self.probe = policy, io_cpus, heartbeat_s, probe
         self.days_s = days_s  # how often each hostd sends its days (the utilisation view)
+        self.beat_stats = beat_stats  # beats carry stats (the scheduler's 5-minute buckets)
         self.per_process = max(1, hosts_per_process)
         self.io_interval_s = io_interval_s
         # a hostd start waits ~2/3 of its time; a worker's K starts are mostly CPU
@@ -208,6 +209,7 @@ class SimFleet:
             "scheduler_url": self.url, "scheduler_token_file": self.workdir / "host.token",
             "scheduler_ca": c / "ca.crt", "host_name": h.name, "advertise_address": h.address,
             "rack": h.rack, "heartbeat_s": self.heartbeat_s, "days_s": self.days_s,
+            "heartbeat_stats": self.beat_stats,
             "io_health_interval_s": self.io_interval_s,
             "io_probe_interval_s": self.io_interval_s,
             "io_probe": f"tcp:127.0.0.1:{h.probe_port}" if h.probe_port else "",
