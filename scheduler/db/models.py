@@ -4,7 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import JSON, BigInteger, Float, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy import (JSON, REAL, BigInteger, Float, ForeignKey, Index, Integer, LargeBinary, SmallInteger, String,
+                        Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 
@@ -150,28 +151,30 @@ class HostStat(Base):
 
 class HostDay(Base):
     """One host-local day of a host (``POST /v1/hosts/{name}/days``, folded by its hostd):
-    the fleet's utilisation view reads these. Under 256 bytes a row: ``hours`` and
-    ``hist`` are comma-separated integers ("" for an hour without samples)."""
+    the fleet's utilisation view reads these, by day (the key's first column). Under 256
+    bytes a row with its key, on SQLite and PostgreSQL: ``hours`` is 24 bytes (percent,
+    255 for an hour without samples), ``hist`` 20 little-endian uint16 (per mille of the
+    day's samples); ``repo.days`` packs them. Figures in single precision (REAL)."""
 
     __tablename__ = "host_days"
 
+    day: Mapped[str] = mapped_column(String(10), primary_key=True)  # YYYY-MM-DD, host-local
     host: Mapped[str] = mapped_column(String(64), primary_key=True)
-    day: Mapped[str] = mapped_column(String(10), primary_key=True, index=True)  # YYYY-MM-DD, host-local
-    utc_offset_min: Mapped[int] = mapped_column(Integer)
+    utc_offset_min: Mapped[int] = mapped_column(SmallInteger)
     cpus: Mapped[int] = mapped_column(Integer)
     samples: Mapped[int] = mapped_column(Integer)
-    peak: Mapped[str] = mapped_column(String(40))  # "21:00-22:00"
+    peak_start: Mapped[int] = mapped_column(SmallInteger)  # minutes of the host-local day
+    peak_end: Mapped[int] = mapped_column(SmallInteger)
     peak_samples: Mapped[int] = mapped_column(Integer)
-    peak_io: Mapped[float] = mapped_column(Float)  # mean CPUs in use over the peak window
-    peak_vms: Mapped[float] = mapped_column(Float)
-    peak_other: Mapped[float] = mapped_column(Float)
-    hours: Mapped[str] = mapped_column(String(100))  # 24 percents
-    hist: Mapped[str] = mapped_column(String(140))  # 20 counts
-    probe_p99_ms_max: Mapped[float | None] = mapped_column(Float, nullable=True)
-    psi_some_avg10_max: Mapped[float | None] = mapped_column(Float, nullable=True)
-    foreign_cpu_s: Mapped[float] = mapped_column(Float)
+    peak_io: Mapped[float] = mapped_column(REAL)  # mean CPUs in use over the peak window
+    peak_vms: Mapped[float] = mapped_column(REAL)
+    peak_other: Mapped[float] = mapped_column(REAL)
+    hours: Mapped[bytes] = mapped_column(LargeBinary(24))
+    hist: Mapped[bytes] = mapped_column(LargeBinary(40))
+    probe_p99_ms_max: Mapped[float | None] = mapped_column(REAL, nullable=True)
+    psi_some_avg10_max: Mapped[float | None] = mapped_column(REAL, nullable=True)
+    foreign_cpu_s: Mapped[float] = mapped_column(REAL)
     probe_failed: Mapped[int] = mapped_column(Integer)
-    received: Mapped[float] = mapped_column(Float)
 
 
 class Rollout(Base):

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import struct
 from collections.abc import Sequence
 from typing import Any
 
@@ -12,17 +13,44 @@ from sqlalchemy.orm import Session
 from scheduler.db.models import Host, HostDay
 from scheduler.schemas.fleet import HostDayIn
 
-_UPDATED = [c.name for c in HostDay.__table__.columns if c.name not in ("host", "day")]
+_UPDATED = [c.name for c in HostDay.__table__.columns if c.name not in ("day", "host")]
 
 
-def row_of(host: str, d: HostDayIn, received: float) -> dict[str, Any]:
+NO_HOUR = 255
+
+
+def pack_hours(hours: Sequence[int | None]) -> bytes:
+    """24 percents, a byte each (255: no samples that hour)."""
+    return bytes(NO_HOUR if h is None else h for h in hours)
+
+
+def unpack_hours(raw: bytes) -> list[int | None]:
+    return [None if b == NO_HOUR else b for b in raw]
+
+
+def pack_hist(counts: Sequence[int]) -> bytes:
+    """20 bins as per mille of the day's samples, two bytes each."""
+    total = sum(counts) or 1
+    return struct.pack("<20H", *(round(1000 * n / total) for n in counts))
+
+
+def unpack_hist(raw: bytes) -> list[int]:
+    return list(struct.unpack("<20H", raw))
+
+
+def _minutes(hhmm: str) -> int:
+    h, m = hhmm.split(":")
+    return int(h) * 60 + int(m)
+
+
+def row_of(host: str, d: HostDayIn) -> dict[str, Any]:
     return {"host": host, "day": d.day.isoformat(), "utc_offset_min": d.utc_offset_min, "cpus": d.cpus,
-            "samples": d.samples, "peak": f"{d.peak.start}-{d.peak.end}", "peak_samples": d.peak.samples,
+            "samples": d.samples, "peak_start": _minutes(d.peak.start), "peak_end": _minutes(d.peak.end),
+            "peak_samples": d.peak.samples,
             "peak_io": d.peak.io, "peak_vms": d.peak.vms, "peak_other": d.peak.other,
-            "hours": ",".join("" if h is None else str(h) for h in d.hours),
-            "hist": ",".join(str(n) for n in d.hist), "probe_p99_ms_max": d.probe_p99_ms_max,
+            "hours": pack_hours(d.hours), "hist": pack_hist(d.hist), "probe_p99_ms_max": d.probe_p99_ms_max,
             "psi_some_avg10_max": d.psi_some_avg10_max, "foreign_cpu_s": d.foreign_cpu_s,
-            "probe_failed": d.probe_failed, "received": received}
+            "probe_failed": d.probe_failed}
 
 
 def upsert_many(*, session: Session, rows: Sequence[dict[str, Any]]) -> None:
@@ -31,7 +59,7 @@ def upsert_many(*, session: Session, rows: Sequence[dict[str, Any]]) -> None:
         return
     dialect = postgresql if session.bind.dialect.name == "postgresql" else sqlite  # type: ignore[union-attr]
     stmt = dialect.insert(HostDay)
-    stmt = stmt.on_conflict_do_update(index_elements=["host", "day"],
+    stmt = stmt.on_conflict_do_update(index_elements=["day", "host"],
                                       set_={c: getattr(stmt.excluded, c) for c in _UPDATED})
     session.execute(stmt, list(rows))
 

@@ -55,7 +55,7 @@ class FleetService:
             if d is None:
                 continue
             state = host_repo.effective_state(_Beat(admin, last), now=now, heartbeat_timeout_s=self.timeout)
-            hours = [int(h) if h else None for h in d.hours.split(",")]
+            hours = days_repo.unpack_hours(d.hours)
             out.append(Day(name, rack, state, policy or "", d.cpus,
                            {"io": d.peak_io, "vms": d.peak_vms, "other": d.peak_other}, d.peak_samples, hours))
         return out, len(rows)

@@ -142,7 +142,7 @@ class HostService:
             raise
         with self._beats_lock:
             for d in body.days:
-                self._days[(name, d.day.isoformat())] = days_repo.row_of(name, d, now)
+                self._days[(name, d.day.isoformat())] = days_repo.row_of(name, d)
         if self.flush_s <= 0:
             self.flush()
         return len(body.days)
