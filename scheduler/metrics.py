@@ -29,6 +29,10 @@ class Metrics:
                                 ["outcome"], registry=r)
         self.reconcile_repairs = Counter("hyb_sched_reconcile_repairs_total",
                                          "Drift repaired by reconcile, by kind", ["kind"], registry=r)
+        self.liveness_rows = Counter("hyb_sched_liveness_rows_written_total",
+                                     "Hosts' liveness (last_heartbeat) rows written by the heartbeat flusher",
+                                     registry=r)
+        self.heartbeats = Counter("hyb_sched_heartbeats_total", "Heartbeats taken (answered 200)", registry=r)
         self.hosts = Gauge("hyb_sched_hosts", "Hosts by state", ["state"], registry=r)
         self.vms = Gauge("hyb_sched_vms", "VMs by status", ["status"], registry=r)
         self.http = Counter("hyb_sched_http_requests_total", "HTTP requests", ["method", "route", "status"],

@@ -97,7 +97,7 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
                                   heartbeat_flush_s=settings.stats.heartbeat_flush_s,
                                   heartbeat_write_s=settings.placement.heartbeat_write_s,
                                   heartbeat_min_interval_s=settings.placement.heartbeat_min_interval_s,
-                                  history_days=settings.stats.history_days)
+                                  history_days=settings.stats.history_days, metrics=metrics)
     app.state.vms = VmService(store=store, placer=placer, hostd=hostd if app.state.dispatch_enabled else None,
                               default_policy=settings.placement.default_policy,
                               max_attempts=settings.dispatch.max_attempts, metrics=metrics, clock=clock,

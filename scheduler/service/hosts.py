@@ -15,6 +15,7 @@ from sqlalchemy.orm import Session
 from scheduler.db.engine import Store
 from scheduler.db.models import Host
 from scheduler.errors import BeatTooSoon, HostAdminOwned, HostNotYours, InvalidRequest
+from scheduler.metrics import Metrics
 from scheduler.repo import days as days_repo
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import stats as stats_repo
@@ -34,7 +35,7 @@ class HostService:
                  clock: Callable[[], float] = time.time, stats_bucket_s: int = 300,
                  stats_retention_days: float = 14.0, heartbeat_flush_s: float = 0.0,
                  heartbeat_write_s: float = 0.0, heartbeat_min_interval_s: float = 0.0,
-                 history_days: float = 400.0):
+                 history_days: float = 400.0, metrics: Metrics | None = None):
         self.store = store
         self.bucket_s = stats_bucket_s
         self.retention_s = stats_retention_days * 86400
@@ -50,6 +51,7 @@ class HostService:
         self._last_beat: dict[str, float] = {}  # host -> its last beat taken (the rate limit)
         self._days: dict[tuple[str, str], dict] = {}  # (host, day) -> its latest summary, unwritten
         self.history_days = history_days
+        self.metrics = metrics
         self._days_expired = 0.0
         self._written: dict[str, float] = {}  # host -> the beat time this replica last wrote
         self._beats: dict[str, tuple[float, list[HostStatsIn]]] = {}
@@ -157,6 +159,8 @@ class HostService:
                                   f"{self.min_interval_s:g} s a host (placement.heartbeat_min_interval_s)",
                                   field="name", extra={"retry_after_s": round(self.min_interval_s - (now - last), 3)})
             self._last_beat[name] = now
+            if self.metrics is not None:
+                self.metrics.heartbeats.inc()
             _, pending = self._beats.get(name, (now, []))
             self._beats[name] = (now, pending + ([stats] if stats else []))
             if self._flusher is None and self.flush_s > 0:
@@ -206,6 +210,8 @@ class HostService:
             stats_repo.add_many(session=s, rows={k: v for k, v in buckets.items() if k[0] not in gone})
             self._expire(s)
         self._written.update(due)
+        if self.metrics is not None:
+            self.metrics.liveness_rows.inc(len(due))
         return len(beats)
 
     def _flush_loop(self) -> None:
