@@ -112,7 +112,7 @@ class ReconcileConfig(BaseModel):
 
 
 class LivenessConfig(BaseModel):
-    check_s: float = Field(5.0, ge=0)  # between checks for hosts to mark down; 0 = off
+    check_s: float = Field(4.0, ge=0)  # between checks for hosts to mark down; 0 = off
     grace_s: float = Field(0.0, ge=0)  # after start, mark nothing for this long; 0 = placement.heartbeat_timeout_s
     rack_share: float = Field(0.5, gt=0, le=1)  # a rack newly silent above this share: one event, nobody marked
     fleet_share: float = Field(0.2, gt=0, le=1)  # the fleet newly silent above this share: likewise
