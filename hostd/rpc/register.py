@@ -108,10 +108,14 @@ class Registrar:
         log.info("registered with scheduler url=%s host=%s status=%d", self.url, body["name"],
                  r.status_code)
 
+    @staticmethod
+    def _cpus(body: dict) -> int:
+        """The host's CPUs, from the layout it registers."""
+        return sum(len(n.get(k, ())) for n in body.get("layout", {}).get("nodes", ())
+                   for k in ("io_cpus", "host_cpus", "vm_cpus")) or os.cpu_count() or 1
+
     def _fold(self, body: dict) -> DayFold:
-        cpus = sum(len(n.get(k, ())) for n in body.get("layout", {}).get("nodes", ())
-                   for k in ("io_cpus", "host_cpus", "vm_cpus"))
-        fold = DayFold(cpus or os.cpu_count() or 1, peak=self.peak_window)
+        fold = DayFold(self._cpus(body), peak=self.peak_window)
         if self.days_file is not None and self.days_file.exists():
             try:
                 fold.load(self.days_file.read_text())
@@ -135,8 +139,8 @@ class Registrar:
     def update(self, body: dict) -> None:
         """A new registration (the host was carved again): sent on the next beat, which
         registers afresh instead of heartbeating. A new CPU count starts the days afresh."""
-        if self.days is not None and self._fold(body).cpus != self.days.cpus:
-            self.days = DayFold(self._fold(body).cpus, peak=self.peak_window)
+        if self.days is not None and self._cpus(body) != self.days.cpus:
+            self.days = DayFold(self._cpus(body), peak=self.peak_window)
         self.body = body
         self._generation += 1
         self.registered = False

@@ -143,40 +143,36 @@ def owner_of(*, session: Session, name: str) -> str | None:
     return None if h is None else h.owner
 
 
-def heartbeat(*, session: Session, name: str, now: float, heartbeat_timeout_s: float = float("inf")) -> Host:
-    h = get_host(session=session, name=name)
-    if now - h.last_heartbeat > heartbeat_timeout_s:
-        h.seq = next_seq(session)  # back from down: the index must see it
-        back_up(session=session, host=h)
-    h.last_heartbeat = now
-    session.flush()
-    return h
-
-
 DOWN_FLAG = "host {host} silent since {since}: marked down"  # a flagged VM's reason
+_DOWN_FLAG_LIKE = "host % silent since %"  # any host's flag (queries filter by host too)
 
 
-def mark_down(*, session: Session, name: str, silent_since: float, now: float) -> bool:
-    """Mark ``name`` down unless some replica did (or it beat meanwhile); True: marked
-    now. Its running VMs are flagged in their ``reason``."""
+def mark_down(*, session: Session, name: str, silent_since: float, now: float) -> int | None:
+    """Mark ``name`` down unless some replica did (or it beat meanwhile): None when not
+    marked now, else how many of its running VMs were flagged in their ``reason``."""
     t = Host.__table__
     hit = session.connection().execute(t.update().where(t.c.name == name, t.c.down_since.is_(None),
                                                         t.c.last_heartbeat == silent_since).values(down_since=now))
     if hit.rowcount != 1:
-        return False
+        return None
     since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(silent_since))
-    session.execute(update(Vm).where(Vm.host == name, Vm.status == "running", Vm.reason == "")
-                    .values(reason=DOWN_FLAG.format(host=name, since=since)))
-    return True
+    return session.execute(update(Vm).where(Vm.host == name, Vm.status == "running", Vm.reason == "")
+                           .values(reason=DOWN_FLAG.format(host=name, since=since))).rowcount
+
+
+def clear_down_flags(*, session: Session, hosts: Sequence[str]) -> None:
+    """The marked-down flags of ``hosts``' VMs go (the hosts beat or registered again)."""
+    for i in range(0, len(hosts), 500):
+        session.execute(update(Vm).where(Vm.host.in_(hosts[i:i + 500]), Vm.reason.like(_DOWN_FLAG_LIKE))
+                        .values(reason=""))
 
 
 def back_up(*, session: Session, host: Host) -> None:
-    """A host marked down beats or registers again: the mark and its VMs' flags go."""
+    """A host marked down registers again: the mark and its VMs' flags go."""
     if host.down_since is None:
         return
     host.down_since = None
-    session.execute(update(Vm).where(Vm.host == host.name, Vm.reason.like(f"host {host.name} silent since %"))
-                    .values(reason=""))
+    clear_down_flags(session=session, hosts=[host.name])
 
 
 def silent(*, session: Session, before: float) -> Sequence[Any]:
@@ -211,10 +207,7 @@ def heartbeat_many(*, session: Session, beats: dict[str, float], heartbeat_timeo
             t.update().where(t.c.name == bindparam("b_name"))
             .values(last_heartbeat=bindparam("b_t"), seq=next_seq(session), down_since=None),
             [{"b_name": n, "b_t": beats[n]} for n in back])
-        marked = [n for n in back if last[n][1] is not None]
-        for i in range(0, len(marked), 500):
-            session.execute(update(Vm).where(Vm.host.in_(marked[i:i + 500]), Vm.reason.like("host % silent since %"))
-                            .values(reason=""))
+        clear_down_flags(session=session, hosts=[n for n in back if last[n][1] is not None])
     skip = set(back)
     rest = [{"b_name": n, "b_t": beats[n]} for n in last if n not in skip]
     if rest:

@@ -114,12 +114,6 @@ def list_vms(*, session: Session, tenant: str | None = None, host: str | None = 
     return session.scalars(q).all()
 
 
-def count_flagged(*, session: Session, host: str) -> int:
-    """The running VMs of ``host`` that carry its marked-down flag."""
-    return session.execute(select(func.count()).select_from(Vm).where(
-        Vm.host == host, Vm.status == "running", Vm.reason.like(f"host {host} silent since %"))).scalar_one()
-
-
 def live_on_host(*, session: Session, host: str) -> Sequence[Vm]:
     return session.scalars(select(Vm).where(Vm.host == host, Vm.status.in_(LIVE))).all()
 

@@ -38,6 +38,7 @@ from scheduler.db.engine import Store
 from scheduler.db.models import Host, Vm
 from scheduler.drain import DrainVm, Step, plan
 from scheduler.errors import SchedulerError
+from scheduler.repo import hosts as host_repo
 from scheduler.schemas.vms import VmCreate
 from scheduler.service.vms import VmService
 
@@ -60,6 +61,11 @@ def drain_vm(v: Vm, budgets: dict[str, int]) -> DrainVm:
 def load(s: Any, hosts: Collection[str]) -> list[DrainVm]:
     """What ``plan`` needs for ``hosts``: their VMs, every VM of those VMs' groups, and the
     replacements of those VMs."""
+    return [d for d, _ in load_rows(s, hosts)]
+
+
+def load_rows(s: Any, hosts: Collection[str]) -> list[tuple[DrainVm, Vm]]:
+    """``load``, each with its row (what a step acts on: the tenant, the request)."""
     on = s.scalars(select(Vm).where(Vm.host.in_(list(hosts)), Vm.replaces.is_(None))).all() if hosts else []
     groups = {v.disruption_group for v in on if v.disruption_group}
     ids = [v.id for v in on]
@@ -74,7 +80,7 @@ def load(s: Any, hosts: Collection[str]) -> list[DrainVm]:
         if v.disruption_group and b and v.tenant in tenants:
             key = f"{v.tenant}/{v.disruption_group}"
             budgets[key] = min(budgets.get(key, b["max_unavailable"]), b["max_unavailable"])
-    return [drain_vm(v, budgets) for v in rows.values()]
+    return [(drain_vm(v, budgets), v) for v in rows.values()]
 
 
 class DrainService:
@@ -96,7 +102,6 @@ class DrainService:
 
     def plan_for(self, host: str) -> tuple[Host, list[Step]]:
         """The host and what its drain would do now (read only)."""
-        from scheduler.repo import hosts as host_repo
         with self.store.read() as s:
             h = host_repo.get_host(session=s, name=host)
             s.expunge(h)
@@ -122,9 +127,9 @@ class DrainService:
             hosts = list(s.scalars(select(Host.name).where(Host.admin_state == "draining")).all())
             if not hosts:
                 return {}
-            vms = load(s, hosts)
-            rows = {v.id: (v.tenant, dict(v.request or {}), v.host) for v in
-                    s.scalars(select(Vm).where(Vm.id.in_([d.id for d in vms])))}
+            loaded = load_rows(s, hosts)
+            vms = [d for d, _ in loaded]
+            rows = {v.id: (v.tenant, dict(v.request or {}), v.host) for _, v in loaded}
         steps = plan(set(hosts), vms)
         by_host: dict[str, list[Step]] = {h: [] for h in hosts}
         where = {v.id: v.host for v in vms}

@@ -34,6 +34,19 @@ def parse_window(window: str) -> tuple[int, int] | None:
     return start, end
 
 
+def _check_bins(bins: int) -> None:
+    if not 1 <= bins <= MAX_BINS:
+        raise InvalidRequest(f"{bins}: 1..{MAX_BINS} bins", field="bins")
+
+
+def check_day(day: dt.date, *, now: float, field: str) -> None:
+    """InvalidRequest naming ``field`` for a day more than a day ahead of the scheduler's
+    UTC date (host-local days run up to 14 h ahead of UTC): a day no host has had yet."""
+    today = dt.datetime.fromtimestamp(now, dt.timezone.utc).date()
+    if day > today + dt.timedelta(days=1):
+        raise InvalidRequest(f"{day} is in the future (the scheduler's date is {today} UTC)", field=field)
+
+
 class FleetService:
     def __init__(self, *, store: Store, heartbeat_timeout_s: float, clock: Callable[[], float] = time.time):
         self.store = store
@@ -41,9 +54,7 @@ class FleetService:
         self.clock = clock
 
     def _check_day(self, day: dt.date, field: str) -> str:
-        today = dt.datetime.fromtimestamp(self.clock(), dt.timezone.utc).date()
-        if day > today + dt.timedelta(days=1):  # host-local days run up to 14 h ahead of UTC
-            raise InvalidRequest(f"{day} is in the future (the scheduler's date is {today} UTC)", field=field)
+        check_day(day, now=self.clock(), field=field)
         return day.isoformat()
 
     def _days(self, day: str) -> tuple[list[Day], int]:
@@ -51,19 +62,19 @@ class FleetService:
         with self.store.read() as s:
             rows = days_repo.for_day(session=s, day=day)
         out = []
-        for name, rack, admin, last, policy, d in rows:
+        for r in rows:
+            d = r.HostDay
             if d is None:
                 continue
-            state = host_repo.effective_state(_Beat(admin, last), now=now, heartbeat_timeout_s=self.timeout)
-            hours = days_repo.unpack_hours(d.hours)
-            out.append(Day(name, rack, state, policy or "", d.cpus,
-                           {"io": d.peak_io, "vms": d.peak_vms, "other": d.peak_other}, d.peak_samples, hours))
+            state = host_repo.effective_state(r, now=now, heartbeat_timeout_s=self.timeout)
+            out.append(Day(r.name, r.rack, state, r.carved_policy or "", d.cpus,
+                           {"io": d.peak_io, "vms": d.peak_vms, "other": d.peak_other}, d.peak_samples,
+                           days_repo.unpack_hours(d.hours)))
         return out, len(rows)
 
     def utilization(self, *, day: dt.date, compare: dt.date | None, window: str, group: str,
                     bins: int) -> UtilizationPublic:
-        if not 1 <= bins <= MAX_BINS:
-            raise InvalidRequest(f"{bins}: 1..{MAX_BINS} bins", field="bins")
+        _check_bins(bins)
         span = parse_window(window)
         if group == "class" and span is not None:
             raise InvalidRequest("the split by class is kept for the peak window only: window=peak", field="group")
@@ -83,8 +94,7 @@ class FleetService:
         return DayDistribution(day=dt.date.fromisoformat(day), **got)
 
     def bin_hosts(self, *, day: dt.date, window: str, bins: int, index: int, cls: str) -> BinHostsPublic:
-        if not 1 <= bins <= MAX_BINS:
-            raise InvalidRequest(f"{bins}: 1..{MAX_BINS} bins", field="bins")
+        _check_bins(bins)
         if not 0 <= index < bins:
             raise InvalidRequest(f"{index}: 0..{bins - 1}", field="bin")
         span = parse_window(window)
@@ -96,9 +106,3 @@ class FleetService:
         return BinHostsPublic(day=day, bin=index, lo=index / bins, hi=(index + 1) / bins,
                               hosts=[{"host": h, "value": v} for h, v in hosts])
 
-
-class _Beat:
-    """What ``effective_state`` reads of a host."""
-
-    def __init__(self, admin_state: str, last_heartbeat: float):
-        self.admin_state, self.last_heartbeat = admin_state, last_heartbeat

@@ -14,7 +14,7 @@ from sqlalchemy.orm import Session
 
 from scheduler.db.engine import Store
 from scheduler.db.models import Host
-from scheduler.errors import BeatTooSoon, HostAdminOwned, HostNotYours, InvalidRequest
+from scheduler.errors import BeatTooSoon, HostAdminOwned, HostNotYours
 from scheduler.metrics import Metrics
 from scheduler.repo import days as days_repo
 from scheduler.repo import hosts as host_repo
@@ -25,6 +25,7 @@ from scheduler.schemas.fleet import HostDaysIn
 from scheduler.schemas.hosts import (AdminChange, HeartbeatOut, HostDiskOut, HostPublic, HostRegister, HostsPublic,
                                      HostStatsIn, HostStatsPublic, NodeOut, PfOut, PoolOut, StatsBucketOut,
                                      TargetGroup)
+from scheduler.service.fleet import check_day
 from scheduler.service.hostcache import HostCache
 
 log = logging.getLogger(__name__)
@@ -130,11 +131,8 @@ class HostService:
         kept for the flusher (the latest of a day replaces the earlier). A day more than
         a day ahead of the scheduler's UTC date is refused, naming it."""
         now = self.clock()
-        latest = (dt.datetime.fromtimestamp(now, dt.timezone.utc) + dt.timedelta(days=1)).date()
         for i, d in enumerate(body.days):
-            if d.day > latest:
-                raise InvalidRequest(f"{d.day} is in the future (the scheduler's date is "
-                                     f"{(latest - dt.timedelta(days=1)).isoformat()} UTC)", field=f"days[{i}].day")
+            check_day(d.day, now=now, field=f"days[{i}].day")
         try:
             with self.store.read() as s:
                 self._may_act(s, name, actor=actor, admin=admin, bound_host=bound_host)

@@ -57,9 +57,9 @@ class LivenessWatch:
         last = {r.name: r.last_heartbeat for r in rows}
         for name in got.mark:
             with self.store.write() as s:
-                if not host_repo.mark_down(session=s, name=name, silent_since=last[name], now=now):
+                flagged = host_repo.mark_down(session=s, name=name, silent_since=last[name], now=now)
+                if flagged is None:
                     continue  # another replica did, or it beat meanwhile
-                flagged = vm_repo.count_flagged(session=s, host=name)
                 vm_repo.audit(session=s, principal="scheduler", action="host.down", target=name, now=now,
                               detail={"silent_since": last[name], "silent_s": round(now - last[name], 1),
                                       "vms_flagged": flagged})
