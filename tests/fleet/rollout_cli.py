@@ -13,6 +13,19 @@ from tools.dev.procs import REPO
 
 BIN = str(REPO / ".venv/bin/fleet-rollout")
 
+# The gate of tests that judge something else (owners, hooks, drains) on simulated hosts:
+# on a busy 2-CPU machine the trees' animator is starved and catches up in bursts, which
+# moves the probe's p99 and the PSI by 30-50 % between baseline and soak on a healthy
+# host (CI: median 0.53 ms against a 0.40 ms allowance). Loose enough that only a host
+# the test degrades on purpose fails it; test_rollout_fleet.py judges the gate itself.
+LENIENT_GATE = """[gate]
+min_samples = 3
+controls = 0
+probe_p99_rise_pct = 400
+psi_rise_pct = 400
+foreign_cpu_max = 0.9
+"""
+
 
 def rollout_env(sched: dict, work: Path) -> dict[str, str]:
     token = work / "admin.token"

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import pytest
 from tools.dev.fleetsim import SimFleet
-from rollout_cli import rollout
+from rollout_cli import LENIENT_GATE, rollout
 
 from api import hostd_pb2 as pb
 
@@ -31,12 +31,7 @@ pytestmark = [pytest.mark.slow]
 HOOK = Path(__file__).with_name("host_hook.py")
 # the simulated hosts' probe is timed inside a busy process and their node-agent may run
 # on the io_cpu (no exclusive carve on trees): judged on PSI and the failed probes
-GATE = """[gate]
-min_samples = 3
-alpha = 0.05
-controls = 0
-foreign_cpu_max = 0.5
-"""
+GATE = LENIENT_GATE
 
 
 def test_a_hostd_upgrade_keeps_every_vm_or_fails_the_host(sched) -> None:  # type: ignore[no-untyped-def]
