@@ -2,7 +2,7 @@
 """The fleet's pulse, one command: heartbeats at the fleet's rate next to placements.
 
     .venv/bin/python bench/fleet_pulse.py [--hosts 100000 --rate 1000 --stores sqlite,pg]
-    .venv/bin/python bench/fleet_pulse.py --short --json      # ~40 s: 2,000 hosts, SQLite
+    .venv/bin/python bench/fleet_pulse.py --short --json      # ~40 s: 500 hosts, SQLite
 
 For each store (a SQLite file; PostgreSQL 15 started here on loopback, stopped by PID),
 two `scheduler serve` replicas, --hosts registered through the API, then, with liveness
@@ -11,9 +11,10 @@ out of play (a timeout no pause reaches, as bench/placement.py):
 1. placements offered open loop at --rate for --seconds, nothing else: the baseline;
 2. heartbeats alone, every host once per interval (10 s, as hostd beats; no stats, as
    hostd by default) for --seconds: beats answered and their p99, the servers' CPU per
-   beat, and the database's writes per beat (PostgreSQL: its own counters, rows
-   inserted + updated + deleted in pg_stat_database; SQLite counts none, so the
-   liveness rows the replicas wrote, from their /metrics);
+   beat (the replicas' processes only, never the generator's), and the database's
+   writes per beat (PostgreSQL: its own counters, rows inserted + updated + deleted in
+   pg_stat_database; SQLite counts none, so the liveness rows the replicas wrote, from
+   their /metrics);
 3. placements and heartbeats together: placements/s and p99 against (1);
 4. every host sends its day (POST /v1/hosts/{name}/days): the history's bytes per host
    and day, from the database's own numbers (SQLite dbstat; PostgreSQL: the table's main fork and its index,
@@ -24,12 +25,35 @@ out of play (a timeout no pause reaches, as bench/placement.py):
    host took to be marked down after its last beat (p50/p99, from the audit's host.down
    rows), and how many hosts that kept beating were marked down (false downs).
 
-The load generator is this Python process (asyncio, keep-alive connections); it reports
-what it sent. On this 2-CPU machine it and two replicas share the CPUs, so 100,000 hosts
-(10,000 beats/s) need a bigger machine or a compiled generator (wrk): the defaults are
-the issue's, `--short` is what runs here: 500 hosts beating every 2 s with the liveness
-timings shortened to match (timeout 6 s, liveness written at most every 1 s, checked
-every 1 s); the full run uses the shipped defaults (beats every 10 s; 25 s, 5 s, 4 s).
+Two load generators send the heartbeats (--generator); placements, registrations and
+days always come from this Python process. Beats are split over the two replicas: host
+i beats to replica i % 2.
+
+- python: this process (asyncio, 16 keep-alive connections), open loop: each beat's
+  latency runs from when it was due. On this 2-CPU machine it shares the CPUs with the
+  replicas; at 10,000 hosts it kept pace (993 of 1,000 beats/s answered,
+  docs/measurements.md), at 100,000 (10,000 beats/s) it cannot: one interpreter thread
+  building and parsing every request.
+- wrk (4.1, /usr/bin/wrk) with bench/wrk/heartbeat.lua: one thread and 8 connections
+  per replica, each thread beating its hosts in turn, paced by the script's delay()
+  hook (wrk 4 has no -R). Its latency runs from when a beat was written; beats that
+  went out more than 1 ms after they were due (every connection busy) are counted
+  (beats_late), so a p99 that leaves waiting out says so. In phase 5 the silent hosts'
+  last beats come from this process (their times are the mark-down's zero) and each
+  replica has its own wrk: a wrk connection that finds its server gone never
+  reconnects, so replica 1's wrk stops before that replica's restart and a new one
+  starts after it, skipping the beats that fell due meanwhile (hostd's would have
+  failed and waited for the next interval).
+The default is wrk from 20,000 hosts (2,000 beats/s, twice the most the Python
+generator was measured to keep pace with) when /usr/bin/wrk exists, else python, so the
+runs at 10,000 hosts and below stay comparable with the ones before wrk; --short is python.
+Both report their own CPU per beat sent (generator_cpu_us_per_beat; python: phase 2 only,
+as in phase 3 this process also sends the placements).
+
+The defaults are the issue's; `--short` is what the test runs: 500 hosts beating every
+2 s with the liveness timings shortened to match (timeout 6 s, liveness written at most
+every 1 s, checked every 1 s); the full run uses the shipped defaults (beats every 10 s;
+25 s, 5 s, 4 s).
 """
 
 from __future__ import annotations
@@ -45,18 +69,23 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
 from tools.dev.procstat import tree_cpu_s  # noqa: E402
-from tools.dev.schedbench import (Conn, create_database, fleet, free_port, percentile, postgres,  # noqa: E402
-                                  register_body, run_clients, run_open, stop, trace, wait_http)
+from tools.dev.schedbench import (WRK, Conn, WrkRun, create_database, fleet, free_port, percentile,  # noqa: E402
+                                  postgres, register_body, run_clients, run_open, start_wrk, stop, trace,
+                                  wait_http, wait_wrk)
 
 TOKENS = {"bench-admin": ["admin"], "bench-host": ["host"], "bench-tenant": ["tenant:bench"]}
 PG_SETTINGS = {"synchronous_commit": "off", "shared_buffers": "256MB", "max_connections": "400"}
 STORES = "sqlite,pg"
+WRK_SCRIPT = REPO / "bench/wrk/heartbeat.lua"
+WRK_FROM_HOSTS = 20000  # the docstring says why
+CONNS = 16  # the heartbeats' connections, either generator: 8 a replica
 
 
 def auth(token: str, **extra: str) -> dict[str, str]:
@@ -117,6 +146,71 @@ async def beat(c: Conn, name: str) -> tuple[int, float]:
         c.close()
         return 0, time.perf_counter() - t
     return r.status, time.perf_counter() - t
+
+
+def start_beats(bases: list[tuple[str, int]], names: list[str], *, start: int, count: int, rate: float,
+                seconds: float, tmp: Path, label: str) -> subprocess.Popen:
+    """wrk (bench/wrk/heartbeat.lua) beating ``count`` times at ``rate`` a second, host
+    i of ``names`` to replica ``bases[i % len(bases)]``, each replica's hosts in turn
+    from ``start`` (a position in the whole stream, as ``Stream``), for ``seconds``."""
+    k = len(bases)
+    files = []
+    for r in range(k):
+        f = tmp / f"beats-{label}-{r}.names"
+        f.write_text("".join(n + "\n" for n in names[r::k]))
+        files.append(str(f))
+    env = {"HYB_WRK_ADDRS": ",".join(f"{h}:{p}" for h, p in bases), "HYB_WRK_NAMES": ",".join(files),
+           "HYB_WRK_RATE": str(rate / k), "HYB_WRK_COUNT": str(count // k), "HYB_WRK_START": str(start // k),
+           "HYB_WRK_TOKEN": "bench-host"}
+    host, port = bases[0]
+    return start_wrk(WRK_SCRIPT, f"http://{host}:{port}", threads=k, conns=CONNS // 2 * k, seconds=seconds,
+                     env=env)
+
+
+@dataclass
+class Beats:
+    """What one heartbeat phase sent and got, from either generator."""
+
+    sent: int
+    ok: int
+    took_s: float  # first beat sent to last answer
+    p99_s: float | None
+    late: int | None  # wrk: beats sent more than 1 ms after they were due; python: None (its latency holds them)
+    generator_cpu_s: float
+
+    @classmethod
+    def of_wrk(cls, run: WrkRun) -> Beats:
+        return cls(run.sent, run.answered(200), run.window_s, run.p("99"), int(run.report.get("late_1ms", 0)),
+                   run.cpu_s)
+
+    @classmethod
+    def of_python(cls, got: list, took_s: float, cpu_s: float) -> Beats:
+        ok = [lat for (st, _), lat in got if st == 200]
+        return cls(len(got), len(ok), took_s, percentile(ok, 0.99) if ok else None, None, cpu_s)
+
+
+def send_beats(a: argparse.Namespace, bases: list[tuple[str, int]], names: list[str], start: int, count: int,
+               rate: float, tmp: Path, label: str, beside=None) -> tuple[Beats, object]:  # type: ignore[no-untyped-def]
+    """``count`` beats at ``rate`` from ``names[start:]`` on (round after round) with
+    --generator; ``beside`` (a coroutine function), when given, runs in this process
+    meanwhile (the placements of phase 3). Returns the beats and what ``beside`` returned."""
+    if a.generator == "wrk":
+        p = start_beats(bases, names, start=start, count=count, rate=rate, seconds=count / rate + 1, tmp=tmp,
+                        label=label)
+        try:
+            other = asyncio.run(beside()) if beside else None
+        finally:
+            run = wait_wrk(p)
+        return Beats.of_wrk(run), other
+    items = [names[(start + k) % len(names)] for k in range(count)]
+
+    async def go():  # type: ignore[no-untyped-def]
+        return await asyncio.gather(run_open(rate, CONNS, bases, items, beat), *([beside()] if beside else []))
+    g0, t0 = time.process_time(), time.perf_counter()
+    got, *other = asyncio.run(go())
+    took, used = time.perf_counter() - t0, time.process_time() - g0
+    # with placements beside, the process's CPU is theirs too: none is reported then
+    return Beats.of_python(got, took, used if beside is None else float("nan")), (other[0] if other else None)
 
 
 async def place(c: Conn, r) -> tuple[int, float]:  # type: ignore[no-untyped-def]
@@ -218,29 +312,28 @@ def run_store(label: str, url: str, sqlite_path: Path | None, a: argparse.Namesp
         out["placement_p99_ms"] = round(percentile(base_ok, 0.99) * 1e3, 2) if base_ok else None
 
         # 2. heartbeats alone: CPU and database writes per beat
-        items = stream.take(int(beat_rate * a.seconds))
-        c0, w0, r0, t0 = cpu(reps.pids), db.writes(), liveness_rows(bases), time.perf_counter()
-        got = asyncio.run(run_open(beat_rate, 16, bases, items, beat))
-        took = time.perf_counter() - t0
+        n = int(beat_rate * a.seconds)
+        c0, w0, r0 = cpu(reps.pids), db.writes(), liveness_rows(bases)
+        got, _ = send_beats(a, bases, names, stream.take(n), n, beat_rate, tmp, "alone")
         time.sleep(1.2)  # the last flush
         used, writes, rows = cpu(reps.pids) - c0, db.writes() - w0, liveness_rows(bases) - r0
-        ok = [lat for (st, _), lat in got if st == 200]
-        out["beats_sent"] = len(items)
-        out["beats_per_s"] = round(len(ok) / took, 1)
-        out["beat_p99_ms"] = round(percentile(ok, 0.99) * 1e3, 2) if ok else None
-        out["cpu_us_per_beat"] = round(used / max(1, len(ok)) * 1e6, 1)
+        out["generator"] = a.generator
+        out["beats_offered_per_s"] = round(beat_rate, 1)
+        out["beats_sent"] = got.sent
+        out["beats_per_s"] = round(got.ok / got.took_s, 1) if got.took_s else None
+        out["beat_p99_ms"] = round(got.p99_s * 1e3, 2) if got.p99_s is not None else None
+        out["beats_late"] = got.late
+        out["cpu_us_per_beat"] = round(used / max(1, got.ok) * 1e6, 1)
+        out["generator_cpu_us_per_beat"] = round(got.generator_cpu_s / max(1, got.sent) * 1e6, 1)
         # PostgreSQL: every row it wrote (its statistics); SQLite has no such counter: the
         # liveness rows the replicas wrote (their hyb_sched_liveness_rows_written_total)
-        out["db_writes_per_beat"] = round((writes if sqlite_path is None else rows) / max(1, len(ok)), 4)
+        out["db_writes_per_beat"] = round((writes if sqlite_path is None else rows) / max(1, got.ok), 4)
         out["db_writes_from"] = "pg_stat_database" if sqlite_path is None else "scheduler metrics"
 
         # 3. both
-        beats = stream.take(int(beat_rate * a.seconds))
-
-        async def both():  # type: ignore[no-untyped-def]
-            return await asyncio.gather(run_open(a.rate, 32, bases, second, place),
-                                        run_open(beat_rate, 16, bases, beats, beat))
-        placed, beaten = asyncio.run(both())
+        def placements():  # type: ignore[no-untyped-def]
+            return run_open(a.rate, 32, bases, second, place)
+        beaten, placed = send_beats(a, bases, names, stream.take(n), n, beat_rate, tmp, "both", beside=placements)
         ok_p = [lat for (st, _), lat in placed if st == 202]
         out["placed_per_s_with_beats"] = round(len(ok_p) / a.seconds, 1)
         out["refused_for_capacity_with_beats"] = sum(1 for (st, _), _l in placed if st == 507)
@@ -249,9 +342,12 @@ def run_store(label: str, url: str, sqlite_path: Path | None, a: argparse.Namesp
             if out["placed_per_s"] else None
         out["placement_p99_ratio"] = round(out["placement_p99_ms_with_beats"] / out["placement_p99_ms"], 2) \
             if out["placement_p99_ms"] and out["placement_p99_ms_with_beats"] else None
-        out["beats_answered_with_placements"] = sum(1 for (st, _), _l in beaten if st == 200)
+        out["beats_answered_with_placements"] = beaten.ok
+        out["beats_sent_with_placements"] = beaten.sent
+        out["beat_p99_ms_with_placements"] = round(beaten.p99_s * 1e3, 2) if beaten.p99_s is not None else None
+        out["beats_late_with_placements"] = beaten.late
 
-        # 5. a day from every host: the history's size
+        # 4. a day from every host: the history's size
         day = dt.date.today().isoformat()
 
         async def send_day(c: Conn, n: str) -> int:
@@ -274,14 +370,14 @@ class Stream:
     def __init__(self, names: list[str]):
         self.names, self.i = names, 0
 
-    def take(self, n: int) -> list[str]:
-        out = [self.names[(self.i + k) % len(self.names)] for k in range(n)]
+    def take(self, n: int) -> int:
+        """The stream's position before the next ``n`` beats, which it then passes."""
         self.i += n
-        return out
+        return self.i - n
 
 
 def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> dict:
-    """Phase 4, with the liveness timings in play: every host beats every interval_s
+    """Phase 5, with the liveness timings in play: every host beats every interval_s
     through the replicas' grace period; then 1 % of them (spread over the racks) stop,
     the others beat on, and one replica is restarted in the middle. How long after its
     last beat each silent host was marked down (the audit's host.down rows), and how
@@ -302,23 +398,35 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> d
             return got
 
         # every host beats once (the replicas mark nothing during their grace period anyway)
-        warm = Stream(names).take(int(rate * a.interval_s * 1.5))
-        asyncio.run(run_open(rate, 16, bases, warm, timed_beat))
-        talking = Stream([n for n in names if n not in silent])
+        warm = int(rate * a.interval_s * 1.5)
+        talking = [n for n in names if n not in silent]
         span = a.timeout_s + 2 * a.check_s + a.interval_s
-        items = talking.take(int(rate * span))
+        if a.generator == "wrk":
+            wait_wrk(start_beats(bases, names, start=0, count=warm, rate=rate, seconds=warm / rate + 1, tmp=tmp,
+                                 label="warm"))
+            keep_beating_wrk(reps, talking, sorted(silent), timed_beat, rate, span, tmp)
+        else:
+            asyncio.run(run_open(rate, CONNS, bases, [names[k % len(names)] for k in range(warm)], timed_beat))
+            items = [talking[k % len(talking)] for k in range(int(rate * span))]
 
-        async def keep_beating():  # type: ignore[no-untyped-def]
-            loop = asyncio.get_running_loop()
-            restart = loop.run_in_executor(None, lambda: (time.sleep(span / 3), reps.restart(1)))
-            got = await run_open(rate, 16, bases, items, timed_beat)
-            await restart
-            return got
-        asyncio.run(keep_beating())
+            async def keep_beating():  # type: ignore[no-untyped-def]
+                loop = asyncio.get_running_loop()
+                restart = loop.run_in_executor(None, lambda: (time.sleep(span / 3), reps.restart(1)))
+                got = await run_open(rate, CONNS, bases, items, timed_beat)
+                await restart
+                return got
+            asyncio.run(keep_beating())
 
         async def downs(c: Conn, _: int) -> list[dict]:
-            r = await c.request("GET", "/v1/audit?action=host.down&limit=1000", None, auth("bench-admin"))
-            return json.loads(r.body)["items"]
+            rows: list[dict] = []
+            before = ""
+            while True:  # pages of 1,000 (the API's most): 100,000 hosts have 1,000 silent
+                r = await c.request("GET", f"/v1/audit?action=host.down&limit=1000{before}", None, auth("bench-admin"))
+                page = json.loads(r.body)
+                rows += page["items"]
+                if not page.get("next"):
+                    return rows
+                before = f"&before={page['next']}"
         rows = asyncio.run(run_clients(1, bases[:1], [0], downs))[0]
     finally:
         reps.stop()
@@ -331,6 +439,35 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> d
             "liveness": {"timeout_s": a.timeout_s, "write_s": a.write_s, "check_s": a.check_s}}
 
 
+def keep_beating_wrk(reps: Replicas, talking: list[str], silent: list[str], timed_beat, rate: float,  # type: ignore[no-untyped-def]
+                     span: float, tmp: Path) -> None:
+    """Phase 5's beats through wrk: the hosts that keep beating for ``span`` seconds,
+    one wrk a replica (a wrk connection that loses its server never reconnects, so
+    replica 1's stops before the restart and a new one starts after it, skipping the
+    beats that fell due meanwhile); the silent hosts' last beats from this process,
+    timed."""
+    half = [talking[0::2], talking[1::2]]
+    bases = reps.bases
+    t0 = time.monotonic()
+    first = span / 3
+    w0 = start_beats(bases[:1], half[0], start=0, count=int(rate / 2 * span), rate=rate / 2, seconds=span + 1,
+                     tmp=tmp, label="talk-0")
+    w1 = start_beats(bases[1:], half[1], start=0, count=int(rate / 2 * first), rate=rate / 2, seconds=first,
+                     tmp=tmp, label="talk-1a")
+    running = [w0, w1]
+    try:
+        asyncio.run(run_clients(8, bases, silent, timed_beat))
+        wait_wrk(running.pop())
+        reps.restart(1)
+        gone = time.monotonic() - t0
+        running.append(start_beats(bases[1:], half[1], start=int(rate / 2 * gone),
+                                   count=int(rate / 2 * (span - gone)), rate=rate / 2, seconds=span - gone + 1,
+                                   tmp=tmp, label="talk-1b"))
+    finally:
+        for w in running:
+            wait_wrk(w)
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hosts", type=int, default=100000)
@@ -340,12 +477,19 @@ def main() -> int:
     p.add_argument("--short", action="store_true", help="500 hosts beating every 2 s, 80 placements/s, 4 s "
                                                         "phases, SQLite, liveness timings shortened (the docstring)")
     p.add_argument("--json", action="store_true", help="print one JSON object (a list with several stores)")
+    p.add_argument("--generator", choices=("python", "wrk"), default=None,
+                   help=f"who sends the heartbeats (default: wrk from {WRK_FROM_HOSTS:,} hosts when {WRK} exists, "
+                        f"else python; --short: python)")
     a = p.parse_args()
     a.interval_s, a.timeout_s, a.write_s, a.check_s = 10.0, 25.0, 5.0, 4.0
     if a.short:
         a.hosts, a.rate, a.seconds = 500, 80.0, 4.0  # 640 VMs: the fleet holds them
         a.stores = "sqlite" if a.stores == STORES else a.stores
         a.interval_s, a.timeout_s, a.write_s, a.check_s = 2.0, 6.0, 1.0, 1.0
+    if a.generator is None:
+        a.generator = "wrk" if not a.short and a.hosts >= WRK_FROM_HOSTS and WRK.exists() else "python"
+    if a.generator == "wrk" and not WRK.exists():
+        p.error(f"--generator wrk: {WRK} is not installed (Debian: apt-get install wrk)")
     results = []
     with tempfile.TemporaryDirectory(prefix="hyb-pulse-") as d:
         tmp = Path(d)
@@ -362,7 +506,8 @@ def main() -> int:
             r["seconds"] = round(time.perf_counter() - t, 1)
             results.append(r)
             if not a.json:
-                print(f"\n{st}: {a.hosts} hosts, {a.hosts / a.interval_s:.0f} beats/s offered, {a.rate:.0f} placements/s")
+                print(f"\n{st}: {a.hosts} hosts, {a.hosts / a.interval_s:.0f} beats/s offered ({a.generator}), "
+                      f"{a.rate:.0f} placements/s")
                 for k, v in r.items():
                     print(f"  {k:34} {v}")
     if a.json:

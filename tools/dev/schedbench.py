@@ -496,3 +496,72 @@ class Result:
     @property
     def rate(self) -> float:
         return (self.placed + self.rejected) / self.seconds if self.seconds else 0.0
+
+
+# ---------------------------------------------------------------- wrk, the compiled generator
+
+
+WRK = Path("/usr/bin/wrk")
+WRK_MARK = "HYB-WRK-REPORT "
+
+
+@dataclass
+class WrkRun:
+    """What a wrk script's done() reported (the line after ``WRK_MARK``, see
+    bench/wrk/heartbeat.lua) and the CPU the wrk process used."""
+
+    report: dict[str, Any]
+    cpu_s: float
+
+    @property
+    def sent(self) -> int:
+        return int(self.report.get("sent", 0))
+
+    def answered(self, status: int) -> int:
+        return int(self.report.get("statuses", {}).get(str(status), 0))
+
+    def p(self, q: str) -> float | None:
+        """Latency percentile ``q`` ("50", "99", "99.9", "max") in seconds, from the write."""
+        v = self.report.get("latency_us", {}).get(q)
+        return None if v is None else v / 1e6
+
+    @property
+    def window_s(self) -> float:
+        """From the first request written to the last answer read, in seconds."""
+        r = self.report
+        if not r.get("first_send_us") or not r.get("last_answer_us"):
+            return 0.0
+        return (r["last_answer_us"] - r["first_send_us"]) / 1e6
+
+
+def parse_wrk_report(stdout: str) -> dict[str, Any]:
+    """The JSON object on the line that starts with ``WRK_MARK`` (wrk prints its own
+    summary around it); ValueError when there is none, so a script that failed to load
+    is not read as a run that sent nothing."""
+    for line in stdout.splitlines():
+        if line.startswith(WRK_MARK):
+            return json.loads(line[len(WRK_MARK):])
+    raise ValueError(f"no {WRK_MARK.strip()} line in wrk's output: {stdout[-2000:]!r}")
+
+
+def start_wrk(script: Path, url: str, *, threads: int, conns: int, seconds: float,
+              env: dict[str, str]) -> subprocess.Popen:
+    """wrk with ``script``, ``conns`` connections over ``threads`` threads, for
+    ``seconds`` (whole seconds, rounded up: wrk's -d unit); ``env`` adds to ours.
+    Requests slower than 60 s count as timeouts (wrk's latency histogram ends there)."""
+    return subprocess.Popen([str(WRK), "-t", str(threads), "-c", str(conns), "-d", f"{max(1, int(-(-seconds // 1)))}s",
+                             "--timeout", "60s", "-s", str(script), url],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env={**os.environ, **env})
+
+
+def wait_wrk(p: subprocess.Popen) -> WrkRun:
+    """Wait for a wrk started by ``start_wrk``; its report and its CPU (user + system,
+    from wait4, so the time of its threads is counted after they are gone)."""
+    assert p.stdout is not None
+    out = p.stdout.read()
+    _, status, ru = os.wait4(p.pid, 0)
+    p.returncode = os.waitstatus_to_exitcode(status)
+    if p.returncode != 0:
+        raise RuntimeError(f"wrk exited {p.returncode}: {out[-2000:]}")
+    return WrkRun(parse_wrk_report(out), ru.ru_utime + ru.ru_stime)
