@@ -42,6 +42,7 @@ that bench needs a bigger one.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import hashlib
 import json
 import os
@@ -54,7 +55,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Self
@@ -555,6 +556,30 @@ sha256 = "{sha256(host_token)}"
 scopes = ["host"]
 {extra}""")
     return path
+
+
+@contextlib.contextmanager
+def fleet_scheduler(w: Path, *, admin_token: str, host_token: str, tenants: dict[str, str] | None = None,
+                    extra: str = "") -> Iterator[dict]:
+    """A real `scheduler serve` for a simulated fleet in ``w``: SQLite, HTTPS from a dev CA
+    that also signs the fleet-rollout client certificate, an admin and a host token, and
+    ``tenants`` ({token: tenant}); stopped by PID on the way out, whatever happened.
+    Yields what the tests pass around: sched (tools.dev.procs.Scheduler), certs, dir,
+    admin, host_token."""
+    from tools.dev.procs import Scheduler, free_port
+    certs = dev_certs(w / "tls", ("fleet-rollout",))
+    port = free_port()
+    tenant_tokens = "".join(f'[[auth.tokens]]\nname = "tenant-{t}"\nsha256 = "{sha256(tok)}"\n'
+                            f'scopes = ["tenant:{t}"]\n' for tok, t in (tenants or {}).items())
+    write_scheduler_config(w / "scheduler.toml", port=port, certs=certs, db=w / "scheduler.db",
+                           admin_token=admin_token, host_token=host_token, extra=tenant_tokens + extra)
+    env = {k: v for k, v in os.environ.items() if not k.startswith(("HOSTD_", "HYB_SCHED_"))}
+    s = Scheduler(w / "scheduler.toml", port, env, w / "scheduler.log", ca=certs / "ca.crt")
+    try:
+        s.start()
+        yield {"sched": s, "certs": certs, "dir": w, "admin": admin_token, "host_token": host_token}
+    finally:
+        s.stop()
 
 
 def dev_certs(d: Path, clients: tuple[str, ...] = ("fleet-rollout",)) -> Path:

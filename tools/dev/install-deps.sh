@@ -15,6 +15,8 @@ PKGS=(
   lvm2  # pvcreate: the disk-safety tests write a real LVM PV label on a loop device
   prometheus  # promtool: the IO-health alert rules are checked and unit-tested (hostd/alerts/)
   rt-tests fio stress-ng  # bench/isolation.py: wake-up latency, IO latency, the neighbours
+  wrk  # bench/fleet_pulse.py: heartbeats at the fleet's rate from a compiled generator
+  chromium chromium-driver  # the console's browser tests (tests/console/), headless
   # kernel-patches/check: Debian's pinned kernel source and what its build needs
   linux-source-6.1 bc bison flex libssl-dev libelf-dev git perl
 )

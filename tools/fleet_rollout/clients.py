@@ -5,7 +5,6 @@ failed) or ``HostRefused`` (hostd's own error code and message, kept for the rec
 
 from __future__ import annotations
 
-import ssl
 import subprocess
 import threading
 import time
@@ -13,10 +12,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import grpc
-import httpx
 
 from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
+from api.rest import ApiError, ApiUnreachable, RestClient
 from tools.fleet_rollout.gates import Sample
 
 UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
@@ -146,56 +145,17 @@ class HostdClients:
         return {v.vm_id for v in self._call(address, "ListVMs", pb.ListVMsRequest()).vms}
 
 
-class SchedulerError(Exception):
-    def __init__(self, message: str, code: str = ""):
-        super().__init__(message)
-        self.code = code  # the API's error code (hyb.host.admin_owned ...), "" if none
+# the scheduler's refusals (api/rest.py): ``code`` is the API's error code
+# (hyb.host.admin_owned ...); SchedulerUnreachable is no answer or a 5xx, worth asking
+# again (the engine retries for limits.unreachable_s)
+SchedulerError = ApiError
+SchedulerUnreachable = ApiUnreachable
 
 
-class SchedulerUnreachable(SchedulerError):
-    """No answer, or a 5xx: worth asking again (the engine retries for limits.unreachable_s)."""
-
-
-class Scheduler:
+class Scheduler(RestClient):
     """The scheduler's REST API with an admin token: cordon and uncordon hosts, and the
     rollouts' state (tools/fleet_rollout/store.py). ``http``: a client to use instead of
     one made from ``url`` and ``token`` (the tests' in-process scheduler)."""
-
-    def __init__(self, url: str, token: str, *, ca: Path | None = None, timeout_s: float = 10.0,
-                 connections: int = 20, http: httpx.Client | None = None):
-        # one kept-alive connection per host in flight: httpx keeps 20 by default, and every
-        # call beyond that paid a TLS handshake (py-spy: a tenth of the controller's CPU at
-        # 60 hosts in flight)
-        trust = ssl.create_default_context(cafile=str(ca)) if ca else True
-        self.url = url
-        self.http = http or httpx.Client(base_url=url, verify=trust, timeout=timeout_s,
-                                         limits=httpx.Limits(max_connections=None,
-                                                             max_keepalive_connections=max(20, connections)))
-        self.http.headers["Authorization"] = f"Bearer {token}"
-
-    def close(self) -> None:
-        self.http.close()
-
-    def request(self, method: str, path: str, **kw) -> dict:  # type: ignore[no-untyped-def]
-        """The answer's JSON ({} for 204). SchedulerUnreachable: no answer, or a 5xx (a
-        replica going away, the scheduler's database failing); SchedulerError: refused,
-        with the API's error code."""
-        try:
-            r = self.http.request(method, path, **kw)
-        except httpx.HTTPError as e:
-            raise SchedulerUnreachable(f"scheduler {method} {path}: {e}") from None
-        if r.status_code >= 400:
-            code, detail = "", str(r.status_code)
-            try:
-                err = r.json().get("error") or {}  # scheduler/api/errors.py: {"error": {code, field, message}}
-                code = str(err.get("code", ""))
-                where = f" [{err['field']}]" if err.get("field") else ""
-                detail = f"{code or r.status_code}{where}: {err.get('message', '')}"
-            except (ValueError, AttributeError):
-                pass
-            raise (SchedulerUnreachable if r.status_code >= 500 else SchedulerError)(
-                f"scheduler {method} {path}: {detail}", code)
-        return r.json() if r.content else {}
 
     def hosts(self) -> list[dict]:
         return self.request("GET", "/v1/hosts")["items"]
