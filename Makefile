@@ -8,7 +8,7 @@ VENV    ?= .venv
 VPY     := $(VENV)/bin/python
 STAMP   := $(VENV)/.installed
 
-.PHONY: demo test deps sysdeps venv stubs clean test-unit kernel-build images
+.PHONY: demo test deps sysdeps venv stubs clean test-unit kernel-build images console-assets
 
 sysdeps:
 	@bash tools/dev/install-deps.sh
@@ -28,7 +28,12 @@ $(PROTO_OUT) &: api/hostd.proto $(STAMP)
 
 stubs: $(PROTO_OUT)
 
-deps: sysdeps venv stubs
+# The web console's JavaScript (ECharts, htmx): pinned, checksummed, from the npm
+# registry, never committed (scheduler/console/static/vendor/ is ignored).
+console-assets:
+	@bash tools/dev/fetch-console-assets.sh
+
+deps: sysdeps venv stubs console-assets
 
 demo: deps
 	@bash tools/dev/demo.sh

@@ -125,6 +125,12 @@ class DrainConfig(BaseModel):
     stop_grace_s: int = 30  # an on_maintenance = stop VM's guest has this long to power off
 
 
+class ConsoleConfig(BaseModel):
+    enabled: bool = True  # the web console under /ui
+    session_ttl_s: float = Field(28800.0, ge=60, le=30 * 86400)  # a login lasts this long (8 h)
+    heatmap_days: int = Field(28, ge=1, le=400)  # days the fleet page's heatmap shows
+
+
 class Settings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="HYB_SCHED_", env_nested_delimiter="__",
                                       extra="forbid")
@@ -137,6 +143,7 @@ class Settings(BaseSettings):
     drain: DrainConfig = Field(default_factory=DrainConfig)
     liveness: LivenessConfig = Field(default_factory=LivenessConfig)
     stats: StatsConfig = Field(default_factory=StatsConfig)
+    console: ConsoleConfig = Field(default_factory=ConsoleConfig)
     log_level: str = "INFO"
 
     @classmethod

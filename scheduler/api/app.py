@@ -14,6 +14,8 @@ from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
 from scheduler.api import errors, fastpath, gate, wire
+from scheduler.console import routes as console_routes
+from scheduler.console.sessions import SessionBook
 from scheduler.api.routes import audit, fleet, hosts, rollouts, vms
 from scheduler.api.routes import prometheus as prometheus_sd
 from scheduler.config import Settings
@@ -110,6 +112,9 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
     app.state.drains = DrainService(store=store, vms=app.state.vms, clock=clock, workers=settings.drain.workers,
                                     stop_grace_s=settings.drain.stop_grace_s)
     errors.install(app)
+    if settings.console.enabled:
+        app.state.console = SessionBook(store, app.state.tokens, ttl_s=settings.console.session_ttl_s, clock=clock)
+        console_routes.install(app)
     app.include_router(hosts.router)
     app.include_router(vms.router)
     app.include_router(audit.router)

@@ -1,7 +1,8 @@
 """What every request passes before anything reads its body: the token, then the size.
 
 A request to a path that is not open (``server.open_endpoints``: by default only
-``/healthz`` and ``/readyz``) without a valid bearer token is answered 401 right here,
+``/healthz`` and ``/readyz``) nor the console's (``/ui``, which checks its own session
+cookie) without a valid bearer token is answered 401 right here,
 so an unauthenticated client cannot make the server read, buffer or parse anything it
 sends. A body larger than ``server.max_body_bytes`` (``max_admin_body_bytes`` for an
 admin's token: a rollout over a fleet) is answered 413 from its ``Content-Length``
@@ -38,6 +39,24 @@ class BodyTooLarge(SchedulerError):
     status = 413
 
 
+class BadPath(SchedulerError):
+    code = "hyb.request.bad_path"
+    status = 400
+
+
+CONSOLE = "/ui"  # the web console: its own sessions (scheduler/console), not bearer tokens
+
+
+def is_console(path: str) -> bool:
+    return path == CONSOLE or path.startswith(CONSOLE + "/")
+
+
+def has_dot_segment(path: str) -> bool:
+    """``/ui/../v1/hosts``: no route is under a dot segment, and a prefix rule (the
+    console's, an open endpoint's) must not be walked out of."""
+    return any(seg in (".", "..") for seg in path.split("/"))
+
+
 def is_open(path: str, open_endpoints: Sequence[str]) -> bool:
     """``/docs`` opens ``/docs`` and what is under it (``/docs/oauth2-redirect``)."""
     return any(path == p or path.startswith(p.rstrip("/") + "/") for p in open_endpoints)
@@ -48,7 +67,10 @@ async def admit(scope: Scope, receive: Receive, send: Send, *, tokens: TokenBook
     """None: the request was answered here (401/413). Else the ``receive`` to go on with."""
     headers = dict(scope.get("headers") or ())
     setting = "server.max_body_bytes"
-    if not is_open(scope["path"], open_endpoints):
+    if has_dot_segment(scope["path"]):
+        await _answer(send, BadPath("a path with . or .. segments", field="path"))
+        return None
+    if not is_open(scope["path"], open_endpoints) and not is_console(scope["path"]):
         try:
             p = principal_for(headers.get(b"authorization", b"").decode("latin-1"), tokens)
         except SchedulerError as e:

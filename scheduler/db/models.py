@@ -177,6 +177,20 @@ class HostDay(Base):
     probe_failed: Mapped[int] = mapped_column(Integer)
 
 
+class ConsoleSession(Base):
+    """A web console login (``scheduler/console/sessions.py``): the cookie's secret is
+    never stored, only its sha256; the token it was opened with is kept as its sha256
+    too, so a revoked or expired token ends the session. Logout deletes the row."""
+
+    __tablename__ = "console_sessions"
+
+    id: Mapped[str] = mapped_column(String(64), primary_key=True)  # sha256 of the cookie's value
+    token_sha256: Mapped[str] = mapped_column(String(64))
+    csrf: Mapped[str] = mapped_column(String(64))
+    created: Mapped[float] = mapped_column(Float)
+    expires: Mapped[float] = mapped_column(Float, index=True)
+
+
 class Rollout(Base):
     """A fleet rollout (``fleet-rollout``) whose durable state the scheduler keeps, so that
     every operator's rollouts see each other: a host belongs to at most one active

@@ -60,7 +60,10 @@ class TokenBook:
 
     def lookup(self, token: str) -> Entry:
         """The entry of a bearer token, or Unauthenticated (unknown, expired)."""
-        d = digest(token)
+        return self.lookup_digest(digest(token))
+
+    def lookup_digest(self, d: str) -> Entry:
+        """The entry of a token's sha256 (what a console session keeps of it)."""
         entry = next((e for sha, e in self._config if hmac.compare_digest(sha, d)), None)
         if entry is None and self.store is not None:
             self._refresh()

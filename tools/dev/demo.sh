@@ -127,6 +127,7 @@ scheduler_ca = "$STATE/tls/ca.crt"
 host_name = "demo-host"
 advertise_address = "localhost:$HPORT"
 heartbeat_s = 2
+days_s = 15        # the day so far goes to the scheduler often: the demo ends with `hybctl fleet`
 EOF
 .venv/bin/scheduler serve --config "$STATE/scheduler.toml" > "$STATE/scheduler.log" 2>&1 &
 PIDS+=($!)
@@ -210,5 +211,14 @@ export FLEET_ROLLOUT_SCHEDULER_URL="$API" \
 .venv/bin/fleet-rollout plan "$STATE/rollout.toml"
 .venv/bin/fleet-rollout run "$STATE/rollout.toml"
 echo "node0 2 MiB pool on this host now: $(cat /sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages) pages"
+
+say "hybctl: the fleet as an operator sees it (a context in $STATE/hybctl.yaml)"
+export HYBCTL_CONFIG="$STATE/hybctl.yaml"
+.venv/bin/hybctl config set-context demo --server "$API" --token-file "$STATE/admin.token" \
+  --ca "$STATE/tls/ca.crt" --use
+.venv/bin/hybctl host list
+.venv/bin/hybctl rollout status demo-more-pages
+echo "\$ hybctl fleet --window 0-24 --by state   (host-local hours so far today; the peak window is 21:00-22:00)"
+.venv/bin/hybctl fleet --window 0-24 --by state
 
 say "done; cleanup stops the daemons it started and uncarves the host"

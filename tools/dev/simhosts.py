@@ -24,7 +24,8 @@ def main(argv: list[str]) -> int:
     signal.signal(signal.SIGTERM, lambda *_: done.set())
     signal.signal(signal.SIGINT, lambda *_: done.set())
     fleet = SimFleet(work, n, n, scheduler_url=url, host_token=host_token.read_text().strip(),
-                     admin_token=admin_token.read_text().strip(), certs=certs, heartbeat_s=2.0)
+                     admin_token=admin_token.read_text().strip(), certs=certs, heartbeat_s=2.0,
+                     days_s=15.0)  # the demo ends with `hybctl fleet`: days sent while it runs
     try:
         fleet.start(timeout_s=120)
         bad = fleet.hosts[-1].name

@@ -33,12 +33,14 @@ def test_migrations_up_down_up(db_url):
     store = Store.from_url(db_url)
     try:
         upgrade(store.engine)
-        assert current(store.engine) == "0013"
+        assert current(store.engine) == "0014"
         rollouts = {"rollouts", "rollout_hosts", "rollout_transitions", "rollout_leases"}
         assert {"hosts", "vms", "audit"} | rollouts <= set(inspect(store.engine).get_table_names())
         assert {"owner", "metrics_url", "hostd_version", "carved_policy", "admin_owner", "admin_reason",
                 "admin_since"} <= {c["name"] for c in inspect(store.engine).get_columns("hosts")}
-        assert "host_days" in inspect(store.engine).get_table_names()
+        assert {"host_days", "console_sessions"} <= set(inspect(store.engine).get_table_names())
+        downgrade(store.engine, "0013")
+        assert "console_sessions" not in inspect(store.engine).get_table_names()
         downgrade(store.engine, "0012")
         assert "host_days" not in inspect(store.engine).get_table_names()
         assert "down_since" in {c["name"] for c in inspect(store.engine).get_columns("hosts")}
@@ -59,7 +61,7 @@ def test_migrations_up_down_up(db_url):
         assert "hosts" not in inspect(store.engine).get_table_names()
         out = subprocess.run([sys.executable, "-m", "scheduler.cli", "db", "upgrade", "--url", db_url],
                              capture_output=True, text=True, cwd=REPO, check=True)
-        assert out.stdout.strip() == "0013"
+        assert out.stdout.strip() == "0014"
     finally:
         store.dispose()
 

@@ -1,0 +1,103 @@
+// The console's charts: ECharts (fetched by `make console-assets`, served from
+// /ui/static/vendor) drawing the numbers the server put in the page as JSON. Nothing
+// here computes a number the tables do not show; the cumulative curve is the running
+// sum of the same bins.
+"use strict";
+
+const PALETTE = ["#1f6feb", "#f79009", "#12b76a", "#7a5af8", "#f04438", "#0ba5ec", "#ee46bc", "#667085"];
+
+function pageData(id) {
+  const el = document.getElementById(id);
+  return el ? JSON.parse(el.textContent) : null;
+}
+
+function chart(id) {
+  const el = document.getElementById(id);
+  if (!el || !window.echarts) return null;
+  const c = echarts.init(el, null, { renderer: "canvas" });
+  window.addEventListener("resize", () => c.resize());
+  return c;
+}
+
+const toolbox = { feature: { saveAsImage: { title: "PNG", pixelRatio: 2 } } };
+
+function binLabels(d) {
+  return d.bins.map(b => `${Math.round(b.lo * 100)}-${Math.round(b.hi * 100)}%`);
+}
+
+function drawFleet() {
+  const data = pageData("fleet-data");
+  if (!data) return;
+  const u = data.u, labels = binLabels(u.day);
+  const groups = Object.keys(u.day.groups);
+  const days = [["day", u.day]].concat(u.compare ? [["compare", u.compare]] : []);
+  const hist = chart("hist");
+  if (hist) {
+    const series = [];
+    days.forEach(([key, d]) => groups.forEach((g, i) => series.push({
+      name: `${g} ${d.day}`, type: "bar", stack: key, barGap: "10%",
+      itemStyle: { color: PALETTE[i % PALETTE.length], opacity: key === "day" ? 1 : 0.4,
+                   decal: key === "day" ? null : { symbol: "rect", dashArrayX: [1, 0], dashArrayY: [2, 3],
+                                                   rotation: -Math.PI / 4 } },
+      data: d.bins.map(b => b.counts[g] || 0),
+    })));
+    hist.setOption({
+      aria: { enabled: true, decal: { show: true } }, toolbox, tooltip: { trigger: "axis" },
+      legend: { type: "scroll", top: 0 }, grid: { left: 48, right: 16, top: 40, bottom: 48 },
+      xAxis: { type: "category", data: labels, name: "CPU in use", nameLocation: "middle", nameGap: 30 },
+      yAxis: { type: "value", name: "hosts", minInterval: 1 },
+      title: { text: `${u.day.hosts_included} hosts, ${u.day.hosts_missing} missing`, right: 60, top: 0,
+               textStyle: { fontSize: 12, fontWeight: "normal" } },
+      series,
+    });
+    hist.on("click", p => {
+      const a = document.querySelector(`tr[data-bin="${p.dataIndex}"] a`);
+      if (a) a.click();
+    });
+  }
+  const cdf = chart("cdf");
+  if (cdf) {
+    const series = [];
+    days.forEach(([key, d]) => groups.forEach((g, i) => {
+      const total = d.groups[g] ? d.groups[g].hosts : 0;
+      let run = 0;
+      series.push({ name: `${g} ${d.day}`, type: "line", step: "end", symbol: "none",
+                    lineStyle: { color: PALETTE[i % PALETTE.length], type: key === "day" ? "solid" : "dashed" },
+                    itemStyle: { color: PALETTE[i % PALETTE.length] },
+                    data: d.bins.map(b => { run += b.counts[g] || 0; return total ? +(run / total).toFixed(4) : 0; }) });
+    }));
+    cdf.setOption({ toolbox, tooltip: { trigger: "axis" }, legend: { type: "scroll", top: 0 },
+                    grid: { left: 48, right: 16, top: 40, bottom: 48 },
+                    xAxis: { type: "category", data: labels, name: "CPU in use", nameLocation: "middle", nameGap: 30 },
+                    yAxis: { type: "value", min: 0, max: 1, name: "share of hosts" }, series });
+  }
+  const heat = chart("heat");
+  if (heat && data.heat.length) {
+    const cells = [];
+    let top = 1;
+    data.heat.forEach((row, y) => row.counts.forEach((n, x) => { cells.push([x, y, n]); top = Math.max(top, n); }));
+    heat.setOption({
+      toolbox, tooltip: { formatter: p => `${data.heat[p.value[1]].day}, ${labels[p.value[0]]}: ${p.value[2]} hosts` },
+      grid: { left: 90, right: 16, top: 10, bottom: 70 },
+      xAxis: { type: "category", data: labels, splitArea: { show: true } },
+      yAxis: { type: "category", data: data.heat.map(r => r.day) },
+      visualMap: { min: 0, max: top, calculable: true, orient: "horizontal", left: "center", bottom: 0 },
+      series: [{ type: "heatmap", data: cells }],
+    });
+  }
+}
+
+function drawHealth() {
+  const data = pageData("health-data");
+  const c = data && data.items && data.items.length ? chart("health") : null;
+  if (!c) return;
+  const t = data.items.map(i => new Date(i.start * 1000).toISOString().slice(11, 16));
+  const pick = k => data.items.map(i => (i[k] === undefined ? null : i[k]));
+  c.setOption({ toolbox, tooltip: { trigger: "axis" }, legend: { top: 0 }, grid: { left: 48, right: 48, top: 40, bottom: 30 },
+                xAxis: { type: "category", data: t },
+                yAxis: [{ type: "value", name: "ms" }, { type: "value", name: "%" }],
+                series: [{ name: "probe p99 max (ms)", type: "line", data: pick("probe_p99_ms_max") },
+                         { name: "PSI some avg10 max (%)", type: "line", yAxisIndex: 1, data: pick("psi_some_avg10_max") }] });
+}
+
+document.addEventListener("DOMContentLoaded", () => { drawFleet(); drawHealth(); });

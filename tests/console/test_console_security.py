@@ -1,0 +1,119 @@
+"""The console's sessions and its refusals, against the real scheduler app (SQLite store,
+migrated) through its HTTP interface (Starlette's TestClient over https://testserver, so
+the Secure cookie is kept): login and logout, a cookie replayed after logout, a revoked
+token, a form without its CSRF token or from another origin, a tenant asking for a
+host page or the audit, and script in what a page shows."""
+
+from __future__ import annotations
+
+import re
+import sys
+from pathlib import Path
+
+import pytest
+from fastapi.testclient import TestClient
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scheduler"))
+from sched_helpers import ADM, HOST, TA, Clock, host_body, make_client, vm_body  # noqa: E402
+
+from scheduler.console.sessions import COOKIE  # noqa: E402
+
+T0 = 1_764_100_000.0
+
+
+@pytest.fixture
+def app(tmp_path: Path):  # type: ignore[no-untyped-def]
+    with make_client(f"sqlite:///{tmp_path}/sched.db", clock=Clock(T0)) as api:
+        assert api.post("/v1/hosts", json=host_body("h1", rack="r1"), headers=HOST).status_code == 201
+        yield api
+
+
+def browser(api: TestClient) -> TestClient:
+    return TestClient(api.app, base_url="https://testserver", follow_redirects=False)
+
+
+def login(api: TestClient, token: str) -> tuple[TestClient, str]:
+    """A logged-in browser and its CSRF token."""
+    b = browser(api)
+    r = b.post("/ui/login", data={"token": token, "next": "/ui/hosts"})
+    assert r.status_code == 303 and r.headers["location"] == "/ui/hosts", r.text
+    cookie = r.headers["set-cookie"]
+    for attr in ("HttpOnly", "Secure", "SameSite=strict", "Path=/ui", "Max-Age="):
+        assert attr.lower() in cookie.lower(), cookie
+    page = b.get("/ui/why")
+    csrf = re.search(r'name="csrf" value="([^"]+)"', page.text).group(1)
+    return b, csrf
+
+
+def test_login_logout_and_a_replayed_cookie(app) -> None:  # type: ignore[no-untyped-def]
+    anon = browser(app)
+    r = anon.get("/ui/hosts")
+    assert r.status_code == 303 and r.headers["location"] == "/ui/login?next=/ui/hosts"
+    r = anon.post("/ui/login", data={"token": "wrong"})
+    assert r.status_code == 401 and "unknown or revoked token" in r.text and COOKIE not in r.headers.get("set-cookie", "")
+    b, csrf = login(app, "adm")
+    assert b.get("/ui/hosts").status_code == 200 and "h1" in b.get("/ui/hosts").text
+    stolen = b.cookies.get(COOKIE)
+    thief = browser(app)
+    thief.cookies.set(COOKIE, stolen)
+    assert thief.get("/ui/hosts").status_code == 200  # a copied cookie is the session, until logout
+    r = b.post("/ui/logout", data={"csrf": csrf})
+    assert r.status_code == 303
+    r = thief.get("/ui/hosts")
+    assert r.status_code == 303 and r.headers["location"].startswith("/ui/login"), r.text
+
+
+def test_a_form_without_its_csrf_token_or_from_elsewhere_changes_nothing(app) -> None:  # type: ignore[no-untyped-def]
+    b, csrf = login(app, "adm")
+    for data, headers, field in (({}, {}, "csrf"), ({"csrf": "forged"}, {}, "csrf"),
+                                 ({"csrf": csrf}, {"Origin": "https://evil.example"}, "Origin")):
+        r = b.post("/ui/hosts/h1/cordon", data={**data, "reason": "x"}, headers=headers)
+        assert r.status_code == 403 and f"[{field}]" in r.text, r.text
+        assert app.get("/v1/hosts/h1", headers=ADM).json()["admin_state"] == "active"
+    r = b.post("/ui/hosts/h1/cordon", data={"csrf": csrf, "reason": "disk swap"})
+    assert r.status_code == 303
+    h = app.get("/v1/hosts/h1", headers=ADM).json()
+    assert (h["admin_state"], h["admin_owner"], h["admin_reason"]) == ("cordoned", "console:adm", "disk swap")
+    # the same through htmx: the token in its header
+    r = b.post("/ui/hosts/h1/uncordon", headers={"X-CSRF-Token": csrf})
+    assert r.status_code == 303 and app.get("/v1/hosts/h1", headers=ADM).json()["admin_state"] == "active"
+
+
+def test_a_tenant_sees_its_vms_and_no_host_or_audit(app) -> None:  # type: ignore[no-untyped-def]
+    for tenant, name, key in ((TA, "mine-1", "k1"), (ADM, "theirs-1", "k2")):
+        body = vm_body(name=name) | ({"tenant": "b"} if tenant is ADM else {})
+        r = app.post("/v1/vms", json=body, headers={**tenant, "Idempotency-Key": key})
+        assert r.status_code == 202, r.text
+    b, csrf = login(app, "ta")
+    for path in ("/ui/hosts", "/ui/hosts/h1", "/ui/audit", "/ui/fleet", "/ui/rollouts"):
+        r = b.get(path)
+        assert r.status_code == 403 and "hyb.auth.forbidden" in r.text, (path, r.status_code)
+    vms = b.get("/ui/vms").text
+    assert "mine-1" in vms and "theirs-1" not in vms
+    theirs = app.get("/v1/vms", params={"name": "theirs-1"}, headers=ADM).json()["items"][0]["id"]
+    assert b.get(f"/ui/vms/{theirs}").status_code == 404
+    r = b.post("/ui/why", data={"csrf": csrf, "body": '{"name": "w", "vcpus": 1, "memory_mib": 128, "image": "smoke"}'})
+    assert r.status_code == 200 and "Fits: h1" in r.text
+
+
+def test_script_in_what_a_page_shows_is_text(app) -> None:  # type: ignore[no-untyped-def]
+    evil = '<img src=x onerror=alert(1)>'
+    r = app.post("/v1/vms", json=vm_body(name=evil), headers={**TA, "Idempotency-Key": "k3"})
+    assert r.status_code == 422 and r.json()["error"]["field"] == "name"  # a VM name cannot hold it
+    r = app.post("/v1/vms", json=vm_body(name="web-1", labels={"note": evil}), headers={**TA, "Idempotency-Key": "k4"})
+    assert r.status_code == 202, r.text
+    assert app.post("/v1/hosts", json=host_body("h2", rack=evil), headers=HOST).status_code == 201
+    b, _ = login(app, "adm")
+    for page in (b.get(f"/ui/vms/{r.json()['id']}").text, b.get("/ui/hosts").text):
+        assert evil not in page and "&lt;img src=x onerror=alert(1)&gt;" in page
+
+
+def test_a_revoked_token_ends_its_sessions(app) -> None:  # type: ignore[no-untyped-def]
+    """(Dot segments are refused before routing: tests/console/test_console_browser.py
+    sends them raw to a real server; an HTTP client library normalises them away.)"""
+    b, _ = login(app, "ta")
+    assert b.get("/ui/static/console.css").status_code == 200
+    assert b.get("/ui/vms").status_code == 200
+    app.app.state.tokens._config = [(sha, e) for sha, e in app.app.state.tokens._config if e.name != "ta"]
+    r = b.get("/ui/vms")
+    assert r.status_code == 303 and r.headers["location"].startswith("/ui/login")
