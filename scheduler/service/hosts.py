@@ -143,6 +143,7 @@ class HostService:
         with self._beats_lock:
             for d in body.days:
                 self._days[(name, d.day.isoformat())] = days_repo.row_of(name, d)
+            self._start_flusher()
         if self.flush_s <= 0:
             self.flush()
         return len(body.days)
@@ -161,9 +162,14 @@ class HostService:
                 self.metrics.heartbeats.inc()
             _, pending = self._beats.get(name, (now, []))
             self._beats[name] = (now, pending + ([stats] if stats else []))
-            if self._flusher is None and self.flush_s > 0:
-                self._flusher = threading.Thread(target=self._flush_loop, name="heartbeats", daemon=True)
-                self._flusher.start()
+            self._start_flusher()
+
+    def _start_flusher(self) -> None:
+        """The flusher, started by the first beat or day this replica keeps (a day sent
+        before any beat was kept unwritten until a beat came). Under ``_beats_lock``."""
+        if self._flusher is None and self.flush_s > 0:
+            self._flusher = threading.Thread(target=self._flush_loop, name="heartbeats", daemon=True)
+            self._flusher.start()
 
     def _expire_days(self, s: Session) -> None:
         """Day rows older than ``history_days``, at most once an hour."""

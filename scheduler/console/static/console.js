@@ -33,9 +33,13 @@ function drawFleet() {
   const days = [["day", u.day]].concat(u.compare ? [["compare", u.compare]] : []);
   const hist = chart("hist");
   if (hist) {
+    // rack, state, policy split the hosts: their bars stack to the hosts in a bin. Each
+    // class (IO service, VMs, other) is a distribution of every host of its own: its bars
+    // stand side by side, never stacked (a stack would count each host three times).
+    const stacked = u.group !== "class";
     const series = [];
     days.forEach(([key, d]) => groups.forEach((g, i) => series.push({
-      name: `${g} ${d.day}`, type: "bar", stack: key, barGap: "10%",
+      name: `${g} ${d.day}`, type: "bar", stack: stacked ? key : undefined, barGap: "10%",
       itemStyle: { color: PALETTE[i % PALETTE.length], opacity: key === "day" ? 1 : 0.4,
                    decal: key === "day" ? null : { symbol: "rect", dashArrayX: [1, 0], dashArrayY: [2, 3],
                                                    rotation: -Math.PI / 4 } },
@@ -43,11 +47,12 @@ function drawFleet() {
     })));
     hist.setOption({
       aria: { enabled: true, decal: { show: true } }, toolbox, tooltip: { trigger: "axis" },
-      legend: { type: "scroll", top: 0 }, grid: { left: 48, right: 16, top: 40, bottom: 48 },
+      legend: { type: "scroll", top: 24 }, grid: { left: 48, right: 16, top: 70, bottom: 48 },
       xAxis: { type: "category", data: labels, name: "CPU in use", nameLocation: "middle", nameGap: 30 },
       yAxis: { type: "value", name: "hosts", minInterval: 1 },
-      title: { text: `${u.day.hosts_included} hosts, ${u.day.hosts_missing} missing`, right: 60, top: 0,
-               textStyle: { fontSize: 12, fontWeight: "normal" } },
+      title: { text: days.map(([, d]) => `${d.day}: ${d.hosts_included} hosts, ${d.hosts_missing} missing`).join("  ·  ")
+                     + `  ·  ${u.window === "peak" ? "peak window" : "hours " + u.window}`,
+               left: 0, top: 0, textStyle: { fontSize: 12, fontWeight: "normal" } },
       series,
     });
     hist.on("click", p => {
@@ -66,8 +71,8 @@ function drawFleet() {
                     itemStyle: { color: PALETTE[i % PALETTE.length] },
                     data: d.bins.map(b => { run += b.counts[g] || 0; return total ? +(run / total).toFixed(4) : 0; }) });
     }));
-    cdf.setOption({ toolbox, tooltip: { trigger: "axis" }, legend: { type: "scroll", top: 0 },
-                    grid: { left: 48, right: 16, top: 40, bottom: 48 },
+    cdf.setOption({ toolbox, tooltip: { trigger: "axis" }, legend: { type: "scroll", top: 24 },
+                    grid: { left: 48, right: 16, top: 70, bottom: 48 },
                     xAxis: { type: "category", data: labels, name: "CPU in use", nameLocation: "middle", nameGap: 30 },
                     yAxis: { type: "value", min: 0, max: 1, name: "share of hosts" }, series });
   }

@@ -1,0 +1,188 @@
+"""The console in a real browser: headless Chromium from Debian, driven by Selenium
+through Debian's chromedriver, against a real `scheduler serve` (SQLite, HTTPS from a
+dev CA) whose fleet has a known utilisation (tools/dev/console_fleet.py: hosts
+registered and their days sent through the API). Each page is checked against the
+REST API's answer to the same question; screenshots of every page go to the test's
+directory (kept by pytest under its basetemp). No browser process outlives the module:
+the last test looks for any process started with its profile directory."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import socket
+
+import httpx
+import pytest
+from tools.dev.console_fleet import CHROMEDRIVER, CHROMIUM, Chromium, login, populate, wait_for
+from tools.dev.fleetsim import fleet_scheduler
+
+pytestmark = [pytest.mark.slow,
+              pytest.mark.skipif(not (CHROMIUM.exists() and CHROMEDRIVER.exists()),
+                                 reason="Debian's chromium and chromium-driver are not installed (make sysdeps)")]
+ADMIN, HOST, WEB = "console-admin", "console-host", "console-web"
+TODAY = dt.date.today()
+BEFORE, AFTER = (TODAY - dt.timedelta(days=30)).isoformat(), (TODAY - dt.timedelta(days=1)).isoformat()
+N = 120
+
+
+@pytest.fixture(scope="module")
+def env(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-def]
+    w = tmp_path_factory.mktemp("console")
+    with fleet_scheduler(w, admin_token=ADMIN, host_token=HOST, tenants={WEB: "web"}) as s:
+        url = s["sched"].url
+        populate(url, s["sched"].verify, HOST, ADMIN, N, before=BEFORE, after=AFTER)
+        api = httpx.Client(base_url=url, verify=s["sched"].verify, timeout=30,
+                           headers={"Authorization": f"Bearer {ADMIN}"})
+        for name, tenant, key in (("web-a", "web", "k1"), ("db-a", "db", "k2")):
+            r = api.post("/v1/vms", json={"name": name, "vcpus": 1, "memory_mib": 128, "image": "smoke",
+                                          "tenant": tenant}, headers={"Idempotency-Key": key})
+            assert r.status_code == 202, r.text
+        b = Chromium(w)
+        try:
+            yield {"url": url, "api": api, "b": b, "shots": w / "screenshots", "sched": s["sched"]}
+        finally:
+            b.quit()  # again after the last test's: a no-op then
+            api.close()
+
+
+def shot(env: dict, name: str) -> None:
+    env["shots"].mkdir(exist_ok=True)
+    env["b"].driver.save_screenshot(str(env["shots"] / f"{name}.png"))
+
+
+def text(env: dict, css: str) -> str:
+    from selenium.webdriver.common.by import By
+    return env["b"].driver.find_element(By.CSS_SELECTOR, css).text
+
+
+def test_the_fleet_chart_shows_the_apis_bins(env) -> None:  # type: ignore[no-untyped-def]
+    from selenium.webdriver.common.by import By
+    b = env["b"]
+    login(b, env["url"], ADMIN, f"/ui/fleet?day={AFTER}&compare={BEFORE}&group=class")
+    wait_for(lambda: b.driver.find_element(By.ID, "hist"))
+    want = env["api"].get("/v1/fleet/utilization", params={"day": AFTER, "compare": BEFORE, "group": "class"}).json()
+    assert text(env, "#included") == str(want["day"]["hosts_included"]) == str(N)
+    assert text(env, "#missing") == "0"
+    series = wait_for(lambda: b.driver.execute_script(
+        "const c = echarts.getInstanceByDom(document.getElementById('hist'));"
+        "return c && c.getOption().series.map(s => [s.name, s.data]);"))
+    got = {name: data for name, data in series}
+    for key in ("day", "compare"):
+        d = want[key]
+        for g in d["groups"]:
+            assert got.get(f"{g} {d['day']}") == [bin_["counts"].get(g, 0) for bin_ in d["bins"]], (key, g, list(got))
+    # the table under the chart says the same, and a bin lists its hosts (htmx)
+    vms_col = [int(td.text) for td in b.driver.find_elements(By.CSS_SELECTOR, "#bins td[data-group=vms]")]
+    assert vms_col == [bin_["counts"].get("vms", 0) for bin_ in want["day"]["bins"]]
+    busiest = max(range(20), key=lambda i: want["day"]["bins"][i]["counts"].get("vms", 0))
+    b.driver.find_element(By.CSS_SELECTOR, f'tr[data-bin="{busiest}"] td[data-group=vms] a').click()
+    listed = wait_for(lambda: b.driver.find_elements(By.CSS_SELECTOR, "#bin-hosts table.bin-hosts tbody tr"))
+    api_hosts = env["api"].get("/v1/fleet/utilization/hosts",
+                               params={"day": AFTER, "bin": busiest, "class": "vms"}).json()["hosts"]
+    assert [r.find_element(By.CSS_SELECTOR, "td").text for r in listed] == [h["host"] for h in api_hosts]
+    heat_days = b.driver.execute_script(
+        "return echarts.getInstanceByDom(document.getElementById('heat')).getOption().yAxis[0].data;")
+    assert heat_days[-1] == AFTER and len(heat_days) == 28
+    classes = {td.get_attribute("data-class"): int(td.text)
+               for td in b.driver.find_elements(By.CSS_SELECTOR, "#classes td[data-class]")}
+    assert sum(classes.values()) == N and classes["unconverted"] == N  # registered, none carved by a hostd
+    shot(env, "fleet")
+
+
+def test_csv_export_is_the_same_numbers(env) -> None:  # type: ignore[no-untyped-def]
+    b = env["b"]
+    cookie = b.driver.get_cookie("hyb_session")
+    assert cookie and cookie["httpOnly"] and cookie["secure"] and cookie["sameSite"] == "Strict"
+    r = httpx.get(f"{env['url']}/ui/fleet.csv", params={"day": AFTER, "group": "rack"},
+                  cookies={"hyb_session": cookie["value"]}, verify=env["sched"].verify)
+    want = env["api"].get("/v1/fleet/utilization", params={"day": AFTER, "group": "rack"}).json()
+    rows = [ln.split(",") for ln in r.text.strip().splitlines()[1:]]
+    assert sum(int(x[4]) for x in rows) == sum(sum(b_["counts"].values()) for b_ in want["day"]["bins"]) == N
+
+
+def test_a_host_page_shows_its_carve_and_a_form_without_csrf_is_refused(env) -> None:  # type: ignore[no-untyped-def]
+    from selenium.webdriver.common.by import By
+    b = env["b"]
+    name = "oss-00003"
+    h = env["api"].get(f"/v1/hosts/{name}").json()
+    b.driver.get(f"{env['url']}/ui/hosts/{name}")
+    cells = [td.text for td in b.driver.find_elements(By.CSS_SELECTOR, "#carve td.cpus")]
+    assert cells == [",".join(map(str, n["vm_cpus"])) for n in h["nodes"]]
+    shot(env, "host")
+    # a forged form: the hidden token removed before submitting
+    b.driver.execute_script("document.querySelector('#form-cordon input[name=csrf]').remove();")
+    b.driver.find_element(By.ID, "btn-cordon").click()
+    assert "[csrf]" in wait_for(lambda: text(env, "#error"))
+    assert env["api"].get(f"/v1/hosts/{name}").json()["admin_state"] == "active"
+    b.driver.get(f"{env['url']}/ui/hosts/{name}")
+    b.driver.find_element(By.CSS_SELECTOR, "#form-cordon input[name=reason]").send_keys("browser test")
+    b.driver.find_element(By.ID, "btn-cordon").click()
+    wait_for(lambda: "cordoned" in text(env, "#host-admin"))
+    got = env["api"].get(f"/v1/hosts/{name}").json()
+    assert (got["admin_state"], got["admin_owner"], got["admin_reason"]) == \
+        ("cordoned", f"console:{ADMIN_NAME}", "browser test")
+    b.driver.find_element(By.ID, "btn-uncordon").click()
+    wait_for(lambda: "active" in text(env, "#host-admin"))
+
+
+ADMIN_NAME = "ops"  # the admin token's name in tools/dev/fleetsim.write_scheduler_config
+
+
+def test_why_not_shows_the_dry_runs_counts(env) -> None:  # type: ignore[no-untyped-def]
+    from selenium.webdriver.common.by import By
+    b = env["b"]
+    req = {"name": "big", "vcpus": 40, "memory_mib": 1024, "image": "smoke"}
+    b.driver.get(f"{env['url']}/ui/why")
+    area = b.driver.find_element(By.ID, "why-body")
+    area.clear()
+    area.send_keys(json.dumps(req))
+    b.driver.find_element(By.ID, "why-run").click()
+    wait_for(lambda: b.driver.find_element(By.ID, "verdict"))
+    want = env["api"].post("/v1/vms", params={"dry_run": "true"}, json=req,
+                           headers={"Idempotency-Key": "why"}).json()
+    shown = {td.get_attribute("data-resource"): int(td.text)
+             for td in b.driver.find_elements(By.CSS_SELECTOR, "#rejections td[data-resource]")}
+    assert shown == want["rejections"] and sum(shown.values()) > 0
+    assert text(env, "#verdict").startswith("Fits" if not want["fits"] else f"Fits: {want['host']}")
+    shot(env, "why")
+    for page in ("hosts", "vms", "rollouts", "audit"):
+        b.driver.get(f"{env['url']}/ui/{page}")
+        shot(env, page)
+
+
+def test_a_tenant_sees_only_its_vms_and_no_host(env) -> None:  # type: ignore[no-untyped-def]
+    from selenium.webdriver.common.by import By
+    b = env["b"]
+    b.driver.get(f"{env['url']}/ui/fleet")
+    b.driver.find_element(By.CSS_SELECTOR, "header form.who button").click()  # log out
+    wait_for(lambda: b.driver.find_element(By.ID, "token"))
+    login(b, env["url"], WEB, "/ui/vms")
+    names = wait_for(lambda: [e.text for e in b.driver.find_elements(By.CSS_SELECTOR, "#vms td.vm-name")])
+    assert names == ["web-a"]
+    assert "tenant web" in text(env, "#who")
+    b.driver.get(f"{env['url']}/ui/hosts/oss-00001")
+    assert "hyb.auth.forbidden" in text(env, "#error")
+    shot(env, "tenant-vms")
+
+
+def test_dot_segments_are_refused_before_any_route(env) -> None:  # type: ignore[no-untyped-def]
+    """Sent raw over TLS: a browser or an HTTP library would normalise them away."""
+    host, port = env["url"].removeprefix("https://").split(":")
+    ctx = env["sched"].verify
+    for path in ("/ui/../v1/hosts", "/ui/static/../../scheduler.db", "/ui/./fleet"):
+        with socket.create_connection((host, int(port)), timeout=10) as raw, \
+                ctx.wrap_socket(raw, server_hostname=host) as tls:
+            tls.sendall(f"GET {path} HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n".encode())
+            chunks = []
+            while chunk := tls.recv(4096):
+                chunks.append(chunk)
+            head = b"".join(chunks).decode("latin-1")
+        assert head.startswith("HTTP/1.1 400") and "hyb.request.bad_path" in head, (path, head[:300])
+
+
+def test_no_browser_process_is_left(env) -> None:  # type: ignore[no-untyped-def]
+    b = env["b"]
+    assert b.pids()  # alive while the module runs: the check below can fail
+    b.quit()
+    assert b.pids() == []
