@@ -138,3 +138,21 @@ def test_distribution_pure() -> None:
     assert got["hosts_included"] == 10 and got["hosts_missing"] == 2
     assert [b["counts"].get("vms", 0) for b in got["bins"]] == [1] * 10
     assert distribution(days, window=(0, 24), group="rack", bins=5, expected=10)["hosts_included"] == 0
+
+
+def test_days_are_written_by_the_flusher_without_any_heartbeat(db_url) -> None:  # type: ignore[no-untyped-def]
+    """With the batching flusher on (as served), a day sent before the replica's first
+    heartbeat is still written: the flusher starts with the first day or beat it keeps
+    (it used to start only with a beat, and such days waited for one)."""
+    import time as _time
+    with make_client(db_url, clock=Clock(T0), stats={"heartbeat_flush_s": 0.1}) as c:
+        assert c.post("/v1/hosts", json=host_body("h0", rack="r1"), headers=HOST).status_code == 201
+        r = c.post("/v1/hosts/h0/days", json={"days": [day_body(DAY, io=1, vms=2, other=0)]}, headers=HOST)
+        assert r.status_code == 202
+        deadline = _time.monotonic() + 10
+        while _time.monotonic() < deadline:
+            got = c.get("/v1/fleet/utilization", params={"day": DAY}, headers=ADM).json()
+            if got["day"]["hosts_included"] == 1:
+                break
+            _time.sleep(0.05)
+        assert got["day"]["hosts_included"] == 1, got
