@@ -34,6 +34,11 @@ def env(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-de
         populate(url, s["sched"].verify, HOST, ADMIN, N, before=BEFORE, after=AFTER)
         api = httpx.Client(base_url=url, verify=s["sched"].verify, timeout=30,
                            headers={"Authorization": f"Bearer {ADMIN}"})
+        r = api.post("/v1/rollouts", json={
+            "name": "conv-1", "kind": "convert", "policy_digest": "ab" * 32, "spec": {"name": "conv-1"},
+            "waves": [[{"name": h, "address": f"{h}:7443", "rack": "r0000", "host": {"name": h}}]
+                      for h in ("oss-00000", "oss-00001")]})
+        assert r.status_code == 201, r.text
         for name, tenant, key in (("web-a", "web", "k1"), ("db-a", "db", "k2")):
             r = api.post("/v1/vms", json={"name": name, "vcpus": 1, "memory_mib": 128, "image": "smoke",
                                           "tenant": tenant}, headers={"Idempotency-Key": key})
@@ -86,7 +91,8 @@ def test_the_fleet_chart_shows_the_apis_bins(env) -> None:  # type: ignore[no-un
     assert heat_days[-1] == AFTER and len(heat_days) == 28
     classes = {td.get_attribute("data-class"): int(td.text)
                for td in b.driver.find_elements(By.CSS_SELECTOR, "#classes td[data-class]")}
-    assert sum(classes.values()) == N and classes["unconverted"] == N  # registered, none carved by a hostd
+    # registered, none carved by a hostd; the two in conv-1 are converting (its hosts' state: pending -> ...)
+    assert sum(classes.values()) == N and classes["unconverted"] + classes["converting"] == N
     shot(env, "fleet")
 
 
@@ -146,9 +152,12 @@ def test_why_not_shows_the_dry_runs_counts(env) -> None:  # type: ignore[no-unty
     assert shown == want["rejections"] and sum(shown.values()) > 0
     assert text(env, "#verdict").startswith("Fits" if not want["fits"] else f"Fits: {want['host']}")
     shot(env, "why")
-    for page in ("hosts", "vms", "rollouts", "audit"):
+    for page in ("hosts", "vms", "rollouts", "audit", "rollouts/conv-1"):
         b.driver.get(f"{env['url']}/ui/{page}")
-        shot(env, page)
+        shot(env, page.replace("/", "-"))
+    assert "Wave 1 of 2" in text(env, "#rollout-state")
+    rows = [tr.text.split() for tr in b.driver.find_elements(By.CSS_SELECTOR, "#rollout-hosts tbody tr")]
+    assert [(r[0], r[1]) for r in rows] == [("0", "oss-00000"), ("1", "oss-00001")]
 
 
 def test_a_tenant_sees_only_its_vms_and_no_host(env) -> None:  # type: ignore[no-untyped-def]

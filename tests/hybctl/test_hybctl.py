@@ -252,9 +252,26 @@ def test_vm_lifecycle_and_bad_input(env, vms, capsys) -> None:  # type: ignore[n
     assert after.status_code == 404 or after.json()["status"] == "deleting", after.text
 
 
+def rollout_of(name: str, *waves: list[str]) -> dict:
+    """A rollout as fleet-rollout creates it (POST /v1/rollouts), over the given hosts."""
+    def host(h: str) -> dict:
+        return {"name": h, "address": f"{h}:7443", "rack": "r00", "host": {"name": h}}
+    return {"name": name, "kind": "convert", "policy_digest": "ab" * 32, "spec": {"name": name},
+            "waves": [[host(h) for h in w] for w in waves]}
+
+
 def test_rollout_status_and_raw_calls(env, capsys) -> None:  # type: ignore[no-untyped-def]
+    r = env["api"].post("/v1/rollouts", json=rollout_of("conv-1", ["hyb-0000"], ["hyb-0001"]))
+    assert r.status_code == 201, r.text
     code, out, _ = run(env, "rollout", "status", "-o", "json", capsys=capsys)
     assert code == 0 and json.loads(out) == env["api"].get("/v1/rollouts").json()
+    code, out, _ = run(env, "rollout", "status", capsys=capsys)
+    row = next(ln for ln in out.splitlines() if ln.startswith("conv-1")).split()
+    assert row[1:4] == ["convert", "running", "1/2"], row
+    code, out, _ = run(env, "rollout", "status", "conv-1", capsys=capsys)
+    assert code == 0 and "wave 1 of 2" in out
+    hosts = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith("hyb-")}
+    assert hosts["hyb-0000"][1] == "0" and hosts["hyb-0001"][1] == "1"
     code, _, err = run(env, "rollout", "status", "no-such", capsys=capsys)
     assert code == 1 and "hyb.rollout.not_found" in err
     code, out, _ = run(env, "api", "GET", "/v1/hosts?rack=r01", capsys=capsys)

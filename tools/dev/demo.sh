@@ -110,6 +110,7 @@ sha256 = "$(sha "$HOST_TOKEN")"
 scopes = ["host"]
 EOF
 printf '%s' "$HOST_TOKEN" > "$STATE/host.token"
+printf '%s' "$ADMIN_TOKEN" > "$STATE/admin.token"
 cat > "$STATE/hostd.toml" <<EOF
 virt_type = "qemu"
 policy = "$STATE/policy.toml"
@@ -127,7 +128,7 @@ scheduler_ca = "$STATE/tls/ca.crt"
 host_name = "demo-host"
 advertise_address = "localhost:$HPORT"
 heartbeat_s = 2
-days_s = 15        # the day so far goes to the scheduler often: the demo ends with `hybctl fleet`
+days_s = 15        # the day so far goes to the scheduler often: the demo ends with hybctl fleet
 EOF
 .venv/bin/scheduler serve --config "$STATE/scheduler.toml" > "$STATE/scheduler.log" 2>&1 &
 PIDS+=($!)
@@ -136,6 +137,8 @@ for _ in $(seq 100); do curl -sf --cacert "$STATE/tls/ca.crt" "$API/readyz" >/de
 PIDS+=($!)
 for _ in $(seq 100); do [ "$(api -o /dev/null -w '%{http_code}' "$API/v1/hosts/demo-host")" = 200 ] && break; sleep 0.3; done
 api "$API/v1/hosts/demo-host" | $PY -c 'import json,sys; h=json.load(sys.stdin); print(json.dumps({k: h[k] for k in h if k in ("name","state","address","nodes")}, indent=1))'
+echo "web console: $API/ui  (log in with the admin token: $(cat "$STATE/admin.token"); the dev CA is"
+echo "  $STATE/tls/ca.crt; on another machine: ssh -L $SPORT:127.0.0.1:$SPORT this-host)"
 
 say "POST /v1/vms: 1 pinned vCPU, 256 MiB of 2 MiB pages, the loop disk at 8 MiB/s and 300 IOPS"
 BODY=$(printf '{"name":"demo-web","vcpus":1,"memory_mib":256,"image":"smoke","disks":[{"disk":"%s","iotune":{"total_bytes_sec":8388608,"total_iops_sec":300}}]}' "$(basename "$LOOP")")
@@ -175,7 +178,6 @@ echo "host CPUs used by VMs: $(api "$API/v1/hosts/demo-host" | $PY -c 'import js
 say "fleet-rollout: a new policy (160 x 2 MiB pages) over this host and 3 simulated hosts"
 echo "The simulated hosts are real hostd processes on generated host trees (tools/dev/fleetsim.py);"
 echo "the last one's IO signal degrades the moment it is carved (a scrubber on its IO CPU)."
-printf '%s' "$ADMIN_TOKEN" > "$STATE/admin.token"
 $PY -m tools.dev.simhosts "$STATE/sim" 3 "$API" "$STATE/host.token" "$STATE/admin.token" \
   "$STATE/tls" > "$STATE/simhosts.log" 2>&1 &
 PIDS+=($!)
@@ -220,5 +222,10 @@ export HYBCTL_CONFIG="$STATE/hybctl.yaml"
 .venv/bin/hybctl rollout status demo-more-pages
 echo "\$ hybctl fleet --window 0-24 --by state   (host-local hours so far today; the peak window is 21:00-22:00)"
 .venv/bin/hybctl fleet --window 0-24 --by state
+if [ -t 0 ]; then
+  echo
+  echo "The console is up at $API/ui (admin token: $ADMIN_TOKEN). Press Enter to clean up."
+  read -r _
+fi
 
 say "done; cleanup stops the daemons it started and uncarves the host"

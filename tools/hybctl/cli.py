@@ -578,10 +578,19 @@ def audit(ctx: typer.Context,
 
 # ---------------------------------------------------------------------- rollouts
 
+def sum_counts(per_wave: list[dict[str, int]]) -> dict[str, int]:
+    """The rollout's hosts by state over its waves (the API counts them per wave)."""
+    total: dict[str, int] = {}
+    for w in per_wave:
+        for k, n in w.items():
+            total[k] = total.get(k, 0) + n
+    return total
+
+
 ROLLOUT_COLUMNS = [
     Column("NAME", lambda r: r["name"]), Column("KIND", lambda r: r["kind"]), Column("STATE", lambda r: r["state"]),
-    Column("WAVE", lambda r: f"{r['wave'] + 1}/{len(r['waves'])}" if r["waves"] else "-"),
-    Column("HOSTS", lambda r: ", ".join(f"{k} {v}" for k, v in sorted(r["counts"].items()))),
+    Column("WAVE", lambda r: f"{r['wave'] + 1}/{r['waves']}" if r["waves"] else "-"),
+    Column("HOSTS", lambda r: ", ".join(f"{k} {v}" for k, v in sorted(sum_counts(r["counts"]).items()))),
     Column("BY", lambda r: r["created_by"], wide_only=True),
     Column("REASON", lambda r: r["reason"], wide_only=True),
     Column("AGE", lambda r: age(r["created"])),
@@ -596,7 +605,7 @@ ROLLOUT_HOST_COLUMNS = [Column("HOST", lambda h: h["name"]), Column("WAVE", lamb
 def rollout_detail(d: dict, fmt: Format) -> RenderableType:
     r = d["rollout"]
     head = (f"rollout {r['name']} ({r['kind']}): {r['state']}" + (f": {r['reason']}" if r["reason"] else "")
-            + f"\nwave {r['wave'] + 1} of {len(r['waves'])}; policy {r['policy_digest'][:12]}; by {r['created_by']}"
+            + f"\nwave {r['wave'] + 1} of {r['waves']}; policy {r['policy_digest'][:12]}; by {r['created_by']}"
             + (f"; lease {r['lease']['holder']}" if r.get("lease") else ""))
     parts: list = [head, ""]
     if r["skipped"]:
