@@ -248,7 +248,9 @@ async def fleet(request: Request, day: str | None = None, compare: str | None = 
                                           group="state", bins=20).day
             heat.append({"day": d.isoformat(), "counts": [sum(b.counts.values()) for b in du.bins],
                          "hosts": du.hosts_included})
-        return {"u": u.model_dump(mode="json"), "args": a, "groups": GROUPS, "heat": heat,
+        ioh = fleet_routes.io_health(request, p, day=a["day"], probe_p99_ms=50.0, psi_some_avg10=10.0,
+                                     foreign_cpu_s=60.0, probe_failed=0)
+        return {"u": u.model_dump(mode="json"), "args": a, "groups": GROUPS, "heat": heat, "ioh": ioh,
                 "classes": host_classes(hosts, in_rollout), "capacity": free_capacity(hosts),
                 "hosts_total": len(hosts)}
     return await guarded(request, s, "fleet.html", build)

@@ -103,3 +103,30 @@ class BinHostsPublic(BaseModel):
     lo: float
     hi: float
     hosts: list[BinHost]
+
+
+class IoHealthLimits(BaseModel):
+    probe_p99_ms: float = Field(description="the IO service's probe p99, worst 5 minutes of the day")
+    psi_some_avg10: float = Field(description="CPU pressure (some, avg10) on the IO CPUs, worst of the day, percent")
+    foreign_cpu_s: float = Field(description="CPU seconds other threads ran on the IO CPUs over the day")
+    probe_failed: int = Field(description="failed probes over the day")
+
+
+class IoHealthHost(BaseModel):
+    host: str
+    rack: str
+    over: list[str] = Field(description="the limits this host's day is over")
+    probe_p99_ms_max: float | None
+    psi_some_avg10_max: float | None
+    foreign_cpu_s: float
+    probe_failed: int
+
+
+class IoHealthPublic(BaseModel):
+    """Hosts whose IO-health figures for a day are over the limits (the day summaries
+    hostd sends; the live signal is in Prometheus)."""
+    day: dt.date
+    limits: IoHealthLimits
+    hosts_checked: int = Field(description="hosts with a summary for the day")
+    hosts_missing: int
+    hosts_over: list[IoHealthHost]

@@ -12,7 +12,8 @@ from scheduler.db.engine import Store
 from scheduler.errors import InvalidRequest
 from scheduler.repo import days as days_repo
 from scheduler.repo import hosts as host_repo
-from scheduler.schemas.fleet import BinHostsPublic, DayDistribution, UtilizationPublic
+from scheduler.schemas.fleet import (BinHostsPublic, DayDistribution, IoHealthHost, IoHealthLimits, IoHealthPublic,
+                                      UtilizationPublic)
 from scheduler.utilization import CLASSES, Day, distribution, hosts_in_bin
 
 HOURS = re.compile(r"^(\d{1,2})-(\d{1,2})$")
@@ -106,3 +107,30 @@ class FleetService:
         return BinHostsPublic(day=day, bin=index, lo=index / bins, hi=(index + 1) / bins,
                               hosts=[{"host": h, "value": v} for h, v in hosts])
 
+    def io_health(self, *, day: dt.date, limits: IoHealthLimits) -> IoHealthPublic:
+        """Hosts whose day is over any of ``limits`` (strictly), by host name."""
+        d = self._check_day(day, "day")
+        with self.store.read() as s:
+            rows = days_repo.for_day(session=s, day=d)
+        over, checked = [], 0
+        for r in rows:
+            h = r.HostDay
+            if h is None:
+                continue
+            checked += 1
+            names = [name for name, value, limit in (
+                ("probe_p99_ms", h.probe_p99_ms_max, limits.probe_p99_ms),
+                ("psi_some_avg10", h.psi_some_avg10_max, limits.psi_some_avg10),
+                ("foreign_cpu_s", h.foreign_cpu_s, limits.foreign_cpu_s),
+                ("probe_failed", h.probe_failed, limits.probe_failed)) if value is not None and value > limit]
+            if names:
+                over.append(IoHealthHost(host=r.name, rack=r.rack, over=names,
+                                         probe_p99_ms_max=_r(h.probe_p99_ms_max),
+                                         psi_some_avg10_max=_r(h.psi_some_avg10_max),
+                                         foreign_cpu_s=round(h.foreign_cpu_s, 3), probe_failed=h.probe_failed))
+        return IoHealthPublic(day=day, limits=limits, hosts_checked=checked, hosts_missing=len(rows) - checked,
+                              hosts_over=over)
+
+
+def _r(v: float | None) -> float | None:
+    return None if v is None else round(v, 3)

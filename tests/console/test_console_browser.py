@@ -93,6 +93,12 @@ def test_the_fleet_chart_shows_the_apis_bins(env) -> None:  # type: ignore[no-un
                for td in b.driver.find_elements(By.CSS_SELECTOR, "#classes td[data-class]")}
     # registered, none carved by a hostd; the two in conv-1 are converting (its hosts' state: pending -> ...)
     assert sum(classes.values()) == N and classes["unconverted"] + classes["converting"] == N
+    ioh = env["api"].get("/v1/fleet/io-health", params={"day": AFTER}).json()
+    assert ioh["hosts_over"], "the known fleet has slow probes after the conversion"
+    assert text(env, "#ioh-over") == str(len(ioh["hosts_over"]))
+    shown = [tr.find_element(By.CSS_SELECTOR, "td").text
+             for tr in b.driver.find_elements(By.CSS_SELECTOR, "#ioh tbody tr")]
+    assert shown == [h["host"] for h in ioh["hosts_over"]][:50]
     shot(env, "fleet")
 
 

@@ -36,18 +36,20 @@ from tools.dev.schedbench import fleet, register_body
 CHROMIUM, CHROMEDRIVER = Path("/usr/bin/chromium"), Path("/usr/bin/chromedriver")
 
 
-def day_of(day: str, cpus: int, io: float, vms: float, other: float) -> dict:
+def day_of(day: str, cpus: int, io: float, vms: float, other: float, probe_p99_ms: float = 1.5) -> dict:
     total = min(100, round((io + vms + other) / cpus * 100))
     hist = [0] * 20
     hist[min(19, total // 5)] = 86400
     return {"day": day, "utc_offset_min": 0, "cpus": cpus, "samples": 86400,
             "peak": {"start": "21:00", "end": "22:00", "samples": 3600, "io": round(io, 3), "vms": round(vms, 3),
                      "other": round(other, 3)},
-            "hours": [total] * 24, "hist": hist}
+            "hours": [total] * 24, "hist": hist, "probe_p99_ms_max": round(probe_p99_ms, 3),
+            "psi_some_avg10_max": 2.0, "foreign_cpu_s": 0.0, "probe_failed": 0}
 
 
 def known_days(names: list[str], cpus: dict[str, int], before: str, after: str, seed: int = 7) -> dict[str, list]:
-    """Per host, its before and after days. 85 % of the hosts are converted (VMs after)."""
+    """Per host, its before and after days. 85 % of the hosts are converted (VMs after);
+    one in 50 of those has a slow IO probe after (p99 80 ms, over the alert rule's 50)."""
     rnd = random.Random(seed)
     out = {}
     for n in names:
@@ -55,7 +57,8 @@ def known_days(names: list[str], cpus: dict[str, int], before: str, after: str, 
         io = c * rnd.uniform(0.01, 0.07)
         other = c * rnd.uniform(0.0, 0.03)
         vms = c * rnd.uniform(0.2, 0.6) if rnd.random() < 0.85 else 0.0
-        out[n] = [day_of(before, c, io, 0.0, other), day_of(after, c, io, vms, other)]
+        slow = vms > 0 and rnd.random() < 0.02
+        out[n] = [day_of(before, c, io, 0.0, other), day_of(after, c, io, vms, other, 80.0 if slow else 1.5)]
     return out
 
 

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 
 from scheduler.api.deps import CurrentPrincipal
 from scheduler.api.errors import ERRORS
-from scheduler.schemas.fleet import BinHostsPublic, UtilizationPublic
+from scheduler.schemas.fleet import BinHostsPublic, IoHealthLimits, IoHealthPublic, UtilizationPublic
 
 router = APIRouter(prefix="/v1/fleet", tags=["fleet"], responses=ERRORS)
 
@@ -39,3 +39,23 @@ def utilization_hosts(request: Request, p: CurrentPrincipal, day: dt.date, bin: 
     `all`, or `io`, `vms`, `other` with `window=peak`)."""
     p.require()
     return request.app.state.fleet.bin_hosts(day=day, window=window, bins=bins, index=bin, cls=cls)
+
+
+@router.get("/io-health", response_model=IoHealthPublic, openapi_extra={"x-examples": {
+    "the alert rules' limits": "/v1/fleet/io-health?day=2026-11-25",
+    "a stricter probe": "/v1/fleet/io-health?day=2026-11-25&probe_p99_ms=10"}})
+def io_health(request: Request, p: CurrentPrincipal, day: dt.date,
+              probe_p99_ms: Annotated[float, Query(ge=0)] = 50.0,
+              psi_some_avg10: Annotated[float, Query(ge=0, le=100)] = 10.0,
+              foreign_cpu_s: Annotated[float, Query(ge=0)] = 60.0,
+              probe_failed: Annotated[int, Query(ge=0)] = 0) -> IoHealthPublic:
+    """The hosts whose IO-health figures for a host-local `day` are over a limit: the
+    IO service's probe p99 (ms, the worst 5 minutes), CPU pressure on its CPUs (PSI
+    some avg10, percent, the worst), CPU seconds other threads ran there over the day,
+    failed probes. The defaults are the alert rules' (deploy/prometheus/io-health.rules.yml:
+    probe p99 over 50 ms, PSI over 10 %; foreign CPU over a minute a day; any failed
+    probe)."""
+    p.require()
+    return request.app.state.fleet.io_health(day=day, limits=IoHealthLimits(
+        probe_p99_ms=probe_p99_ms, psi_some_avg10=psi_some_avg10, foreign_cpu_s=foreign_cpu_s,
+        probe_failed=probe_failed))

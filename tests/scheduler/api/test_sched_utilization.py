@@ -11,7 +11,7 @@ import statistics
 
 import pytest
 
-from sched_helpers import ADM, HOST, Clock, auth, host_body, make_client
+from sched_helpers import ADM, HOST, TA, Clock, auth, host_body, make_client
 from scheduler.utilization import Day, distribution
 
 T0 = 1_764_100_000.0  # 2025-11-25T19:46:40Z
@@ -156,3 +156,23 @@ def test_days_are_written_by_the_flusher_without_any_heartbeat(db_url) -> None: 
                 break
             _time.sleep(0.05)
         assert got["day"]["hosts_included"] == 1, got
+
+
+def test_io_health_lists_the_hosts_over_a_limit(api) -> None:  # type: ignore[no-untyped-def]
+    bad = day_body(DAY, io=1, vms=1, other=0) | {"probe_p99_ms_max": 80.0, "psi_some_avg10_max": 12.5,
+                                                 "foreign_cpu_s": 30.0, "probe_failed": 0}
+    assert api.post("/v1/hosts/h3/days", json={"days": [bad]}, headers=HOST).status_code == 202
+    r = api.get("/v1/fleet/io-health", params={"day": DAY}, headers=ADM)
+    assert r.status_code == 200, r.text
+    got = r.json()
+    assert (got["hosts_checked"], got["hosts_missing"]) == (5, 1)
+    assert [(h["host"], h["over"]) for h in got["hosts_over"]] == [("h3", ["probe_p99_ms", "psi_some_avg10"])]
+    assert got["limits"] == {"probe_p99_ms": 50.0, "psi_some_avg10": 10.0, "foreign_cpu_s": 60.0, "probe_failed": 0}
+    # the others' probe p99 is 2.5 ms: a limit of 2 puts every host over it
+    strict = api.get("/v1/fleet/io-health", params={"day": DAY, "probe_p99_ms": 2, "foreign_cpu_s": 10},
+                     headers=ADM).json()
+    assert [h["host"] for h in strict["hosts_over"]] == ["h0", "h1", "h2", "h3", "h4"]
+    assert strict["hosts_over"][3]["over"] == ["probe_p99_ms", "psi_some_avg10", "foreign_cpu_s"]
+    r = api.get("/v1/fleet/io-health", params={"day": DAY, "psi_some_avg10": 101}, headers=ADM)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "psi_some_avg10"
+    assert api.get("/v1/fleet/io-health", params={"day": DAY}, headers=TA).status_code == 403
