@@ -30,6 +30,7 @@ EPILOG = """examples:
   kvm-utils diagnose 10                  known pathologies (acpi_pm clock, TSC_DEADLINE/IPI storms,
                                          vPMU sampling, HLT wake-ups, RAM faults) -> advice + evidence
   kvm-utils diagnose --vm web1 --input run.kvmu --format json    ... of a recording / ftrace text
+  kvm-utils export --listen 0.0.0.0:9745 per-VM exit/event/MSR-write counters for Prometheus
 """
 
 
@@ -113,6 +114,13 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=("auto", "bpf", "ftrace"), default="auto",
                    help="live source: bpftrace in-kernel counts (default when installed) or an ftrace instance")
     p.add_argument("--format", choices=("table", "json"), default="table")
+
+    p = sub.add_parser("export", help="serve exit, event and MSR-write counts per VM as Prometheus metrics, until stopped")
+    p.add_argument("--listen", default="127.0.0.1:9745", help="HOST:PORT of /metrics (default 127.0.0.1:9745)")
+    p.add_argument("-i", "--interval", type=float, default=5.0, help="seconds between two reads of the counters")
+    p.add_argument("--engine", choices=("auto", "perf", "bpf"), default="auto", help="as for `exits`")
+    p.add_argument("--msr", action="append", default=None,
+                   help="MSRs whose writes to count (perf engine; default: TSC_DEADLINE, x2APIC ICR/EOI/TMICT/LVTT)")
 
     sub.add_parser("doctor", help="check tracefs, kvm tracepoints, perf, BPF, kprobes, the symbols a kprobe engine would need; say how to fix")
     return ap

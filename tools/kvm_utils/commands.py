@@ -88,5 +88,10 @@ def _doctor(args: argparse.Namespace) -> int:
     return 0 if all(c.ok or not c.required for c in checks) else 1
 
 
-_COMMANDS = {"record": _record, "exits": _exits, "latency": _bpf, "msr": _bpf, "io": _bpf,
+def _export(args: argparse.Namespace) -> int:
+    from tools.kvm_utils.export import run_export
+    return run_export(args)
+
+
+_COMMANDS = {"record": _record, "exits": _exits, "export": _export, "latency": _bpf, "msr": _bpf, "io": _bpf,
              "bench": _bench, "doctor": _doctor, "diagnose": _diagnose, "top": _top}

@@ -55,12 +55,13 @@ class Target:
     pid: int | None
 
 
-def counter_specs(tracefs: Path, vendor: Vendor | None, user_reasons: bool = False) -> list[Spec]:
+def counter_specs(tracefs: Path, vendor: Vendor | None, user_reasons: bool = False,
+                  events: tuple[str, ...] = EVENT_COUNTERS) -> list[Spec]:
     """The counters to open per target. Every counter attached to a tracepoint costs on each
     hit (~40-60 ns CPU here, measured by bench/kvm_utils_overhead.py), so userspace exits
     get one unfiltered counter unless `user_reasons` asks for the per-reason split."""
-    events = set(available_kvm_events(tracefs))
-    if "kvm_exit" not in events:
+    have, wanted = set(available_kvm_events(tracefs)), events
+    if "kvm_exit" not in have:
         raise NotAvailable(f"tracepoint kvm:kvm_exit missing under {tracefs}/events/kvm: load kvm")
     exit_id = tracepoint_id(tracefs, "kvm", "kvm_exit")
     if vendor is Vendor.INTEL:
@@ -69,13 +70,13 @@ def counter_specs(tracefs: Path, vendor: Vendor | None, user_reasons: bool = Fal
         specs = [Spec("exit", n, exit_id, f"exit_reason=={c}") for c, n in SVM_EXIT_REASONS.items()]
     else:   # no vmx/svm flag (nested PVM): one unfiltered counter, reasons are unknowable
         specs = [Spec("exit", "kvm_exit(all)", exit_id, None)]
-    if "kvm_userspace_exit" in events:
+    if "kvm_userspace_exit" in have:
         uid = tracepoint_id(tracefs, "kvm", "kvm_userspace_exit")
         if user_reasons:
             specs += [Spec("user", USERSPACE_EXIT_REASONS[c], uid, f"reason=={c} && errno>=0") for c in USER_REASONS]
         else:
             specs.append(Spec("user", "ALL", uid, None))
-    specs += [Spec("event", e, tracepoint_id(tracefs, "kvm", e), None) for e in EVENT_COUNTERS if e in events]
+    specs += [Spec("event", e, tracepoint_id(tracefs, "kvm", e), None) for e in wanted if e in have]
     return specs
 
 
@@ -134,7 +135,8 @@ class BpfCounters:
     stops bpftrace (bpf.stop: it prints what is left) and waits for the last counts, which
     one more delta() returns."""
 
-    def __init__(self, tracefs: Path, pids: set[int], flush_s: float = 0.25) -> None:
+    def __init__(self, tracefs: Path, pids: set[int], flush_s: float = 0.25,
+                 events: tuple[str, ...] = EVENT_COUNTERS) -> None:
         import threading
 
         from tools.kvm_utils.sources import bpf, bpfcount
@@ -142,7 +144,7 @@ class BpfCounters:
             have = set(available_kvm_events(root))
         if "kvm_exit" not in have:
             raise NotAvailable("tracepoint kvm:kvm_exit missing: load kvm")
-        self.events = [e for e in EVENT_COUNTERS if e in have]
+        self.events = [e for e in events if e in have]
         self.targets: list[Target] = []
         self.fds: dict = {}                  # no perf counters: for the callers' log lines
         self._target_of = bpfcount.thread_targets(Path("/proc"), lambda tid, vm, vcpu, pid: Target(tid, -1, vm, vcpu, pid))
