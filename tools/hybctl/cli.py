@@ -352,8 +352,7 @@ def why(ctx: typer.Context,
 
 
 def free_cpus(h: dict) -> int:
-    return sum(len(n.get("free_cpus") or []) if isinstance(n.get("free_cpus"), list) else int(n.get("free_cpus") or 0)
-               for n in h["nodes"])
+    return sum(n["free_cpus"] for n in h["nodes"])
 
 
 HOST_COLUMNS = [
