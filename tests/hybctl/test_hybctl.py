@@ -272,6 +272,15 @@ def test_rollout_status_and_raw_calls(env, capsys) -> None:  # type: ignore[no-u
     assert code == 0 and "wave 1 of 2" in out
     hosts = {ln.split()[0]: ln.split() for ln in out.splitlines() if ln.startswith("hyb-")}
     assert hosts["hyb-0000"][1] == "0" and hosts["hyb-0001"][1] == "1"
+    code, out, _ = run(env, "rollout", "pause", "conv-1", "--reason", "change freeze", capsys=capsys)
+    assert code == 0 and "rollout conv-1: paused" in out
+    assert env["api"].get("/v1/rollouts/conv-1").json()["state"] == "paused"
+    code, _, err = run(env, "rollout", "pause", "conv-1", capsys=capsys)  # not running: the API's 409
+    assert code == 1 and "hyb.rollout.bad_state" in err
+    r = cli(env, "rollout", "abort", "conv-1", stdin=subprocess.DEVNULL)  # asks first
+    assert r.returncode == 1 and "refused without --yes" in r.stderr
+    code, out, _ = run(env, "rollout", "abort", "conv-1", "--yes", "-o", "json", capsys=capsys)
+    assert code == 0 and json.loads(out)["state"] == "aborting"
     code, _, err = run(env, "rollout", "status", "no-such", capsys=capsys)
     assert code == 1 and "hyb.rollout.not_found" in err
     code, out, _ = run(env, "api", "GET", "/v1/hosts?rack=r01", capsys=capsys)

@@ -631,6 +631,31 @@ def rollout_status(ctx: typer.Context,
     shown(fetch, lambda d: rollout_detail(d, output), output, watch, interval)
 
 
+def rollout_verb(verb: str, doc: str, destructive: bool) -> None:
+    """``hybctl rollout VERB NAME``: the API's state change; the controller running the
+    rollout (fleet-rollout) acts on it at its next step."""
+    def command(ctx: typer.Context, name: Annotated[str, typer.Argument(help="the rollout")],
+                reason: Annotated[str, typer.Option(help="why, kept with the transition")] = "",
+                yes: YesOpt = False, output: OutputOpt = Format.table) -> None:
+        if destructive:
+            confirm(f"{verb} rollout {name} (its changed hosts are rolled back)", yes)
+        r = conn(ctx).request("POST", f"/v1/rollouts/{name}/{verb}", json={"reason": reason})
+        if output in (Format.json, Format.yaml):
+            printer(out, output)(r, lambda: "")
+        else:
+            out.print(f"rollout {name}: {r['state']}" + (f" ({r['reason']})" if r.get("reason") else ""))
+    command.__doc__ = doc
+    rollout_app.command(verb)(command)
+
+
+for _verb, _doc, _destructive in (
+        ("pause", "Stop the rollout at its controller's next step.", False),
+        ("resume", "Run a paused or halted rollout again (a done one retries its failed rollbacks).", False),
+        ("abort", "Roll back the hosts mid-change and stop.", True),
+        ("rollback", "Roll back every changed host, last wave first.", True)):
+    rollout_verb(_verb, _doc, _destructive)
+
+
 # ---------------------------------------------------------------------- raw
 
 
