@@ -20,6 +20,7 @@ EPILOG = """examples:
   kvm-utils top                          full-screen live view per VM and reason (r/t/n sort, q quits)
   kvm-utils top --once -i 5 --sort total one 5 s frame as text (also what a pipe gets)
   kvm-utils latency 10 --format json     exit-handling time per reason, aggregated in BPF
+  kvm-utils kprobe wakeups 10            who woke which vCPU and how long it had halted (kprobes/fentry)
   kvm-utils msr 10                       which MSRs exit, how often, how long
   kvm-utils io 10                        PIO ports and MMIO GPAs (incl. kvm_fast_mmio)
   kvm-utils record -o run.kvmu 5         record raw kvm events for 5 s (ftrace instance)
@@ -67,10 +68,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--user-reasons", action="store_true",
                    help="perf engine: split userspace exits by reason (11 filtered counters instead of 1: "
                         "costlier per exit; the bpf engine always splits them)")
-    p.add_argument("--engine", choices=("auto", "perf", "bpf"), default="auto",
+    p.add_argument("--engine", choices=("auto", "perf", "bpf", "kprobe"), default="auto",
                    help="perf: kvm_stat's filtered counters, one per exit reason; bpf: one bpftrace program "
-                        "whose cost does not grow with the number of reasons; auto (default): bpf on VMX/SVM "
-                        "hosts when bpftrace is installed, else perf")
+                        "whose cost does not grow with the number of reasons; kprobe: exits seen at the vendor's "
+                        "exit handler (summary only); auto (default): bpf on VMX/SVM hosts when bpftrace is "
+                        "installed, kprobe where kvm_exit is silent (PVM) and kprobes/fentry attach, else perf")
     _add_format(p)
 
     p = sub.add_parser("top", help="live full-screen view per VM and per reason/event (keys r/t/n sort, q quits)")
@@ -92,7 +94,21 @@ def build_parser() -> argparse.ArgumentParser:
         p = sub.add_parser(name, help=f"{what}, aggregated in the kernel by bpftrace")
         p.add_argument("duration", type=float, nargs="?", default=None, help="seconds (default: until Ctrl-C)")
         p.add_argument("-p", "--pid", type=int, help="only this VM process")
+        if name == "latency":
+            p.add_argument("--engine", choices=("auto", "bpf", "kprobe"), default="auto",
+                           help="bpf: kvm_exit to kvm_entry (tracepoints); kprobe: time inside the exit handler "
+                                "(kprobe/fentry); auto (default): kprobe only where kvm_exit is silent and probes attach")
         _add_format(p)
+
+    p = sub.add_parser("kprobe", help="what no tracepoint shows, from kprobes/fentry on KVM functions (bpftrace)")
+    p.add_argument("view", choices=("handling", "wakeups", "timers", "halts"),
+                   help="handling: time in the exit handler per reason (= latency --engine kprobe); wakeups: who "
+                        "woke which vCPU, how long it had halted, kicks, posted-interrupt wake-ups; timers: LAPIC "
+                        "timer expiries; halts: halt durations, pause-loop exits")
+    p.add_argument("duration", type=float, nargs="?", default=None, help="seconds (default: until Ctrl-C)")
+    p.add_argument("-p", "--pid", type=int, action="append", help="only these VM processes")
+    p.add_argument("-g", "--guest", action="append", help="only these VM names")
+    p.add_argument("--format", choices=("table", "json"), default="table")
 
     p = sub.add_parser("bench", help="exit-path microbenchmarks through /dev/kvm (tiny guest)")
     p.add_argument("--json", action="store_true")

@@ -27,6 +27,8 @@ def _record(args: argparse.Namespace) -> int:
 
 
 def _exits(args: argparse.Namespace) -> int:
+    if _wants_kprobe(args, "exits"):
+        return _kprobe_exits(args)
     from tools.kvm_utils.live import run_exits
     return run_exits(args)
 
@@ -37,6 +39,8 @@ def _top(args: argparse.Namespace) -> int:
 
 
 def _bpf(args: argparse.Namespace) -> int:
+    if args.cmd == "latency" and _wants_kprobe(args, "latency"):
+        return _kprobe_latency(args)
     from tools.kvm_utils.sources import bpf
     from tools.kvm_utils.sources.tracefs import tracefs_mounted
     with tracefs_mounted(args.tracefs):      # bpftrace resolves tracepoints through tracefs
@@ -93,5 +97,95 @@ def _export(args: argparse.Namespace) -> int:
     return run_export(args)
 
 
+def _wants_kprobe(args: argparse.Namespace, question: str) -> bool:
+    """`--engine kprobe`, or `auto` where tracepoints cannot answer (kprobe.auto_picks_kprobe);
+    auto says on stderr why it did or did not take the kprobe engine on such a host."""
+    engine = getattr(args, "engine", "auto")
+    if engine != "auto":
+        return engine == "kprobe"
+    from tools.kvm_utils.record import host_vendor
+    cpu = host_vendor()
+    if cpu is not None:
+        return False                # kvm_exit fires with reasons: the tracepoint engines answer
+    from tools.kvm_utils import doctor
+    from tools.kvm_utils.sources import kprobe
+    support = doctor.kprobe_engine_support(args.tracefs)
+    use, why = kprobe.auto_picks_kprobe(question, cpu, support.kind, support.why)
+    if use:
+        try:
+            kprobe.prepare("handling", args.tracefs)
+        except kprobe.KprobeUnavailable as e:
+            use, why = False, f"{why}, but {e}"
+    print(f"kvm-utils: --engine auto: {'kprobe' if use else 'tracepoints'}: {why}", file=sys.stderr)
+    return use
+
+
+def _pids(args: argparse.Namespace) -> set[int]:
+    """-p PIDs plus the processes of -g NAMEs (QEMU -name guest=NAME)."""
+    from tools.kvm_utils import procs
+    from tools.kvm_utils.errors import NotAvailable
+    pids = set(args.pid or ()) if isinstance(args.pid, list) else ({args.pid} if args.pid else set())
+    names = getattr(args, "guest", None)
+    if names:
+        found = {p.pid for p in procs.vm_processes() if p.name in names}
+        if not found:
+            raise NotAvailable(f"no VM process named {', '.join(names)} (guest=NAME in its command line)")
+        pids |= found
+    return pids
+
+
+def _kprobe_run(args: argparse.Namespace, view: str):
+    from tools.kvm_utils.sources import kprobe
+    from tools.kvm_utils.sources.tracefs import tracefs_mounted
+    with tracefs_mounted(args.tracefs) as root:     # bpftrace resolves tracepoints through tracefs
+        plan = kprobe.prepare(view, root)
+        for lost in plan.lost:
+            print(f"kvm-utils: kprobe {view}: {lost}", file=sys.stderr)
+        parsed, elapsed = kprobe.run(plan, args.duration, _pids(args))
+    return plan, parsed, elapsed
+
+
+def _kprobe_exits(args: argparse.Namespace) -> int:
+    """`exits --engine kprobe`: exit handler calls per reason and thread, in `exits`' document."""
+    from pathlib import Path
+
+    from tools.kvm_utils.arch import Vendor
+    from tools.kvm_utils.live import Spec, Target, render_counts, summarize_counts
+    from tools.kvm_utils.record import host_vendor
+    from tools.kvm_utils.sources import bpfcount, kprobe
+    _, parsed, elapsed = _kprobe_run(args, "handling")
+    target_of = bpfcount.thread_targets(Path("/proc"), lambda tid, vm, vcpu, pid: Target(tid, -1, vm, vcpu, pid))
+    totals = kprobe.handling_counts(parsed, target_of, lambda kind, label: Spec(kind, label, -1, None))
+    vendor = Vendor(v) if (v := host_vendor()) else None
+    sys.stdout.write(render_counts(summarize_counts(totals, elapsed, vendor, False, "kprobe"), args.format))
+    return 0
+
+
+def _kprobe_latency(args: argparse.Namespace) -> int:
+    """`latency --engine kprobe`: time in the exit handler per reason (`kprobe handling` too)."""
+    from tools.kvm_utils.sources import bpf, kprobe
+    _, parsed, _ = _kprobe_run(args, "handling")
+    sys.stdout.write(render(bpf.name_threads(kprobe.handling_summary(parsed)), args.format))
+    return 0
+
+
+def _kprobe(args: argparse.Namespace) -> int:
+    """`kprobe handling|wakeups|timers|halts`."""
+    from pathlib import Path
+
+    from tools.kvm_utils.procs import thread_info
+    from tools.kvm_utils.sources import kprobe
+    if args.view == "handling":
+        return _kprobe_latency(args)
+    plan, parsed, elapsed = _kprobe_run(args, args.view)
+
+    def name(tid: int) -> str:
+        info = thread_info(Path("/proc"), tid)
+        return f"{info.vm} vCPU {info.vcpu} (tid {tid})" if info and info.vm else f"tid {tid}"
+    sys.stdout.write(kprobe.render_view(kprobe.view_summary(args.view, parsed, elapsed, plan, name), args.format))
+    return 0
+
+
 _COMMANDS = {"record": _record, "exits": _exits, "export": _export, "latency": _bpf, "msr": _bpf, "io": _bpf,
-             "bench": _bench, "doctor": _doctor, "diagnose": _diagnose, "top": _top}
+             "bench": _bench, "doctor": _doctor, "diagnose": _diagnose, "top": _top,
+             "kprobe": _kprobe}

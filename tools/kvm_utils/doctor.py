@@ -27,12 +27,12 @@ class Check:
 
 
 def kprobes_available(tracefs: Path | None, kallsyms: Path = Path("/proc/kallsyms")) -> Check:
-    """kprobe_events in tracefs (CONFIG_KPROBE_EVENTS), which the planned kprobe engine (issue 30) needs
-    for kprobes through perf or bpftrace; no command uses kprobes yet."""
+    """kprobe_events in tracefs (CONFIG_KPROBE_EVENTS): bpftrace attaches kprobes through perf's
+    kprobe PMU, which needs CONFIG_KPROBES; the events file is the tracefs face of the same."""
     if tracefs is not None and (tracefs / "kprobe_events").exists():
         return Check("kprobes", True, f"{tracefs}/kprobe_events present", required=False)
     return Check("kprobes", False, "no kprobe_events in tracefs: kernel built without CONFIG_KPROBE_EVENTS; "
-                 "the kprobe engine (planned, not built yet) could not use kprobes here; "
+                 "the kprobe engine cannot use kprobes here (see `kprobe engine` below); "
                  "tracepoint modes are unaffected", required=False)
 
 
@@ -125,7 +125,9 @@ def _kprobes_config(tracefs: Path | None, release: str) -> Check:
 
 
 def kprobe_engine_facts(tracefs: Path | None, release: str | None = None) -> list[Check]:
-    """The facts the planned kprobe engine (issue 30) will need, as found here; all informational."""
+    """The facts the kprobe engine (sources/kprobe.py) stands on, as found here, ending with the
+    verdict `kprobe engine`: which attach mechanism it will use, or exactly why none; all
+    informational (tracepoint modes do not need any of it)."""
     release = release or platform.release()
     checks = [Check("kernel", True, release, required=False), _kprobes_config(tracefs, release)]
     tp = bpfload.tracepoint_program_loads()
@@ -140,13 +142,56 @@ def kprobe_engine_facts(tracefs: Path | None, release: str | None = None) -> lis
     else:
         mods = f"; module BTF: {' '.join(modules)}" if modules else "; no KVM module BTF (KVM built in?)"
         checks.append(Check("BTF", True, f"vmlinux: {len(vmlinux.funcs)} functions{mods}", required=False))
-        fn = next((f for f in ("kvm_vcpu_halt", "kvm_vcpu_block", "schedule") if f in vmlinux.funcs), None)
-        fe = bpfload.fentry_program_loads(vmlinux.funcs[fn]) if fn else None
-        checks.append(Check("BPF fentry program", bool(fe and fe.ok),
-                            f"{fe.detail} (raw bpf() PROG_LOAD on fentry:{fn})" if fe else
-                            "not tried: no known function in BTF", required=False))
+        fe_ok, fe_detail = _fentry_loads(vmlinux)
+        checks.append(Check("BPF fentry program", fe_ok, fe_detail, required=False))
     checks.extend(_symbol_checks(tracefs, release, vmlinux, modules))
+    support = kprobe_engine_support(tracefs, release, vmlinux)
+    checks.append(Check("kprobe engine", support.kind is not None,
+                        (f"uses {support.kind}: " if support.kind else "unavailable: ") + support.why, required=False))
     return checks
+
+
+def _fentry_loads(vmlinux: symbols.Btf) -> tuple[bool, str]:
+    fn = next((f for f in ("kvm_vcpu_halt", "kvm_vcpu_block", "schedule") if f in vmlinux.funcs), None)
+    if fn is None:
+        return False, "not tried: no known function in BTF"
+    fe = bpfload.fentry_program_loads(vmlinux.funcs[fn])
+    return fe.ok, f"{fe.detail} (raw bpf() PROG_LOAD on fentry:{fn})"
+
+
+@dataclass(frozen=True)
+class KprobeSupport:
+    kind: str | None     # "fentry", "kprobe", or None: the engine cannot attach here
+    why: str
+
+
+def kprobe_engine_support(tracefs: Path | None, release: str | None = None,
+                          vmlinux: symbols.Btf | None = None) -> KprobeSupport:
+    """Which attach mechanism the kprobe engine uses here (fentry when the kernel loads fentry
+    programs: no breakpoint per call; else kprobes when CONFIG_KPROBES=y), or why neither.
+    The one place that decides it: doctor's verdict, the engine's start and the live test's skip."""
+    release = release or platform.release()
+    if vmlinux is None:
+        try:
+            vmlinux, _, why = symbols.read_btf()
+        except (OSError, symbols.BtfError) as e:
+            vmlinux, why = None, str(e)
+    if vmlinux is None:
+        fe_ok, fe_detail = False, f"not possible without vmlinux BTF ({why})"
+    else:
+        fe_ok, fe_detail = _fentry_loads(vmlinux)
+    value, source = kernel_config("CONFIG_KPROBES", release)
+    if value is None:
+        has = tracefs is not None and (tracefs / "kprobe_events").exists()
+        value, source = ("y" if has else None), f"tracefs kprobe_events {'present' if has else 'absent'}; {source}"
+    if fe_ok:
+        return KprobeSupport("fentry", f"BPF fentry programs load ({fe_detail})")
+    if value == "y":
+        return KprobeSupport("kprobe", f"CONFIG_KPROBES=y ({source}); fentry not used: {fe_detail}")
+    kp = ("CONFIG_KPROBES is not set" if value == "n" else "CONFIG_KPROBES unknown and no kprobe_events") \
+        + f" ({source}): no kprobe/kretprobe can attach"
+    return KprobeSupport(None, f"{kp}; BPF fentry refused: {fe_detail}: no fentry/fexit either. "
+                               "Tracepoint modes are unaffected")
 
 
 def _symbol_checks(tracefs: Path | None, release: str, vmlinux: symbols.Btf | None,
@@ -166,7 +211,7 @@ def _symbol_checks(tracefs: Path | None, release: str, vmlinux: symbols.Btf | No
     ok = [f"{p.probe.purpose}:{p.symbol}" for p in res.probes if p.symbol]
     checks.append(Check("kprobe symbols", not res.missing(),
                         f"{vendor}, kernel {res.kernel[0]}.{res.kernel[1]} (kallsyms + BTF): purposes the "
-                        f"planned kprobe engine could serve: {', '.join(res.servable()) or 'none'}; "
+                        f"kprobe engine could serve: {', '.join(res.servable()) or 'none'}; "
                         f"found {' '.join(ok)}", required=False))
     checks.extend(Check("kprobe symbol", False, p.message, required=False) for p in res.missing())
     return checks

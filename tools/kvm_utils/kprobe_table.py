@@ -1,4 +1,4 @@
-"""What the planned kprobe engine will attach, per purpose, kernel version range and vendor.
+"""What the kprobe engine (sources/kprobe.py) attaches, per purpose, kernel version range and vendor.
 
 `resolve` is pure: given a kernel version, a vendor (vmx/svm/pvm) and the set of function
 names the kernel has (kallsyms and/or BTF), it says per probe which symbol it will use, or

@@ -1,4 +1,4 @@
-"""Kernel symbols the planned kprobe engine will attach to: kallsyms, ftrace's filter list, BTF.
+"""Kernel symbols the kprobe engine (sources/kprobe.py) attaches to: kallsyms, ftrace's filter list, BTF.
 
 Every reader takes its root so tests can point it at a tree or a generated file. The BTF
 parser is ours (no bpftool dependency): header, then the type section walked by kind and
