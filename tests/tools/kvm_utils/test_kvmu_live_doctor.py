@@ -79,3 +79,15 @@ def test_doctor_kprobe_engine_facts_match_the_system(tracefs_root: Path) -> None
     for line in missing:
         sym = re.match(r"missing (\w+)", line).group(1)   # type: ignore[union-attr]
         assert sym not in kall and "without it, no " in line
+    # the verdict: the kprobe engine's attach mechanism, or each reason it has none, from the
+    # facts above (config file, bpftrace --info's kfunc probe = the raw fentry load)
+    ok, verdict = rows["kprobe engine"]
+    fentry_ok = btf and rows["BPF fentry program"][0]
+    assert ok == (fentry_ok or cfg == "y")
+    if not ok:
+        assert verdict.startswith("unavailable: ")
+        if cfg == "n":
+            assert "CONFIG_KPROBES is not set" in verdict and "no kprobe/kretprobe can attach" in verdict
+        assert rows["BPF fentry program"][1] in verdict and "no fentry/fexit either" in verdict
+    else:
+        assert verdict.startswith("uses fentry: " if fentry_ok else "uses kprobe: ")
