@@ -19,11 +19,14 @@ out of play (a timeout no pause reaches, as bench/placement.py):
 4. every host sends its day (POST /v1/hosts/{name}/days): the history's bytes per host
    and day, from the database's own numbers (SQLite dbstat; PostgreSQL: the table's main fork and its index,
    not the fixed free-space and visibility maps);
-5. the replicas restarted with the liveness timings in play; every host beats through
-   their grace period, then 1 % of the hosts (spread over the racks) go silent while
-   the others beat on, and one replica is restarted in the middle: how long each silent
-   host took to be marked down after its last beat (p50/p99, from the audit's host.down
-   rows), and how many hosts that kept beating were marked down (false downs).
+5. the replicas restarted with the liveness timings in play and warmed as in (1); every
+   host beats through their grace period, then 1 % of the hosts (spread over the racks)
+   go silent while the others beat on, and one replica is restarted in the middle (not
+   warmed: hostd does not wait for it): how long each silent host took to be marked
+   down after its last beat (p50/p99, from the audit's host.down rows), how many hosts
+   that kept beating were marked down (false downs), the liveness events the replicas
+   logged (too many hosts silent at once: none marked), and every 5 s how many hosts'
+   liveness the database holds from this phase.
 
 Two load generators send the heartbeats (--generator); placements, registrations and
 days always come from this Python process. Beats are split over the two replicas: host
@@ -68,6 +71,7 @@ import sqlite3
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,7 +79,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tools.dev.procstat import tree_cpu_s  # noqa: E402
+from tools.dev.procstat import machine, machine_load, tree_cpu_s  # noqa: E402
 from tools.dev.schedbench import (WRK, Conn, WrkRun, create_database, fleet, free_port, percentile,  # noqa: E402
                                   postgres, register_body, run_clients, run_open, start_wrk, stop, trace,
                                   wait_http, wait_wrk)
@@ -239,6 +243,17 @@ class Db:
             return c.execute("SELECT tup_inserted + tup_updated + tup_deleted FROM pg_stat_database "
                              "WHERE datname = current_database()").fetchone()[0]
 
+    def fresh_hosts(self, since: float) -> int:
+        """Hosts whose liveness (hosts.last_heartbeat, written by the replicas' flushes)
+        is ``since`` or later: what the liveness check reads."""
+        q = "SELECT count(*) FROM hosts WHERE last_heartbeat >= "
+        if self.path is not None:
+            with sqlite3.connect(self.path, timeout=30) as c:
+                return c.execute(q + "?", (since,)).fetchone()[0]
+        import psycopg
+        with psycopg.connect(self.url, autocommit=True) as c:
+            return c.execute(q + "%s", (since,)).fetchone()[0]
+
     def history_bytes(self) -> tuple[int, int]:
         """(bytes, rows) of host_days."""
         if self.path is not None:
@@ -274,6 +289,19 @@ def day_body(day: str) -> dict:
                       "psi_some_avg10_max": 1.25, "foreign_cpu_s": 12.5, "probe_failed": 0}]}
 
 
+def warm_up(bases: list[tuple[str, int]], names: list[str]) -> None:
+    """Each replica's index built (a dry-run placement), its beats answered from memory.
+    A replica answers beats from the database until its index is built, and at 100,000
+    hosts that cold start under the full beat rate did not end within a minute
+    (docs/measurements.md), so the measured phases start warm."""
+    async def warm(c: Conn, i: int) -> None:
+        await c.request("POST", "/v1/vms?dry_run=true", trace(1)[0].body(),
+                        auth("bench-tenant", **{"Idempotency-Key": "w"}))
+        await beat(c, names[i])
+    asyncio.run(run_clients(len(bases), bases, list(range(len(bases))), warm))
+    time.sleep(1.5)  # the flusher's first index refresh
+
+
 def run_store(label: str, url: str, sqlite_path: Path | None, a: argparse.Namespace, tmp: Path) -> dict:
     hosts = fleet(a.hosts)
     names = [h[0] for h in hosts]
@@ -296,11 +324,7 @@ def run_store(label: str, url: str, sqlite_path: Path | None, a: argparse.Namesp
         asyncio.run(run_clients(32, bases, hosts, register))
         print(f"[{label}] registered {a.hosts} hosts in {time.perf_counter() - t:.1f} s", file=sys.stderr)
 
-        async def warm(c: Conn, i: int) -> None:  # each replica's index built, its beats from memory
-            await c.request("POST", "/v1/vms?dry_run=true", reqs[0].body(), auth("bench-tenant", **{"Idempotency-Key": "w"}))
-            await beat(c, names[i])
-        asyncio.run(run_clients(2, bases, [0, 1], warm))
-        time.sleep(1.5)  # the flusher's first index refresh
+        warm_up(bases, names)
         stream = Stream(names)
 
         # 1. placements alone
@@ -314,7 +338,9 @@ def run_store(label: str, url: str, sqlite_path: Path | None, a: argparse.Namesp
         # 2. heartbeats alone: CPU and database writes per beat
         n = int(beat_rate * a.seconds)
         c0, w0, r0 = cpu(reps.pids), db.writes(), liveness_rows(bases)
+        m0 = machine()
         got, _ = send_beats(a, bases, names, stream.take(n), n, beat_rate, tmp, "alone")
+        busy, stolen = machine_load(m0, machine())
         time.sleep(1.2)  # the last flush
         used, writes, rows = cpu(reps.pids) - c0, db.writes() - w0, liveness_rows(bases) - r0
         out["generator"] = a.generator
@@ -329,11 +355,15 @@ def run_store(label: str, url: str, sqlite_path: Path | None, a: argparse.Namesp
         # liveness rows the replicas wrote (their hyb_sched_liveness_rows_written_total)
         out["db_writes_per_beat"] = round((writes if sqlite_path is None else rows) / max(1, got.ok), 4)
         out["db_writes_from"] = "pg_stat_database" if sqlite_path is None else "scheduler metrics"
+        # the whole machine while the beats were sent (replicas, database, generator): of 2 CPUs
+        out["cpus_busy_beats"], out["cpus_stolen_beats"] = round(busy, 2), round(stolen, 2)
 
         # 3. both
         def placements():  # type: ignore[no-untyped-def]
             return run_open(a.rate, 32, bases, second, place)
+        m0 = machine()
         beaten, placed = send_beats(a, bases, names, stream.take(n), n, beat_rate, tmp, "both", beside=placements)
+        busy, stolen = machine_load(m0, machine())
         ok_p = [lat for (st, _), lat in placed if st == 202]
         out["placed_per_s_with_beats"] = round(len(ok_p) / a.seconds, 1)
         out["refused_for_capacity_with_beats"] = sum(1 for (st, _), _l in placed if st == 507)
@@ -346,6 +376,7 @@ def run_store(label: str, url: str, sqlite_path: Path | None, a: argparse.Namesp
         out["beats_sent_with_placements"] = beaten.sent
         out["beat_p99_ms_with_placements"] = round(beaten.p99_s * 1e3, 2) if beaten.p99_s is not None else None
         out["beats_late_with_placements"] = beaten.late
+        out["cpus_busy_with_placements"], out["cpus_stolen_with_placements"] = round(busy, 2), round(stolen, 2)
 
         # 4. a day from every host: the history's size
         day = dt.date.today().isoformat()
@@ -360,7 +391,7 @@ def run_store(label: str, url: str, sqlite_path: Path | None, a: argparse.Namesp
         out["history_bytes_per_host_day"] = round(size / n, 1) if n and size else None
     finally:
         reps.stop()
-    out.update(mark_down(url, names, a, tmp))
+    out.update(mark_down(url, names, a, tmp, db))
     return out
 
 
@@ -376,7 +407,7 @@ class Stream:
         return self.i - n
 
 
-def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> dict:
+def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: Db) -> dict:
     """Phase 5, with the liveness timings in play: every host beats every interval_s
     through the replicas' grace period; then 1 % of them (spread over the racks) stop,
     the others beat on, and one replica is restarted in the middle. How long after its
@@ -385,9 +416,19 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> d
     reps = Replicas(config(tmp, url, timeout_s=a.timeout_s, write_s=a.write_s, check_s=a.check_s), tmp, 2)
     silent = set(names[::100])
     last: dict[str, float] = {}
+    seen: list[str] = []  # every 5 s: how many hosts' liveness the database holds from this phase
+    done = threading.Event()
+
+    def watch(since: float) -> None:
+        while not done.wait(5):
+            seen.append(f"+{time.time() - since:.0f} s: {db.fresh_hosts(since)}")
     try:
         reps.start(0)
         reps.start(1)
+        warm_up(reps.bases, names)  # as phase 1; the restart in the middle is not warmed (hostd does not wait)
+        t_start = time.time()
+        watcher = threading.Thread(target=watch, args=(t_start,), daemon=True)
+        watcher.start()
         bases = reps.bases
         rate = len(names) / a.interval_s
 
@@ -402,11 +443,13 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> d
         talking = [n for n in names if n not in silent]
         span = a.timeout_s + 2 * a.check_s + a.interval_s
         if a.generator == "wrk":
-            wait_wrk(start_beats(bases, names, start=0, count=warm, rate=rate, seconds=warm / rate + 1, tmp=tmp,
-                                 label="warm"))
-            keep_beating_wrk(reps, talking, sorted(silent), timed_beat, rate, span, tmp)
+            runs = [wait_wrk(start_beats(bases, names, start=0, count=warm, rate=rate, seconds=warm / rate + 1,
+                                         tmp=tmp, label="warm"))]
+            runs += keep_beating_wrk(reps, talking, sorted(silent), timed_beat, rate, span, tmp)
+            sent, ok = sum(r.sent for r in runs) + len(silent), sum(r.answered(200) for r in runs) + len(last)
+            late: int | None = sum(int(r.report.get("late_1ms", 0)) for r in runs)
         else:
-            asyncio.run(run_open(rate, CONNS, bases, [names[k % len(names)] for k in range(warm)], timed_beat))
+            got = asyncio.run(run_open(rate, CONNS, bases, [names[k % len(names)] for k in range(warm)], timed_beat))
             items = [talking[k % len(talking)] for k in range(int(rate * span))]
 
             async def keep_beating():  # type: ignore[no-untyped-def]
@@ -415,20 +458,23 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> d
                 got = await run_open(rate, CONNS, bases, items, timed_beat)
                 await restart
                 return got
-            asyncio.run(keep_beating())
+            got += asyncio.run(keep_beating())
+            sent, ok, late = len(got), sum(1 for (st, _), _l in got if st == 200), None
 
-        async def downs(c: Conn, _: int) -> list[dict]:
+        async def audit(c: Conn, action: str) -> list[dict]:
             rows: list[dict] = []
             before = ""
             while True:  # pages of 1,000 (the API's most): 100,000 hosts have 1,000 silent
-                r = await c.request("GET", f"/v1/audit?action=host.down&limit=1000{before}", None, auth("bench-admin"))
+                r = await c.request("GET", f"/v1/audit?action={action}&limit=1000{before}", None,
+                                    auth("bench-admin"))
                 page = json.loads(r.body)
                 rows += page["items"]
                 if not page.get("next"):
                     return rows
                 before = f"&before={page['next']}"
-        rows = asyncio.run(run_clients(1, bases[:1], [0], downs))[0]
+        rows, events = asyncio.run(run_clients(1, bases[:1], ["host.down", "fleet.silence"], audit))
     finally:
+        done.set()
         reps.stop()
     marked = {x["target"]: x["at"] for x in rows}
     lag = [marked[n] - last[n] for n in silent if n in marked and n in last]
@@ -436,11 +482,17 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> d
             "mark_down_s_p50": round(percentile(lag, 0.5), 2) if lag else None,
             "mark_down_s_p99": round(percentile(lag, 0.99), 2) if lag else None,
             "false_downs": len([n for n in marked if n not in silent]),
+            # what the generator sent in this phase and what was answered 200, and the
+            # liveness events the replicas logged (many hosts silent at once: none marked)
+            "mark_down_beats_sent": sent, "mark_down_beats_answered": ok, "mark_down_beats_late": late,
+            "liveness_events": [f"{time.strftime('%H:%M:%S', time.gmtime(e['at']))} {e['detail'].get('event')}"
+                                for e in sorted(events, key=lambda e: e["at"])],
+            "liveness_in_db": seen,
             "liveness": {"timeout_s": a.timeout_s, "write_s": a.write_s, "check_s": a.check_s}}
 
 
 def keep_beating_wrk(reps: Replicas, talking: list[str], silent: list[str], timed_beat, rate: float,  # type: ignore[no-untyped-def]
-                     span: float, tmp: Path) -> None:
+                     span: float, tmp: Path) -> list[WrkRun]:
     """Phase 5's beats through wrk: the hosts that keep beating for ``span`` seconds,
     one wrk a replica (a wrk connection that loses its server never reconnects, so
     replica 1's stops before the restart and a new one starts after it, skipping the
@@ -454,18 +506,18 @@ def keep_beating_wrk(reps: Replicas, talking: list[str], silent: list[str], time
                      tmp=tmp, label="talk-0")
     w1 = start_beats(bases[1:], half[1], start=0, count=int(rate / 2 * first), rate=rate / 2, seconds=first,
                      tmp=tmp, label="talk-1a")
-    running = [w0, w1]
+    running, runs = [w0, w1], []
     try:
         asyncio.run(run_clients(8, bases, silent, timed_beat))
-        wait_wrk(running.pop())
+        runs.append(wait_wrk(running.pop()))
         reps.restart(1)
         gone = time.monotonic() - t0
         running.append(start_beats(bases[1:], half[1], start=int(rate / 2 * gone),
                                    count=int(rate / 2 * (span - gone)), rate=rate / 2, seconds=span - gone + 1,
                                    tmp=tmp, label="talk-1b"))
     finally:
-        for w in running:
-            wait_wrk(w)
+        runs += [wait_wrk(w) for w in running]
+    return runs
 
 
 def main() -> int:
