@@ -519,8 +519,8 @@ def fleet(ctx: typer.Context,
     if compare:
         params["compare"] = compare
     api = conn(ctx)
-    shown(lambda: api.request("GET", "/v1/fleet/utilization", params=params), histogram.render, output, watch,
-          interval)
+    shown(lambda: api.request("GET", "/v1/fleet/utilization", params=params),
+          lambda u: histogram.render(u, columns=out.width), output, watch, interval)
 
 
 # ---------------------------------------------------------------------- audit

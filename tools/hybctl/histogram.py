@@ -30,11 +30,20 @@ def pct(v: float | None) -> str:
     return "-" if v is None else f"{v * 100:.1f} %"
 
 
-def render(u: dict) -> Group:
+def bar_width(columns: int, groups: int, top: int) -> int:
+    """The longest bar that lets every group's column (bar, space, count) fit beside the
+    bin labels in ``columns`` characters: a narrow terminal gets shorter bars, never cut
+    ones."""
+    label, count = 10, len(str(top)) + 3
+    return max(4, min(WIDTH, (columns - label) // max(1, groups) - count))
+
+
+def render(u: dict, columns: int = 200) -> Group:
     days = [("day", u["day"])] + ([("compare", u["compare"])] if u.get("compare") else [])
     groups = sorted({g for _, d in days for b in d["bins"] for g in b["counts"]} |
                     {g for _, d in days for g in d["groups"]})
     top = max([n for _, d in days for b in d["bins"] for n in b["counts"].values()] or [0])
+    width = bar_width(columns, len(groups), top)
     window = "the peak window" if u["window"] == "peak" else f"host-local hours {u['window']}"
     head = Text.assemble(("Host CPU use across the fleet", "bold"), f", {window}, by {u['group']}\n")
     for key, d in days:
@@ -43,7 +52,7 @@ def render(u: dict) -> Group:
                     + (" (first bar)\n" if key == "day" and len(days) > 1 else " (second bar)\n" if key == "compare"
                        else "\n"))
     t = Table(box=None, header_style="bold", pad_edge=False)
-    t.add_column("CPU use", justify="right", no_wrap=True)
+    t.add_column("CPU use", justify="right", no_wrap=True, min_width=8)
     for g in groups or ["(no hosts)"]:
         t.add_column(g, no_wrap=True)
     for i, b in enumerate(days[0][1]["bins"]):
@@ -54,7 +63,7 @@ def render(u: dict) -> Group:
                 n = d["bins"][i]["counts"].get(g, 0)
                 if j:
                     lines.append("\n")
-                lines.append(bar(n, top), STYLES[key])
+                lines.append(bar(n, top, width), STYLES[key])
                 lines.append(f" {n}" if n else "")
             cells.append(lines)
         t.add_row(f"{b['lo'] * 100:.0f}-{b['hi'] * 100:.0f} %", *cells)

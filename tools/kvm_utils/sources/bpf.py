@@ -169,14 +169,15 @@ def to_summary(maps: dict[str, dict[tuple[int, ...], int]], mode: str) -> Summar
                    source=f"bpftrace:{mode}", approx_percentiles=True)
 
 
-def spawn(program: str, bpftrace: str = "bpftrace") -> subprocess.Popen:
-    """bpftrace running `program` with JSON output; `stop()` makes it print its maps and
-    exit. It is killed if we die (even by SIGKILL), so its probes never outlive us."""
+def spawn(program: str, bpftrace: str = "bpftrace", *, json_output: bool = True) -> subprocess.Popen:
+    """bpftrace running `program` with JSON output (or its text output: the kprobe engine's
+    hist blocks); `stop()` makes it print its maps and exit. It is killed if we die (even
+    by SIGKILL), so its probes never outlive us."""
     exe = shutil.which(bpftrace)
     if exe is None:
         raise NotAvailable("bpftrace not found: apt-get install bpftrace")
-    return subprocess.Popen([exe, "-f", "json", "-e", program], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, preexec_fn=_child_setup)
+    return subprocess.Popen([exe, *(["-f", "json"] if json_output else []), "-e", program], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, preexec_fn=_child_setup)
 
 
 def _child_setup() -> None:
@@ -217,11 +218,14 @@ def stop(proc: subprocess.Popen, every: float = 1.0, give_up: float = 60.0) -> t
     return t
 
 
-def run_script(program: str, ready_message: str, bpftrace: str = "bpftrace") -> tuple[str, float]:
-    """Run a bpftrace program (-f json) that prints `kvm-utils-ready` in BEGIN, until it exits
-    or Ctrl-C/SIGTERM (then `stop()`: bpftrace prints its maps). Returns (stdout, seconds
-    from ready to the end), printing `ready_message` to stderr once every probe is attached."""
-    proc = spawn(program, bpftrace)
+def run_script(program: str, ready_message: str, bpftrace: str = "bpftrace", *,
+               json_output: bool = True) -> tuple[str, float]:
+    """Run a bpftrace program that prints `kvm-utils-ready` in BEGIN, until it exits or
+    Ctrl-C/SIGTERM (then `stop()`: bpftrace prints its maps). Returns (stdout without the
+    ready line, seconds from ready to the end), printing `ready_message` to stderr once
+    every probe is attached. A program that never got ready, or that failed without
+    printing a map, is an error with bpftrace's own words."""
+    proc = spawn(program, bpftrace, json_output=json_output)
     lines: list[str] = []
     t_ready = None
     try:
@@ -230,6 +234,7 @@ def run_script(program: str, ready_message: str, bpftrace: str = "bpftrace") -> 
                 if t_ready is None and "kvm-utils-ready" in line:
                     t_ready = time.monotonic()
                     print(ready_message, file=sys.stderr, flush=True)
+                    continue
                 lines.append(line)
         except KeyboardInterrupt:
             stopping = stop(proc)
@@ -241,11 +246,11 @@ def run_script(program: str, ready_message: str, bpftrace: str = "bpftrace") -> 
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    elapsed = time.monotonic() - t_ready if t_ready is not None else 0.0
     out = "".join(lines)
-    if proc.returncode not in (0, -signal.SIGINT) and "map" not in out:
+    printed_maps = ('"type": "map"' in out or '"type":"map"' in out) if json_output else "@" in out
+    if t_ready is None or proc.returncode not in (0, -signal.SIGINT) and not printed_maps:
         raise KvmUtilsError(f"bpftrace failed (exit {proc.returncode}): {_errors(err)}")
-    return out, elapsed
+    return out, time.monotonic() - t_ready
 
 
 def run(mode: str, duration: float | None, pid: int | None = None, bpftrace: str = "bpftrace") -> Summary:

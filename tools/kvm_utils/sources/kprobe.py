@@ -440,40 +440,12 @@ def prepare(view: str, tracefs) -> Plan:
 def run(plan: Plan, duration: float | None, pids: Iterable[int] = (), bpftrace: str = "bpftrace"
         ) -> tuple[TextOutput, float]:
     """Run the plan's program until `duration` or Ctrl-C; (parsed text output, seconds from
-    ready to the end). bpf.run_script is tied to -f json, so this is its text-mode twin,
-    stopping bpftrace the same way (bpf.stop) so it prints its maps."""
-    import signal
-    import sys
-    import time
-
-    from tools.kvm_utils.errors import KvmUtilsError
+    ready to the end). bpf.run_script in text mode: bpftrace is stopped the same way
+    (bpf.stop), so it prints its maps."""
     from tools.kvm_utils.sources import bpf
-    exe = shutil.which(bpftrace)
-    if exe is None:
+    if shutil.which(bpftrace) is None:
         raise KprobeUnavailable("bpftrace not found: apt-get install bpftrace")
-    proc = subprocess.Popen([exe, "-e", program(plan, duration, pids)], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, preexec_fn=bpf._child_setup)
-    lines: list[str] = []
-    t_ready = None
-    try:
-        try:
-            for line in proc.stdout:
-                if t_ready is None and READY in line:
-                    t_ready = time.monotonic()
-                    print(f"Tracing {plan.view} with {plan.style.entry} probes... Hit Ctrl-C to end.",
-                          file=sys.stderr, flush=True)
-                    continue
-                lines.append(line)
-        except KeyboardInterrupt:
-            stopping = bpf.stop(proc)
-            lines.extend(proc.stdout)
-            stopping.join()
-        proc.wait(timeout=60)
-        err = proc.stderr.read()
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    if proc.returncode not in (0, -signal.SIGINT) or t_ready is None:
-        raise KvmUtilsError(f"bpftrace failed (exit {proc.returncode}): {err.strip()[:2000]}")
-    return parse_text("".join(lines)), time.monotonic() - t_ready
+    out, elapsed = bpf.run_script(program(plan, duration, pids),
+                                  f"Tracing {plan.view} with {plan.style.entry} probes... Hit Ctrl-C to end.",
+                                  bpftrace, json_output=False)
+    return parse_text(out), elapsed
