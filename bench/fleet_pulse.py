@@ -434,6 +434,12 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
 
         async def timed_beat(c: Conn, name: str) -> tuple[int, float]:
             got = await beat(c, name)
+            if got[0] == 0:  # its replica is restarting: sent to replica 0, as a load balancer in front would
+                other = Conn(*bases[0])
+                try:
+                    got = await beat(other, name)
+                finally:
+                    other.close()
             if got[0] == 200:
                 last[name] = time.time()
             return got

@@ -240,7 +240,7 @@ def vm_create(ctx: typer.Context,
     if wait:
         deadline = time.monotonic() + wait_timeout
         while v["status"] in ("pending", "creating") and time.monotonic() < deadline:
-            time.sleep(1)
+            time.sleep(0.5)
             v = api.request("GET", f"/v1/vms/{v['id']}")
         if v["status"] != "running":
             printer(out, output)(v, lambda: vm_detail(v))
