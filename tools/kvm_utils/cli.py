@@ -153,6 +153,9 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    except KeyboardInterrupt:  # stopped before it counted anything (a command's loop catches it after)
+        print("kvm-utils: stopped before it started", file=sys.stderr)
+        return 130
 
 
 def _dispatch(args: argparse.Namespace) -> int:

@@ -276,6 +276,9 @@ def run_exits(args: argparse.Namespace) -> int:
         system = start_targets(counters, args, engine, seen)
         log.info("event=counting targets=%d counters=%d vendor=%s", len(counters.targets),
                  len(counters.fds), vendor)
+        if engine != "bpf":  # the BPF engine said so when its program attached
+            print(f"Counting kvm exits with {len(counters.fds)} perf counters... Hit Ctrl-C to end.",
+                  file=sys.stderr, flush=True)
         deadline = None if args.duration is None else t0 + args.duration
         try:
             while deadline is None or time.monotonic() < deadline:

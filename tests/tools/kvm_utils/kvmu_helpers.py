@@ -110,6 +110,23 @@ def only_pid(path: Path, pid: int) -> dict:
     return to_dict(summarize_lines(mine))
 
 
+def wait_counting(proc: subprocess.Popen, timeout: float = 60) -> str:
+    """Read the tool's stderr until it says it counts ("Counting kvm exits ..."); what it
+    read (for the caller's later checks). Fails if the tool ends first or takes longer."""
+    import select
+    import time
+    got, deadline = [], time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if select.select([proc.stderr], [], [], 0.2)[0]:
+            line = proc.stderr.readline()
+            if not line:
+                break
+            got.append(line)
+            if line.startswith("Counting kvm exits"):
+                return "".join(got)
+    raise AssertionError(f"the tool never said it counts: exit {proc.poll()}, stderr {''.join(got)[-2000:]}")
+
+
 def stop(proc: subprocess.Popen, sig: int = 2, timeout: float = 30) -> tuple[str, str]:
     """Signal a process we started (by PID) and collect its output; SIGKILL if it hangs."""
     if proc.poll() is None:

@@ -13,7 +13,7 @@ import sys
 
 import pytest
 
-from kvmu_helpers import REPO, kvm_utils_popen, stop
+from kvmu_helpers import REPO, kvm_utils_popen, stop, wait_counting
 from tools.kvm_utils.bench import helper_argv
 
 pytestmark = [pytest.mark.root, pytest.mark.integration]
@@ -44,14 +44,16 @@ def test_exits_per_vm_and_vcpu_exact(helper, kvm_events) -> None:
 
 def test_exits_system_wide_and_ctrl_c_prints_summary(helper, kvm_events) -> None:
     proc = kvm_utils_popen("exits", "--system", "-i", "0.2")
+    early = ""
     try:
-        import time
-        time.sleep(1.0)     # counters open
+        early = wait_counting(proc)  # counters open (a sleep was too short on a loaded machine)
         r = subprocess.run(helper_argv("rdmsr", 700), capture_output=True, text=True, timeout=60)
         assert r.returncode == 0, r.stdout
+        import time
         time.sleep(0.5)
     finally:
         out, err = stop(proc, signal.SIGINT)
+        err = early + err
     assert proc.returncode == 0, err
     assert "summary:" in out and "scope system" in out
     line = next(ln for ln in out.splitlines() if ln.startswith("kvm_msr "))
