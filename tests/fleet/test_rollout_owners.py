@@ -77,9 +77,10 @@ def fleet(sched):  # type: ignore[no-untyped-def]
         f.stop()
 
 
-def spec(work: Path, name: str, policy: str, hosts: str, steps: str = "") -> str:
+def spec(work: Path, name: str, policy: str, hosts: str, steps: str = "", soak_s: int = 4) -> str:
     work.mkdir(exist_ok=True)
     text = SPEC.format(name=name, policy=work.parent / policy, set=hosts).replace("[steps]\n", f"[steps]\n{steps}")
+    text = text.replace("soak_s = 4\n", f"soak_s = {soak_s}\n")
     (work / f"{name}.toml").write_text(text)
     return f"{name}.toml"
 
@@ -179,7 +180,9 @@ def test_a_second_rollout_2_5_s_later_is_refused(fleet, sched) -> None:  # type:
 def test_a_scheduler_outage_after_a_passed_gate_pauses_and_resume_finishes(fleet, sched) -> None:  # type: ignore[no-untyped-def]
     w = sched["dir"] / "op-outage"
     s = sched["sched"]
-    p = start(sched, w, "run", spec(w, "conv-out", "policy.toml", "c"))
+    # a soak long enough that the canary still soaks when a status call on a loaded
+    # machine (a Python start, seconds) has seen it soaking (CI: 4 s was not)
+    p = start(sched, w, "run", spec(w, "conv-out", "policy.toml", "c", soak_s=12))
     try:
         deadline = time.monotonic() + 120
         while not any(st["state"] == "soaking" for st in _states(sched, w, "conv-out").values()):
