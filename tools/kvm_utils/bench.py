@@ -134,7 +134,7 @@ def helper_path(build: bool = True) -> Path:
 
 
 def helper_argv(mode: str, iterations: int, *, name: str | None = None, target_cycles: int | None = None,
-                linger_ms: int = 0, delay_ms: int = 0, port: int | None = None,
+                linger_ms: int = 0, delay_ms: int = 0, port: int | None = None, vector: int | None = None,
                 wait_stdin: bool = False, repeat: bool = False) -> list[str]:
     argv = [str(helper_path())]
     if name:
@@ -147,6 +147,8 @@ def helper_argv(mode: str, iterations: int, *, name: str | None = None, target_c
         argv += ["--delay-ms", str(delay_ms)]
     if port is not None:
         argv += ["--port", hex(port)]
+    if vector is not None:
+        argv += ["--vector", hex(vector)]
     if wait_stdin:
         argv += ["--wait-stdin"]
     if repeat:

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import logging
 import sys
 from pathlib import Path
 
 from tools.kvm_utils.arch import Vendor
+from tools.kvm_utils.diagnose.rules import Thresholds, parse_threshold
 from tools.kvm_utils.errors import KvmUtilsError
 from tools.kvm_utils.render import FORMATS, render
 
@@ -33,6 +35,13 @@ EPILOG = """examples:
   kvm-utils diagnose --vm web1 --input run.kvmu --format json    ... of a recording / ftrace text
   kvm-utils export --listen 0.0.0.0:9745 per-VM exit/event/MSR-write counters for Prometheus
 """
+
+
+def _threshold(text: str) -> tuple[str, float]:
+    try:
+        return parse_threshold(text)
+    except ValueError as e:
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def _add_format(p: argparse.ArgumentParser) -> None:
@@ -130,6 +139,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--engine", choices=("auto", "bpf", "ftrace"), default="auto",
                    help="live source: bpftrace in-kernel counts (default when installed) or an ftrace instance")
     p.add_argument("--format", choices=("table", "json"), default="table")
+    p.add_argument("--threshold", action="append", type=_threshold, default=None, metavar="NAME=VALUE",
+                   help="change a rule's threshold (repeatable), e.g. tsc_deadline_per_s=20000; "
+                        "names: " + ", ".join(f.name for f in dataclasses.fields(Thresholds)))
 
     p = sub.add_parser("export", help="serve exit, event and MSR-write counts per VM as Prometheus metrics, until stopped")
     p.add_argument("--listen", default="127.0.0.1:9745", help="HOST:PORT of /metrics (default 127.0.0.1:9745)")

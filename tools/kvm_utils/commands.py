@@ -81,7 +81,8 @@ def _diagnose(args: argparse.Namespace) -> int:
     if args.vm and args.vm not in ev.vms():
         print(f"diagnose: VM {args.vm!r} showed no kvm activity (seen: {', '.join(ev.vms()) or 'none'})",
               file=sys.stderr)
-    sys.stdout.write(diag.render(rules.diagnose(ev, vm=args.vm), args.format))
+    th = rules.with_thresholds(args.threshold)
+    sys.stdout.write(diag.render(rules.diagnose(ev, th, vm=args.vm), args.format))
     return 0
 
 

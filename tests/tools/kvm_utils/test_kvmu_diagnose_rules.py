@@ -98,3 +98,36 @@ def test_bpf_script_stops_after_duration() -> None:
     s = bpf_script(2.5)
     assert "interval:ms:2500 {" in s and "exit(); }" in s and "kvm-utils-ready" in s
     assert "interval" not in bpf_script(None)
+
+
+def test_threshold_option_parses_names_and_values_and_refuses_the_rest() -> None:
+    import pytest
+    from tools.kvm_utils.diagnose.rules import parse_threshold, with_thresholds
+    assert parse_threshold("tsc_deadline_per_s=20000") == ("tsc_deadline_per_s", 20000.0)
+    assert parse_threshold(" min_count = 5") == ("min_count", 5) and isinstance(parse_threshold("min_count=5")[1], int)
+    for bad, says in [("tsc=1", "expected NAME=VALUE with NAME one of clock_reads_per_s"),
+                      ("icr_per_s", "expected NAME=VALUE"), ("icr_per_s=many", "icr_per_s: 'many' is not a number"),
+                      ("icr_per_s=0", "icr_per_s: must be a positive number, not 0"),
+                      ("hlt_per_s=inf", "must be a positive number"), ("hlt_per_s=nan", "must be a positive number"),
+                      ("min_count=2.5", "min_count: must be a whole number, not 2.5")]:
+        with pytest.raises(ValueError, match=says.replace("(", r"\(")):
+            parse_threshold(bad)
+    th = with_thresholds([("icr_per_s", 100.0), ("icr_per_s", 50.0)])   # the last one given holds
+    assert th == Thresholds(icr_per_s=50.0)
+    ev = Evidence(1.0, "t", T, msr=Counter({(1, 0x830, True): 60}))
+    assert rules_of(ev) == []                                  # 60/s < 10,000/s
+    d = diagnose(ev, th)
+    assert [f.rule for f in d.findings] == ["ipi-storm"]
+    assert d.changed_thresholds() == {"icr_per_s": 50.0} and d.to_dict()["thresholds"]["icr_per_s"] == 50.0
+    from tools.kvm_utils.diagnose.run import render
+    assert "  thresholds set: icr_per_s=50\n" in render(d, "table")
+    assert "thresholds set" not in render(diagnose(ev), "table")
+
+
+def test_threshold_option_on_the_command_line() -> None:
+    """argparse names the option and the reason, and nothing runs."""
+    import subprocess
+    import sys
+    r = subprocess.run([sys.executable, "-m", "tools.kvm_utils", "diagnose", "--threshold", "icr_per_s=-5",
+                        "--input", "/nonexistent"], capture_output=True, text=True)
+    assert r.returncode == 2 and "argument --threshold: icr_per_s: must be a positive number, not -5" in r.stderr

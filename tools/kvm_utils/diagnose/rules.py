@@ -8,7 +8,7 @@ setting that removes the exits. Thresholds are per VM (per vCPU for HLT) and ove
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, fields, replace
 from typing import Any
 
 from tools.kvm_utils.arch import PMU_MSRS, msr_name
@@ -34,6 +34,31 @@ class Thresholds:
     icr_per_s: float = 10_000.0            # x2APIC ICR writes (IPIs sent) per VM
     mem_faults_per_s: float = 1_000.0      # EPT violations / NPFs without MMIO, per VM
     min_count: int = 20                    # rate rules need this many events (short windows)
+
+
+def parse_threshold(text: str) -> tuple[str, float]:
+    """`NAME=VALUE` (a `Thresholds` field, a positive number) for `diagnose --threshold`;
+    ValueError names what is wrong and the fields there are."""
+    known = {f.name: f.type for f in fields(Thresholds)}
+    name, sep, value = text.partition("=")
+    name = name.strip()
+    if not sep or name not in known:
+        raise ValueError(f"{text!r}: expected NAME=VALUE with NAME one of {', '.join(known)}")
+    try:
+        v = float(value)
+    except ValueError:
+        raise ValueError(f"{name}: {value.strip()!r} is not a number") from None
+    if not v > 0 or v == float("inf"):
+        raise ValueError(f"{name}: must be a positive number, not {value.strip()}")
+    if known[name] in ("int", int):
+        if v != int(v):
+            raise ValueError(f"{name}: must be a whole number, not {value.strip()}")
+        v = int(v)
+    return name, v
+
+
+def with_thresholds(pairs: list[tuple[str, float]] | None, base: Thresholds = Thresholds()) -> Thresholds:
+    return replace(base, **dict(pairs or []))
 
 
 @dataclass(frozen=True)
@@ -253,10 +278,18 @@ class Diagnosis:
     vms: tuple[dict[str, Any], ...]
     findings: tuple[Finding, ...]
     not_evaluated: tuple[dict[str, str], ...]
+    thresholds: Thresholds = Thresholds()
+
+    def changed_thresholds(self) -> dict[str, float]:
+        """The thresholds set away from their defaults (`--threshold`)."""
+        default = Thresholds()
+        return {f.name: getattr(self.thresholds, f.name) for f in fields(Thresholds)
+                if getattr(self.thresholds, f.name) != getattr(default, f.name)}
 
     def to_dict(self) -> dict[str, Any]:
         return {"duration_s": round(self.duration_s, 3), "source": self.source, "vms": list(self.vms),
-                "findings": [f.to_dict() for f in self.findings], "not_evaluated": list(self.not_evaluated)}
+                "findings": [f.to_dict() for f in self.findings], "not_evaluated": list(self.not_evaluated),
+                "thresholds": asdict(self.thresholds)}
 
 
 def diagnose(ev: Evidence, th: Thresholds = Thresholds(), vm: str | None = None) -> Diagnosis:
@@ -278,4 +311,4 @@ def diagnose(ev: Evidence, th: Thresholds = Thresholds(), vm: str | None = None)
         why = ("no kvm_exit events in the input (a software hypervisor such as PVM never emits them, "
                "or they were not recorded): HLT and memory-fault rules, and RDPMC exits, not evaluated")
         not_eval = [{"rule": r, "why": why} for r in EXIT_RULES]
-    return Diagnosis(ev.duration_s, ev.source, tuple(summary), tuple(findings), tuple(not_eval))
+    return Diagnosis(ev.duration_s, ev.source, tuple(summary), tuple(findings), tuple(not_eval), th)

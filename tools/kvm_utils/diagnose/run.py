@@ -158,6 +158,8 @@ def render(d: Diagnosis, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(d.to_dict(), indent=2) + "\n"
     out = [f"diagnose: {d.duration_s:.2f} s of kvm events from {d.source}"]
+    if changed := d.changed_thresholds():
+        out.append("  thresholds set: " + ", ".join(f"{k}={v:g}" for k, v in changed.items()))
     for vm in d.vms:
         out.append(f"  VM {vm['vm']}: {vm['vcpu_threads']} vCPU thread(s), {vm['exits']} exits "
                    f"({vm['exit_rate_per_s']:,.1f}/s), {vm['access_events']} PIO/MMIO/MSR/userspace-exit events")

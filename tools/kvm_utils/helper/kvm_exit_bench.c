@@ -40,12 +40,17 @@
  *                      interrupts on; wait for its handler to have run
  *   ipi_halt           the same to vCPU 1 sitting in HLT: the sender waits until vCPU 1 said it
  *                      halts, then 2000 cycles more (untimed), as kvm-unit-tests' ipi+halt does
+ *   icr_self           WRMSR 0x830 with the destination shorthand "self" and vector --vector V
+ *                      (default 0xfc, Linux's CALL_FUNCTION: a TLB shootdown) while interrupts are
+ *                      off: the sender's exit of an IPI storm without its delivery, so the time is
+ *                      the ICR write's alone (kvm-utils diagnose's ipi-storm rule, driven live)
  * vCPU 1 is a second thread ("CPU 1/KVM"). A capability the kernel lacks (KVM_CHECK_EXTENSION)
  * or an ioctl it refuses is reported as {"error": ...} naming it; a guest that gets no
  * interrupt for 5 s is stopped (a watchdog signal) and reported instead of hanging.
  *
  * usage: kvm-exit-bench [-name guest=NAME] [--target-cycles C] [--linger-ms MS] [--delay-ms MS]
- *                       [--port P] [--deadline-cycles C] [--wait-stdin] [--repeat] MODE ITERATIONS
+ *                       [--port P] [--deadline-cycles C] [--vector V] [--wait-stdin] [--repeat]
+ *                       MODE ITERATIONS
  */
 #define _GNU_SOURCE
 #include <errno.h>
@@ -112,8 +117,8 @@ GUEST(wrmsr, "mov $0x6e0, %ecx\nxor %eax, %eax\nxor %edx, %edx\nwrmsr") /* TSC_D
 #define TIMER_VECTOR 0xef   /* kvm-unit-tests' TSC_DEADLINE_TIMER_VECTOR */
 #define STR_(x) #x
 #define STR(x) STR_(x)
-extern const unsigned char g_apic[], g_apic_end[], g_tscdl[], g_ipi[], g_ipi_halt[], g_ap_spin[],
-    g_ap_halt[], g_isr[], g_iret[], g_exc[];
+extern const unsigned char g_apic[], g_apic_end[], g_tscdl[], g_ipi[], g_ipi_halt[], g_icr_self[],
+    g_ap_spin[], g_ap_halt[], g_isr[], g_iret[], g_exc[];
 asm(".pushsection .rodata\n.code16\n"
     "g_apic:\n"
     "seg_setup:\n"                            /* ds = ss = 0, es = samples, di = 0 */
@@ -153,6 +158,12 @@ asm(".pushsection .rodata\n.code16\n"
     "2:\ncmpb $0, " STR(FLAG) "\nje 2b\n"
     "call op_done\ndec %esi\njnz 1b\n"
     "out %al, $0xf1\nhlt\n"
+    "g_icr_self:\n"                           /* ICR writes to itself (%ebx: vector), IF stays 0 */
+    "mov $0x8000, %sp\ncall seg_setup\ncall apic_on\n"
+    "1:\nrdtsc\nmov %eax, %ebp\n"
+    "mov $0x830, %ecx\nmov %ebx, %eax\nor $0x44000, %eax\nxor %edx, %edx\nwrmsr\n" /* fixed, self */
+    "call op_done\ndec %esi\njnz 1b\n"
+    "out %al, $0xf1\nhlt\n"
     "g_ap_spin:\n"                            /* vCPU 1 for ipi: interrupts on, never halts */
     "mov $0x9000, %sp\ncall seg_setup\ncall apic_on\nsti\nmovb $1, " STR(READY) "\n"
     "1:\njmp 1b\n"
@@ -167,7 +178,7 @@ asm(".pushsection .rodata\n.code16\n"
     "mov $\\n, %al\nout %al, $" STR(EXC_PORT) "\n.endr\n"
     "g_apic_end:\n.code64\n.popsection\n");
 
-enum apic_kind { NO_APIC, APIC_TIMER, APIC_IPI };
+enum apic_kind { NO_APIC, APIC_TIMER, APIC_IPI, APIC_SELF };
 
 struct mode {
     const char *name;
@@ -188,6 +199,7 @@ static const struct mode modes[] = {
     APIC_MODE(tscdeadline_immed, APIC_TIMER, g_tscdl, NULL, 0),
     APIC_MODE(ipi, APIC_IPI, g_ipi, g_ap_spin, 0),
     APIC_MODE(ipi_halt, APIC_IPI, g_ipi_halt, g_ap_halt, 0),
+    APIC_MODE(icr_self, APIC_SELF, g_icr_self, NULL, 0),
 };
 
 static const char *exit_names[] = {
@@ -200,6 +212,8 @@ static const char *exit_names[] = {
 static uint16_t port_arg = 0x608;
 
 static uint32_t deadline_arg = UINT32_MAX;   /* --deadline-cycles; default: the mode's */
+
+static uint32_t vector_arg = 0xfc;           /* --vector (icr_self) */
 
 static void die(const char *what) {
     printf("{\"error\": \"%s: %s\"}\n", what, strerror(errno));
@@ -222,6 +236,7 @@ static void require_caps(int kvm, const struct mode *m) {
     static const struct { int cap; const char *name, *why; enum apic_kind kind; } caps[] = {
         {KVM_CAP_IRQCHIP, "KVM_CAP_IRQCHIP", "no in-kernel LAPIC to deliver the interrupt", APIC_TIMER},
         {KVM_CAP_IRQCHIP, "KVM_CAP_IRQCHIP", "no in-kernel LAPIC to deliver the IPI", APIC_IPI},
+        {KVM_CAP_IRQCHIP, "KVM_CAP_IRQCHIP", "no in-kernel LAPIC to take the ICR write", APIC_SELF},
         {KVM_CAP_TSC_DEADLINE_TIMER, "KVM_CAP_TSC_DEADLINE_TIMER", "no TSC-deadline mode in the LAPIC timer",
          APIC_TIMER},
     };
@@ -304,7 +319,8 @@ static const struct mode *cur_mode;
 static void vcpu_reset(struct vm *v, uint32_t iterations) {
     const struct mode *m = cur_mode;
     uint32_t dl = deadline_arg != UINT32_MAX ? deadline_arg : m->deadline;
-    set_cpu(v->vcpu, CODE_GPA + (m->apic ? m->entry - g_apic : 0), iterations, m->apic == APIC_TIMER ? dl : 0);
+    set_cpu(v->vcpu, CODE_GPA + (m->apic ? m->entry - g_apic : 0), iterations,
+            m->apic == APIC_TIMER ? dl : m->apic == APIC_SELF ? vector_arg & 0xff : 0);
 }
 
 /* vCPU 1 (ipi modes): set up once, runs its loop for the whole process; what stops it is
@@ -346,11 +362,24 @@ static void start_ap(struct vm *v) {
     pthread_sigmask(SIG_SETMASK, &old, NULL);
 }
 
-static void start_watchdog(void) {
-    struct sigaction sa = {.sa_handler = on_alarm};   /* no SA_RESTART: KVM_RUN returns EINTR */
-    sigaction(SIGALRM, &sa, NULL);
-    struct itimerval it = {.it_interval = {1, 0}, .it_value = {1, 0}};
+/* Ticks once a second while the guest runs, and only then: a tick while the helper waits on
+ * stdin would end that read with EINTR. */
+static void watchdog(int on) {
+    static int installed;
+    if (!installed) {
+        struct sigaction sa = {.sa_handler = on_alarm};   /* no SA_RESTART: KVM_RUN returns EINTR */
+        sigaction(SIGALRM, &sa, NULL);
+        installed = 1;
+    }
+    struct itimerval it = {.it_interval = {on, 0}, .it_value = {on, 0}};
     setitimer(ITIMER_REAL, &it, NULL);
+}
+
+/* A line (or what came) from stdin; 0 at EOF. A stray signal does not end the wait. */
+static ssize_t read_stdin(char *buf, size_t n) {
+    ssize_t r;
+    while ((r = read(0, buf, n)) < 0 && errno == EINTR) {}
+    return r;
 }
 
 struct result {
@@ -371,6 +400,7 @@ static void run_once(struct vm *v, uint32_t iterations, struct result *res) {
     vcpu_reset(v, iterations);
     volatile uint32_t *progress = (volatile uint32_t *)(v->mem + PROGRESS);
     uint32_t progress0 = *progress, seen = progress0, stuck = 0;
+    if (cur_mode->apic) watchdog(1);
     uint64_t t0 = now_ns(), c0 = __rdtsc(), u0 = clock_ns(CLOCK_THREAD_CPUTIME_ID);
     for (;;) {
         if (ioctl(v->vcpu, KVM_RUN, 0) < 0) {
@@ -381,6 +411,9 @@ static void run_once(struct vm *v, uint32_t iterations, struct result *res) {
                 char msg[200];
                 if (cur_mode->apic == APIC_IPI && !v->mem[READY])
                     snprintf(msg, sizeof(msg), "vCPU 1 did not enable its LAPIC in 5 s (it never ran its code)");
+                else if (cur_mode->apic == APIC_SELF)
+                    snprintf(msg, sizeof(msg), "no ICR write completed in 5 s (%u of %u operations done)",
+                             *progress - progress0, iterations);
                 else
                     snprintf(msg, sizeof(msg), "no %s delivered to the guest in 5 s (%u of %u operations done)",
                              cur_mode->apic == APIC_IPI ? "IPI" : "timer interrupt", *progress - progress0,
@@ -407,6 +440,7 @@ static void run_once(struct vm *v, uint32_t iterations, struct result *res) {
     res->cycles = __rdtsc() - c0;
     res->ns = now_ns() - t0;
     res->cpu_ns = clock_ns(CLOCK_THREAD_CPUTIME_ID) - u0;   /* this thread only, user + sys */
+    if (cur_mode->apic) watchdog(0);
     res->exits[KVM_EXIT_IO]--;   /* the done signal is not part of the loop */
     res->runs--;
 }
@@ -458,6 +492,7 @@ int main(int argc, char **argv) {
         else if (!strcmp(argv[i], "--delay-ms") && i + 1 < argc) delay_ms = strtoull(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--port") && i + 1 < argc) port_arg = (uint16_t)strtoul(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--deadline-cycles") && i + 1 < argc) deadline_arg = (uint32_t)strtoul(argv[++i], NULL, 0);
+        else if (!strcmp(argv[i], "--vector") && i + 1 < argc) vector_arg = (uint32_t)strtoul(argv[++i], NULL, 0);
         else if (!strcmp(argv[i], "--wait-stdin")) wait_stdin = 1;
         else if (!strcmp(argv[i], "--repeat")) repeat = wait_stdin = 1;
         else if (!name) name = argv[i];
@@ -465,7 +500,8 @@ int main(int argc, char **argv) {
     }
     if (!name || !count) {
         fprintf(stderr, "usage: %s [-name guest=NAME] [--target-cycles C] [--linger-ms MS] [--delay-ms MS] "
-                "[--port P] [--deadline-cycles C] [--wait-stdin] [--repeat] MODE ITERATIONS\nmodes:", argv[0]);
+                "[--port P] [--deadline-cycles C] [--vector V] [--wait-stdin] [--repeat] MODE ITERATIONS\nmodes:",
+                argv[0]);
         for (size_t i = 0; i < sizeof(modes) / sizeof(modes[0]); i++) fprintf(stderr, " %s", modes[i].name);
         fprintf(stderr, "\n");
         return 2;
@@ -482,12 +518,11 @@ int main(int argc, char **argv) {
     cur_mode = m;
     vm_create(&v, m);
     if (m->apic == APIC_IPI) start_ap(&v);
-    if (m->apic) start_watchdog();
     if (delay_ms) usleep(delay_ms * 1000);   /* let a tracer attach to this vCPU thread first */
     char go[64];
     if (wait_stdin) {
         fprintf(stderr, "ready pid %d\n", getpid());
-        if (read(0, go, sizeof(go)) <= 0) return 5;   /* stdin closed: the tracer gave up */
+        if (read_stdin(go, sizeof(go)) <= 0) return 5;   /* stdin closed: the tracer gave up */
     }
     struct result res;
     run_once(&v, (uint32_t)iterations, &res);
@@ -498,7 +533,7 @@ int main(int argc, char **argv) {
     int khz = ioctl(v.vcpu, KVM_GET_TSC_KHZ, 0);
     print_result(&v, m, iterations, &res, khz);
     if (linger_ms) usleep(linger_ms * 1000);   /* stay visible in /proc for tracers */
-    while (wait_stdin && read(0, go, sizeof(go)) > 0) {
+    while (wait_stdin && read_stdin(go, sizeof(go)) > 0) {
         if (!repeat) continue;
         run_once(&v, (uint32_t)iterations, &res);  /* same VM, same ITERATIONS, one result line per line */
         print_result(&v, m, iterations, &res, khz);
