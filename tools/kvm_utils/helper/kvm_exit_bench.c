@@ -168,8 +168,12 @@ asm(".pushsection .rodata\n.code16\n"
     "mov $0x9000, %sp\ncall seg_setup\ncall apic_on\nsti\nmovb $1, " STR(READY) "\n"
     "1:\njmp 1b\n"
     "g_ap_halt:\n"                            /* vCPU 1 for ipi_halt: says so, then HLT */
+    /* cli ... sti; hlt (the kernel's safe_halt): STI's one-instruction shadow holds the IPI
+     * until HLT has begun. With interrupts on while it said so, an IPI that came between the
+     * store and the HLT ran its handler first, returned into the HLT, and vCPU 1 slept with
+     * HALTING clear, so vCPU 0 waited forever (one run in six stalled this way). */
     "mov $0x9000, %sp\ncall seg_setup\ncall apic_on\nsti\nmovb $1, " STR(READY) "\n"
-    "1:\nmovb $1, " STR(HALTING) "\nhlt\njmp 1b\n"
+    "1:\ncli\nmovb $1, " STR(HALTING) "\nsti\nhlt\njmp 1b\n"
     "g_isr:\n"                                /* both vectors: flag it, EOI (x2APIC 0x80b) */
     "pushal\nmovb $1, " STR(FLAG) "\nmov $0x80b, %ecx\nxor %eax, %eax\nxor %edx, %edx\nwrmsr\npopal\niret\n"
     "g_iret:\niret\n"                         /* the spurious vector 0xff: no EOI */
