@@ -131,3 +131,15 @@ def test_threshold_option_on_the_command_line() -> None:
     r = subprocess.run([sys.executable, "-m", "tools.kvm_utils", "diagnose", "--threshold", "icr_per_s=-5",
                         "--input", "/nonexistent"], capture_output=True, text=True)
     assert r.returncode == 2 and "argument --threshold: icr_per_s: must be a positive number, not -5" in r.stderr
+
+
+def test_lost_events_are_carried_to_the_output() -> None:
+    """A record whose header says the buffer overran: the diagnosis says its counts are lower
+    bounds (table and JSON), and per-VM evidence keeps the number."""
+    from tools.kvm_utils.diagnose.run import render
+    ev = Evidence(1.0, "t", T, msr=Counter({(1, 0x830, True): 20_000}), lost_events=1234)
+    assert ev.only_vm("vm1").lost_events == 1234
+    d = diagnose(ev)
+    assert d.to_dict()["lost_events"] == 1234
+    assert "  1234 events lost (the trace buffer overran): counts and rates below are lower bounds" in render(d, "table")
+    assert "events lost" not in render(diagnose(Evidence(1.0, "t", T)), "table")

@@ -110,7 +110,7 @@ def test_cli_json_and_table() -> None:
                        capture_output=True, text=True, cwd=REPO, timeout=60)
     assert r.returncode == 0, r.stderr
     d = json.loads(r.stdout)
-    assert set(d) == {"duration_s", "source", "vms", "findings", "not_evaluated", "thresholds"}
+    assert set(d) == {"duration_s", "source", "vms", "findings", "not_evaluated", "thresholds", "lost_events"}
     assert set(d["findings"][0]) == {"rule", "vm", "title", "evidence", "advice", "fix", "data", "severity"}
     r = subprocess.run(cmd + [str(TRACES / "diag-clean-intel-5.15-trace.txt")], capture_output=True, text=True,
                        cwd=REPO, timeout=60)

@@ -25,6 +25,9 @@ def test_header_round_trip_and_report_uses_its_threads() -> None:
     s = summarize_lines([buf.getvalue().rstrip("\n"), *body])
     assert s.source == "record"
     assert [(v.tid, v.vm, v.vcpu) for v in s.vcpus] == [(4101, "web-1", 0), (4102, None, 1)]
+    from tools.kvm_utils.diagnose.run import evidence_from_lines
+    ev = evidence_from_lines([buf.getvalue().rstrip("\n"), *body], "r.kvmu")
+    assert ev.lost_events == 3 and ev.source == "record r.kvmu"   # diagnose says its counts are lower bounds
 
 
 def test_header_version_mismatch_is_refused() -> None:

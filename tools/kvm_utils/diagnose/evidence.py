@@ -45,6 +45,7 @@ class Evidence:
     wakeups: Counter = field(default_factory=Counter)      # tid -> kvm_vcpu_wakeup
     pmu_times: dict[int, list[int]] = field(default_factory=dict)  # tid -> ts_ns of PMU accesses
     saw_exits: bool = False   # kvm_exit fired at all (it never does on a PVM host)
+    lost_events: int = 0      # events the trace buffer dropped (ftrace overruns): counts are lower bounds
 
     # ------------------------------------------------------------------ views
     def vm_of(self, tid: int) -> str:
@@ -74,7 +75,7 @@ class Evidence:
         return Evidence(self.duration_s, self.source, {t: i for t, i in self.threads.items() if t in keep},
                         sel(self.exits), sel(self.msr), sel(self.icr_vectors), sel(self.pio), sel(self.mmio),
                         sel(self.mem_faults), sel(self.user_exits), sel(self.wakeups),
-                        {t: v for t, v in self.pmu_times.items() if t in keep}, self.saw_exits)
+                        {t: v for t, v in self.pmu_times.items() if t in keep}, self.saw_exits, self.lost_events)
 
     def total_exits(self) -> int:
         return sum(self.exits.values())

@@ -279,6 +279,7 @@ class Diagnosis:
     findings: tuple[Finding, ...]
     not_evaluated: tuple[dict[str, str], ...]
     thresholds: Thresholds = Thresholds()
+    lost_events: int = 0
 
     def changed_thresholds(self) -> dict[str, float]:
         """The thresholds set away from their defaults (`--threshold`)."""
@@ -289,7 +290,7 @@ class Diagnosis:
     def to_dict(self) -> dict[str, Any]:
         return {"duration_s": round(self.duration_s, 3), "source": self.source, "vms": list(self.vms),
                 "findings": [f.to_dict() for f in self.findings], "not_evaluated": list(self.not_evaluated),
-                "thresholds": asdict(self.thresholds)}
+                "thresholds": asdict(self.thresholds), "lost_events": self.lost_events}
 
 
 def diagnose(ev: Evidence, th: Thresholds = Thresholds(), vm: str | None = None) -> Diagnosis:
@@ -311,4 +312,5 @@ def diagnose(ev: Evidence, th: Thresholds = Thresholds(), vm: str | None = None)
         why = ("no kvm_exit events in the input (a software hypervisor such as PVM never emits them, "
                "or they were not recorded): HLT and memory-fault rules, and RDPMC exits, not evaluated")
         not_eval = [{"rule": r, "why": why} for r in EXIT_RULES]
-    return Diagnosis(ev.duration_s, ev.source, tuple(summary), tuple(findings), tuple(not_eval), th)
+    return Diagnosis(ev.duration_s, ev.source, tuple(summary), tuple(findings), tuple(not_eval), th,
+                     ev.lost_events)

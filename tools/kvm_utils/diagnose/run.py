@@ -4,7 +4,6 @@ the rules, render the advice (`table` or `json`)."""
 from __future__ import annotations
 
 import json
-import logging
 import re
 import shutil
 import tempfile
@@ -22,7 +21,6 @@ from tools.kvm_utils.sources import bpf, recordfile
 from tools.kvm_utils.sources.tracetext import detect_vendor, parse_lines, vcpu_of_task
 from tools.kvm_utils.stopping import block_in_this_thread
 
-log = logging.getLogger(__name__)
 
 #: in-kernel aggregation keyed by (pid, tid, ...): one map update per event, nothing per
 #: event in userspace. @ept[tid]: 1 = an EPT violation / NPF exit is open, 2 = it did MMIO.
@@ -75,7 +73,9 @@ def evidence_from_lines(lines: Iterable[str], name: str = "-") -> Evidence:
     else:
         source = f"ftrace text {name}"
         duration = (parsed[-1].ts_ns - parsed[0].ts_ns) / 1e9 if len(parsed) > 1 else 0.0
-    return from_events((ln.event for ln in parsed), duration, threads, source)
+    ev = from_events((ln.event for ln in parsed), duration, threads, source)
+    ev.lost_events = header.lost_events if header is not None else 0
+    return ev
 
 
 def evidence_from_file(path: Path) -> Evidence:
@@ -138,8 +138,7 @@ def evidence_live_ftrace(tracefs: Path | None, duration: float | None) -> Eviden
         res = record(root, Path(d) / "diag.kvmu", duration,
                      on_ready=lambda: print(msg, file=sys.stderr, flush=True))
         ev = evidence_from_file(res.path)
-        if res.lost_events:
-            log.warning("event=diagnose_lost_events n=%d", res.lost_events)
+        ev.lost_events = res.lost_events
     ev.source = "ftrace"
     return ev
 
@@ -158,6 +157,9 @@ def render(d: Diagnosis, fmt: str) -> str:
     if fmt == "json":
         return json.dumps(d.to_dict(), indent=2) + "\n"
     out = [f"diagnose: {d.duration_s:.2f} s of kvm events from {d.source}"]
+    if d.lost_events:
+        out.append(f"  {d.lost_events} events lost (the trace buffer overran): counts and rates below are "
+                   "lower bounds; a shorter window, or --engine bpf (counts in the kernel), loses none")
     if changed := d.changed_thresholds():
         out.append("  thresholds set: " + ", ".join(f"{k}={v:g}" for k, v in changed.items()))
     for vm in d.vms:
