@@ -105,6 +105,16 @@ def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_GroupsApplied(), "hyb-groups-applied")
 
 
+def pytest_runtest_logreport(report: pytest.TestReport) -> None:
+    """HYB_TEST_TIMELINE=FILE: one line per test phase, "worker start stop phase nodeid"
+    (wall clock), appended by every worker: what ran beside what (tests/README.md)."""
+    path = os.environ.get("HYB_TEST_TIMELINE")
+    if path:
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')} {report.start:.3f} {report.stop:.3f} "
+                    f"{report.when} {report.nodeid}\n")
+
+
 def _libvirt_guests() -> list[int]:
     """PIDs of QEMU processes libvirt started for our domains (``-name guest=hyb-...``)."""
     pids = []
