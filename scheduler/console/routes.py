@@ -240,14 +240,9 @@ async def fleet(request: Request, day: str | None = None, compare: str | None = 
             if r.state not in ("done", "aborted"):
                 for h in rollout_routes.rollout_hosts(r.name, request, p, wave=None, brief=True).items:
                     in_rollout[h.name] = h.state
-        heat = []
-        n_days = request.app.state.settings.console.heatmap_days
-        for i in range(n_days - 1, -1, -1):
-            d = a["day"] - dt.timedelta(days=i)
-            du = fleet_routes.utilization(request, p, day=d, compare=None, window=a["window"],
-                                          group="state", bins=20).day
-            heat.append({"day": d.isoformat(), "counts": [sum(b.counts.values()) for b in du.bins],
-                         "hosts": du.hosts_included})
+        hm = fleet_routes.utilization_heatmap(request, p, day=a["day"], window=a["window"], bins=20,
+                                              days=request.app.state.settings.console.heatmap_days)
+        heat = [{"day": d.day.isoformat(), "counts": d.counts, "hosts": d.hosts} for d in hm.days]
         ioh = fleet_routes.io_health(request, p, day=a["day"], probe_p99_ms=50.0, psi_some_avg10=10.0,
                                      foreign_cpu_s=60.0, probe_failed=0)
         return {"u": u.model_dump(mode="json"), "args": a, "groups": GROUPS, "heat": heat, "ioh": ioh,

@@ -6,7 +6,7 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import delete, func, select
+from sqlalchemy import Double, Text, case, cast, delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
@@ -69,6 +69,35 @@ def for_day(*, session: Session, day: str) -> Sequence[Any]:
     sent none): host, rack, admin_state, last_heartbeat, carved_policy, HostDay | None."""
     q = (select(Host.name, Host.rack, Host.admin_state, Host.last_heartbeat, Host.carved_policy, HostDay)
          .outerjoin(HostDay, (HostDay.host == Host.name) & (HostDay.day == day)).order_by(Host.name))
+    return session.execute(q).all()
+
+
+def peak_bins(*, session: Session, first: str, last: str, bins: int) -> Sequence[Any]:
+    """(day, bin, hosts) over days ``first``..``last`` of registered hosts: each host's
+    peak-window share of its CPUs in use (all classes), binned in the database as
+    ``utilization.value``/``bin_of`` do it in Python (double precision, capped at 1, a
+    share of exactly 1 in the last bin), so a day's counts match ``distribution``'s."""
+    pg = session.bind.dialect.name == "postgresql"  # type: ignore[union-attr]
+
+    def as_read(col: Any) -> Any:
+        # PostgreSQL's REAL is single precision and reaches Python as its shortest decimal
+        # text (4.8, not 4.800000190734863): through text here too, or bin edges differ
+        return cast(cast(col, Text), Double) if pg else cast(col, Double)
+    used = (as_read(HostDay.peak_io) + as_read(HostDay.peak_vms)) + as_read(HostDay.peak_other)
+    share = case((used >= HostDay.cpus, 1.0), else_=used / cast(HostDay.cpus, Double))
+    b = case((share * bins >= bins, bins - 1), else_=func.floor(share * bins)).label("bin")
+    q = (select(HostDay.day, b, func.count().label("hosts"))
+         .join(Host, Host.name == HostDay.host)
+         .where(HostDay.day >= first, HostDay.day <= last, HostDay.peak_samples > 0, HostDay.cpus > 0)
+         .group_by(HostDay.day, b))
+    return session.execute(q).all()
+
+
+def hours_between(*, session: Session, first: str, last: str) -> Sequence[Any]:
+    """(day, hours) of registered hosts over days ``first``..``last``: one query for a
+    range of days in a host-local hours window (``peak_bins`` bins the peak in SQL)."""
+    q = (select(HostDay.day, HostDay.hours).join(Host, Host.name == HostDay.host)
+         .where(HostDay.day >= first, HostDay.day <= last))
     return session.execute(q).all()
 
 

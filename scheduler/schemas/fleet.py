@@ -92,6 +92,21 @@ class UtilizationPublic(BaseModel):
     compare: DayDistribution | None = None
 
 
+class HeatmapDay(BaseModel):
+    day: dt.date
+    counts: list[int] = Field(description="hosts per bin, bins equal over 0..1 of the share of CPUs in use")
+    hosts: int = Field(description="hosts with a value for the day and window")
+
+
+class HeatmapPublic(BaseModel):
+    """Hosts per bin of CPU use, for each of a run of days (the console's heatmap): the
+    whole-host share as ``GET /v1/fleet/utilization`` bins it, all groups together."""
+
+    window: str
+    bins: int
+    days: list[HeatmapDay] = Field(description="oldest first, ending with the asked day")
+
+
 class BinHost(BaseModel):
     host: str
     value: float

@@ -12,12 +12,13 @@ from scheduler.db.engine import Store
 from scheduler.errors import InvalidRequest
 from scheduler.repo import days as days_repo
 from scheduler.repo import hosts as host_repo
-from scheduler.schemas.fleet import (BinHostsPublic, DayDistribution, IoHealthHost, IoHealthLimits, IoHealthPublic,
-                                      UtilizationPublic)
-from scheduler.utilization import CLASSES, Day, distribution, hosts_in_bin
+from scheduler.schemas.fleet import (BinHostsPublic, DayDistribution, HeatmapDay, HeatmapPublic, IoHealthHost,
+                                      IoHealthLimits, IoHealthPublic, UtilizationPublic)
+from scheduler.utilization import CLASSES, Day, bin_of, distribution, hosts_in_bin
 
 HOURS = re.compile(r"^(\d{1,2})-(\d{1,2})$")
 MAX_BINS = 100
+MAX_HEATMAP_DAYS = 400  # the history kept (scheduler/service/days.py expires older days)
 
 
 def parse_window(window: str) -> tuple[int, int] | None:
@@ -93,6 +94,35 @@ class FleetService:
             b["hosts"] = "/v1/fleet/utilization/hosts?" + urlencode(
                 {"day": day, "window": window, "bins": bins, "bin": i} | ({"class": "all"} if group != "class" else {}))
         return DayDistribution(day=dt.date.fromisoformat(day), **got)
+
+    def heatmap(self, *, day: dt.date, days: int, window: str, bins: int) -> HeatmapPublic:
+        """Hosts per bin for each of the ``days`` days ending with ``day``, in one query:
+        the peak window binned in the database, an hours window from the packed hours
+        (what ``utilization`` with any group but class counts, summed over the groups)."""
+        _check_bins(bins)
+        if not 1 <= days <= MAX_HEATMAP_DAYS:
+            raise InvalidRequest(f"{days}: 1..{MAX_HEATMAP_DAYS} days", field="days")
+        span = parse_window(window)
+        last = self._check_day(day, "day")
+        if (day - dt.date.min).days < days - 1:
+            raise InvalidRequest(f"{days} days up to {day} start before year 1", field="days")
+        first = (day - dt.timedelta(days=days - 1)).isoformat()
+        counts: dict[str, list[int]] = {}
+        with self.store.read() as s:
+            if span is None:
+                for d, b, n in days_repo.peak_bins(session=s, first=first, last=last, bins=bins):
+                    counts.setdefault(d, [0] * bins)[int(b)] += n
+            else:
+                for d, raw in days_repo.hours_between(session=s, first=first, last=last):
+                    got = [h for h in days_repo.unpack_hours(raw)[span[0]:span[1]] if h is not None]
+                    if got:
+                        counts.setdefault(d, [0] * bins)[bin_of(sum(got) / len(got) / 100, bins)] += 1
+        out = []
+        for i in range(days - 1, -1, -1):
+            d = day - dt.timedelta(days=i)
+            c = counts.get(d.isoformat(), [0] * bins)
+            out.append(HeatmapDay(day=d, counts=c, hosts=sum(c)))
+        return HeatmapPublic(window=window, bins=bins, days=out)
 
     def bin_hosts(self, *, day: dt.date, window: str, bins: int, index: int, cls: str) -> BinHostsPublic:
         _check_bins(bins)

@@ -9,7 +9,7 @@ from fastapi import APIRouter, Query, Request
 
 from scheduler.api.deps import CurrentPrincipal
 from scheduler.api.errors import ERRORS
-from scheduler.schemas.fleet import BinHostsPublic, IoHealthLimits, IoHealthPublic, UtilizationPublic
+from scheduler.schemas.fleet import BinHostsPublic, HeatmapPublic, IoHealthLimits, IoHealthPublic, UtilizationPublic
 
 router = APIRouter(prefix="/v1/fleet", tags=["fleet"], responses=ERRORS)
 
@@ -30,6 +30,18 @@ def utilization(request: Request, p: CurrentPrincipal, day: dt.date, compare: dt
     day, answered alike (before/after). Each bin names the request that lists its hosts."""
     p.require()
     return request.app.state.fleet.utilization(day=day, compare=compare, window=window, group=group, bins=bins)
+
+
+@router.get("/utilization/heatmap", response_model=HeatmapPublic, openapi_extra={"x-examples": {
+    "the last 28 days' evening peaks": "/v1/fleet/utilization/heatmap?day=2026-11-25&days=28",
+    "a week of 09:00-18:00 host-local": "/v1/fleet/utilization/heatmap?day=2026-11-25&days=7&window=9-18"}})
+def utilization_heatmap(request: Request, p: CurrentPrincipal, day: dt.date, days: int = 28, window: str = "peak",
+                        bins: int = 20) -> HeatmapPublic:
+    """Hosts per bin of CPU use for each of `days` days ending with the host-local `day`
+    (oldest first): for every day what `GET /v1/fleet/utilization` counts per bin, all
+    groups together, in one query over the history. `window` as there."""
+    p.require()
+    return request.app.state.fleet.heatmap(day=day, days=days, window=window, bins=bins)
 
 
 @router.get("/utilization/hosts", response_model=BinHostsPublic)

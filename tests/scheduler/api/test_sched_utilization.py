@@ -176,3 +176,53 @@ def test_io_health_lists_the_hosts_over_a_limit(api) -> None:  # type: ignore[no
     r = api.get("/v1/fleet/io-health", params={"day": DAY, "psi_some_avg10": 101}, headers=ADM)
     assert r.status_code == 422 and r.json()["error"]["field"] == "psi_some_avg10"
     assert api.get("/v1/fleet/io-health", params={"day": DAY}, headers=TA).status_code == 403
+
+
+def test_the_heatmap_counts_each_day_as_the_utilization_does(db_url) -> None:  # type: ignore[no-untyped-def]
+    """`GET /v1/fleet/utilization/heatmap` answers a run of days in one query (the peak
+    window binned in the database); per day it must count what `GET /v1/fleet/utilization`
+    counts per bin, groups summed, on both stores: shares on the exact bin edges, over the
+    host's CPUs (capped at 1: the last bin), of hosts with no peak samples (left out), hours
+    without samples, a day without data (zeros) and a host that sent nothing."""
+    import random
+    rng = random.Random(30)
+    days = [f"2025-11-{d}" for d in range(21, 26)]
+    with make_client(db_url, clock=Clock(T0)) as c:
+        for i in range(25):
+            assert c.post("/v1/hosts", json=host_body(f"m{i:02d}", rack=f"r{i % 3}"), headers=HOST).status_code == 201
+        for i in range(24):  # m24 sends nothing
+            cpus = (16, 12, 7, 48)[i % 4]
+            sent = []
+            for day in days:
+                if rng.random() < 0.15:
+                    continue  # a day this host did not report
+                k = rng.randrange(0, 21)
+                io, vms, other = rng.choice([(0.0, cpus * k / 20, 0.0),                   # an exact edge
+                                             (cpus * 0.3, cpus * 0.5, cpus * 0.4),        # over its CPUs
+                                             (rng.uniform(0, 2), rng.uniform(0, cpus), rng.uniform(0, 1))])
+                body = day_body(day, io=io, vms=vms, other=other, cpus=cpus)
+                body["peak"]["samples"] = 0 if rng.random() < 0.1 else 3600
+                body["hours"] = [None if rng.random() < 0.2 else rng.randrange(0, 101) for _ in range(24)]
+                sent.append(body)
+            for j in range(0, len(sent), 3):
+                r = c.post(f"/v1/hosts/m{i:02d}/days", json={"days": sent[j:j + 3]}, headers=HOST)
+                assert r.status_code == 202, r.text
+        for window in ("peak", "20-23", "0-24"):
+            r = c.get("/v1/fleet/utilization/heatmap", params={"day": "2025-11-25", "days": 6, "window": window},
+                      headers=ADM)
+            assert r.status_code == 200, r.text
+            hm = r.json()
+            assert (hm["window"], hm["bins"]) == (window, 20)
+            assert [d["day"] for d in hm["days"]] == ["2025-11-20", *days]   # oldest first
+            assert hm["days"][0] == {"day": "2025-11-20", "counts": [0] * 20, "hosts": 0}
+            for d in hm["days"][1:]:
+                u = c.get("/v1/fleet/utilization", params={"day": d["day"], "window": window, "group": "state",
+                                                           "bins": 20}, headers=ADM).json()["day"]
+                assert d["counts"] == [sum(b["counts"].values()) for b in u["bins"]], (window, d["day"])
+                assert d["hosts"] == u["hosts_included"] > 0
+        for params, field in (({"day": "2025-11-25", "days": 0}, "days"), ({"day": "2025-11-25", "days": 401}, "days"),
+                              ({"day": "2025-11-25", "bins": 0}, "bins"), ({"day": "2025-11-25", "window": "x"}, "window"),
+                              ({"day": "2025-12-25"}, "day"), ({"day": "0001-01-05", "days": 6}, "days")):
+            r = c.get("/v1/fleet/utilization/heatmap", params=params, headers=ADM)
+            assert r.status_code == 422 and r.json()["error"]["field"] == field, (params, r.text)
+        assert c.get("/v1/fleet/utilization/heatmap", params={"day": "2025-11-25"}, headers=HOST).status_code == 403
