@@ -109,7 +109,7 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
     """HYB_TEST_TIMELINE=FILE: one line per test phase, "worker start stop phase nodeid"
     (wall clock), appended by every worker: what ran beside what (tests/README.md)."""
     path = os.environ.get("HYB_TEST_TIMELINE")
-    if path:
+    if path and getattr(report, "node", None) is None:  # xdist's controller gets a copy with .node
         with open(path, "a", encoding="utf-8") as f:
             f.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')} {report.start:.3f} {report.stop:.3f} "
                     f"{report.when} {report.nodeid}\n")
