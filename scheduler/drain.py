@@ -24,6 +24,9 @@ Action = Literal["replace", "stop", "delete_old", "wait", "done"]
 ON_MAINTENANCE = ("replace", "stop", "block")
 # A VM in these statuses holds nothing on its host: the drain has nothing to do with it.
 DONE = {"stopped": "stopped", "failed": "failed: it holds nothing on the host"}
+#: how a VM's ``reason`` starts while the drain cannot place its replacement (the drain
+#: loop writes it, with when and why; ``plan`` shows it beside the step)
+NOT_PLACED = "drain: no host for its replacement"
 
 
 @dataclass(frozen=True)
@@ -36,6 +39,7 @@ class DrainVm:
     group: str = ""
     max_unavailable: int = 0
     replaces: str = ""  # this VM is the replacement of that VM id
+    reason: str = ""    # the scheduler's reason on the VM (a NOT_PLACED note is shown)
 
 
 @dataclass(frozen=True)
@@ -95,6 +99,8 @@ def plan(draining: set[str], vms: list[DrainVm]) -> list[Step]:
             continue
         if v.group:
             down[v.group] += 1  # this move takes one of the budget
-        steps.append(Step(v.id, v.name, "replace" if v.on_maintenance == "replace" else "stop",
-                          "on_maintenance = " + v.on_maintenance))
+        why = "on_maintenance = " + v.on_maintenance
+        if v.on_maintenance == "replace" and v.reason.startswith(NOT_PLACED):
+            why += f"; {v.reason}"
+        steps.append(Step(v.id, v.name, "replace" if v.on_maintenance == "replace" else "stop", why))
     return steps

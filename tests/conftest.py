@@ -238,17 +238,24 @@ def _destroy_test_domains() -> None:
 
 @pytest.fixture
 def hugepages_2m() -> Iterator[callable]:
-    """Grow node 0's 2 MiB pool for a test; the old size is restored afterwards."""
+    """Grow node 0's 2 MiB pool for a test; the old size is restored afterwards, once the
+    test's guests have given their pages back (a pool cannot shrink under pages in use:
+    written too early, the write is silently partial and the pool stays grown: CI saw a
+    later test find 77 pages where the machine had 32)."""
     before = HUGE_2M.read_text().strip()
 
     def grow(pages: int) -> int:
         HUGE_2M.write_text(str(int(before) + pages))
         return int(HUGE_2M.read_text())
 
+    from tools.dev.procstat import wait_hugepages_free
     try:
         yield grow
     finally:
+        used = wait_hugepages_free()
         HUGE_2M.write_text(before)
+        now = HUGE_2M.read_text().strip()
+        assert now == before, f"node 0's 2 MiB pool left at {now} pages, not {before}: {used} still in use"
 
 
 @pytest.fixture

@@ -8,7 +8,10 @@ now, and the round acts on it:
 - ``replace``: a new VM from the old one's request (same tenant, name and spec; the
   Idempotency-Key ``drain:<old id>``, so a repeated round or a second replica gets the
   same replacement, never a second one), claimed through the usual placement (a
-  draining or cordoned host gets none), then dispatched to its hostd in the background;
+  draining or cordoned host gets none), then dispatched to its hostd in the background.
+  When placement refuses it, the old VM's reason says so, with when and placement's
+  answer (``GET /v1/vms/{id}``, and beside the step in the drain view), until a round
+  places it;
 - ``delete_old``: the replacement runs, so the old VM is deleted (hostd first, then its
   claim) and the replacement stops naming it;
 - ``stop``: the VM is marked ``deleting`` (so it counts against its group's budget from
@@ -36,7 +39,7 @@ from sqlalchemy import or_, select, text, update
 
 from scheduler.db.engine import Store
 from scheduler.db.models import Host, Vm
-from scheduler.drain import DrainVm, Step, plan
+from scheduler.drain import NOT_PLACED, DrainVm, Step, plan
 from scheduler.errors import SchedulerError
 from scheduler.repo import hosts as host_repo
 from scheduler.schemas.vms import VmCreate
@@ -55,7 +58,7 @@ def drain_vm(v: Vm, budgets: dict[str, int]) -> DrainVm:
     req = v.request or {}
     group = f"{v.tenant}/{v.disruption_group}" if v.disruption_group else ""
     return DrainVm(v.id, v.name, v.host, v.status, req.get("on_maintenance") or "block", group,
-                   budgets.get(group, 0), v.replaces or "")
+                   budgets.get(group, 0), v.replaces or "", v.reason or "")
 
 
 def load(s: Any, hosts: Collection[str]) -> list[DrainVm]:
@@ -163,7 +166,11 @@ class DrainService:
             item = self.vms.prepare(body, tenant=tenant, key=f"drain:{st.vm}", actor=actor, replaces=st.vm)
             got = self.vms.create_many([item])[0]  # claimed now: the next round sees it
             if isinstance(got, BaseException):
+                if isinstance(got, SchedulerError):
+                    at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
+                    self._note(st.vm, f"{NOT_PLACED} (tried {at}, again every round): {got.message}")
                 raise got
+            self._note(st.vm, "")
             new, _ = got
             log.info("drain replace vm=%s (%s) on %s: replacement %s on %s", st.vm, st.name, host, new.id, new.host)
             self._pool.submit(self._background, st.vm, self.vms.dispatch, new.id)
@@ -177,6 +184,14 @@ class DrainService:
             if hit.rowcount != 1:
                 return self._done(st.vm)
             self._pool.submit(self._background, st.vm, self._stop, st.vm, host, actor)
+
+    def _note(self, vm_id: str, reason: str) -> None:
+        """Set (or clear, with "") the drain's note on a VM; another reason (a host's
+        silence flag) is left alone."""
+        with self.store.write() as s:
+            s.execute(update(Vm).where(Vm.id == vm_id, Vm.reason != reason,
+                                       or_(Vm.reason == "", Vm.reason.startswith(NOT_PLACED)))
+                      .values(reason=reason))
 
     def _background(self, vm_id: str, fn: Callable[..., object], *args: Any) -> None:
         try:

@@ -137,6 +137,33 @@ def test_the_drain_says_what_it_waits_for(fleet) -> None:  # type: ignore[no-unt
     assert wait(lambda: api.get("/v1/hosts/h1/drain", headers=HOST).json()["drained"], "h1 drained")
 
 
+def test_a_replacement_placement_refuses_is_shown_until_a_round_places_it(fleet) -> None:  # type: ignore[no-untyped-def]
+    """Every other host cordoned: the drain cannot place the replacement; the drain view and
+    the VM say why (placement's own answer) and when, every round, and nothing is created.
+    A host back in service: the next round places it and the drain finishes."""
+    api, managers = fleet
+    old = create(api, "web-9", on_maintenance="replace")
+    assert api.get(f"/v1/vms/{old}", headers=TA).json()["host"] == "h1"
+    for h in ("h2", "h3"):
+        assert api.post(f"/v1/hosts/{h}/cordon", json={"reason": "full"}, headers=ADM).status_code == 200
+    assert api.post("/v1/hosts/h1/drain", headers=ADM).status_code == 200
+
+    def noted():  # type: ignore[no-untyped-def]
+        step = api.get("/v1/hosts/h1/drain", headers=HOST).json()["steps"][0]
+        return step if "no host for its replacement" in step["why"] else None
+    step = wait(noted, "the drain view saying the replacement found no host")
+    assert step["action"] == "replace" and step["why"].startswith(
+        "on_maintenance = replace; drain: no host for its replacement (tried "), step
+    assert "again every round): no host fits:" in step["why"], step
+    vm = api.get(f"/v1/vms/{old}", headers=TA).json()
+    assert vm["status"] == "running" and vm["reason"] == step["why"].split("; ", 1)[1]
+    assert [v["id"] for v in api.get("/v1/vms", headers=ADM).json()["items"]] == [old]   # nothing half-made
+    assert api.post("/v1/hosts/h3/uncordon", headers=ADM).status_code == 200
+    assert wait(lambda: api.get("/v1/hosts/h1/drain", headers=HOST).json()["drained"], "h1 drained")
+    (moved,) = api.get("/v1/vms", headers=ADM).json()["items"]
+    assert moved["name"] == "web-9" and moved["host"] == "h3" and moved["reason"] == "" and moved["id"] != old
+
+
 def test_bad_maintenance_fields_are_refused_naming_the_field(fleet) -> None:  # type: ignore[no-untyped-def]
     api, _ = fleet
     for body, field in ((vm_body("x", on_maintenance="migrate"), "on_maintenance"),

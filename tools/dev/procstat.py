@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 import os
+import time
 from pathlib import Path
 
 
@@ -60,3 +61,19 @@ def machine_load(before: list[int], after: list[int]) -> tuple[float, float]:
     idle = d[3] + d[4]
     steal = d[7] if len(d) > 7 else 0
     return (total - idle - steal) / total * ncpu, steal / total * ncpu
+
+
+def hugepages_in_use() -> int:
+    """2 MiB pages of the machine's pools in use or reserved (/proc/meminfo)."""
+    info = dict(ln.split(":", 1) for ln in Path("/proc/meminfo").read_text().splitlines() if ":" in ln)
+    n = {k: int(info[k].split()[0]) for k in ("HugePages_Total", "HugePages_Free", "HugePages_Rsvd")}
+    return n["HugePages_Total"] - n["HugePages_Free"] + n["HugePages_Rsvd"]
+
+
+def wait_hugepages_free(timeout_s: float = 30.0) -> int:
+    """Wait until no 2 MiB page is in use (a destroyed guest's QEMU gives its pages back
+    only as it exits, seconds later under load); returns what is still in use then."""
+    deadline = time.monotonic() + timeout_s
+    while (used := hugepages_in_use()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return used
