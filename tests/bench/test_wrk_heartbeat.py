@@ -89,5 +89,7 @@ def test_the_script_beats_each_host_in_turn_at_the_rate(tmp_path: Path) -> None:
         first = min((g for g in got if g[0] == port), key=lambda g: g[3])[1]
         assert first in {f"/v1/hosts/h{i}/heartbeat" for i in (4 + r, 6 + r, 8 + r, r)}, (port, first)
     times = sorted(t for *_, t in got)
-    assert 0.9 <= times[-1] - times[0] <= 1.3  # 200 a thread at 200/s: one second, not a burst
-    assert run.cpu_s > 0 and 0.9 <= run.window_s <= 1.5
+    # 200 a thread at 200/s: one second, not a burst (the bound that matters); a loaded
+    # machine may stretch it, not shorten it
+    assert 0.9 <= times[-1] - times[0] <= 2.0
+    assert run.cpu_s > 0 and 0.9 <= run.window_s <= 2.2
