@@ -362,13 +362,15 @@ def wait_http(port: int, path: str, proc: subprocess.Popen, log: Path, timeout: 
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError(f"server exited ({proc.returncode}): {log.read_text()[-3000:]}")
+        c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
         try:
-            c = http.client.HTTPConnection("127.0.0.1", port, timeout=2)
             c.request("GET", path)
             if c.getresponse().status < 500:
                 return
         except OSError:
             pass
+        finally:
+            c.close()  # an attempt that connected and then timed out left its socket open (CI)
         time.sleep(0.2)
     raise RuntimeError(f"server not ready on {port}: {log.read_text()[-3000:]}")
 
