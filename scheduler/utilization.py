@@ -37,7 +37,13 @@ def value(d: Day, window: tuple[int, int] | None, cls: str | None) -> float | No
             return None
         used = d.peak[cls] if cls else sum(d.peak[c] for c in CLASSES)
         return min(1.0, used / d.cpus)
-    got = [h for h in d.hours[window[0]:window[1]] if h is not None]
+    return hours_share(d.hours, window)
+
+
+def hours_share(hours: list[int | None], window: tuple[int, int]) -> float | None:
+    """Whole-host use over host-local hours [start, end) of a day's 24 hourly percents
+    (None: an hour without samples), as a share; None when no hour there has data."""
+    got = [h for h in hours[window[0]:window[1]] if h is not None]
     return sum(got) / len(got) / 100 if got else None
 
 

@@ -14,7 +14,7 @@ from scheduler.repo import days as days_repo
 from scheduler.repo import hosts as host_repo
 from scheduler.schemas.fleet import (BinHostsPublic, DayDistribution, HeatmapDay, HeatmapPublic, IoHealthHost,
                                       IoHealthLimits, IoHealthPublic, UtilizationPublic)
-from scheduler.utilization import CLASSES, Day, bin_of, distribution, hosts_in_bin
+from scheduler.utilization import CLASSES, Day, bin_of, distribution, hours_share, hosts_in_bin
 
 HOURS = re.compile(r"^(\d{1,2})-(\d{1,2})$")
 MAX_BINS = 100
@@ -114,9 +114,9 @@ class FleetService:
                     counts.setdefault(d, [0] * bins)[int(b)] += n
             else:
                 for d, raw in days_repo.hours_between(session=s, first=first, last=last):
-                    got = [h for h in days_repo.unpack_hours(raw)[span[0]:span[1]] if h is not None]
-                    if got:
-                        counts.setdefault(d, [0] * bins)[bin_of(sum(got) / len(got) / 100, bins)] += 1
+                    v = hours_share(days_repo.unpack_hours(raw), span)
+                    if v is not None:
+                        counts.setdefault(d, [0] * bins)[bin_of(v, bins)] += 1
         out = []
         for i in range(days - 1, -1, -1):
             d = day - dt.timedelta(days=i)
