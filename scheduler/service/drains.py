@@ -132,7 +132,7 @@ class DrainService:
                 return {}
             loaded = load_rows(s, hosts)
             vms = [d for d, _ in loaded]
-            rows = {v.id: (v.tenant, dict(v.request or {}), v.host) for _, v in loaded}
+            rows = {v.id: (v.tenant, dict(v.request or {}), v.host, v.reason or "") for _, v in loaded}
         steps = plan(set(hosts), vms)
         by_host: dict[str, list[Step]] = {h: [] for h in hosts}
         where = {v.id: v.host for v in vms}
@@ -158,8 +158,8 @@ class DrainService:
         with self._busy_lock:
             self._busy.discard(vm_id)
 
-    def _act(self, st: Step, row: tuple[str, dict[str, Any], str | None], vms: list[DrainVm]) -> None:
-        tenant, req, host = row
+    def _act(self, st: Step, row: tuple[str, dict[str, Any], str | None, str], vms: list[DrainVm]) -> None:
+        tenant, req, host, reason = row
         actor = f"drain:{host}"
         if st.action == "replace":
             body = VmCreate.model_validate({k: v for k, v in req.items() if k != "tenant"})
@@ -170,7 +170,8 @@ class DrainService:
                     at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
                     self._note(st.vm, f"{NOT_PLACED} (tried {at}, again every round): {got.message}")
                 raise got
-            self._note(st.vm, "")
+            if reason.startswith(NOT_PLACED):  # placed now: the note goes (no write when there was none)
+                self._note(st.vm, "")
             new, _ = got
             log.info("drain replace vm=%s (%s) on %s: replacement %s on %s", st.vm, st.name, host, new.id, new.host)
             self._pool.submit(self._background, st.vm, self.vms.dispatch, new.id)
