@@ -143,19 +143,22 @@ def _no_guest_still_exiting(request: pytest.FixtureRequest) -> None:
         time.sleep(0.2)
 
 
-@pytest.fixture(autouse=True)
-def _quiet_while_measuring(request: pytest.FixtureRequest,
-                           tmp_path_factory: pytest.TempPathFactory) -> Iterator[None]:
+@pytest.hookimpl(wrapper=True)
+def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> Iterator[object]:
     """Under pytest-xdist, a test marked ``quiet`` (it measures the machine: CPU time
     on a CPU, latency percentiles, or moves every task of the machine) runs while no
     other worker runs a test: every test holds a shared lock, a quiet one the exclusive
     lock. A turnstile taken before either keeps the other workers from slipping in
-    their next test while a quiet one waits. Without xdist this does nothing."""
+    their next test while a quiet one waits. The lock spans the whole protocol, not the
+    test's own fixtures only: a module's or session's fixtures are set up in its first
+    test's setup and torn down in its last one's teardown (a PostgreSQL server's initdb,
+    a scheduler filled with hosts), and in CI those ran beside a quiet test (a process
+    born mid-carve stayed on the IO CPU; a delayed sampler read 117 % for a 1-vCPU VM).
+    Without xdist this does nothing."""
     if "PYTEST_XDIST_WORKER" not in os.environ:
-        yield
-        return
-    base = tmp_path_factory.getbasetemp().parent  # this run's, shared by its workers
-    quiet = request.node.get_closest_marker("quiet") is not None
+        return (yield)
+    base = item.config._tmp_path_factory.getbasetemp().parent  # type: ignore[attr-defined]  # the run's, shared
+    quiet = item.get_closest_marker("quiet") is not None
     with open(base / "quiet.turnstile", "a") as turn, open(base / "quiet.lock", "a") as lock:
         fcntl.flock(turn, fcntl.LOCK_EX)
         try:
@@ -164,7 +167,7 @@ def _quiet_while_measuring(request: pytest.FixtureRequest,
             if not quiet:
                 fcntl.flock(turn, fcntl.LOCK_UN)
         try:
-            yield
+            return (yield)
         finally:
             fcntl.flock(lock, fcntl.LOCK_UN)
             fcntl.flock(turn, fcntl.LOCK_UN)

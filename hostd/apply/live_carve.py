@@ -69,8 +69,9 @@ def plan_steps(layout: Layout, h: HostHandles, unmovable: list[Unmovable] | None
     steps += _cpuset_steps(layout, h)
     if h.exclusive and h.cpuset is not None and layout.io_cpus:
         io_pids = {s.pid for s in steps if isinstance(s, MovePid)}  # the IO service, on its way to its CPUs
+        io = layout.io_service
         s, u = plan_exclusive(layout, HostFs(h.root), h.cpuset, exclude_pids=h.exclude_pids | io_pids | {os.getpid()},
-                              io_cgroup=_io_cgroup(layout))
+                              io_cgroup=_io_cgroup(layout), io_pattern=io.name if io.kind == "process" else "")
         steps += s
         if unmovable is not None:
             unmovable += u

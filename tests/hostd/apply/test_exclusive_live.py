@@ -1,7 +1,8 @@
 """io_cpus kept exclusive live, on this machine (cgroup v1): a foreign busy loop pinned
 to the IO service's CPU is moved off it by the carve (and the IO-health signal stops
 seeing it there), IRQs and the unbound workqueue mask leave that CPU, what the kernel
-refuses is reported, and uncarve puts every affinity back exactly as it was, and takes
+refuses is reported, a process born between the plan's scan and its parent's move
+follows its parent, and uncarve puts every affinity back exactly as it was, and takes
 back what the moved processes started meanwhile."""
 
 from __future__ import annotations
@@ -17,7 +18,8 @@ import pytest
 
 from api.layout import IoServiceTarget, Layout, NodeLayout
 from hostd.apply.cgroups import find_cpuset_fs, pid_cpuset_cgroup
-from hostd.apply.exclusive import HOST_CGROUP, BestEffortAttr, MoveOff
+from hostd.apply import live_carve
+from hostd.apply.exclusive import HOST_CGROUP, BestEffortAttr, MoveOff, SweepBorn
 from hostd.apply.live_carve import HostHandles, Journal, apply_layout, uncarve
 from hostd.apply.steps import Context, SystemMounter
 from hostd.health.sampler import Sampler, Where
@@ -84,7 +86,8 @@ def forker():
         p.communicate()  # reaps it and closes both pipes
 
 
-def test_carve_takes_io_cpus_from_everything_else_and_uncarve_gives_them_back(procs, forker, tmp_path: Path) -> None:
+def test_carve_takes_io_cpus_from_everything_else_and_uncarve_gives_them_back(procs, forker, tmp_path: Path,
+                                                                               monkeypatch) -> None:
     io, tag, loop = procs
     parent, fork = forker
     if len(os.sched_getaffinity(0)) < 2:
@@ -103,8 +106,21 @@ def test_carve_takes_io_cpus_from_everything_else_and_uncarve_gives_them_back(pr
     journal = Journal(tmp_path / "carve-journal.json")
     ctx = Context(None, SystemMounter())
     unmovable: list = []
+    mid_carve: list[int] = []
+
+    def plan_then_fork(*a, **kw):  # type: ignore[no-untyped-def]
+        steps = plan(*a, **kw)
+        mid_carve.append(fork())  # born in the root cpuset after the scan, before its parent moves
+        return steps
+
+    plan = live_carve.plan_steps
+    monkeypatch.setattr(live_carve, "plan_steps", plan_then_fork)
     try:
         ran = apply_layout(layout, h, journal, ctx, unmovable)
+        monkeypatch.setattr(live_carve, "plan_steps", plan)
+        sweep = [s for s in ran if isinstance(s, SweepBorn)]
+        assert len(sweep) == 1 and str(mid_carve[0]) in sweep[0].moved, sweep
+        assert pid_cpuset_cgroup(ROOT, mid_carve[0], 1) == f"/{HOST_CGROUP}" and cpus_allowed(mid_carve[0]) == "1"
         # the busy loop (and every other process of the root cpuset) left CPU 0
         assert pid_cpuset_cgroup(ROOT, loop.pid, 1) == f"/{HOST_CGROUP}" and cpus_allowed(loop.pid) == "1"
         assert cpus_allowed(io.pid) == "0"  # the IO service keeps it
@@ -129,7 +145,8 @@ def test_carve_takes_io_cpus_from_everything_else_and_uncarve_gives_them_back(pr
         # A second carve changes nothing, but for processes that joined the root cpuset
         # since from outside (this machine is shared: commands started into it).
         again = apply_layout(layout, h, journal, ctx)
-        assert all(isinstance(s, MoveOff) and s.pid not in {m.pid for m in moved} for s in again), again
+        assert all(isinstance(s, SweepBorn) or isinstance(s, MoveOff) and s.pid not in {m.pid for m in moved}
+                   for s in again), again
     finally:
         if journal.path.exists():
             uncarve(journal, ctx)
@@ -138,3 +155,4 @@ def test_carve_takes_io_cpus_from_everything_else_and_uncarve_gives_them_back(pr
     assert not fs.path(HOST_CGROUP).exists() and not fs.path(vm_cg).exists()
     # what was born in hyb-host went back with the rest (else its rmdir is EBUSY)
     assert pid_cpuset_cgroup(ROOT, born, 1) == "/" and cpus_allowed(born) == parent_cpus == cpus_allowed(parent.pid)
+    assert pid_cpuset_cgroup(ROOT, mid_carve[0], 1) == "/" and cpus_allowed(mid_carve[0]) == parent_cpus

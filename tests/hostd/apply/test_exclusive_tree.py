@@ -20,6 +20,7 @@ from hostd.apply.exclusive import (
     KthreadAffinity,
     MoveOff,
     ReturnBorn,
+    SweepBorn,
     plan_exclusive,
 )
 from hostd.apply.steps import MakeDir, WriteAttr
@@ -135,3 +136,34 @@ def test_a_tree_that_says_no_online_cpus_is_an_error(sim_host: Path) -> None:
     with pytest.raises(BadTopology, match="/sys/devices/system/cpu: no online CPUs"):
         plan_exclusive(LAYOUT, HostFs(sim_host), find_cpuset_fs(sim_host), exclude_pids=frozenset(),
                        io_cgroup="hyb-io")
+
+
+def test_what_is_born_during_the_carve_follows_its_parent_but_the_io_service_stays(host) -> None:
+    """cgroup v1: the sweep after the moves reads the root cpuset again. A process born
+    there since the plan's scan (600) moves, with its threads' affinities recorded; a
+    kernel thread (300), an excluded pid (100: hostd) and an IO-service process born
+    there (700) stay, the last one named."""
+    root, fs = host
+    if fs.version == 2:
+        pytest.skip("cgroup v2 takes io_cpus with a partition, not by moving processes")
+    from hostd.apply.steps import Context
+
+    steps, _ = plan_exclusive(LAYOUT, HostFs(root), fs, exclude_pids=frozenset({100}), io_cgroup="hyb-io",
+                              io_pattern="ossd")
+    assert not any(isinstance(s, SweepBorn) for s in steps)  # nothing to move, nothing can escape
+    steps, _ = plan_exclusive(LAYOUT, HostFs(root), fs, exclude_pids=frozenset(), io_cgroup="hyb-io",
+                              io_pattern="ossd")
+    sweep = next(s for s in steps if isinstance(s, SweepBorn))
+    assert steps.index(sweep) > max(i for i, s in enumerate(steps) if isinstance(s, MoveOff))
+    proc(root, 600, "postgres", 0x400000, "0-3", "/", 1)
+    proc(root, 700, "ossd-worker", 0x400000, "0-3", "/", 1)
+    write(root, "proc/700/cmdline", "/usr/bin/ossd\0--worker\0")
+    write(root, "proc/600/cmdline", "postgres\0")
+    write(root, "sys/fs/cgroup/cpuset/cgroup.procs", "100\n300\n600\n700\n")
+    (fs.path(HOST_CGROUP)).mkdir(parents=True, exist_ok=True)
+    sweep.exclude = [100]
+    sweep.apply(Context(None, None))  # type: ignore[arg-type]
+    assert sweep.moved == {"600": {"comm": "postgres", "affinity": {"600": "0-3"}}}
+    assert (fs.path(HOST_CGROUP) / "cgroup.procs").read_text().strip() == "600"
+    assert sweep.left == "pid 700 (ossd-worker): the IO service"
+    assert sweep.describe().endswith("600 (postgres) [stays: pid 700 (ossd-worker): the IO service]")
