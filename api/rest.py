@@ -86,6 +86,19 @@ class RestClient:
             raise error_of(r, f"scheduler {method} {path}")
         return r.json() if r.content else {}
 
+    def every_page(self, path: str, params: dict[str, Any] | None = None, *, limit: int = 500) -> list[Any]:
+        """Every item of a paged list (``/v1/vms``, ``/v1/hosts``): pages of ``limit``,
+        each asked ``after`` the ``next`` the one before gave."""
+        items: list[Any] = []
+        after = ""
+        while True:
+            page = self.request("GET", path, params={**(params or {}), "limit": limit,
+                                                     **({"after": after} if after else {})})
+            items += page["items"]
+            after = page.get("next") or ""
+            if not after:
+                return items
+
 
 def error_of(r: httpx.Response, what: str) -> ApiError:
     """The refusal in ``r`` (status >= 400) as an ApiError naming ``what`` was asked."""

@@ -66,10 +66,17 @@ def get_host(*, session: Session, name: str, lock: bool = False) -> Host:
     return h
 
 
-def list_hosts(*, session: Session, rack: str | None = None) -> Sequence[Host]:
+def list_hosts(*, session: Session, rack: str | None = None, limit: int | None = None,
+               after: str = "") -> Sequence[Host]:
+    """By name; ``after`` + ``limit`` page through them (keyset: a page costs the same
+    wherever it starts)."""
     q = select(Host).order_by(Host.name)
     if rack is not None:
         q = q.where(Host.rack == rack)
+    if after:
+        q = q.where(Host.name > after)
+    if limit is not None:
+        q = q.limit(limit)
     return session.scalars(q).all()
 
 

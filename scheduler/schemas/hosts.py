@@ -113,6 +113,8 @@ class HostPublic(BaseModel):
 
 class HostsPublic(BaseModel):
     items: list[HostPublic]
+    next: str | None = Field(None, description="with `limit`: the name to ask `after` for the next page "
+                                               "(absent on the last one)")
 
 
 class DrainStepOut(BaseModel):

@@ -325,13 +325,18 @@ class HostService:
         with self.store.read() as s:
             return self._public(s, host_repo.get_host(session=s, name=name), now)
 
-    def list(self, *, rack: str | None = None, state: str | None = None) -> HostsPublic:
+    def list(self, *, rack: str | None = None, state: str | None = None, limit: int | None = None,
+             after: str = "") -> HostsPublic:
+        """Every host, or a page of ``limit`` by name after ``after``. ``next`` is the name
+        to ask after when more may follow; ``state`` (which depends on the time of the
+        last heartbeat) filters a page after it is read, so a page may hold fewer."""
         now = self.clock()
         with self.store.read() as s:
             counts = vm_repo.count_live_by_host(session=s)
-            items = [self._public(s, h, now, counts.get(h.name, 0))
-                     for h in host_repo.list_hosts(session=s, rack=rack)]
-        return HostsPublic(items=[h for h in items if state is None or h.state == state])
+            rows = host_repo.list_hosts(session=s, rack=rack, limit=limit, after=after)
+            items = [self._public(s, h, now, counts.get(h.name, 0)) for h in rows]
+        nxt = rows[-1].name if limit is not None and len(rows) == limit else None
+        return HostsPublic(items=[h for h in items if state is None or h.state == state], next=nxt)
 
     def _public(self, s: Session, h: Host, now: float, vms: int | None = None) -> HostPublic:
         res = self.cache.res(s, h)

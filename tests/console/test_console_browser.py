@@ -173,7 +173,8 @@ def test_a_tenant_sees_only_its_vms_and_no_host(env) -> None:  # type: ignore[no
     from selenium.webdriver.common.by import By
     b = env["b"]
     b.driver.get(f"{env['url']}/ui/fleet")
-    b.driver.find_element(By.CSS_SELECTOR, "header form.who button").click()  # log out
+    # the fleet page can take seconds on a loaded CI machine: wait for its header
+    wait_for(lambda: b.driver.find_element(By.CSS_SELECTOR, "header form.who button")).click()  # log out
     wait_for(lambda: b.driver.find_element(By.ID, "token"))
     login(b, env["url"], WEB, "/ui/vms")
     names = wait_for(lambda: [e.text for e in b.driver.find_elements(By.CSS_SELECTOR, "#vms td.vm-name")])

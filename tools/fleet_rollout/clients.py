@@ -158,7 +158,7 @@ class Scheduler(RestClient):
     one made from ``url`` and ``token`` (the tests' in-process scheduler)."""
 
     def hosts(self) -> list[dict]:
-        return self.request("GET", "/v1/hosts")["items"]
+        return self.every_page("/v1/hosts")
 
     def host(self, name: str) -> dict:
         return self.request("GET", f"/v1/hosts/{name}")

@@ -178,15 +178,8 @@ def vm_list(ctx: typer.Context, output: OutputOpt = Format.table,
     api = conn(ctx)
     params = {k: v for k, v in dict(tenant=tenant, host=host, status=status, name=name).items() if v}
 
-    def fetch() -> dict:
-        items, after = [], None
-        while True:
-            page = api.request("GET", "/v1/vms", params={**params, "limit": 500, **({"after": after} if after else {})})
-            items += page["items"]
-            after = page.get("next")
-            if not after:
-                return {"items": items}
-    shown(fetch, lambda d: table(d["items"], VM_COLUMNS, output), output, watch, interval)
+    shown(lambda: {"items": api.every_page("/v1/vms", params)},
+          lambda d: table(d["items"], VM_COLUMNS, output), output, watch, interval)
 
 
 def vm_detail(v: dict) -> RenderableType:
@@ -375,10 +368,10 @@ def host_list(ctx: typer.Context, output: OutputOpt = Format.table,
               rack: Annotated[Optional[str], typer.Option(help="only this rack's")] = None,
               state: Annotated[Optional[str], typer.Option(help="active, cordoned, draining or down")] = None,
               watch: WatchOpt = False, interval: IntervalOpt = 2.0) -> None:
-    """The registered hosts (admin)."""
+    """The registered hosts (admin), every page of them."""
     api = conn(ctx)
     params = {k: v for k, v in dict(rack=rack, state=state).items() if v}
-    shown(lambda: api.request("GET", "/v1/hosts", params=params),
+    shown(lambda: {"items": api.every_page("/v1/hosts", params)},
           lambda d: table(d["items"], HOST_COLUMNS, output), output, watch, interval)
 
 

@@ -213,6 +213,35 @@ def test_states_down_by_missed_heartbeat_and_drain(api, clock):
     assert api.post("/v1/hosts/nope/heartbeat", headers=HOST).json()["error"]["code"] == "hyb.host.not_found"
 
 
+def test_hosts_page_by_name_and_a_state_filter_keeps_paging(api, clock):
+    """`limit` + `after` page through the hosts by name (`next` absent on the last page);
+    without `limit` every host comes at once, as before. A page filtered by state may
+    hold fewer than `limit`, so `next` (not the count) says whether to ask again. The
+    client helper hybctl and fleet-rollout share follows `next` to the end."""
+    for n, rack in (("h3", "r1"), ("h1", "r1"), ("h5", "r2"), ("h2", "r2"), ("h4", "r1")):
+        register(api, n, rack=rack)
+    everything = api.get("/v1/hosts", headers=ADM).json()
+    assert [h["name"] for h in everything["items"]] == ["h1", "h2", "h3", "h4", "h5"] and everything["next"] is None
+    p1 = api.get("/v1/hosts?limit=2", headers=ADM).json()
+    p2 = api.get(f"/v1/hosts?limit=2&after={p1['next']}", headers=ADM).json()
+    p3 = api.get(f"/v1/hosts?limit=2&after={p2['next']}", headers=ADM).json()
+    assert [[h["name"] for h in p["items"]] for p in (p1, p2, p3)] == [["h1", "h2"], ["h3", "h4"], ["h5"]]
+    assert (p1["next"], p2["next"], p3["next"]) == ("h2", "h4", None)
+    assert [h["name"] for h in api.get("/v1/hosts?rack=r1&limit=2&after=h1", headers=ADM).json()["items"]] == [
+        "h3", "h4"]
+    clock.t += 61
+    for n in ("h2", "h5"):
+        api.post(f"/v1/hosts/{n}/heartbeat", headers=HOST)
+    p1 = api.get("/v1/hosts?state=active&limit=2", headers=ADM).json()
+    assert [h["name"] for h in p1["items"]] == ["h2"] and p1["next"] == "h2"  # h1 is down: one item, more to ask
+    r = api.get("/v1/hosts?limit=0", headers=ADM)
+    assert r.status_code == 422 and r.json()["error"]["field"] == "limit"
+
+    from api.rest import RestClient
+    client = RestClient("http://testserver", ADM["Authorization"].split()[1], http=api)
+    assert [h["name"] for h in client.every_page("/v1/hosts", {"state": "active"}, limit=2)] == ["h2", "h5"]
+
+
 def test_anti_affinity_across_hosts_and_racks(api):
     for n, rack in (("h1", "r1"), ("h2", "r1"), ("h3", "r2")):
         register(api, n, rack=rack)
