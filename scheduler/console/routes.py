@@ -35,6 +35,7 @@ from scheduler.api.routes import vms as vm_routes
 from scheduler.api.wire import read_create
 from scheduler.console.sessions import COOKIE, Session
 from scheduler.errors import Forbidden, InvalidRequest, SchedulerError
+from scheduler.schemas.fleet import FleetHostsPublic
 from scheduler.schemas.hosts import AdminChange
 
 log = logging.getLogger(__name__)
@@ -177,49 +178,15 @@ def fleet_args(day: str | None, compare: str | None, group: str, window: str) ->
     return {"day": d, "compare": c, "group": group, "window": window or "peak"}
 
 
-def host_classes(hosts: list, rollout_hosts: dict[str, str]) -> dict[str, int]:
-    """Hosts by what an operator asks first: unconverted, converting, carved, cordoned
-    (or draining), down, failed (its rollout failed it)."""
-    out = dict.fromkeys(("unconverted", "converting", "carved", "cordoned", "down", "failed"), 0)
-    for h in hosts:
-        r = rollout_hosts.get(h.name, "")
-        if h.state == "down":
-            k = "down"
-        elif r == "failed":
-            k = "failed"
-        elif r and r not in ("verified", "pending", "skipped", "rolled_back"):
-            k = "converting"
-        elif h.admin_state != "active":
-            k = "cordoned"
-        else:
-            k = "carved" if h.carved_policy else "unconverted"
-        out[k] += 1
-    return out
-
-
-def free_capacity(hosts: list) -> list[tuple[str, str, str]]:
-    """(resource class, free, of total) over the hosts that take VMs (active, up)."""
-    live = [h for h in hosts if h.state == "active" and h.admin_state == "active"]
-    cpus = sum(n.free_cpus for h in live for n in h.nodes)
-    cpus_all = sum(len(n.vm_cpus) for h in hosts for n in h.nodes)
-    pages: dict[int, list[int]] = {}
-    for h in live:
-        for n in h.nodes:
-            for p in n.hugepages:
-                got = pages.setdefault(p.size_kb, [0, 0])
-                got[0] += p.free
-                got[1] += p.total
-    vfs = sum(p.vfs_total - p.vfs_used for h in live for p in h.pfs)
-    vfs_all = sum(p.vfs_total for h in hosts for p in h.pfs)
-    tx = sum(p.bandwidth_mbps - p.reserved_mbps for h in live for p in h.pfs)
-    disks_free = [d for h in live for d in h.disks if not d.used]
-    rows = [("CPUs (dedicated)", str(cpus), str(cpus_all))]
-    for size, (free, total) in sorted(pages.items()):
-        label = "1 GiB pages" if size == 1048576 else "2 MiB pages" if size == 2048 else f"{size} KiB pages"
-        rows.append((label, str(free), str(total)))
-    rows += [("SR-IOV VFs", str(vfs), str(vfs_all)), ("VF tx budget", f"{tx} Mb/s", "-"),
-             ("raw disks", str(len(disks_free)), str(sum(len(h.disks) for h in hosts))),
-             ("disk IO budget", f"{sum(d.iops or 0 for d in disks_free)} IOPS", "-")]
+def free_capacity(f: FleetHostsPublic) -> list[tuple[str, str, str]]:
+    """(resource class, free, of total): free on the hosts that take VMs (active, up)."""
+    rows = [("CPUs (dedicated)", str(f.cpus_free), str(f.cpus_total))]
+    for p in f.pages:
+        label = {1048576: "1 GiB pages", 2048: "2 MiB pages"}.get(p.size_kb, f"{p.size_kb} KiB pages")
+        rows.append((label, str(p.free), str(p.total)))
+    rows += [("SR-IOV VFs", str(f.vfs_free), str(f.vfs_total)), ("VF tx budget", f"{f.tx_free_mbps} Mb/s", "-"),
+             ("raw disks", str(f.disks_free), str(f.disks_total)),
+             ("disk IO budget", f"{f.disk_iops_free} IOPS", "-")]
     return rows
 
 
@@ -234,20 +201,14 @@ async def fleet(request: Request, day: str | None = None, compare: str | None = 
         a = fleet_args(day, compare, group, window)
         u = fleet_routes.utilization(request, p, day=a["day"], compare=a["compare"], window=a["window"],
                                      group=a["group"], bins=20)
-        hosts = host_routes.list_hosts(request, p).items
-        in_rollout: dict[str, str] = {}
-        for r in rollout_routes.list_rollouts(request, p).items:
-            if r.state not in ("done", "aborted"):
-                for h in rollout_routes.rollout_hosts(r.name, request, p, wave=None, brief=True).items:
-                    in_rollout[h.name] = h.state
+        hosts = fleet_routes.hosts_summary(request, p)
         hm = fleet_routes.utilization_heatmap(request, p, day=a["day"], window=a["window"], bins=20,
                                               days=request.app.state.settings.console.heatmap_days)
         heat = [{"day": d.day.isoformat(), "counts": d.counts, "hosts": d.hosts} for d in hm.days]
         ioh = fleet_routes.io_health(request, p, day=a["day"], probe_p99_ms=50.0, psi_some_avg10=10.0,
                                      foreign_cpu_s=60.0, probe_failed=0)
         return {"u": u.model_dump(mode="json"), "args": a, "groups": GROUPS, "heat": heat, "ioh": ioh,
-                "classes": host_classes(hosts, in_rollout), "capacity": free_capacity(hosts),
-                "hosts_total": len(hosts)}
+                "classes": hosts.classes, "capacity": free_capacity(hosts), "hosts_total": hosts.hosts}
     return await guarded(request, s, "fleet.html", build)
 
 

@@ -133,6 +133,14 @@ def get_host(*, session: Session, rollout: str, name: str, lock: bool = False) -
     return h
 
 
+def active_host_states(*, session: Session) -> dict[str, str]:
+    """Host name -> its state in the active rollout that holds it (one at most: the
+    overlap check), for every rollout not done or aborted."""
+    q = select(RolloutHost.name, RolloutHost.state).join(Rollout, Rollout.name == RolloutHost.rollout) \
+        .where(Rollout.state.not_in(TERMINAL))
+    return {n: st for n, st in session.execute(q)}
+
+
 def hosts(*, session: Session, rollout: str, wave: int | None = None) -> list[dict[str, Any]]:
     q = select(RolloutHost).where(RolloutHost.rollout == rollout).order_by(RolloutHost.seq)
     if wave is not None:

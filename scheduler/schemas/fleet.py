@@ -145,3 +145,31 @@ class IoHealthPublic(BaseModel):
     hosts_checked: int = Field(description="hosts with a summary for the day")
     hosts_missing: int
     hosts_over: list[IoHealthHost]
+
+
+HOST_CLASSES = ("unconverted", "converting", "carved", "cordoned", "down", "failed")
+
+
+class PagesOut(BaseModel):
+    size_kb: int
+    free: int = Field(description="on hosts that take VMs (up, admin state active)")
+    total: int = Field(description="on hosts that take VMs")
+
+
+class FleetHostsPublic(BaseModel):
+    """The fleet's hosts counted, and its free capacity, computed by the scheduler in one
+    read (what the console's fleet page shows; `GET /v1/hosts` gives them one by one)."""
+    hosts: int
+    states: dict[str, int] = Field(description="by state: active, cordoned, draining, down")
+    classes: dict[str, int] = Field(description="by what an operator asks first: " + ", ".join(HOST_CLASSES)
+                                    + " (its active rollout failed it); a host in an active rollout that "
+                                    "is not pending, verified, skipped or rolled back is converting")
+    cpus_free: int = Field(description="dedicated VM CPUs free on hosts that take VMs")
+    cpus_total: int = Field(description="dedicated VM CPUs on every host")
+    pages: list[PagesOut]
+    vfs_free: int
+    vfs_total: int = Field(description="on every host")
+    tx_free_mbps: int = Field(description="PF tx bandwidth not reserved by VFs' min rates, hosts that take VMs")
+    disks_free: int
+    disks_total: int = Field(description="on every host")
+    disk_iops_free: int = Field(description="the IOPS budgets of the free disks")

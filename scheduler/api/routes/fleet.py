@@ -9,7 +9,8 @@ from fastapi import APIRouter, Query, Request
 
 from scheduler.api.deps import CurrentPrincipal
 from scheduler.api.errors import ERRORS
-from scheduler.schemas.fleet import BinHostsPublic, HeatmapPublic, IoHealthLimits, IoHealthPublic, UtilizationPublic
+from scheduler.schemas.fleet import (BinHostsPublic, FleetHostsPublic, HeatmapPublic, IoHealthLimits, IoHealthPublic,
+                                     UtilizationPublic)
 
 router = APIRouter(prefix="/v1/fleet", tags=["fleet"], responses=ERRORS)
 
@@ -71,3 +72,13 @@ def io_health(request: Request, p: CurrentPrincipal, day: dt.date,
     return request.app.state.fleet.io_health(day=day, limits=IoHealthLimits(
         probe_p99_ms=probe_p99_ms, psi_some_avg10=psi_some_avg10, foreign_cpu_s=foreign_cpu_s,
         probe_failed=probe_failed))
+
+
+@router.get("/hosts", response_model=FleetHostsPublic)
+def hosts_summary(request: Request, p: CurrentPrincipal) -> FleetHostsPublic:
+    """The hosts counted by state and by class (unconverted, converting, carved,
+    cordoned, down, failed: the hosts of active rollouts by their step there), and the
+    free capacity on the hosts that take VMs, against every host's: one read, where
+    counting from `GET /v1/hosts` costs a full host view each (scope `host`)."""
+    p.require("host")
+    return request.app.state.hosts.summary()

@@ -242,6 +242,50 @@ def test_hosts_page_by_name_and_a_state_filter_keeps_paging(api, clock):
     assert [h["name"] for h in client.every_page("/v1/hosts", {"state": "active"}, limit=2)] == ["h2", "h5"]
 
 
+def test_the_fleet_summary_counts_what_the_host_list_shows(api, clock):
+    """`GET /v1/fleet/hosts` (the console's fleet page) against sums over every page of
+    `GET /v1/hosts`: hosts by state and by class (a host converting and one failed by an
+    active rollout, one cordoned, one down, one carved), and the free capacity on the
+    hosts that take VMs, with a VM's claim taken out of it."""
+    names = [f"h{i}" for i in range(1, 8)]
+    for n in names:
+        body = host_body(n, SMALL, disk="nvme") | ({"carved_policy": "ab" * 32} if n == "h4" else {})
+        assert api.post("/v1/hosts", json=body, headers=HOST).status_code in (200, 201)
+    clock.t += 61
+    for n in names[:-1]:
+        api.post(f"/v1/hosts/{n}/heartbeat", headers=HOST)  # h7 misses its beats: down
+    api.post("/v1/hosts/h5/cordon", headers=ADM)
+    assert create(api, "k1", vcpus=4).status_code == 202  # on a host that takes VMs
+    waves = [[{"name": n, "address": f"{n}:7443", "rack": "", "host": {"name": n}} for n in ("h1", "h2", "h3")]]
+    assert api.post("/v1/rollouts", json={"name": "r", "kind": "convert", "policy_digest": "ab" * 32, "spec": {},
+                                          "waves": waves}, headers=ADM).status_code == 201
+    assert api.post("/v1/rollouts/r/lease", json={"holder": "c", "ttl_s": 60}, headers=ADM).status_code == 200
+    for n, to in (("h1", "carving"), ("h2", "failed")):  # h3 stays pending
+        r = api.post(f"/v1/rollouts/r/hosts/{n}/transition", json={"holder": "c", "from": "pending", "to": to},
+                     headers=ADM)
+        assert r.status_code == 200, r.text
+
+    got = api.get("/v1/fleet/hosts", headers=ADM).json()
+    from api.rest import RestClient
+    hosts = RestClient("http://testserver", "adm", http=api).every_page("/v1/hosts", limit=3)
+    live = [h for h in hosts if h["state"] == "active" and h["admin_state"] == "active"]
+    assert got["hosts"] == 7 and got["states"] == {"active": 5, "cordoned": 1, "draining": 0, "down": 1}
+    assert got["classes"] == {"unconverted": 2, "converting": 1, "carved": 1, "cordoned": 1, "down": 1,
+                              "failed": 1}, got["classes"]
+    assert got["cpus_free"] == sum(n["free_cpus"] for h in live for n in h["nodes"]) == 6 * 10 - 4 - 10
+    assert got["cpus_total"] == sum(len(n["vm_cpus"]) for h in hosts for n in h["nodes"])
+    pages = {p["size_kb"]: (p["free"], p["total"]) for p in got["pages"]}
+    assert pages == {2048: (sum(pl["free"] for h in live for n in h["nodes"] for pl in n["hugepages"]),
+                            sum(pl["total"] for h in live for n in h["nodes"] for pl in n["hugepages"]))}
+    assert pages[2048][0] == pages[2048][1] - 512  # the VM's 1 GiB in 2 MiB pages
+    assert (got["vfs_free"], got["vfs_total"]) == (sum(p["vfs_total"] - p["vfs_used"] for h in live for p in h["pfs"]),
+                                                   sum(p["vfs_total"] for h in hosts for p in h["pfs"]))
+    assert got["tx_free_mbps"] == sum(p["bandwidth_mbps"] - p["reserved_mbps"] for h in live for p in h["pfs"])
+    assert (got["disks_free"], got["disks_total"]) == (sum(not d["used"] for h in live for d in h["disks"]),
+                                                       sum(len(h["disks"]) for h in hosts))
+    assert api.get("/v1/fleet/hosts", headers=TA).status_code == 403
+
+
 def test_anti_affinity_across_hosts_and_racks(api):
     for n, rack in (("h1", "r1"), ("h2", "r1"), ("h3", "r2")):
         register(api, n, rack=rack)
