@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import inspect
+import logging
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -33,6 +35,7 @@ from scheduler.service.rollouts import RolloutService
 from scheduler.service.tokens import TokenBook
 from scheduler.service.vms import Hostd, VmService
 
+log = logging.getLogger(__name__)
 VERSION = "1.0.0"
 
 
@@ -54,6 +57,7 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
 
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
+        await asyncio.to_thread(_warm_index, cache, store, clock)
         bg = background(app) if background else None
         drains = DrainLoop(app.state.drains, settings.drain.interval_s) \
             if app.state.dispatch_enabled and settings.drain.interval_s > 0 else None
@@ -213,6 +217,24 @@ class CountRequests:
         finally:
             route = scope.get("route")
             self.metrics.http.labels(scope["method"], getattr(route, "path", "unmatched"), str(status)).inc()
+
+
+def _warm_index(cache: HostCache, store: Store, clock: Callable[[], float]) -> None:
+    """The placement index's first full pass, before the server takes a request (uvicorn
+    opens its port after the lifespan's start): a replica that started cold under the
+    fleet's beats answered them from the database until its first pass, fell tens of
+    seconds behind on liveness, and the liveness check marked hosts down that kept
+    beating (100,000 hosts; 7 hosts in a CI run of the short pulse). Until the port
+    opens, hostd's beats go to the other replicas. A database the pass cannot read (no
+    schema yet: ``/readyz`` says so) leaves the index cold, as before."""
+    t0 = time.monotonic()
+    try:
+        cache.refresh(store, now=clock())
+    except Exception as e:  # noqa: BLE001 - the claim path and the flusher build it later
+        log.warning("placement index not built at start (%s: %s); beats go to the database until it is",
+                    type(e).__name__, e)
+        return
+    log.info("placement index built at start: %d hosts in %.2f s", len(cache.index), time.monotonic() - t0)
 
 
 def _not_ready(why: str) -> Response:

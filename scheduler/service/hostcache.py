@@ -173,9 +173,12 @@ class HostCache:
             if rows:
                 self._load_res(s, [r.name for r in rows if self._res_stale(r.name, r.layout_rev)])
                 # A change that is not a claim (same generation: a registration, an admin
-                # state, back from down) may be a new owner: read those hosts' owners.
+                # state, back from down) may be a new owner: read those hosts' owners. So
+                # is a host the index does not hold yet: registered here, its resources are
+                # already cached (the registration's answer), so ``_load_res`` skips it,
+                # and without its owner every beat of it went to the database.
                 entries = self.index.entries
-                other = [r.name for r in rows if (e := entries.get(r.name)) is not None and e.generation == r.generation]
+                other = [r.name for r in rows if (e := entries.get(r.name)) is None or e.generation == r.generation]
                 owners = host_repo.owners(session=s, names=other) if other else {}
             if quiet:
                 silent = {r.name for r in host_repo.quiet(session=s, before=now - self.timeout)}

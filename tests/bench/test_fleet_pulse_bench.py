@@ -17,8 +17,8 @@ import pytest
 # quiet: it times mark-downs with the short timings (a 6 s timeout). Beside two other
 # workers' tests, the replica restarted mid-phase answered beats from the database while
 # its index was being built and fell behind on liveness: 7 hosts that kept beating were
-# marked down in one CI run (the cold-restart lag the 100,000-host run shows; the fix,
-# an index built before the replica takes beats, is not made yet: docs/status.md).
+# marked down in one CI run (the cold-restart lag the 100,000-host run shows). A replica
+# now builds its index before it opens its port; the test stays quiet for its timings.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fleet-pulse"), pytest.mark.quiet]
 REPO = Path(__file__).resolve().parents[2]
 

@@ -63,6 +63,36 @@ def test_a_steady_heartbeat_touches_no_database(db_url) -> None:
         assert len(denied) == 2
 
 
+def test_a_replica_builds_its_index_before_it_takes_a_beat(db_url) -> None:
+    """A replica started on a fleet already registered answers its very first beat from
+    memory: the index's first pass runs in the app's start, before the server opens its
+    port (it used to run at the first claim or flush, and a replica started under the
+    fleet's beats answered them from the database meanwhile and fell behind on liveness).
+    A database without the schema yet leaves the index cold and the app still starts."""
+    clock = Clock(T0)
+    with make_client(db_url, clock=clock, **BUFFERED) as a:
+        for n in ("oss-1", "oss-2"):
+            assert a.post("/v1/hosts", json=host_body(n), headers=HOST).status_code == 201
+        with make_client(db_url, clock=clock, **BUFFERED) as b:
+            assert not b.app.state.hosts.cache.cold and len(b.app.state.hosts.cache.index) == 2
+            with connections(b) as used:
+                r = b.post("/v1/hosts/oss-2/heartbeat", headers=HOST)
+                assert r.status_code == 200 and r.json()["state"] == "active"
+            assert used == []
+
+
+def test_a_replica_on_a_database_without_its_schema_starts_cold_and_says_why(tmp_path) -> None:
+    from fastapi.testclient import TestClient
+
+    from scheduler.api.app import create_app
+    from sched_helpers import settings
+    url = f"sqlite:///{tmp_path}/empty.db"
+    with TestClient(create_app(settings(url)), raise_server_exceptions=False) as api:
+        assert api.app.state.hosts.cache.cold
+        r = api.get("/readyz")
+        assert r.status_code == 503 and "scheduler db upgrade" in r.json()["error"]["message"]
+
+
 def test_liveness_is_written_at_most_once_per_write_interval(db_url) -> None:
     clock = Clock(T0)
     with make_client(db_url, clock=clock, **BUFFERED) as api:
