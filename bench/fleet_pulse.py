@@ -121,7 +121,9 @@ class Replicas:
                                           "--port", str(self.ports[i])], cwd=REPO, stdout=log, stderr=subprocess.STDOUT,
                                          start_new_session=True)
         log.close()
-        wait_http(self.ports[i], "/healthz", self.procs[i], self.tmp / f"replica-{i}.log")
+        # a replica opens its port once its index is built: at 100,000 hosts that is a
+        # full read of the fleet (a replica that died is reported at once all the same)
+        wait_http(self.ports[i], "/healthz", self.procs[i], self.tmp / f"replica-{i}.log", timeout=300)
 
     def restart(self, i: int) -> None:
         p = self.procs[i]
