@@ -171,14 +171,16 @@ class HostCache:
         with (nullcontext(session) if session is not None else store.feed_read()) as s:
             position, rows = host_repo.feed(session=s, position=self._position)
             if rows:
-                self._load_res(s, [r.name for r in rows if self._res_stale(r.name, r.layout_rev)])
+                stale = {r.name for r in rows if self._res_stale(r.name, r.layout_rev)}
+                self._load_res(s, list(stale))  # reads their owners too
                 # A change that is not a claim (same generation: a registration, an admin
                 # state, back from down) may be a new owner: read those hosts' owners. So
                 # is a host the index does not hold yet: registered here, its resources are
                 # already cached (the registration's answer), so ``_load_res`` skips it,
                 # and without its owner every beat of it went to the database.
                 entries = self.index.entries
-                other = [r.name for r in rows if (e := entries.get(r.name)) is None or e.generation == r.generation]
+                other = [r.name for r in rows if r.name not in stale
+                         and ((e := entries.get(r.name)) is None or e.generation == r.generation)]
                 owners = host_repo.owners(session=s, names=other) if other else {}
             if quiet:
                 silent = {r.name for r in host_repo.quiet(session=s, before=now - self.timeout)}
