@@ -147,6 +147,10 @@ class Usage:
     reserved_mbps: Mapping[str, int] = field(default_factory=dict)  # pf -> sum of min rates
     disks: frozenset[str] = frozenset()  # a raw disk belongs to at most one VM
 
+    def vfs_on(self, pf: str) -> int:
+        """VFs of ``pf`` in use."""
+        return sum(1 for p, _ in self.vfs if p == pf)
+
     def plus(self, a: Allocation) -> "Usage":
         return self._apply(a, 1)
 

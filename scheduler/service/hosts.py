@@ -364,7 +364,7 @@ class HostService:
                                             free=c - u.pages.get((n.node, sz), 0)) for sz, c in n.hugepages])
                  for n in res.nodes]
         pfs = [PfOut(name=p.name, node=p.node, vfs_total=len(p.slots),
-                     vfs_used=sum(1 for pf, _ in u.vfs if pf == p.name), bandwidth_mbps=p.bandwidth_mbps,
+                     vfs_used=u.vfs_on(p.name), bandwidth_mbps=p.bandwidth_mbps,
                      reserved_mbps=u.reserved_mbps.get(p.name, 0), min_tx_rate_supported=p.min_rate_supported)
                for p in res.pfs]
         disks = [HostDiskOut(name=d.name, id=d.id, node=d.node, cls=d.cls, size_bytes=d.size_bytes,
@@ -430,7 +430,7 @@ class _Summary:
         for p in res.pfs:
             self.vfs_total += len(p.slots)
             if live:
-                self.vfs_free += len(p.slots) - sum(1 for pf, _ in u.vfs if pf == p.name)
+                self.vfs_free += len(p.slots) - u.vfs_on(p.name)
                 self.tx_free += p.bandwidth_mbps - u.reserved_mbps.get(p.name, 0)
         self.disks_total += len(res.disks)
         if live:
