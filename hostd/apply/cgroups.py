@@ -71,13 +71,21 @@ def find_pids(root: Path, pattern: str, *, exclude: set[int] = frozenset()) -> l
         if not d.name.isdigit() or int(d.name) in exclude:
             continue
         try:
-            raw = (d / "cmdline").read_bytes()
+            matched = cmdline_matches(root, int(d.name), pattern)
             comm = (d / "comm").read_text().strip()
         except (FileNotFoundError, ProcessLookupError, PermissionError):
             continue
-        if raw and pattern in raw.replace(b"\0", b" ").decode(errors="replace").strip():
+        if matched:
             out.append((int(d.name), comm))
     return sorted(out)
+
+
+def cmdline_matches(root: Path, pid: int, pattern: str) -> bool:
+    """``pattern`` is in ``pid``'s command line, its arguments joined by spaces (how
+    ``find_pids`` matches the IO service); False for a kernel thread (no command line).
+    A process that ended raises (FileNotFoundError, ProcessLookupError)."""
+    raw = (root / f"proc/{pid}/cmdline").read_bytes()
+    return bool(raw) and pattern in raw.replace(b"\0", b" ").decode(errors="replace").strip()
 
 
 def cpu_controller_cgroup(root: Path, pid: int) -> Path | None:

@@ -37,22 +37,21 @@ from pathlib import Path
 from typing import ClassVar
 
 from api.layout import Layout
-from hostd.apply.cgroups import CpusetFs, pid_cpuset_cgroup
+from hostd.apply.cgroups import CpusetFs, cmdline_matches, pid_cpuset_cgroup
 from hostd.apply.steps import Context, MakeDir, Step, WriteAttr
 from hostd.apply.sysfs import write_attr
 from hostd.apply.systemd_dropins import SystemdDropIns, plan_systemd_dropins
 from hostd.apply.unmovable import Unmovable
 from hostd.cpulist import format_cpu_list, parse_cpu_list
 from hostd.discover.affinity import (
-    PF_KTHREAD,
     WORKQUEUE_MASK,
     Task,
     read_cpus_allowed,
     read_irq_affinities,
+    read_task,
     read_tasks,
     read_thread_affinities,
     read_workqueue_mask,
-    split_stat,
 )
 from hostd.discover.cpus import CPU_DIR, online_cpus
 from hostd.discover.fs import HostFs
@@ -235,20 +234,16 @@ class SweepBorn(Step):
                 break
             for pid in born:
                 tried.add(pid)
-                stat = host.text(f"proc/{pid}/stat", optional=True)
-                parts = split_stat(stat) if stat else None
-                if parts is None:
-                    continue  # ended
-                comm = parts[1]
+                task = read_task(host, pid)
+                if task is None or task.kthread:
+                    continue  # ended; kernel threads: the plan's KthreadAffinity steps decide
+                comm = task.comm
                 try:
-                    if int(parts[2][6]) & PF_KTHREAD:
-                        continue  # the plan's KthreadAffinity steps decide for kernel threads
-                except (ValueError, IndexError):
-                    continue
-                cmdline = (host.text(f"proc/{pid}/cmdline", optional=True) or "").replace("\0", " ")
-                if self.io_pattern and self.io_pattern in cmdline:
-                    left.append(f"pid {pid} ({comm}): the IO service")
-                    continue
+                    if self.io_pattern and cmdline_matches(host.root, pid, self.io_pattern):
+                        left.append(f"pid {pid} ({comm}): the IO service")
+                        continue
+                except (FileNotFoundError, ProcessLookupError, PermissionError):
+                    continue  # ended (find_pids skips what it cannot read alike)
                 affinity = {str(tid): format_cpu_list(cpus) for tid, cpus in read_thread_affinities(host, pid).items()}
                 try:
                     write_attr(Path(self.cgroup) / self.procs_file, pid)

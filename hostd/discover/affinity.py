@@ -50,20 +50,21 @@ class Task:
         return bool(self.flags & PF_NO_SETAFFINITY)
 
 
+def read_task(fs: HostFs, pid: int) -> Task | None:
+    """One process as its ``stat`` shows it; None when it ended (or the line is not one)."""
+    text = fs.text(f"proc/{pid}/stat", optional=True)
+    parts = split_stat(text) if text else None
+    if parts is None:
+        return None
+    try:
+        return Task(pid, parts[1], int(parts[2][6]))
+    except (ValueError, IndexError):
+        return None
+
+
 def read_tasks(fs: HostFs) -> tuple[Task, ...]:
     """Every process, kernel threads included, by pid."""
-    out: list[Task] = []
-    for d in fs.listdir("proc"):
-        if not d.isdigit():
-            continue
-        text = fs.text(f"proc/{d}/stat", optional=True)
-        parts = split_stat(text) if text else None
-        if parts is None:
-            continue  # ended while we looked
-        try:
-            out.append(Task(int(d), parts[1], int(parts[2][6])))
-        except (ValueError, IndexError):
-            continue
+    out = [t for d in fs.listdir("proc") if d.isdigit() and (t := read_task(fs, int(d))) is not None]
     return tuple(sorted(out, key=lambda t: t.pid))
 
 
