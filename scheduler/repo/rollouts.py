@@ -135,7 +135,7 @@ def get_host(*, session: Session, rollout: str, name: str, lock: bool = False) -
 
 def active_host_states(*, session: Session) -> dict[str, str]:
     """Host name -> its state in the active rollout that holds it (one at most: the
-    overlap check), for every rollout not done or aborted."""
+    overlap check), for every rollout not in ``TERMINAL`` (done, aborted, rolled back)."""
     q = select(RolloutHost.name, RolloutHost.state).join(Rollout, Rollout.name == RolloutHost.rollout) \
         .where(Rollout.state.not_in(TERMINAL))
     return {n: st for n, st in session.execute(q)}
