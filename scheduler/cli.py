@@ -55,7 +55,8 @@ def _serve(args: argparse.Namespace) -> int:
     app = create_app(s, store=store, hostd=hostd, background=bg)
     try:
         uvicorn.run(app, host=args.host or s.server.host, port=args.port or s.server.port,
-                    log_level=s.log_level.lower(), access_log=False, **tls)
+                    log_level=s.log_level.lower(), access_log=False,
+                    timeout_graceful_shutdown=s.server.shutdown_grace_s, **tls)
     finally:
         if hostd:
             hostd.close()

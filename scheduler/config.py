@@ -31,6 +31,9 @@ class ServerConfig(BaseModel):
     # The same for an admin's token: a rollout over a whole fleet is ~250 bytes a host
     # (7,000 hosts: 1.7 MiB; 100,000: 25 MiB).
     max_admin_body_bytes: int = Field(64 << 20, ge=1024)
+    # On SIGTERM, requests in flight get this long to finish; then their connections are
+    # closed and the process exits (a client that keeps a request open cannot hold it).
+    shutdown_grace_s: float = Field(10.0, ge=0, le=300)
 
     @field_validator("tls_cert", "tls_key", "tls_client_ca", mode="before")
     @classmethod

@@ -133,13 +133,23 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
 
     @app.get("/readyz", tags=["ops"], responses={503: {"model": errors.ErrorBody}})
     def readyz() -> Response:
-        """The database answers and its schema is at the head migration."""
+        """The database answers, its schema is at the head migration, and it stores writes:
+        after a write it could not store (a full disk), a probe write must succeed again."""
         try:
             rev = current(store.engine)
         except Exception as e:  # noqa: BLE001 - readiness reports any failure
             return _not_ready(f"database: {type(e).__name__}: {e}")
         if rev != head_revision():
             return _not_ready(f"schema at {rev}, head is {head_revision()}: run `scheduler db upgrade`")
+        if store.health.refused is not None:
+            try:
+                store.probe_write()  # the refusal stands until a write is stored again
+            except Exception:  # noqa: BLE001 - readiness reports any failure
+                pass
+            refused = store.health.refused
+            if refused is not None:
+                since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(refused[0]))
+                return _not_ready(f"database refuses writes since {since}: {refused[1]}")
         return Response('{"status":"ready"}', media_type="application/json")
 
     @app.get("/metrics", tags=["ops"], response_class=Response)

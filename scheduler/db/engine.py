@@ -8,12 +8,14 @@ from __future__ import annotations
 import fcntl
 import os
 import threading
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import Connection, Engine, create_engine, event
+from sqlalchemy import Connection, Engine, create_engine, event, text
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 
 
@@ -101,6 +103,40 @@ class _WriterLock:
             self._fd = None
 
 
+# What a database says when it cannot store a write: the disk or its quota is full, the
+# file system went read-only. SQLite words them so; PostgreSQL's SQLSTATE class 53
+# (insufficient resources: disk full, out of memory) and 25006 (read-only transaction).
+_CANNOT_WRITE = ("database or disk is full", "disk i/o error", "readonly database", "no space left")
+_CANNOT_WRITE_SQLSTATE = ("53", "25006")
+
+
+def cannot_write(e: BaseException) -> bool:
+    """Whether ``e`` says the database cannot store writes (as opposed to a lock not granted
+    in time or a lost connection, which the next transaction may not meet)."""
+    if not isinstance(e, OperationalError):
+        return False
+    state = getattr(e.orig, "sqlstate", None) or ""
+    return any(state.startswith(c) for c in _CANNOT_WRITE_SQLSTATE) or \
+        any(w in str(e.orig).lower() for w in _CANNOT_WRITE)
+
+
+class WriteHealth:
+    """Whether the last write transaction that ended could be stored. ``/readyz`` reads it:
+    a replica whose database refuses writes (a full disk) answers reads but fails every
+    change, and a load balancer should send its traffic elsewhere. A refusal stands until
+    a write commits again (the replica's own liveness flush, or readiness's probe)."""
+
+    def __init__(self) -> None:
+        self.refused: tuple[float, str] | None = None  # (when, the database's words)
+
+    def failed(self, e: BaseException, now: float) -> None:
+        if cannot_write(e):
+            self.refused = (now, str(getattr(e, "orig", e)).splitlines()[0])
+
+    def stored(self) -> None:
+        self.refused = None
+
+
 class Store:
     """The database: ``read()``/``write()`` give one transaction each (commit on success,
     rollback on any exception). Repo functions take the session and never commit."""
@@ -114,6 +150,7 @@ class Store:
         self._kept = threading.local()  # the connection a claim thread keeps (batch_write)
         self._kept_all: list[Connection] = []
         self._kept_lock = threading.Lock()
+        self.health = WriteHealth()
 
     @classmethod
     def from_url(cls, url: str, **kw) -> "Store":  # type: ignore[no-untyped-def]
@@ -121,12 +158,29 @@ class Store:
 
     @contextmanager
     def write(self) -> Iterator[Session]:
-        if self._writer is None:
-            with self._write() as s:
+        with self._watched():
+            if self._writer is None:
+                with self._write() as s:
+                    yield s
+                return
+            with self._writer.held(), self._write() as s:
                 yield s
-            return
-        with self._writer.held(), self._write() as s:
-            yield s
+
+    @contextmanager
+    def _watched(self) -> Iterator[None]:
+        """Records in ``health`` whether the write transaction inside could be stored."""
+        try:
+            yield
+        except BaseException as e:
+            self.health.failed(e, time.time())
+            raise
+        self.health.stored()
+
+    def probe_write(self) -> None:
+        """A write transaction that stores one page (the schema version, rewritten as it
+        is): raises what the database says when it cannot store writes."""
+        with self.write() as s:
+            s.execute(text("UPDATE alembic_version SET version_num = version_num"))
 
     @contextmanager
     def batch_write(self) -> Iterator[Session]:
@@ -148,7 +202,7 @@ class Store:
             with self._kept_lock:
                 self._kept_all.append(conn)
         try:
-            with self._writer.held() if self._writer is not None else nullcontext(), conn.begin():
+            with self._watched(), self._writer.held() if self._writer is not None else nullcontext(), conn.begin():
                 s = Session(bind=conn, join_transaction_mode="rollback_only", expire_on_commit=False,
                             info={RAW: conn.connection.driver_connection})
                 try:
