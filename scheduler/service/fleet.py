@@ -18,7 +18,9 @@ from scheduler.utilization import CLASSES, Day, bin_of, distribution, hours_shar
 
 HOURS = re.compile(r"^(\d{1,2})-(\d{1,2})$")
 MAX_BINS = 100
-MAX_HEATMAP_DAYS = 400  # the history kept (scheduler/service/days.py expires older days)
+# The history kept by default (stats.history_days): older days are deleted by
+# HostService._expire_days (scheduler/service/hosts.py).
+MAX_HEATMAP_DAYS = 400
 
 
 def parse_window(window: str) -> tuple[int, int] | None:
