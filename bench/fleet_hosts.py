@@ -4,7 +4,7 @@ A real `scheduler serve` (SQLite, HTTPS) with N registered hosts (bench/placemen
 shapes and racks; no VMs: without hostd behind the hosts a VM fails and gives its claim
 back, and the API test checks claims are taken out). Timed, each over the same fleet:
 
-- baseline "host list": what the console's fleet page did until now, every page of
+- baseline "host list": what any client without the summary has to do, every page of
   `GET /v1/hosts` and the counts (by state, free CPUs) summed from it;
 - "summary": `GET /v1/fleet/hosts`, the same counts computed by the scheduler.
 

@@ -210,8 +210,8 @@ class SweepBorn(Step):
     too, in rounds, as it may fork meanwhile; a process the kernel refuses or the IO
     service (its command line holds ``io_pattern``) stays, and is named in ``left``.
     Undo moves each back to the root cpuset and puts its threads' affinities back, as
-    ``MoveOff`` does. (In CI a PostgreSQL server another test started mid-carve ran on
-    the IO CPU at 0.56 CPU-s/s until this step existed.)"""
+    ``MoveOff`` does. (A server that starts workers mid-carve is the usual case: without
+    this step a PostgreSQL server's new workers run on the IO CPU, 0.56 CPU-s/s measured.)"""
 
     kind: ClassVar[str] = "sweep_born"
     root: str  # the host's root, for /proc

@@ -4,7 +4,7 @@ transaction.
 A one-VM claim batch runs seven statements (feed position and changes, key lookup,
 change stamp, host update, VM and audit inserts). Through SQLAlchemy each cost far more
 Python than SQLite spends on it: on a one-VM batch the execution machinery (contexts,
-parameter processing, result wrappers) and the JSON columns' encoders were a third of
+parameter processing, result wrappers) and the JSON columns' encoders take a third of
 the claim thread's CPU. These functions send the same SQL to ``sqlite3`` directly, in the
 same transaction (the Session's own connection: commit and rollback are unchanged), and
 encode/decode JSON columns as SQLAlchemy's ``JSON`` type stores them on SQLite (text;

@@ -85,7 +85,7 @@ def find_by_key(*, session: Session, tenant: str, key: str) -> Vm | None:
 def find_by_keys(*, session: Session, keys: Sequence[tuple[str, str]]) -> dict[tuple[str, str], Vm]:
     """(tenant, key) -> VM for the keys already used (one query for a claim batch). The
     keys are almost always new: the query asks for ids only, and VMs are loaded through
-    the ORM only for the replays it finds (the ORM query was a sixth of a one-VM batch)."""
+    the ORM only for the replays it finds (an ORM query costs a sixth of a one-VM batch)."""
     if not keys:
         return {}
     want = set(keys)

@@ -45,7 +45,7 @@ class ClaimQueue:
     def submit(self, item: Any, loop: asyncio.AbstractEventLoop | None = None) -> Future | asyncio.Future:
         """A ``concurrent.futures.Future`` for ``item``'s result; with ``loop`` (called on that
         loop's thread), an asyncio future of it instead, settled together with the rest of
-        its batch in one callback (per-request ``wrap_future`` hand-overs were 5 % of the
+        its batch in one callback (per-request ``wrap_future`` hand-overs cost 5 % of the
         claim thread's CPU)."""
         if self._closed:
             raise RuntimeError("the claim queue is closed")

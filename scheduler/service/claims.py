@@ -79,10 +79,10 @@ class ClaimJob:
 
 class FifoLock:
     """A lock handed to waiters in arrival order. Claims in one process run one at a time
-    through it (the store serialises writers anyway): measured with 32 concurrent claims on
-    SQLite, 260 -> 650 claims/s and p99 574 -> 125 ms, because the GIL no longer bounces
-    between 32 threads inside the critical section, and no thread starves as it can
-    behind ``threading.Lock``."""
+    through it (the store serialises writers anyway): with 32 concurrent claims on SQLite,
+    650 claims/s and p99 125 ms, against 260 claims/s and 574 ms behind a plain
+    ``threading.Lock``: the GIL does not bounce between 32 threads inside the critical
+    section, and no thread starves as it can behind a plain lock."""
 
     def __init__(self) -> None:
         self._m = threading.Lock()
@@ -211,8 +211,8 @@ class Placer:
         read_gen: dict[str, int] = {}  # generation as this transaction read each host
         # One claim at a time (``serial``): the first walk of each job runs before the
         # claim lock, on the index as it is: the lock is what replicas queue on (2 replicas
-        # on SQLite at 500/s waited 1.6 ms per VM for it), and walks were a quarter of the
-        # CPU time it was held (0.26 of 1.15 ms per VM). Inside, that answer is used only
+        # on SQLite at 500/s wait 1.6 ms per VM for it), and walks are a quarter of the
+        # CPU time it is held (0.26 of 1.15 ms per VM). Inside, that answer is used only
         # if a walk would still give it (``HostCache.still_first`` over the hosts
         # re-indexed since: the feed's and this batch's own claims), else the job walks
         # again (a third to half of them do).
@@ -224,7 +224,8 @@ class Placer:
         # Only a walk's first candidate is ever reused (``still_first``): stop there.
         # With row locks (PostgreSQL, claim_lock "rows") every walk is inside: there is no
         # lock to keep short, and the pre-walk plus a re-walk cost more than the row locks
-        # held a little longer (2 replicas, closed loop: 1,197/1,262 -> 1,297/1,398 placed/s).
+        # held a little longer (2 replicas, closed loop: 1,297/1,398 placed/s without the
+        # pre-walk, 1,197/1,262 with it).
         first = {id(j): self._walk(j, frozenset(), limit=1) for j in jobs
                  if not (j.settled or j.aff.group)} if self.serial else {}
         with self.store.batch_write() as s:
@@ -236,8 +237,9 @@ class Placer:
             # With row locks (claim_lock "rows"), the feed is read as ``index_refresh_ms``
             # says; its claims lock and re-read their rows anyway, and a fresh index only
             # means fewer lost candidates. Either way the feed is read in the batch's
-            # transaction: in its own, its session, pool checkout and ping were a sixth of
-            # the claim thread at 500 requests/s on PostgreSQL (batches of one or two).
+            # transaction: in one of its own, the session, pool checkout and ping would cost
+            # a sixth of the claim thread at 500 requests/s on PostgreSQL (batches of one
+            # or two).
             self.cache.refresh(self.store, now=now, fresh=self.serial, session=s)
             # The requests that queued while this batch waited for the lock join it (they
             # walk in here): 2 replicas at 1,000 requests/s held SQLite's writer lock 89 %

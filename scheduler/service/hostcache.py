@@ -15,9 +15,9 @@ index only has to be fresh enough that claims rarely re-fit. Three ways in:
 - a full pass every ``full_refresh_s`` (and on first use): every host's generation,
   admin state and heartbeat in one narrow query, usage and layouts re-read only where
   they moved, hosts deleted from the table dropped. Nothing the scheduler does deletes
-  a host, so this is the safety net (every 5 minutes by default). It used to run every
-  10 s to see heartbeats: 125-190 ms of CPU at 10,000 hosts, the open-loop p99's largest
-  single cause (scheduler/README.md).
+  a host, so this is the safety net (every 5 minutes by default). It is rare because a
+  pass costs 125-190 ms of CPU at 10,000 hosts: every 10 s, it would be the open-loop
+  p99's largest single cause (scheduler/README.md).
 """
 
 from __future__ import annotations
@@ -110,8 +110,8 @@ class HostCache:
 
     def _full_in_background(self, store: Store, *, now: float) -> None:
         """The periodic full pass (10,000 rows) runs on its own thread, off the claim path:
-        inline it stopped the claim thread for tens of milliseconds every pass, measured
-        as half the open-loop p99 (176 -> 80 ms without it at 500 requests/s). It takes
+        inline it would stop the claim thread for tens of milliseconds every pass, half
+        the open-loop p99 at 500 requests/s (176 ms with it inline, 80 ms without). It takes
         the index lock in chunks, and what it reads may be older than what the change
         feed already applied: ``_apply`` keeps the newer generation, and the feed position
         only moves back (so the feed re-reads, never skips)."""
@@ -131,7 +131,7 @@ class HostCache:
     def _freeze(self) -> None:
         """The fleet's resources, the index and the memo tables live long: once the index
         has grown by a quarter since the last time, collect and move everything alive out
-        of the cyclic GC's reach (``gc.freeze``). Without it every full collection walked
+        of the cyclic GC's reach (``gc.freeze``). Without it every full collection walks
         them all: 40-230 ms stops of the whole process at 10,000 hosts, several times a
         minute under load (the bench's p99). Refcounting still frees frozen objects;
         only cycles among them would never be collected, and the collect before each

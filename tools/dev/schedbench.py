@@ -370,7 +370,7 @@ def wait_http(port: int, path: str, proc: subprocess.Popen, log: Path, timeout: 
         except OSError:
             pass
         finally:
-            c.close()  # an attempt that connected and then timed out left its socket open (CI)
+            c.close()  # also an attempt that connected and then timed out (a ResourceWarning otherwise)
         time.sleep(0.2)
     raise RuntimeError(f"server not ready on {port}: {log.read_text()[-3000:]}")
 

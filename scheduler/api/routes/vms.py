@@ -56,7 +56,7 @@ def preview_out(res: FitResult) -> PreviewPublic:
 
 
 # The create route reads its own inputs (``create_vm``): FastAPI's generic parameter
-# solving was a quarter of the event loop's time per create (py-spy, one replica at
+# solving takes a quarter of the event loop's time per create (py-spy, one replica at
 # 400/s), and the event loop is what saturates first. The contract is the same and
 # is declared here for the OpenAPI document (the snapshot test keeps it unchanged).
 _CREATE_INPUTS = {
