@@ -19,7 +19,7 @@ from api.jsonmodel import SchemaError
 from api.layout import Layout
 from hostd.carve.plan import plan_host
 from hostd.apply.carve_service import Asker, CarveService, LedgerVms, Where
-from hostd.apply.host_carve import JOURNAL_NAME
+from hostd.apply.carve_state import JOURNAL_NAME
 from hostd.carve.policy import Policy, PolicyError, load_policy, loads_policy
 from hostd.carve.render import render_layout, render_nofit
 from hostd.config import HostdConfig, load_config

@@ -19,7 +19,7 @@ journal, and fail with the same errors.
   placement's generations and etcd's revisions refuse a stale write. A retry of a carve
   that is done (same digest, same operation) is allowed and changes nothing. The
   command line may leave the expectation out (the operator at the host decides).
-- The journal and the carve state: hostd.apply.host_carve.
+- The journal and the carve state: hostd.apply.carve_state.
 
 Which policy `hostd serve` serves VMs with (``served_policy``) lives here too: the
 carved one if the host was carved, else the policy file; after a carve or an uncarve
@@ -42,7 +42,7 @@ from typing import Protocol
 
 from api.layout import Layout
 from api.policy import policy_digest
-from hostd.apply.host_carve import (
+from hostd.apply.carve_state import (
     Carved,
     CarveState,
     boot_pending,
@@ -53,8 +53,8 @@ from hostd.apply.host_carve import (
     uncarve_host,
 )
 from hostd.apply.hostlock import HostLock
+from hostd.apply.layout_steps import plan_steps
 from hostd.apply.ledger import Ledger, VmRecord
-from hostd.apply.live_carve import plan_steps
 from hostd.apply.steps import Step
 from hostd.carve.conflicts import vm_conflicts
 from hostd.carve.plan import plan_host

@@ -2,7 +2,7 @@
 
 A step knows how to apply itself, how to undo itself from what it recorded
 (``before``), and how to describe itself in one line for `--dry-run` and logs.
-Steps never decide policy; ``hostd.apply.live_carve`` computes them from a Layout
+Steps never decide policy; ``hostd.apply.layout_steps`` computes them from a Layout
 and the host's current state.
 """
 

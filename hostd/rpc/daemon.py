@@ -26,14 +26,14 @@ from prometheus_client import start_http_server
 from api import hostd_pb2_grpc as pb_grpc
 from api.layout import Layout
 from hostd.apply.carve_service import CarveService, Served, Where, disk_probe, served_policy
+from hostd.apply.carve_state import missing_pool_mount
 from hostd.apply.cgroups import cpu_controller_cgroup, find_cpuset_fs
 from hostd.apply.diskhold import DiskHold
-from hostd.apply.host_carve import missing_pool_mount
 from hostd.apply.hostlock import HostLock
 from hostd.apply.images import ImageStore
+from hostd.apply.layout_steps import IO_CGROUP
 from hostd.apply.ledger import Ledger
 from hostd.apply.libvirt_host import LibvirtHost, start_event_loop
-from hostd.apply.live_carve import IO_CGROUP
 from hostd.apply.overlays import Overlays
 from hostd.apply.vms import VmManager
 from hostd.config import HostdConfig

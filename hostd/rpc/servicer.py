@@ -19,7 +19,7 @@ from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
 from api.jsonmodel import to_jsonable
 from hostd.apply.carve_service import Asker, CarveService
-from hostd.apply.host_carve import boot_changes, boot_pending
+from hostd.apply.carve_state import boot_changes, boot_pending
 from hostd.apply.ledger import VmRecord
 from hostd.apply.vms import VmEvent, VmManager
 from hostd.carve.vmclaim import CellReq, VfReq

@@ -11,7 +11,7 @@ import pytest
 
 from api.layout import HugepageTarget, IoServiceTarget, Layout, NodeLayout
 from hostd.apply.cgroups import find_cpuset_fs, pid_cpuset_cgroup
-from hostd.apply.live_carve import HostHandles, Journal, apply_layout, uncarve
+from hostd.apply.layout_steps import HostHandles, Journal, apply_layout, uncarve
 from hostd.apply.steps import Context, SystemMounter
 
 pytestmark = [pytest.mark.root, pytest.mark.integration, pytest.mark.quiet]

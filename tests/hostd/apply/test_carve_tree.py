@@ -24,7 +24,7 @@ from api.layout import (
     VfSlot,
 )
 from hostd.apply.cgroups import find_cpuset_fs
-from hostd.apply.live_carve import HostHandles, Journal, apply_layout, plan_steps, uncarve
+from hostd.apply.layout_steps import HostHandles, Journal, apply_layout, plan_steps, uncarve
 from hostd.apply.steps import Context
 from hostd.errors import ApplyFailed, IoServiceNotFound, NotCarved
 

@@ -17,10 +17,10 @@ from pathlib import Path
 import pytest
 
 from api.layout import IoServiceTarget, Layout, NodeLayout
+from hostd.apply import layout_steps
 from hostd.apply.cgroups import find_cpuset_fs, pid_cpuset_cgroup
-from hostd.apply import live_carve
 from hostd.apply.exclusive import HOST_CGROUP, BestEffortAttr, MoveOff, SweepBorn
-from hostd.apply.live_carve import HostHandles, Journal, apply_layout, uncarve
+from hostd.apply.layout_steps import HostHandles, Journal, apply_layout, uncarve
 from hostd.apply.steps import Context, SystemMounter
 from hostd.health.sampler import Sampler, Where
 
@@ -113,11 +113,11 @@ def test_carve_takes_io_cpus_from_everything_else_and_uncarve_gives_them_back(pr
         mid_carve.append(fork())  # born in the root cpuset after the scan, before its parent moves
         return steps
 
-    plan = live_carve.plan_steps
-    monkeypatch.setattr(live_carve, "plan_steps", plan_then_fork)
+    plan = layout_steps.plan_steps
+    monkeypatch.setattr(layout_steps, "plan_steps", plan_then_fork)
     try:
         ran = apply_layout(layout, h, journal, ctx, unmovable)
-        monkeypatch.setattr(live_carve, "plan_steps", plan)
+        monkeypatch.setattr(layout_steps, "plan_steps", plan)
         sweep = [s for s in ran if isinstance(s, SweepBorn)]
         assert len(sweep) == 1 and str(mid_carve[0]) in sweep[0].moved, sweep
         assert pid_cpuset_cgroup(ROOT, mid_carve[0], 1) == f"/{HOST_CGROUP}" and cpus_allowed(mid_carve[0]) == "1"

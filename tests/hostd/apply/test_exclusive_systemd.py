@@ -20,7 +20,7 @@ import pytest
 from api.layout import IoServiceTarget, Layout, NodeLayout
 from hostd.apply.cgroups import CpusetFs, find_cpuset_fs
 from hostd.apply.exclusive import plan_exclusive
-from hostd.apply.live_carve import HostHandles, Journal, apply_layout, plan_steps, uncarve
+from hostd.apply.layout_steps import HostHandles, Journal, apply_layout, plan_steps, uncarve
 from hostd.apply.steps import Context
 from hostd.apply.systemd_dropins import DROPIN_NAME, DropIn, SystemdDropIns
 from hostd.apply.unmovable import Unmovable

@@ -22,7 +22,7 @@ from tools.dev.hostd_inproc import dev_certs
 from treehost import CONFIGURED, REPO, SHRINK, UPGRADE, Host, carve, create_vm, digest, refused, snapshot, uncarve
 
 from api import hostd_pb2 as pb
-from hostd.apply.host_carve import STATE_NAME
+from hostd.apply.carve_state import STATE_NAME
 from hostd.apply.hostlock import HostLock
 
 

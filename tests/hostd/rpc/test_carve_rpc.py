@@ -32,7 +32,7 @@ from treehost import (
 import hostd
 from api import hostd_pb2 as pb
 from api.layout import Layout
-from hostd.apply.host_carve import STATE_NAME
+from hostd.apply.carve_state import STATE_NAME
 from hostd.cli import main as hostd_cli
 from hostd.errors import ConfigError
 

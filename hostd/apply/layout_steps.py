@@ -1,10 +1,13 @@
-"""Make a Layout so on this host, and undo it exactly.
+"""A Layout as steps on this host: planned from what the host is, applied behind a
+journal, undone exactly.
 
 ``plan_steps`` reads the host's current state and returns the steps that would
-change it (empty when the host already matches: a second carve changes nothing).
-``apply_layout`` runs them behind a write-ahead journal: each step is recorded
-before it runs, a failing step rolls back every step of this run, and
-``uncarve`` undoes everything the journal holds, newest first.
+change it (empty when the host already matches: a second carve changes nothing):
+cpusets, the IO service's processes, hugepage pools, hugetlbfs mounts, VFs, and the
+exclusive part (hostd.apply.exclusive). ``apply_layout`` runs them behind a
+write-ahead ``Journal``: each step is recorded before it runs, a failing step rolls
+back every step of this run, and ``uncarve`` undoes everything the journal holds,
+newest first. The policy, the carve state and who asked are hostd.apply.carve_state's.
 """
 
 from __future__ import annotations

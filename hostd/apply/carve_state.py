@@ -1,7 +1,8 @@
-"""Applying the carve of one host (what hostd.apply.carve_service runs for `hostd carve`
-and the Carve RPC alike): the handles for where it acts (the host, or a host tree
-under ``root``), the journaled apply and undo, and the carve state that names the
-policy the host was carved with.
+"""A policy's carve of one host and the state that records it (what
+hostd.apply.carve_service runs for `hostd carve` and the Carve RPC alike): where the
+carve acts (the host, or a host tree under ``root``), the layout's journaled steps
+(hostd.apply.layout_steps) followed by the carve state that names the policy the host
+was carved with, and the undo of both.
 
 ``carve-state.json`` (in ``state_dir``, beside ``carve-journal.json``) holds the
 policy text, its digest, the layout, the time, and who carved it (the operation id and
@@ -28,7 +29,7 @@ from pathlib import Path
 from api.layout import Layout
 from api.policy import policy_digest
 from hostd.apply.cgroups import find_cpuset_fs
-from hostd.apply.live_carve import HostHandles, Journal, apply_layout, hugetlbfs_mounts, plan_steps, uncarve
+from hostd.apply.layout_steps import HostHandles, Journal, apply_layout, hugetlbfs_mounts, plan_steps, uncarve
 from hostd.apply.steps import Context, Mounter, Step, SystemMounter
 from hostd.carve.policy import Policy
 from hostd.errors import ApplyFailed, BadState

@@ -1,4 +1,4 @@
-"""The machine side of the carve (hostd/apply/host_carve.py) that needs no machine: the
+"""The machine side of the carve (hostd/apply/carve_state.py) that needs no machine: the
 mounts a carve records on a host tree, and the hugetlbfs mount a VM's memory needs
 (a VM on a host without it is refused as not carved)."""
 
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from hostd.apply.host_carve import TreeMounter, missing_pool_mount
+from hostd.apply.carve_state import TreeMounter, missing_pool_mount
 from hostd.errors import ApplyFailed
 
 
@@ -53,7 +53,7 @@ def test_a_carve_killed_after_its_mkdir_carves_again_on_a_simulated_host(tmp_pat
     control files; the simulated host's animator makes them as the kernel does
     (``cgroup_files``), so the carve goes on instead of reading a file no host lacks."""
     from hostd.apply.carve_service import Where, discover_for
-    from hostd.apply.host_carve import carve
+    from hostd.apply.carve_state import carve
     from hostd.apply.steps import WriteAttr
     from hostd.carve.plan import plan_host
     from hostd.carve.policy import loads_policy
