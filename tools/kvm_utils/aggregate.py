@@ -18,10 +18,16 @@ from tools.kvm_utils.events import Entry, Event, Exit, Mmio, Msr, Pio, Userspace
 
 @dataclass(frozen=True)
 class Bucket:
-    """log2 histogram bucket, inclusive bounds as bpftrace prints them: [0,0], [1,1], [2,3], [4,7]..."""
+    """A histogram bucket of integer values, **both bounds inclusive**: hist()'s buckets are
+    [0,0], [1,1], [2,3], [4,7]... (bpftrace's JSON writes them so; its text prints the same
+    buckets half-open, [2, 4)). A value on a power-of-two edge, 4, is the lowest of its
+    bucket, never the top of the one below. None is an open end (lhist's `(..., 0)` is
+    (None, -1), `[100, ...)` is (100, None)). Every histogram kvm-utils reports, from
+    traces, from bpftrace's maps or from its printed hists, is made of these, and JSON
+    writes them as `{"lo_ns", "hi_ns", "count"}`."""
 
-    lo: int
-    hi: int
+    lo: int | None
+    hi: int | None
     count: int
 
 
@@ -43,6 +49,8 @@ def nearest_rank(sorted_values: list[int], p: int) -> int:
 
 
 def log2_bucket(value: int) -> tuple[int, int]:
+    """(lo, hi) of bpftrace hist()'s bucket holding `value`: [2^k, 2^(k+1) - 1], 0 alone
+    (and negatives with it: latencies are never negative)."""
     if value <= 0:
         return (0, 0)
     lo = 1 << (value.bit_length() - 1)

@@ -6,7 +6,7 @@ import argparse
 import json
 import sys
 
-from tools.kvm_utils.render import render
+from tools.kvm_utils.render import render, render_view
 from tools.kvm_utils.stopping import stop_signals_interrupt
 
 
@@ -183,7 +183,7 @@ def _kprobe(args: argparse.Namespace) -> int:
     def name(tid: int) -> str:
         info = thread_info(Path("/proc"), tid)
         return f"{info.vm} vCPU {info.vcpu} (tid {tid})" if info and info.vm else f"tid {tid}"
-    sys.stdout.write(kprobe.render_view(kprobe.view_summary(args.view, parsed, elapsed, plan, name), args.format))
+    sys.stdout.write(render_view(kprobe.view_summary(args.view, parsed, elapsed, plan, name), args.format))
     return 0
 
 

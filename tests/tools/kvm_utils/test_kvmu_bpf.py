@@ -13,7 +13,8 @@ import pytest
 from kvmu_helpers import alive, children, kvm_utils_popen, stderr_has, stop, task_state, wait_for
 from tools.kvm_utils.bench import helper_argv
 from tools.kvm_utils.render.json import to_dict
-from tools.kvm_utils.sources.bpf import bucket_bounds, parse_output, script, to_summary
+from tools.kvm_utils.sources.bpf import bucket_bounds, script, to_summary
+from tools.kvm_utils.sources.bpftrace_output import int_maps, parse
 
 # Recorded `bpftrace -f json` output shape (bpftrace 0.17): one "map" record per map,
 # multi-keys joined by ",". Values: VMX (isa 1) MSR_WRITE (32) x4 with latencies
@@ -48,7 +49,7 @@ def test_bucket_bounds() -> None:
 
 
 def test_parse_and_summarise_recorded_output() -> None:
-    maps = parse_output(RECORDED)
+    maps = int_maps(parse(RECORDED))
     assert maps["e_ll"][(1, 32, 79)] == 1
     d = to_dict(to_summary(maps, "io"))
     assert d["total_exits"] == 4
@@ -65,8 +66,8 @@ def test_parse_and_summarise_recorded_output() -> None:
 
 
 def test_unknown_isa_and_code_are_named_not_fatal() -> None:
-    d = to_dict(to_summary(parse_output('{"type": "map", "data": {"@e_n": {"9,77": 1}, "@e_sum": {"9,77": 5},'
-                                        ' "@e_min": {"9,77": 5}, "@e_max": {"9,77": 5}}}'), "latency"))
+    d = to_dict(to_summary(int_maps(parse('{"type": "map", "data": {"@e_n": {"9,77": 1}, "@e_sum": {"9,77": 5},'
+                                          ' "@e_min": {"9,77": 5}, "@e_max": {"9,77": 5}}}')), "latency"))
     assert d["exits"][0]["reason"] == "UNKNOWN(0x4d)" and d["exits"][0]["p50_ns"] == 5
 
 

@@ -13,10 +13,12 @@ import pytest
 
 from kvmu_helpers import REPO
 from tools.kvm_utils import kprobe_table
+from tools.kvm_utils.render import render_view
 from tools.kvm_utils.render.json import to_dict
 from tools.kvm_utils.sources import kprobe
-from tools.kvm_utils.sources.kprobe import (NO_REASON, KprobeUnavailable, auto_picks_kprobe, make_plan, parse_text,
-                                            program, style_for, view_summary)
+from tools.kvm_utils.sources.bpftrace_output import parse
+from tools.kvm_utils.sources.kprobe import (NO_REASON, KprobeUnavailable, auto_picks_kprobe, make_plan, program,
+                                            style_for, view_summary)
 
 EVERY = frozenset(c.symbol for p in kprobe_table.TABLE for c in p.candidates)
 
@@ -150,11 +152,11 @@ def test_parser_on_real_recorded_kvm_bpftrace_output() -> None:
     format is bpftrace's own whatever the probe type: multi-keys, an empty string key, hist
     rows with K suffixes. No recorded output of a KVM *kprobe* program was found in public
     sources (searched: bpftrace *_example.txt files, issues, blog posts)."""
-    out = parse_text(KVMEXITS_BT_ISSUE_17)
+    out = parse(KVMEXITS_BT_ISSUE_17)
     assert out.lines == ["Tracing KVM exits. Ctrl-C to end"]
     h = out.hists["exit_ns"]
     assert list(h) == [(97, ""), (119, ""), (4, ""), (114, "")]
-    assert [(b.lo, b.hi, b.count) for b in h[(119, "")]] == [(512, 1024, 1), (1024, 2048, 2), (2048, 4096, 1)]
+    assert [(b.lo, b.hi, b.count) for b in h[(119, "")]] == [(512, 1023, 1), (1024, 2047, 2), (2048, 4095, 1)]
     assert sum(b.count for b in h[(4, "")]) == 216
 
 
@@ -209,7 +211,7 @@ Attaching 4 probes...
 
 
 def test_handling_summary_is_the_latency_document() -> None:
-    d = to_dict(kprobe.handling_summary(parse_text(HANDLING_VMX)))
+    d = to_dict(kprobe.handling_summary(parse(HANDLING_VMX)))
     assert d["source"] == "bpftrace:kprobe-handling" and d["total_exits"] == 4
     w = d["exits"][0]
     assert (w["reason"], w["count"], w["min_ns"], w["p50_ns"], w["p99_ns"], w["max_ns"], w["mean_ns"]) == \
@@ -219,13 +221,13 @@ def test_handling_summary_is_the_latency_document() -> None:
 
 
 def test_handling_without_kvm_exit_is_labelled_not_unknown() -> None:
-    d = to_dict(kprobe.handling_summary(parse_text(HANDLING_PVM)))
+    d = to_dict(kprobe.handling_summary(parse(HANDLING_PVM)))
     assert [(r["reason"], r["count"]) for r in d["exits"]] == [(NO_REASON, 2)]
 
 
 def test_handling_counts_feed_the_exits_document() -> None:
     from tools.kvm_utils.live import Spec, Target, summarize_counts
-    counts = kprobe.handling_counts(parse_text(HANDLING_VMX), lambda tid: Target(tid, -1, "web1", 0, 5300),
+    counts = kprobe.handling_counts(parse(HANDLING_VMX), lambda tid: Target(tid, -1, "web1", 0, 5300),
                                     lambda kind, label: Spec(kind, label, -1, None))
     d = summarize_counts(counts, 2.0, None, False, "kprobe")
     assert d["mode"] == "kprobe-counting" and d["total_exits"] == 4
@@ -259,16 +261,20 @@ Attaching 5 probes...
 
 
 def test_wakeups_document() -> None:
-    d = view_summary("wakeups", parse_text(WAKEUPS), 2.0, name=lambda tid: f"tid {tid}")
+    d = view_summary("wakeups", parse(WAKEUPS), 2.0, name=lambda tid: f"tid {tid}")
     assert d["woke_halted"] == [{"waker": "tid 6001", "vcpu": "tid 5301", "count": 2, "rate": 1.0}]
     assert d["woke_running"][0]["vcpu"] == "tid 5302" and d["kicks"][0]["count"] == 1
     assert d["pi_wakeups"] == [{"cpu": 3, "count": 40, "rate": 20.0}, {"cpu": 0, "count": 2, "rate": 1.0}]
-    assert d["halted_ns_hist"] == [{"lo_ns": 512 << 10, "hi_ns": 1 << 20, "count": 1},
-                                   {"lo_ns": 1 << 20, "hi_ns": 2 << 20, "count": 0},
-                                   {"lo_ns": 2 << 20, "hi_ns": 4 << 20, "count": 1}]
-    text = kprobe.render_view(d, "table")
+    doc = json.loads(render_view(d, "json"))
+    assert doc["view"] == "wakeups"
+    # the buckets of bpftrace's [512K, 1M) rows, bounds inclusive as in the latency document
+    assert doc["halted_ns_hist"] == [{"lo_ns": 512 << 10, "hi_ns": (1 << 20) - 1, "count": 1},
+                                     {"lo_ns": 1 << 20, "hi_ns": (2 << 20) - 1, "count": 0},
+                                     {"lo_ns": 2 << 20, "hi_ns": (4 << 20) - 1, "count": 1}]
+    assert doc["woke_halted"] == d["woke_halted"]
+    text = render_view(d, "table")
     assert "woke_halted" in text and "tid 6001" in text
-    assert json.loads(kprobe.render_view(d, "json"))["view"] == "wakeups"
+    assert "  [524288, 1048575]           1" in text.splitlines()
 
 
 # Constructed in bpftrace 0.17's text format (see above): a halts run with hist's [0]/[1]
@@ -295,17 +301,17 @@ Attaching 4 probes...
 
 
 def test_halts_document_and_every_row_shape() -> None:
-    out = parse_text(HALTS)
-    assert [(b.lo, b.hi, b.count) for b in out.hists["lh"][(1,)]] == [(None, 0, 2), (0, 50, 4), (200, None, 1)]
+    out = parse(HALTS)
+    assert [(b.lo, b.hi, b.count) for b in out.hists["lh"][(1,)]] == [(None, -1, 2), (0, 49, 4), (200, None, 1)]
     assert out.maps["st"][(5301,)] == {"count": 3, "average": 2, "total": 6}
     d = view_summary("halts", out, 1.0)
     assert d["halts"] == [{"vcpu": "5301", "count": 3, "rate": 3.0, "mean_ns": 2000.7}]
-    assert [(b["lo_ns"], b["hi_ns"]) for b in d["halt_ns_hist"]] == [(0, 1), (1, 2), (4096, 8192)]
+    assert [(b.lo, b.hi) for b in d["halt_ns_hist"]] == [(0, 0), (1, 1), (4096, 8191)]
     assert d["pause_loop_exits"] == [{"vcpu": "5301", "count": 12, "rate": 12.0}]
 
 
 def test_timers_document() -> None:
-    out = parse_text("@apic_timer[1]: 1000\n@hv_timer[5301]: 998\n@tscdeadline_wrmsr[5301]: 1001\n")
+    out = parse("@apic_timer[1]: 1000\n@hv_timer[5301]: 998\n@tscdeadline_wrmsr[5301]: 1001\n")
     d = view_summary("timers", out, 1.0)
     assert d["apic_timer_fn"] == [{"cpu": 1, "count": 1000, "rate": 1000.0}]
     assert d["tsc_deadline_wrmsr"][0]["count"] == 1001 and d["hv_timer"][0]["count"] == 998
@@ -363,20 +369,20 @@ kvm-utils-end
 
 
 def test_parser_on_output_recorded_here() -> None:
-    out = parse_text(RECORDED_HERE_0_17)
+    out = parse(RECORDED_HERE_0_17)
     assert out.lines == ["kvm-utils-end"]
     assert out.maps["pio"] == {(31358, 241, 1): 1, (31356, 241, 1): 1, (31358, 16, 0): 7, (31356, 16, 1): 50}
     assert out.maps["av"] == {(): 1} and out.maps["one"] == {(): 59} and out.maps["mn"] == {(1,): 16, (0,): 16}
     assert out.maps["st"][(31356,)] == {"count": 51, "average": 1, "total": 51}
-    assert [(b.lo, b.hi, b.count) for b in out.hists["h"][()]] == [(16, 32, 57), (32, 64, 0), (64, 128, 0), (128, 256, 2)]
-    assert [(b.lo, b.hi) for b in out.hists["hk"][(0,)]] == [(128, 256), (512, 1024), (4096, 8192)]
+    assert [(b.lo, b.hi, b.count) for b in out.hists["h"][()]] == [(16, 31, 57), (32, 63, 0), (64, 127, 0), (128, 255, 2)]
+    assert [(b.lo, b.hi) for b in out.hists["hk"][(0,)]] == [(128, 255), (512, 1023), (4096, 8191)]
     assert [(b.lo, b.hi, b.count) for b in out.hists["l"][()]][-1] == (100, None, 2)
-    assert [(b.lo, b.hi, b.count) for b in out.hists["lk"][(1,)]] == [(0, 50, 8), (200, None, 25)]
+    assert [(b.lo, b.hi, b.count) for b in out.hists["lk"][(1,)]] == [(0, 49, 8), (200, None, 25)]
 
 
 def test_bad_hist_bound_is_named() -> None:
     with pytest.raises(ValueError, match="'12Q'"):
-        parse_text("@h:\n[12Q, 13Q)   1 |@|\n")
+        parse("@h:\n[12Q, 13Q)   1 |@|\n")
 
 
 # ---- auto --------------------------------------------------------------------------------

@@ -18,6 +18,7 @@ from tools.kvm_utils.diagnose.evidence import Evidence, from_bpf_maps, from_even
 from tools.kvm_utils.diagnose.rules import Diagnosis
 from tools.kvm_utils.errors import KvmUtilsError
 from tools.kvm_utils.sources import bpf, recordfile
+from tools.kvm_utils.sources.bpftrace_output import int_maps
 from tools.kvm_utils.sources.tracetext import detect_vendor, parse_lines, vcpu_of_task
 from tools.kvm_utils.stopping import block_in_this_thread
 
@@ -122,8 +123,9 @@ def evidence_live_bpf(duration: float | None, proc: Path = Path("/proc")) -> Evi
                                       "Diagnosing kvm events in BPF... Hit Ctrl-C to end." if duration is None
                                       else f"Diagnosing kvm events in BPF for {duration:g} s...")
     threads = namer.threads
-    m = _ELAPSED.search(out)     # the window as the kernel saw it (without bpftrace's teardown)
-    return from_bpf_maps(bpf.parse_output(out), int(m.group(1)) / 1e9 if m else elapsed, threads)
+    # the window as the kernel saw it (without bpftrace's teardown): the first stamp printed
+    m = next(filter(None, (_ELAPSED.fullmatch(line) for line in out.lines)), None)
+    return from_bpf_maps(int_maps(out), int(m.group(1)) / 1e9 if m else elapsed, threads)
 
 
 def evidence_live_ftrace(tracefs: Path | None, duration: float | None) -> Evidence:

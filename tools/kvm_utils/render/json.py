@@ -1,11 +1,12 @@
-"""The stable JSON interface (see README "JSON schema"); extra keys are additive only."""
+"""The stable JSON interface (see README "JSON schema"); extra keys are additive only.
+Also the kprobe views' documents (`render_view`), whose histograms are written the same way."""
 
 from __future__ import annotations
 
 import json
 from typing import Any
 
-from tools.kvm_utils.aggregate import AccessRow, Stats, Summary
+from tools.kvm_utils.aggregate import AccessRow, Bucket, Stats, Summary
 
 LATENCY_KEYS = ("min_ns", "p50_ns", "p99_ns", "max_ns", "mean_ns")
 
@@ -14,8 +15,9 @@ def _lat(s: Stats) -> dict[str, Any]:
     return {k: getattr(s, k) for k in LATENCY_KEYS}
 
 
-def _hist(s: Stats) -> list[dict[str, int]]:
-    return [{"lo_ns": b.lo, "hi_ns": b.hi, "count": b.count} for b in s.hist]
+def hist(buckets: tuple[Bucket, ...]) -> list[dict[str, int | None]]:
+    """Histogram buckets as JSON: bounds inclusive (aggregate.Bucket), null for an open end."""
+    return [{"lo_ns": b.lo, "hi_ns": b.hi, "count": b.count} for b in buckets]
 
 
 def _access(row: AccessRow) -> dict[str, Any]:
@@ -32,7 +34,7 @@ def to_dict(s: Summary) -> dict[str, Any]:
     return {
         "total_exits": s.total_exits,
         "exits": [{"reason": r.reason, "count": r.stats.count, "pct": r.pct, **_lat(r.stats),
-                   "hist": _hist(r.stats)} for r in s.exits],
+                   "hist": hist(r.stats.hist)} for r in s.exits],
         "msr": [_access(r) for r in s.msr],
         "pio": [_access(r) for r in s.pio],
         "mmio": [_access(r) for r in s.mmio],
@@ -47,3 +49,17 @@ def to_dict(s: Summary) -> dict[str, Any]:
 
 def render(s: Summary) -> str:
     return json.dumps(to_dict(s), indent=2) + "\n"
+
+
+def is_hist(value: object) -> bool:
+    """A kprobe view document's histogram: a tuple of Buckets (its rows are lists)."""
+    return isinstance(value, tuple) and all(isinstance(b, Bucket) for b in value)
+
+
+def view_to_dict(doc: dict[str, Any]) -> dict[str, Any]:
+    """A kprobe view's document (kprobe.view_summary) -> its JSON object."""
+    return {k: hist(v) if is_hist(v) else v for k, v in doc.items()}
+
+
+def render_view(doc: dict[str, Any]) -> str:
+    return json.dumps(view_to_dict(doc), indent=2) + "\n"

@@ -1,8 +1,10 @@
-"""Plain-text tables (perf kvm stat columns plus p50/p99), times in microseconds."""
+"""Plain-text tables (perf kvm stat columns plus p50/p99), times in microseconds; and the
+kprobe views' documents (`render_view`), counts and nanoseconds as the views keep them."""
 
 from __future__ import annotations
 
-from tools.kvm_utils.aggregate import AccessRow, Stats, Summary
+from tools.kvm_utils.aggregate import AccessRow, Bucket, Stats, Summary
+from tools.kvm_utils.render.json import is_hist
 
 
 def _us(v: int | float | None) -> str:
@@ -54,3 +56,31 @@ def render(s: Summary) -> str:
     if s.unpaired_exits:
         out.append(f"unpaired exits (no kvm_entry seen): {s.unpaired_exits}")
     return "\n".join(out).rstrip() + "\n"
+
+
+def _bound(v: int | None) -> str:
+    return "..." if v is None else str(v)
+
+
+def _bucket_row(b: Bucket) -> str:
+    return f"  [{_bound(b.lo)}, {_bound(b.hi)}]  {b.count:>10}"
+
+
+def render_view(doc: dict) -> str:
+    """A kprobe view's document (kprobe.view_summary): its probes, what is not shown, then
+    each non-empty list of rows as columns and each histogram as `[lo, hi]  count` rows
+    (bounds inclusive, `...` for an open end)."""
+    out = [f"kprobe {doc['view']}: {doc['duration_s']:.1f} s; probes: "
+           + (", ".join(f"{s}" for s in doc["symbols"].values()) or "-")]
+    out += [f"  not shown: {x}" for x in doc["lost"]]
+    for key, rows in doc.items():
+        if key == "lost" or not isinstance(rows, (list, tuple)) or not rows:
+            continue
+        out += ["", key]
+        if is_hist(rows):
+            out += [_bucket_row(b) for b in rows]
+            continue
+        cols = list(rows[0])
+        out.append("  " + "  ".join(f"{c:>14}" for c in cols))
+        out += ["  " + "  ".join(f"{str(r[c]) if r[c] is not None else '-':>14}" for c in cols) for r in rows]
+    return "\n".join(out) + "\n"

@@ -10,7 +10,6 @@ Userspace sees only the maps at the end: cost does not grow with the event rate 
 
 from __future__ import annotations
 
-import json
 import logging
 import shutil
 import signal
@@ -21,9 +20,10 @@ import time
 from collections import defaultdict
 from collections.abc import Iterable
 
-from tools.kvm_utils.aggregate import AccessRow, Bucket, ReasonRow, Stats, Summary, VcpuRow, pct
+from tools.kvm_utils.aggregate import AccessRow, Bucket, ReasonRow, Stats, Summary, VcpuRow, log2_bucket, pct
 from tools.kvm_utils.arch import ISA_TO_VENDOR, exit_reason_name
 from tools.kvm_utils.errors import KvmUtilsError, NotAvailable
+from tools.kvm_utils.sources.bpftrace_output import Output, int_maps, parse
 from tools.kvm_utils.stopping import STOP_SIGNALS, block_in_this_thread
 
 log = logging.getLogger(__name__)
@@ -90,22 +90,6 @@ def script(mode: str, duration: float | None, pid: int | None = None) -> str:
     return "\n".join(parts) + "\n"
 
 
-def parse_output(text: str) -> dict[str, dict[tuple[int, ...], int]]:
-    """`bpftrace -f json` lines -> {map name: {key tuple: value}} (only "map" records)."""
-    maps: dict[str, dict[tuple[int, ...], int]] = {}
-    for line in text.splitlines():
-        line = line.strip()
-        if not line.startswith("{"):
-            continue
-        rec = json.loads(line)
-        if rec.get("type") != "map":
-            continue
-        for name, values in rec["data"].items():
-            maps[name.lstrip("@")] = {tuple(int(k) for k in str(key).split(",")): int(v)
-                                      for key, v in values.items()}
-    return maps
-
-
 def bucket_bounds(k: int) -> tuple[int, int]:
     """Inclusive value range of log-linear bucket `k` (exact below 8 ns)."""
     if k < 24:      # b < 3: the key is the value itself
@@ -129,9 +113,8 @@ def ll_stats(count: int, paired: int, total: int, mn: int, mx: int, buckets: dic
                 return max(mn, min(mx, bucket_bounds(k)[1]))
         return mx
     log2: dict[tuple[int, int], int] = defaultdict(int)
-    for k, n in ordered:
-        lo = bucket_bounds(k)[0]
-        log2[(0, 0) if lo == 0 else (1 << (lo.bit_length() - 1), (2 << (lo.bit_length() - 1)) - 1)] += n
+    for k, n in ordered:      # a log-linear bucket lies inside one power of two: its lo says which
+        log2[log2_bucket(bucket_bounds(k)[0])] += n
     hist = tuple(Bucket(lo, hi, n) for (lo, hi), n in sorted(log2.items()))
     return Stats(count, mn, percentile(50), percentile(99), mx, round(total / paired, 1), hist)
 
@@ -219,12 +202,12 @@ def stop(proc: subprocess.Popen, every: float = 1.0, give_up: float = 60.0) -> t
 
 
 def run_script(program: str, ready_message: str, bpftrace: str = "bpftrace", *,
-               json_output: bool = True) -> tuple[str, float]:
+               json_output: bool = True) -> tuple[Output, float]:
     """Run a bpftrace program that prints `kvm-utils-ready` in BEGIN, until it exits or
-    Ctrl-C/SIGTERM (then `stop()`: bpftrace prints its maps). Returns (stdout without the
-    ready line, seconds from ready to the end), printing `ready_message` to stderr once
-    every probe is attached. A program that never got ready, or that failed without
-    printing a map, is an error with bpftrace's own words."""
+    Ctrl-C/SIGTERM (then `stop()`: bpftrace prints its maps). Returns (its stdout without
+    the ready line, parsed, seconds from ready to the end), printing `ready_message` to
+    stderr once every probe is attached. A program that never got ready, or that failed
+    without printing a map, is an error with bpftrace's own words."""
     proc = spawn(program, bpftrace, json_output=json_output)
     lines: list[str] = []
     t_ready = None
@@ -246,8 +229,8 @@ def run_script(program: str, ready_message: str, bpftrace: str = "bpftrace", *,
         if proc.poll() is None:
             proc.kill()
             proc.wait()
-    out = "".join(lines)
-    printed_maps = ('"type": "map"' in out or '"type":"map"' in out) if json_output else "@" in out
+    out = parse("".join(lines))
+    printed_maps = bool(out.maps or out.hists)
     if t_ready is None or proc.returncode not in (0, -signal.SIGINT) and not printed_maps:
         raise KvmUtilsError(f"bpftrace failed (exit {proc.returncode}): {_errors(err)}")
     return out, time.monotonic() - t_ready
@@ -256,7 +239,7 @@ def run_script(program: str, ready_message: str, bpftrace: str = "bpftrace", *,
 def run(mode: str, duration: float | None, pid: int | None = None, bpftrace: str = "bpftrace") -> Summary:
     """Run the program until `duration` or Ctrl-C, then summarise."""
     out, _ = run_script(script(mode, duration, pid), "Tracing kvm exits in BPF... Hit Ctrl-C to end.", bpftrace)
-    summary = to_summary(parse_output(out), mode)
+    summary = to_summary(int_maps(out), mode)
     return name_threads(summary)
 
 

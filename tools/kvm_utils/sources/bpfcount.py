@@ -18,12 +18,12 @@ separate from the process handling (live.BpfCounters) so both are unit-tested.
 
 from __future__ import annotations
 
-import json
 from collections import Counter
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tools.kvm_utils.arch import ISA_TO_VENDOR, exit_reason_name, userspace_exit_name
+from tools.kvm_utils.sources.bpftrace_output import int_maps, parse
 
 #: the printf line that ends one interval's map records
 TICK = "kvm-utils-tick"
@@ -50,19 +50,12 @@ def count_script(events: Iterable[str], interval_s: float, pids: Iterable[int] =
 
 def parse_record(line: str) -> tuple[str, dict[tuple[int, ...], int]] | str | None:
     """One `bpftrace -f json` line -> ("x"|"u"|"ev", {key: count}) for a map, "tick" for the
-    end of an interval, None for anything else."""
-    line = line.strip()
-    if not line.startswith("{"):
-        return None
-    rec = json.loads(line)
-    if rec.get("type") == "printf" and TICK in str(rec.get("data", "")):
+    end of an interval, None for anything else (read by bpftrace_output, as every engine's)."""
+    out = parse(line)
+    if TICK in out.lines:
         return "tick"
-    if rec.get("type") != "map":
-        return None
-    for name, values in rec["data"].items():
-        if not isinstance(values, dict):
-            return None
-        return name.lstrip("@"), {tuple(int(k) for k in str(key).split(",")): int(v) for key, v in values.items()}
+    for name, values in int_maps(out).items():
+        return name, values
     return None
 
 

@@ -16,25 +16,26 @@ start (never a kernel module):
 - `halts`: `kvm_vcpu_halt` (`kvm_vcpu_block` before 5.17) durations, `kvm_vcpu_on_spin`.
 
 bpftrace runs in its text mode (not -f json): the output is what a person running the
-same one-liner sees, so recordings from anywhere are fixtures for the parser, and the
-parser reads the maps, hist()/lhist() blocks and printf lines bpftrace 0.17 prints.
-Program text, parsing and summaries are pure; `run` is the only part touching the host.
+same one-liner sees, so recordings from anywhere are fixtures, read by the parser every
+engine shares (bpftrace_output: maps, hist()/lhist() blocks, printf lines). Program text
+and summaries are pure; `run` is the only part touching the host; render.render_view
+writes the views' documents.
 """
 
 from __future__ import annotations
 
-import json
 import re
 import shutil
 import subprocess
 from collections.abc import Callable, Iterable
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, replace
 
 from tools.kvm_utils import kprobe_table
 from tools.kvm_utils.errors import NotAvailable
 # The same log-linear bucket code as the tracepoint latency engine: its ll_stats turns the
 # buckets into percentiles, so both engines report percentiles the same way.
 from tools.kvm_utils.sources.bpf import _BUCKET
+from tools.kvm_utils.sources.bpftrace_output import Output, int_maps
 
 READY = "kvm-utils-ready"
 VIEWS = ("handling", "wakeups", "timers", "halts")
@@ -200,97 +201,9 @@ def program(plan: Plan, duration: float | None, pids: Iterable[int] = ()) -> str
     return "\n".join(parts) + "\n"
 
 
-# ---- bpftrace 0.17 text output ----------------------------------------------------------
-
-@dataclass(frozen=True)
-class Bucket:
-    lo: int | None       # None: lhist's "(..., N)" underflow row
-    hi: int | None       # None: lhist's "[N, ...)" overflow row; hist's "[N]" has hi == lo + 1
-    count: int
-
-
-@dataclass
-class TextOutput:
-    maps: dict[str, dict[tuple, object]] = field(default_factory=dict)
-    hists: dict[str, dict[tuple, list[Bucket]]] = field(default_factory=dict)
-    lines: list[str] = field(default_factory=list)       # printf lines (and anything else)
-
-
-_MAP = re.compile(r"^@(\w*)(?:\[(.*)\])?:(?: (.*))?$")
-_HIST_ROW = re.compile(r"^([\[(])(.+?)([\])])\s+(\d+)\s+\|")
-_SUFFIX = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40, "P": 1 << 50, "E": 1 << 60}
-_STATS = re.compile(r"^count (-?\d+), average (-?\d+), total (-?\d+)$")
-
-
-def _num(s: str) -> int | None:
-    s = s.strip()
-    if s == "...":
-        return None
-    m = re.fullmatch(r"(-?\d+)([KMGTPE]?)", s)
-    if not m:
-        raise ValueError(f"hist bound {s!r} is not a number with an optional K/M/G/T/P/E suffix")
-    return int(m.group(1)) * _SUFFIX[m.group(2)]
-
-
-def _key(text: str | None) -> tuple:
-    if text is None:
-        return ()
-    return tuple(int(p) if re.fullmatch(r"-?\d+", p) else p for p in (x.strip() for x in text.split(", ")))
-
-
-def _value(text: str) -> object:
-    if re.fullmatch(r"-?\d+", text):
-        return int(text)
-    m = _STATS.match(text)
-    if m:
-        return {"count": int(m.group(1)), "average": int(m.group(2)), "total": int(m.group(3))}
-    return text
-
-
-def _bucket(open_: str, body: str, close: str, n: int) -> Bucket:
-    if open_ == "[" and close == "]":                 # hist's [0], [1]
-        v = _num(body)
-        return Bucket(v, None if v is None else v + 1, n)
-    lo, hi = (_num(p) for p in body.split(",", 1))
-    return Bucket(lo, hi, n)
-
-
-def parse_text(text: str) -> TextOutput:
-    """bpftrace's text output -> maps (`@name[k1, k2]: value`, integer keys as ints), hist/lhist
-    blocks (`@name[k]:` then `[lo, hi)  count |@@@|` rows to a blank line) and other lines."""
-    out = TextOutput()
-    hist: list[Bucket] | None = None
-    for raw in text.splitlines():
-        line = raw.rstrip()
-        if hist is not None:
-            m = _HIST_ROW.match(line)
-            if m:
-                hist.append(_bucket(m.group(1), m.group(2), m.group(3), int(m.group(4))))
-                continue
-            hist = None
-        if not line or line.startswith("Attaching ") and line.endswith("probes..."):
-            continue
-        m = _MAP.match(line)
-        if m:
-            name, key = m.group(1), _key(m.group(2))
-            if m.group(3) is None:                    # a hist()/lhist() block follows
-                hist = out.hists.setdefault(name, {}).setdefault(key, [])
-            else:
-                out.maps.setdefault(name, {})[key] = _value(m.group(3))
-            continue
-        out.lines.append(line)
-    return out
-
-
-def int_maps(parsed: TextOutput) -> dict[str, dict[tuple[int, ...], int]]:
-    """Integer-keyed integer maps only, in the shape bpf.to_summary and the counters take."""
-    return {name: {k: v for k, v in values.items() if isinstance(v, int) and all(isinstance(x, int) for x in k)}
-            for name, values in parsed.maps.items()}
-
-
 # ---- summaries ---------------------------------------------------------------------------
 
-def handling_summary(parsed: TextOutput):
+def handling_summary(parsed: Output):
     """`latency --engine kprobe`: the tracepoint engine's Summary of handler times; exits with
     no kvm_exit reason (isa 0) are labelled NO_REASON rather than UNKNOWN(0x00)."""
     from tools.kvm_utils.sources.bpf import to_summary
@@ -304,7 +217,7 @@ def handling_summary(parsed: TextOutput):
     return summary
 
 
-def handling_counts(parsed: TextOutput, target_of: Callable[[int], object],
+def handling_counts(parsed: Output, target_of: Callable[[int], object],
                     spec: Callable[[str, str], object]):
     """`exits --engine kprobe`: handler calls per thread and reason, as the counting engines'
     Counter keyed (target, spec)."""
@@ -318,13 +231,11 @@ def handling_counts(parsed: TextOutput, target_of: Callable[[int], object],
     return out
 
 
-def _hist_dict(buckets: list[Bucket]) -> list[dict]:
-    return [{"lo_ns": b.lo, "hi_ns": b.hi, "count": b.count} for b in buckets]
-
-
-def view_summary(view: str, parsed: TextOutput, duration_s: float, plan: Plan | None = None,
+def view_summary(view: str, parsed: Output, duration_s: float, plan: Plan | None = None,
                  name: Callable[[int], str] = str) -> dict:
-    """Pure: a wakeups/timers/halts run -> its JSON document. `name(tid)` labels a thread."""
+    """Pure: a wakeups/timers/halts run -> its document: lists of rows (dicts) and
+    histograms (tuples of aggregate.Bucket), which render.render_view writes as a table or
+    JSON. `name(tid)` labels a thread."""
     m = int_maps(parsed)
     rate = (lambda n: round(n / duration_s, 1)) if duration_s > 0 else (lambda n: 0.0)
 
@@ -342,7 +253,7 @@ def view_summary(view: str, parsed: TextOutput, duration_s: float, plan: Plan | 
         doc.update(woke_halted=pairs("woke", "waker", "vcpu"), woke_running=pairs("wake_running", "waker", "vcpu"),
                    kicks=pairs("kick", "kicker", "vcpu"), wakes_by=singles("wake_by", "waker"),
                    kicks_by=singles("kick_by", "kicker"), pi_wakeups=singles("pi_wake", "cpu", int),
-                   halted_ns_hist=_hist_dict(parsed.hists.get("slept_ns", {}).get((), [])))
+                   halted_ns_hist=tuple(parsed.hists.get("slept_ns", {}).get((), ())))
     elif view == "timers":
         doc.update(apic_timer_fn=singles("apic_timer", "cpu", int), hv_timer=singles("hv_timer", "vcpu"),
                    tsc_deadline_wrmsr=singles("tscdeadline_wrmsr", "vcpu"))
@@ -351,32 +262,11 @@ def view_summary(view: str, parsed: TextOutput, duration_s: float, plan: Plan | 
         doc.update(halts=[{"vcpu": name(k[0]), "count": n, "rate": rate(n),
                            "mean_ns": round(sums.get(k, 0) / n, 1) if n else None}
                           for k, n in sorted(m.get("halt_n", {}).items(), key=lambda kv: (-kv[1], kv[0]))],
-                   halt_ns_hist=_hist_dict(parsed.hists.get("halt_ns", {}).get((), [])),
+                   halt_ns_hist=tuple(parsed.hists.get("halt_ns", {}).get((), ())),
                    pause_loop_exits=singles("spin", "vcpu"))
     else:
         raise ValueError(f"view {view!r} has no document of its own (handling is `latency --engine kprobe`)")
     return doc
-
-
-def render_view(doc: dict, fmt: str) -> str:
-    if fmt == "json":
-        return json.dumps(doc, indent=2) + "\n"
-    out = [f"kprobe {doc['view']}: {doc['duration_s']:.1f} s; probes: "
-           + (", ".join(f"{s}" for s in doc["symbols"].values()) or "-")]
-    out += [f"  not shown: {x}" for x in doc["lost"]]
-    for key, rows in doc.items():
-        if not isinstance(rows, list) or not rows or key in ("lost",):
-            continue
-        out.append("")
-        out.append(key)
-        if "lo_ns" in rows[0]:
-            out += [f"  [{r['lo_ns'] if r['lo_ns'] is not None else '...'}, "
-                    f"{r['hi_ns'] if r['hi_ns'] is not None else '...'})  {r['count']:>10}" for r in rows]
-            continue
-        cols = list(rows[0])
-        out.append("  " + "  ".join(f"{c:>14}" for c in cols))
-        out += ["  " + "  ".join(f"{str(r[c]) if r[c] is not None else '-':>14}" for c in cols) for r in rows]
-    return "\n".join(out) + "\n"
 
 
 # ---- the host ----------------------------------------------------------------------------
@@ -438,14 +328,13 @@ def prepare(view: str, tracefs) -> Plan:
 
 
 def run(plan: Plan, duration: float | None, pids: Iterable[int] = (), bpftrace: str = "bpftrace"
-        ) -> tuple[TextOutput, float]:
+        ) -> tuple[Output, float]:
     """Run the plan's program until `duration` or Ctrl-C; (parsed text output, seconds from
     ready to the end). bpf.run_script in text mode: bpftrace is stopped the same way
     (bpf.stop), so it prints its maps."""
     from tools.kvm_utils.sources import bpf
     if shutil.which(bpftrace) is None:
         raise KprobeUnavailable("bpftrace not found: apt-get install bpftrace")
-    out, elapsed = bpf.run_script(program(plan, duration, pids),
-                                  f"Tracing {plan.view} with {plan.style.entry} probes... Hit Ctrl-C to end.",
-                                  bpftrace, json_output=False)
-    return parse_text(out), elapsed
+    return bpf.run_script(program(plan, duration, pids),
+                          f"Tracing {plan.view} with {plan.style.entry} probes... Hit Ctrl-C to end.",
+                          bpftrace, json_output=False)
