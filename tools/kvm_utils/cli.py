@@ -150,7 +150,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--msr", action="append", default=None,
                    help="MSRs whose writes to count (perf engine; default: TSC_DEADLINE, x2APIC ICR/EOI/TMICT/LVTT)")
 
-    sub.add_parser("doctor", help="check tracefs, kvm tracepoints, perf, BPF, kprobes, the symbols a kprobe engine would need; say how to fix")
+    sub.add_parser("doctor", help="check tracefs, kvm tracepoints, perf, BPF, kprobes, the symbols the kprobe engine needs; say how to fix")
     return ap
 
 
