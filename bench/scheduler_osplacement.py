@@ -36,16 +36,9 @@ DISK_GB = 2000
 
 
 def ensure_venv(venv: Path) -> Path:
-    py = venv / "bin" / "python"
-    if not (venv / "bin" / "gunicorn").exists() or not (venv / "bin" / "placement-manage").exists():
-        venv.parent.mkdir(parents=True, exist_ok=True)
-        if not py.exists():
-            subprocess.run([sys.executable, "-m", "venv", str(venv)], check=True)
-        out = subprocess.run([str(py), "-m", "pip", "install", "-q", "openstack-placement", "psycopg2-binary",
-                              "gunicorn"], capture_output=True, text=True)
-        if out.returncode:
-            raise RuntimeError(f"pip install openstack-placement failed:\n{out.stdout[-2000:]}{out.stderr[-2000:]}")
-    return venv
+    """Placement's own venv, made on first use (tools/dev/caches.py: one builder at a time)."""
+    from tools.dev.caches import placement_venv
+    return placement_venv(venv)
 
 
 def _conf(tmp: Path, url: str, conflict_retries: int) -> Path:

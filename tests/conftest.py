@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import fcntl
 import os
+import signal
 import subprocess
 import time
 from collections.abc import Iterator
@@ -16,7 +17,6 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parents[1]
-SMOKE_DIR = Path(os.environ.get("HYB_SMOKE_DIR", "/var/cache/hybrid-kvm/smoke"))
 HUGE_2M = Path("/sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages")
 
 
@@ -173,11 +173,70 @@ def pytest_runtest_protocol(item: pytest.Item, nextitem: pytest.Item | None) -> 
             fcntl.flock(turn, fcntl.LOCK_UN)
 
 
+_WARMER: dict[str, object] = {}
+
+
+def pytest_sessionstart(session: pytest.Session) -> None:
+    """``make test`` (HYB_WARM_CACHES=1, as root, on xdist workers): the controller starts
+    tools/dev/caches.py, which builds the guest images, the bootstrap's tarball and
+    wheels, Placement's venv and the kernel tree beside the tests (a fresh machine has
+    none; a warm one finds each in a second). It inherits the quiet tests' lock, locked
+    shared here before any worker can take it exclusive, so nothing that measures the
+    machine runs beside a build. Without xdist there is no such lock: each test builds
+    what it needs itself."""
+    config = session.config
+    if (os.environ.get("HYB_WARM_CACHES") != "1" or "PYTEST_XDIST_WORKER" in os.environ
+            or os.geteuid() != 0 or not getattr(config.option, "numprocesses", None)):
+        return
+    base = config._tmp_path_factory.getbasetemp()  # type: ignore[attr-defined]  # the workers' parent
+    lock = os.open(base / "quiet.lock", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    fcntl.flock(lock, fcntl.LOCK_SH)
+    log = base / "caches.log"
+    try:
+        with open(log, "w") as out:
+            _WARMER["proc"] = subprocess.Popen(
+                [str(REPO / ".venv/bin/python"), "-m", "tools.dev.caches", "--quiet-lock-fd", str(lock)],
+                cwd=REPO, stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, pass_fds=(lock,),
+                start_new_session=True)
+    finally:
+        os.close(lock)  # the child's copy holds the lock now
+    _WARMER["log"] = log
+
+
+def pytest_sessionfinish(session: pytest.Session) -> None:
+    """The warmer has normally finished long before the tests; one still building (a run of
+    a few tests) is given a minute, then stopped with its process group."""
+    proc = _WARMER.get("proc")
+    if not isinstance(proc, subprocess.Popen):
+        return
+    try:
+        proc.wait(60)
+    except subprocess.TimeoutExpired:
+        os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+
+
+def pytest_terminal_summary(terminalreporter: pytest.TerminalReporter) -> None:
+    log = _WARMER.get("log")
+    if isinstance(log, Path) and log.exists():
+        lines = [ln for ln in log.read_text().splitlines() if ln.startswith("caches:")]
+        if lines:
+            terminalreporter.write_sep("-", "caches built beside the tests (tools/dev/caches.py)")
+            for ln in lines:
+                terminalreporter.write_line(ln)
+
+
 @pytest.fixture(scope="session")
 def smoke_guest() -> dict[str, Path]:
-    """The smoke guest kernel + initramfs, built once (cached) by guestimages/smoke/build.sh."""
-    subprocess.run(["bash", str(REPO / "guestimages/smoke/build.sh"), str(SMOKE_DIR)], check=True)
-    return {"kernel": SMOKE_DIR / "vmlinuz", "initrd": SMOKE_DIR / "initrd.img"}
+    """The smoke guest kernel + initramfs, built once (cached) by guestimages/smoke/build.sh
+    (tools/dev/caches.py)."""
+    from tools.dev.caches import smoke_image
+    d = smoke_image()
+    return {"kernel": d / "vmlinuz", "initrd": d / "initrd.img"}
 
 
 @pytest.fixture(scope="session")

@@ -31,9 +31,11 @@ cache=${HYB_WHEEL_CACHE:-/var/cache/hybrid-kvm/wheels/$pyver-$key}
 
 rm -rf "$out"
 mkdir -p "$out/wheels" "$out/guestimages" "$out/systemd"
+mkdir -p "$cache"
+exec 9>"$cache.lock"  # one filler of the cache at a time; the others wait and find it complete
+flock -w 1800 9 || { echo "build-release: another build holds $cache.lock" >&2; exit 1; }
 if [ ! -f "$cache/.complete" ]; then
   echo "build-release: dependency wheels for $pyver (setup.cfg $key) -> $cache"
-  mkdir -p "$cache"
   # libvirt-python has no wheel on PyPI: built here once (gcc, libvirt-dev, python3-dev),
   # never on the storage hosts.
   if ! "$py" -m pip wheel -q --wheel-dir "$cache" "$src" > "$src.log" 2>&1; then

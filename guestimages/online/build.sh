@@ -91,11 +91,12 @@ else
 fi
 
 # ---------------------------------------------------------------- stage 2
+# Paths in the key are relative to the repo: a clone elsewhere (CI's) finds the image built.
 key2=$( { echo "stage2-v1 $key1 $size $FS_UUID $HASH_SEED";
           sha256sum "$s1/rootfs.tar" "$s1/vmlinuz" "$s1/initrd.img";
           cd "$gi" && find online profiles common -type f ! -name '*.pyc' -print0 | LC_ALL=C sort -z \
             | xargs -0 sha256sum;
-          sha256sum "$repo/hostd/domain/guest_profiles.py"; } | sha256sum | cut -d' ' -f1)
+          cd "$repo" && sha256sum hostd/domain/guest_profiles.py; } | sha256sum | cut -d' ' -f1)
 outputs="online.raw online.qcow2 vmlinuz initrd.img manifest.json"
 uptodate=1
 for f in $outputs; do [ -s "$out/$f" ] || uptodate=0; done

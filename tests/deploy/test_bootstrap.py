@@ -1,7 +1,7 @@
 """The bootstrap role (deploy/ansible/) against a throwaway Debian 12 root, for real.
 
-A minbase tree from mmdebstrap (the tarball cached under /var/cache/hybrid-kvm/bootstrap/,
-keyed by everything that shapes it) is unpacked under tmp_path, /proc is mounted in it, and
+A minbase tree from mmdebstrap (the tarball cached under /var/cache/hybrid-kvm/bootstrap/
+by tools/dev/caches.py, keyed by everything that shapes it) is unpacked under tmp_path, /proc is mounted in it, and
 deploy/ansible/bootstrap.yml runs against it through the role's own chroot connection
 (deploy/ansible/connection_plugins/hyb_chroot.py: ansible-core has none). apt inside the
 tree needs this machine's Debian mirror. HYB_BOOTSTRAP_LIGHT=1 skips the hypervisor
@@ -13,7 +13,6 @@ goes through hostd's own loader.
 
 from __future__ import annotations
 
-import hashlib
 import json
 import os
 import re
@@ -27,54 +26,15 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+from tools.dev import caches
 
 pytestmark = [pytest.mark.xdist_group("bootstrap")]  # a chroot of its own: not the machine group
 
 REPO = Path(__file__).resolve().parents[2]
 ANSIBLE = REPO / "deploy/ansible"
 VENV_BIN = REPO / ".venv/bin"
-CACHE = Path(os.environ.get("HYB_CACHE_DIR", "/var/cache/hybrid-kvm")) / "bootstrap"
-SUITE = "bookworm"  # the release bundle's wheels are for the controller's Python: 3.11
 HOST = "chroot-test"
-# No service may start inside the tree while apt installs libvirt (invoke-rc.d asks this).
-POLICY_RC_HOOK = ('printf "#!/bin/sh\\nexit 101\\n" > "$1/usr/sbin/policy-rc.d"; '
-                  'chmod 0755 "$1/usr/sbin/policy-rc.d"')
 LIGHT = os.environ.get("HYB_BOOTSTRAP_LIGHT") == "1"
-
-
-def _mirror() -> str:
-    """This machine's apt sources when they are bookworm's (mmdebstrap reads a .sources or
-    .list file given as the mirror), else Debian's CDN; HYB_DEBIAN_MIRROR wins."""
-    if os.environ.get("HYB_DEBIAN_MIRROR"):
-        return os.environ["HYB_DEBIAN_MIRROR"]
-    for f in (Path("/etc/apt/sources.list.d/debian.sources"), Path("/etc/apt/sources.list")):
-        if f.is_file() and re.search(rf"\b{SUITE}\b", f.read_text()):
-            return str(f)
-    return "http://deb.debian.org/debian"
-
-
-def debian_tarball() -> Path:
-    """A minbase bookworm tarball, built once per content key (mmdebstrap version, options,
-    hook, and the mirror's text)."""
-    mirror = _mirror()
-    version = subprocess.run(["mmdebstrap", "--version"], capture_output=True, text=True,
-                             check=True).stdout.strip()
-    mirror_text = Path(mirror).read_text() if Path(mirror).is_file() else mirror
-    shape = repr((version, SUITE, "minbase", POLICY_RC_HOOK, mirror_text))
-    key = hashlib.sha256(shape.encode()).hexdigest()[:16]
-    tar = CACHE / f"{SUITE}-minbase-{key}.tar"
-    if tar.exists():
-        return tar
-    CACHE.mkdir(parents=True, exist_ok=True)
-    part = tar.with_suffix(f".part{os.getpid()}")
-    try:
-        subprocess.run(["mmdebstrap", "--quiet", "--variant=minbase", "--format=tar",
-                        f"--customize-hook={POLICY_RC_HOOK}", SUITE, str(part), mirror],
-                       check=True, timeout=600)
-        part.rename(tar)
-    finally:
-        part.unlink(missing_ok=True)
-    return tar
 
 
 def _mounts_under(root: Path) -> list[str]:
@@ -107,7 +67,7 @@ def debian_root(tmp_path: Path) -> Iterator[Path]:
     is only removed once nothing is mounted in it, so a failed umount never reaches the host.
     A process still running in the tree (started by this test, through apt) is killed by PID
     and fails the test: no package script may start a daemon in a chroot."""
-    tar = debian_tarball()
+    tar = caches.debian_tarball()
     root = tmp_path / "root"
     root.mkdir()
     leftover: list[int] = []

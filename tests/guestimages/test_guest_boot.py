@@ -16,7 +16,6 @@ killed by PID in a finally block.
 from __future__ import annotations
 
 import json
-import os
 import re
 import subprocess
 import time
@@ -25,9 +24,10 @@ from pathlib import Path
 import pytest
 
 from hostd.domain.guest_profiles import ImageCaps, Profile, load_profiles, render_cmdline
+from tools.dev import caches
 
 REPO = Path(__file__).resolve().parents[2]
-ONLINE_DIR = Path(os.environ.get("HYB_ONLINE_DIR", "/var/cache/hybrid-kvm/online"))
+ONLINE_DIR = caches.ONLINE_DIR
 VCPUS = 2
 ACCEL = "tcg"  # KVM cannot boot a full Linux guest on the development machines
 MARK = "HYB-GUEST-REPORT "
@@ -51,9 +51,8 @@ def profiles() -> dict[str, Profile]:
 @pytest.fixture(scope="module")
 def online_image() -> dict:
     """The online image, built (or found up to date) by its recipe."""
-    subprocess.run(["nice", "-n", "10", "bash", str(REPO / "guestimages/online/build.sh"), str(ONLINE_DIR)],
-                   check=True)
-    return json.loads((ONLINE_DIR / "manifest.json").read_text())
+    out = caches.online_image()
+    return json.loads((out / "manifest.json").read_text())
 
 
 # A boot prints all the way to its report (20-35 s here); a serial log silent this long

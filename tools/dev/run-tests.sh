@@ -13,6 +13,9 @@
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 workers=${HYB_TEST_WORKERS:-3}
+# The caches a fresh machine lacks are built beside the tests (tools/dev/caches.py,
+# started by tests/conftest.py): HYB_WARM_CACHES=0 leaves each to the test that needs it.
+export HYB_WARM_CACHES=${HYB_WARM_CACHES:-1}
 xdist=()
 if [ "$workers" != 0 ]; then
   xdist=(-n "$workers" --dist loadgroup --no-loadscope-reorder)

@@ -21,6 +21,7 @@ from pathlib import Path
 import grpc
 import libvirt
 import pytest
+from tools.dev import caches
 from tools.dev.procs import Hostd, grpc_stub, hostd_workdir, write_hostd_config
 
 from api import hostd_pb2 as pb
@@ -268,9 +269,7 @@ def test_serve_boots_the_online_image_on_a_per_vm_root_overlay(hostd_env):
     profile took effect, and the overlay goes away with the VM."""
     from hostd.domain.guest_profiles import image_store_args
 
-    out = Path("/var/cache/hybrid-kvm/online")
-    subprocess.run(["bash", str(REPO / "guestimages/online/build.sh"), str(out)], check=True,
-                   capture_output=True, timeout=1800)
+    out = caches.online_image()
     manifest = json.loads((out / "manifest.json").read_text())
     kw = image_store_args(manifest, out)
     ImageStore(hostd_env["images"]).add(kw.pop("name"), kw.pop("version"), kw.pop("kind"),
