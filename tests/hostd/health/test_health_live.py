@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import http.server
 import os
+import signal
 import socket
 import subprocess
 import sys
@@ -98,7 +99,18 @@ def test_the_probe_histogram_counts_the_real_latency() -> None:
     assert st.probe_ok == 10 and st.probe_failed == 0 and st.probe_p50_ms >= 20
 
 
-def test_probes_that_cannot_succeed_fail_in_time() -> None:
+def _alive(pid: int, pgid: int) -> bool:
+    """Whether process `pid` still runs in process group `pgid` (a zombie waiting for its
+    reaper has died; a reused PID is in another group)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except FileNotFoundError:
+        return False
+    state, _ppid, group = stat.rpartition(")")[2].split()[:3]
+    return state != "Z" and int(group) == pgid
+
+
+def test_probes_that_cannot_succeed_fail_in_time(tmp_path: Path) -> None:
     with socket.socket() as sock:  # a port nobody listens on
         sock.bind(("127.0.0.1", 0))
         port = sock.getsockname()[1]
@@ -106,11 +118,21 @@ def test_probes_that_cannot_succeed_fail_in_time() -> None:
     s = Sampler(Path("/"), (0,), Where(None, None), probe=Probe.parse(f"tcp:127.0.0.1:{port}"), metrics=m)
     ok, seconds, err = s.probe_once()
     assert not ok and "Refused" in err and seconds < 1
-    hang = Probe.parse("command:sleep 30", timeout_s=0.3)
+    # a command that hangs in a child of its own, as a health script's client would: the
+    # shell (the probe's child, leader of its process group) writes its PID and its child's
+    pids = tmp_path / "pids"
+    # (a second, so that the shell has written them before the timeout on a busy machine)
+    hang = Probe.parse(f"command:sh -c 'sleep 30 & echo $$ $! > {pids}; wait'", timeout_s=1.0)
     t0 = time.monotonic()
     ok, _, err = hang()
-    assert not ok and "timed out after 0.3 s" in err and time.monotonic() - t0 < 2
-    assert subprocess.run(["pgrep", "-f", "^sleep 30$"], capture_output=True).stdout == b""  # killed
+    assert not ok and "timed out after 1.0 s" in err and time.monotonic() - t0 < 5
+    leader, child = map(int, pids.read_text().split())
+    deadline = time.monotonic() + 5  # SIGKILL is sent; the kernel takes a moment to end the child
+    while (left := [pid for pid in (leader, child) if _alive(pid, leader)]) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    if left:
+        os.killpg(leader, signal.SIGKILL)  # this test's group, which the probe left running
+    assert not left, f"the hung probe left {left} running in its process group {leader}"
     assert m.registry.get_sample_value("hostd_io_probe_failures_total") == 1
 
 
