@@ -197,12 +197,18 @@ def test_a_controller_killed_after_any_side_effect_resumes_without_redoing_one(r
     store, _ = rollout(rollouts, fleet)
     bad = store.hosts("r1", wave=1)[1].name
     fleet.hosts[bad].degraded_after_carve = True
+    # The lease is not what this proves: the crashed controller's run releases it on the way
+    # out (Crash unwinds through run's finally), so the next one takes it at once whatever
+    # its TTL, and a lease still held would fail the acquire with LeaseHeld, not wait. The
+    # TTL is one a loaded machine cannot overrun: the renewer wakes every TTL/3 on real
+    # time, and a short lease lapses whenever it is starved that long, ending the run
+    # "lost" in a test about resuming.
+    resume_opts = Options(lease_ttl_s=60, poll_s=0.01, stats_wait_s=1)
     runs = 0
     while True:
         runs += 1
         try:
-            final = Engine(rollouts(holder=f"c{runs}"), "r1", fleet, fleet,  # type: ignore[arg-type]
-                           Options(lease_ttl_s=2, poll_s=0.01, stats_wait_s=1)).run()
+            final = Engine(rollouts(holder=f"c{runs}"), "r1", fleet, fleet, resume_opts).run()  # type: ignore[arg-type]
             break
         except Crash:
             fleet.dead = False
