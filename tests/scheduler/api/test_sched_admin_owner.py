@@ -5,8 +5,10 @@ over a real store: SQLite, and PostgreSQL (integration)."""
 from __future__ import annotations
 
 import hashlib
+import os
 import threading
 import time
+from pathlib import Path
 
 import pytest
 from sqlalchemy import MetaData, Table
@@ -154,11 +156,27 @@ def test_a_bad_body_names_the_field_and_changes_nothing(api):
     assert hold(api) == before and audit(api) == trail
 
 
-def test_two_owners_at_once_are_judged_one_after_the_other(api, clock):
+def blocked_writers(store: Store) -> int:
+    """Writers of this process waiting for ``store``'s database: on PostgreSQL, sessions of
+    the database waiting for a lock; on SQLite, waiters for the writer lock's ``flock``
+    (``/proc/locks`` marks a waiter with ``->``)."""
+    if not store.sqlite:
+        with store.engine.connect() as c:
+            return c.exec_driver_sql("SELECT count(*) FROM pg_stat_activity WHERE datname = current_database() "
+                                     "AND wait_event_type = 'Lock'").scalar()
+    inode = os.stat(f"{store.engine.url.database}.writer-lock").st_ino
+    return sum(1 for ln in Path("/proc/locks").read_text().splitlines()
+               if "->" in ln and ln.split()[-3].endswith(f":{inode}") and ln.split()[-4] == str(os.getpid()))
+
+
+def test_two_owners_at_once_are_judged_one_after_the_other(api, clock, db_url):
     """The change reads the host under its row lock (PostgreSQL) or the writer lock
     (SQLite): a second owner that asks while the first one's cordon is being written
-    sees that cordon, and is refused, instead of overwriting it."""
-    svc, store = api.app.state.hosts, api.app.state.store
+    sees that cordon, and is refused, instead of overwriting it. The first writer is a
+    store of its own (another replica's), so that the second one's wait is one the
+    database or the kernel shows."""
+    svc = api.app.state.hosts
+    first = Store.from_url(db_url)
     got: list[object] = []
 
     def second() -> None:
@@ -167,13 +185,20 @@ def test_two_owners_at_once_are_judged_one_after_the_other(api, clock):
         except HostAdminOwned as e:
             got.append(e)
 
-    with store.write() as s:
-        host_repo.get_host(session=s, name="h1", lock=True)
-        t = threading.Thread(target=second)
-        t.start()
-        time.sleep(0.3)  # the second change is waiting for the lock now
-        host_repo.set_admin_state(session=s, name="h1", state="cordoned", now=clock.t, owner="adm", reason="first",
-                                  since=clock.t)
+    t = threading.Thread(target=second)
+    try:
+        with first.write() as s:
+            host_repo.get_host(session=s, name="h1", lock=True)
+            t.start()
+            deadline = time.monotonic() + 10
+            while not blocked_writers(first):
+                assert time.monotonic() < deadline and t.is_alive(), \
+                    f"the second change never waited for the first one's lock (it got {got})"
+                time.sleep(0.01)
+            host_repo.set_admin_state(session=s, name="h1", state="cordoned", now=clock.t, owner="adm",
+                                      reason="first", since=clock.t)
+    finally:
+        first.dispose()
     t.join(timeout=10)
     assert len(got) == 1 and isinstance(got[0], HostAdminOwned), got
     assert hold(api)["admin_owner"] == "adm"
