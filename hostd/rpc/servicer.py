@@ -269,6 +269,9 @@ class HostdService(pb_grpc.HostdServicer):
                 context.cancel()
 
         unwatch = self.m.watch(push)
+        # the stream's initial metadata says it watches: a client that waits for it
+        # (call.initial_metadata()) gets every change after that moment
+        context.send_initial_metadata(())
         context.add_callback(lambda: q.put(None) if not q.full() else None)
         try:
             while context.is_active():

@@ -100,19 +100,15 @@ def test_watch_events_streams_state_changes(api):
     stub, _, _ = api
     got: list[tuple[str, int]] = []
     stream = stub.WatchEvents(pb.WatchEventsRequest(), timeout=10)
-    ready = threading.Event()
+    stream.initial_metadata()  # the server watches from here on
 
     def read():
-        ready.set()
         for ev in stream:
             got.append((ev.vm_id, ev.state))
             if ev.state == pb.VM_STATE_DELETING and len(got) >= 4:
                 break
     t = threading.Thread(target=read)
     t.start()
-    ready.wait()
-    import time
-    time.sleep(0.3)  # let the server register the watcher
     vm = stub.CreateVM(req(), timeout=10)
     stub.DeleteVM(pb.DeleteVMRequest(vm_id=vm.vm_id))
     t.join(10)

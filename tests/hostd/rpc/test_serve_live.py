@@ -205,6 +205,7 @@ def test_libvirt_events_and_libvirtd_restart(hostd_env, libvirtd_state):
     stub, ch = stub_for(h, hostd_env["certs"])
     events: list[int] = []
     stream = stub.WatchEvents(pb.WatchEventsRequest(), timeout=120)
+    stream.initial_metadata()  # the server watches from here on
 
     def read() -> None:
         try:
@@ -215,7 +216,6 @@ def test_libvirt_events_and_libvirtd_restart(hostd_env, libvirtd_state):
     import threading
     t = threading.Thread(target=read, daemon=True)
     t.start()
-    time.sleep(0.5)  # the server registers the watcher when the stream's first read arrives
     try:
         vm = stub.CreateVM(create_req(hostd_env["disk"]), timeout=120)
         virsh("destroy", "hyb-test-serve")
