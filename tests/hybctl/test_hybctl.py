@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import threading
 import time
 from pathlib import Path
 
@@ -328,16 +329,31 @@ def test_watch_redraws_until_interrupted(env, vms) -> None:  # type: ignore[no-u
     # SIGINT at its default, whatever this run inherited (a background `make test &`)
     p = subprocess.Popen(["env", "--default-signal=INT", BIN, "vm", "list", "-o", "json", "--watch", "--interval",
                           "0.3"], env=e, text=True, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    lines: list[str] = []
+    shown = threading.Event()  # the first document is out: hybctl is in its watch loop
+
+    def read() -> None:
+        for line in p.stdout:  # type: ignore[union-attr]
+            lines.append(line)
+            if "web-1" in line:
+                shown.set()
+    reader = threading.Thread(target=read, daemon=True)
+    reader.start()
     try:
-        time.sleep(2.0)
+        if not shown.wait(30):
+            p.kill()
+            raise AssertionError(f"hybctl --watch printed no VM list within 30 s: {''.join(lines)!r} "
+                                 f"{p.stderr.read()!r}")  # type: ignore[union-attr]
         os.kill(p.pid, signal.SIGINT)
-        out, err = p.communicate(timeout=10)
+        p.wait(timeout=10)
+        reader.join(10)
+        err = p.stderr.read()  # type: ignore[union-attr]
     finally:
         if p.poll() is None:
             p.kill()
             p.wait()
     assert p.returncode == 0, err
-    assert "web-1" in out and "Traceback" not in err
+    assert "web-1" in "".join(lines) and "Traceback" not in err
 
 
 def test_shell_completion_offers_the_commands(env) -> None:  # type: ignore[no-untyped-def]
