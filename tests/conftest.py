@@ -134,13 +134,25 @@ def _libvirt_guests() -> list[int]:
 def _no_guest_still_exiting(request: pytest.FixtureRequest) -> None:
     """A machine test starts once the guests earlier tests destroyed are gone: QEMU gives
     its hugepages back only as it exits, which under load takes seconds after libvirt's
-    destroy returned (a carve's pool write, or a count of pages in use, saw them)."""
+    destroy returned (a carve's pool write, or a count of pages in use, saw them). A guest
+    still running after 30 s is no exit under way but one left behind: the test errors in
+    its setup, naming it, rather than run on a machine that is not as it expects."""
     mark = request.node.get_closest_marker("xdist_group")  # set at collection (xdist_group_of)
     if mark is None or mark.args[:1] != ("machine",):
         return
     deadline = time.monotonic() + 30
     while _libvirt_guests() and time.monotonic() < deadline:
         time.sleep(0.2)
+    if left := _libvirt_guests():
+        def guest(pid: int) -> str:
+            try:
+                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+            except OSError:
+                return f"{pid} (gone now)"
+            name = next((a.split(b",")[0].decode() for a in argv if a.startswith(b"guest=")), "?")
+            return f"{pid} ({name})"
+        pytest.fail("QEMU guests still running 30 s after the tests before destroyed theirs: "
+                    + ", ".join(guest(pid) for pid in left), pytrace=False)
 
 
 @pytest.hookimpl(wrapper=True)
