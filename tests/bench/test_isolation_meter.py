@@ -1,6 +1,6 @@
 """bench/isolation.py's CPU meter on samples given to it (no machine): a read the
 sampler thread was preempted in must not put the delay's usage into a window that did
-not last it, which is how a 1-vCPU VM once read 117 % at 10 ms in CI."""
+not last it, or a 1-vCPU VM reads over 100 % at 10 ms on a loaded machine."""
 
 from __future__ import annotations
 

@@ -84,7 +84,7 @@ def test_the_script_beats_each_host_in_turn_at_the_rate(tmp_path: Path) -> None:
     # 0). Its 4 connections each send one of the first four; the fifth waits for an answer,
     # so whatever the load, a replica's first arrival is one of the first four (h2 is not; it
     # would be among them from START 0). Not their order: on a loaded machine connections
-    # open late and a fast one's second beat arrives before a slow one's first (CI)
+    # open late and a fast one's second beat arrives before a slow one's first
     for r, port in enumerate(ports):
         first = min((g for g in got if g[0] == port), key=lambda g: g[3])[1]
         assert first in {f"/v1/hosts/h{i}/heartbeat" for i in (4 + r, 6 + r, 8 + r, r)}, (port, first)

@@ -98,8 +98,8 @@ def test_degrade_shows_in_hostd_and_scheduler(fleet: SimFleet) -> None:
     for s in healthy:
         assert s.psi_some_avg10 < 1 and s.probe_failed == 0
         assert NOISY_PID not in [f.pid for f in s.top_foreign] and s.io_cpus == [0]
-    # a 1 s sample may end before its probe answers on a loaded machine (CI: probe_ok 0 in
-    # one of two): the probes answer across the samples, and none fails
+    # a 1 s sample may end before its probe answers on a loaded machine, so one sample can
+    # count no probe: the probes answer across the samples, and none fails
     assert sum(s.probe_ok for s in healthy) >= 1, healthy
     fleet.degrade(bad)
     try:

@@ -181,7 +181,7 @@ def test_a_scheduler_outage_after_a_passed_gate_pauses_and_resume_finishes(fleet
     w = sched["dir"] / "op-outage"
     s = sched["sched"]
     # a soak long enough that the canary still soaks when a status call on a loaded
-    # machine (a Python start, seconds) has seen it soaking (CI: 4 s was not)
+    # machine (a Python start, seconds each) has seen it soaking: several calls fit in 12 s
     p = start(sched, w, "run", spec(w, "conv-out", "policy.toml", "c", soak_s=12))
     try:
         deadline = time.monotonic() + 120

@@ -56,9 +56,9 @@ def online_image() -> dict:
 
 
 # A boot prints all the way to its report (20-35 s here); a serial log silent this long
-# is a guest stuck under TCG, not a slow one. CI once saw both vCPU threads spin at 100 %
-# right after "sched_clock: Marking stable" for the whole 400 s, and every quiet test
-# wait behind it: such a boot is killed and booted once more, and the test says so.
+# is a guest stuck under TCG (its vCPU threads spinning, e.g. right after "sched_clock:
+# Marking stable"), not a slow one, and every quiet test would wait behind it for the
+# whole timeout: such a boot is killed and booted once more, and the test says so.
 STALL_S = 90
 
 

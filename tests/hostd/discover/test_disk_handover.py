@@ -143,7 +143,7 @@ def test_a_mount_in_another_namespace_is_refused(manager, loop_disk: Path, tmp_p
     mnt = tmp_path / "mnt"
     mnt.mkdir()
     # read-only: a writable ext4 mount writes its first MiB by itself (superblock times,
-    # lazy inode-table init), which the refusal's "disk untouched" check would blame on us (CI)
+    # lazy inode-table init), which the refusal's "disk untouched" check would blame on us
     ns = subprocess.Popen(["unshare", "-m", "--propagation", "private", "sh", "-c",
                            f"mount -o ro {loop_disk} {mnt} && echo mounted && exec sleep 600"],
                           stdout=subprocess.PIPE, text=True)
