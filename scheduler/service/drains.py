@@ -2,7 +2,7 @@
 
 Every ``drain.interval_s`` (and at once after a drain is asked for), one round: the VMs
 on draining hosts, the VMs of their disruption groups anywhere in the fleet and the
-replacements under way are read, ``scheduler.drain.plan`` says per VM what may happen
+replacements under way are read, ``scheduler.drain_plan.plan`` says per VM what may happen
 now, and the round acts on it:
 
 - ``replace``: a new VM from the old one's request (same tenant, name and spec; the
@@ -39,7 +39,7 @@ from sqlalchemy import or_, select, text, update
 
 from scheduler.db.engine import Store
 from scheduler.db.models import Host, Vm
-from scheduler.drain import NOT_PLACED, DrainVm, Step, plan
+from scheduler.drain_plan import NOT_PLACED, DrainVm, Step, plan
 from scheduler.errors import SchedulerError
 from scheduler.repo import hosts as host_repo
 from scheduler.schemas.vms import VmCreate

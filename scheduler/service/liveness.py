@@ -2,7 +2,7 @@
 
 Every ``check_s``: the hosts silent for longer than ``placement.heartbeat_timeout_s``
 (an indexed query: the silent hosts, not the fleet) and the rack sizes are read, and
-``scheduler.liveness.judge`` says which to mark. Marking is a conditional update (not
+``scheduler.liveness_rule.judge`` says which to mark. Marking is a conditional update (not
 marked yet, and still the same last beat), so with several replicas a host is marked
 once; it is audited (``host.down``, with how many VMs were flagged) and its running VMs
 get the reason "host <name> silent since <time>: marked down". A beat or registration
@@ -23,7 +23,7 @@ from collections.abc import Callable
 
 from scheduler.config import LivenessConfig
 from scheduler.db.engine import Store
-from scheduler.liveness import Judgement, Rules, judge
+from scheduler.liveness_rule import Judgement, Rules, judge
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import vms as vm_repo
 

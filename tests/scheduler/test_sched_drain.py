@@ -1,4 +1,4 @@
-"""The drain planner (scheduler/drain.py), pure: what a drain may do to each VM now,
+"""The drain planner (scheduler/drain_plan.py), pure: what a drain may do to each VM now,
 under the VMs' on_maintenance and their groups' disruption budgets. A simulated drain
 applies the steps one at a time, as the scheduler's loop does, until nothing moves, and
 checks the budget at every step. The scheduler's drain loop (scheduler/service/drains.py)
@@ -12,7 +12,7 @@ from dataclasses import replace
 
 import pytest
 
-from scheduler.drain import DrainVm, Step, plan
+from scheduler.drain_plan import DrainVm, Step, plan
 
 
 def vm(i: int, *, group: str = "web", on: str = "replace", budget: int = 1, host: str = "h1",

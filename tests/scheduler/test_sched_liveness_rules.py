@@ -1,9 +1,9 @@
-"""Which silent hosts are marked down (scheduler/liveness.py, pure): one by one, except
+"""Which silent hosts are marked down (scheduler/liveness_rule.py, pure): one by one, except
 when a large share of a rack or of the fleet went silent at once."""
 
 from __future__ import annotations
 
-from scheduler.liveness import Rules, judge
+from scheduler.liveness_rule import Rules, judge
 
 SIZES = {"r1": 10, "r2": 10, "r3": 2, "r4": 40}
 
