@@ -14,7 +14,7 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from scheduler.errors import Forbidden, SchedulerError, StoreUnavailable
-from scheduler.repo import vms as vm_repo
+from scheduler.repo import audit as audit_repo
 
 log = logging.getLogger(__name__)
 
@@ -79,8 +79,8 @@ def audit_refusal(req: Request, e: SchedulerError) -> None:
     detail = {"method": req.method, "reason": e.message, **({"tenant": p.tenant} if p.tenant else {})}
     try:
         with req.app.state.store.write() as s:
-            vm_repo.audit(session=s, principal=p.name, action="auth.denied", target=req.url.path[:128],
-                          now=time.time(), detail=detail)
+            audit_repo.record(session=s, principal=p.name, action="auth.denied", target=req.url.path[:128],
+                              now=time.time(), detail=detail)
     except Exception:  # noqa: BLE001 - the refusal is answered even if the audit write fails
         log.exception("cannot audit a refused call principal=%s path=%s", p.name, req.url.path)
 

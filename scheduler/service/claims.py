@@ -251,7 +251,7 @@ class Placer:
                 jobs.append(j)
             if before is not None:
                 before(s, jobs)
-            vm_repo.defer_inserts(session=s)
+            batch_repo.defer_inserts(session=s)
             for j in jobs:
                 if j.settled or j.aff.group:
                     continue

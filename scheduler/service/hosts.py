@@ -16,6 +16,7 @@ from scheduler.db.engine import Store
 from scheduler.db.models import Host
 from scheduler.errors import BeatTooSoon, HostAdminOwned, HostNotYours
 from scheduler.metrics import Metrics
+from scheduler.repo import audit as audit_repo
 from scheduler.repo import days as days_repo
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import rollouts as rollout_repo
@@ -77,8 +78,8 @@ class HostService:
                     disk_classes=body.disk_classes, now=now, owner="" if admin else actor,
                     heartbeat_timeout_s=self.timeout,
                     scrape={k: getattr(body, k) for k in host_repo.SCRAPE_FIELDS})
-                vm_repo.audit(session=s, principal=actor, action="host.register" if created else "host.update",
-                              target=h.name, now=now, detail={"address": h.address, "layout_rev": h.layout_rev})
+                audit_repo.record(session=s, principal=actor, action="host.register" if created else "host.update",
+                                  target=h.name, now=now, detail={"address": h.address, "layout_rev": h.layout_rev})
                 out = self._public(s, h, now)
         except HostNotYours as e:
             self._audit_denied(actor, "host.register", body.name, e, address=body.address, rack=body.rack)
@@ -251,8 +252,8 @@ class HostService:
     def _audit_denied(self, actor: str, action: str, name: str, e: HostNotYours, **detail: str) -> None:
         """In a transaction of its own: the refused one rolled back."""
         with self.store.write() as s:
-            vm_repo.audit(session=s, principal=actor, action=f"{action}.denied", target=name, now=self.clock(),
-                          detail={"reason": e.message, **detail})
+            audit_repo.record(session=s, principal=actor, action=f"{action}.denied", target=name, now=self.clock(),
+                              detail={"reason": e.message, **detail})
         log.warning("host %s denied principal=%s host=%s: %s", action, actor, name, e.message)
 
     def stats(self, name: str, *, since: float | None, until: float | None) -> HostStatsPublic:
@@ -312,9 +313,9 @@ class HostService:
                 hold = (owner, change.reason, now)
             host_repo.set_admin_state(session=s, name=name, state=state, now=now, owner=hold[0], reason=hold[1],
                                       since=hold[2])
-            vm_repo.audit(session=s, principal=actor, action=f"host.{state}", target=name, now=now,
-                          detail={"from": before, "owner": owner, "reason": change.reason, "forced": overrides,
-                                  "previous_owner": held_by})
+            audit_repo.record(session=s, principal=actor, action=f"host.{state}", target=name, now=now,
+                              detail={"from": before, "owner": owner, "reason": change.reason, "forced": overrides,
+                                      "previous_owner": held_by})
             out = self._public(s, h, now)
         log.log(logging.WARNING if overrides else logging.INFO,
                 "host state name=%s %s -> %s owner=%s previous_owner=%s forced=%s reason=%r",

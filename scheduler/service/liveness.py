@@ -24,8 +24,8 @@ from collections.abc import Callable
 from scheduler.config import LivenessConfig
 from scheduler.db.engine import Store
 from scheduler.liveness_rule import Judgement, Rules, judge
+from scheduler.repo import audit as audit_repo
 from scheduler.repo import hosts as host_repo
-from scheduler.repo import vms as vm_repo
 
 log = logging.getLogger(__name__)
 
@@ -60,15 +60,16 @@ class LivenessWatch:
                 flagged = host_repo.mark_down(session=s, name=name, silent_since=last[name], now=now)
                 if flagged is None:
                     continue  # another replica did, or it beat meanwhile
-                vm_repo.audit(session=s, principal="scheduler", action="host.down", target=name, now=now,
-                              detail={"silent_since": last[name], "silent_s": round(now - last[name], 1),
-                                      "vms_flagged": flagged})
+                audit_repo.record(session=s, principal="scheduler", action="host.down", target=name, now=now,
+                                  detail={"silent_since": last[name], "silent_s": round(now - last[name], 1),
+                                          "vms_flagged": flagged})
             log.warning("host down name=%s silent_s=%.1f vms_flagged=%d", name, now - last[name], flagged)
         for why in set(got.events) - self._events:
             log.error("liveness event: %s", why)
             with self.store.write() as s:
-                vm_repo.audit(session=s, principal="scheduler", action="fleet.silence", target="-", now=now,
-                              detail={"event": why, "hosts": sorted(h for h, w in got.held.items() if w == why)[:100]})
+                audit_repo.record(session=s, principal="scheduler", action="fleet.silence", target="-", now=now,
+                                  detail={"event": why,
+                                          "hosts": sorted(h for h, w in got.held.items() if w == why)[:100]})
         self._events = set(got.events)
         return got
 

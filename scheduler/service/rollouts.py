@@ -21,8 +21,8 @@ from scheduler.db.engine import Store
 from scheduler.db.models import Rollout, RolloutLease
 from scheduler.errors import (InvalidRequest, RolloutBadState, RolloutExists, RolloutLeaseHeld, RolloutLeaseLost,
                               RolloutOverlap, RolloutStaleState)
+from scheduler.repo import audit as audit_repo
 from scheduler.repo import rollouts as repo
-from scheduler.repo import vms as vm_repo
 from scheduler.schemas.rollouts import (LeaseOut, LeaseRenew, LeaseTake, RolloutCreate, RolloutHostNote,
                                         RolloutHostOut, RolloutHostsOut, RolloutHostTransition, RolloutOut,
                                         RolloutsOut, RolloutStateChange, TransitionOut, TransitionsOut)
@@ -66,8 +66,8 @@ class RolloutService:
             n = len(hosts)
             repo.record(session=s, rollout=body.name, host=repo.ROLLOUT, frm="", to="running", at=now, holder=actor,
                         detail={"hosts": n, "waves": len(body.waves)})
-            vm_repo.audit(session=s, principal=actor, action="rollout.create", target=body.name, now=now,
-                          detail={"kind": body.kind, "hosts": n, "waves": len(body.waves)})
+            audit_repo.record(session=s, principal=actor, action="rollout.create", target=body.name, now=now,
+                              detail={"kind": body.kind, "hosts": n, "waves": len(body.waves)})
             out = _one(s, r, now)
         log.info("rollout created name=%s kind=%s hosts=%d waves=%d by=%s", body.name, body.kind, n,
                  len(body.waves), actor)
@@ -117,8 +117,8 @@ class RolloutService:
                 raise RolloutBadState(f"rollout {name} is {before}: {verb} applies to {' or '.join(allowed)}")
             _change(s, r, to, reason=f"{who}: {reason}" if reason else who, wave=None, holder=who, detail={},
                     now=now)
-            vm_repo.audit(session=s, principal=actor, action=f"rollout.{verb}", target=name, now=now,
-                          detail={"from": before, "to": to, "reason": reason})
+            audit_repo.record(session=s, principal=actor, action=f"rollout.{verb}", target=name, now=now,
+                              detail={"from": before, "to": to, "reason": reason})
             out = _one(s, r, now)
         log.info("rollout %s name=%s %s -> %s by=%s reason=%r", verb, name, before, to, actor, reason)
         return out

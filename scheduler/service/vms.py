@@ -26,6 +26,7 @@ from scheduler.errors import (ConcurrentUpdate, HostdFailed, IdempotencyMismatch
                               VmBusy)
 from scheduler.fit import DiskWant, VfWant, VmWant, validate
 from scheduler.metrics import Metrics
+from scheduler.repo import audit as audit_repo
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import vms as vm_repo
 from scheduler.resources import Allocation, DiskAlloc, Usage, VfAlloc
@@ -216,9 +217,9 @@ class VmService:
                     disruption_group=body.disruption_budget.group if body.disruption_budget else "",
                     created=now, updated=now)
             vm_repo.insert_vm(session=s, vm=vm)  # the unique (tenant, key) constraint fires here
-            vm_repo.audit(session=s, principal=it.actor, action="vm.create", target=vm_id, now=now,
-                          detail={"tenant": it.tenant, "host": host, "nodes": list(alloc.nodes),
-                                  "cpus": list(alloc.cpus)})
+            audit_repo.record(session=s, principal=it.actor, action="vm.create", target=vm_id, now=now,
+                              detail={"tenant": it.tenant, "host": host, "nodes": list(alloc.nodes),
+                                      "cpus": list(alloc.cpus)})
             return vm
         return write_vm
 
@@ -330,8 +331,8 @@ class VmService:
             row = vm_repo.get_vm(session=s, vm_id=vm_id)
             self.placer.release(s, row)
             s.delete(row)
-            vm_repo.audit(session=s, principal=actor, action="vm.delete", target=vm_id, now=self.clock(),
-                          detail={"tenant": vm.tenant, "host": vm.host})
+            audit_repo.record(session=s, principal=actor, action="vm.delete", target=vm_id, now=self.clock(),
+                              detail={"tenant": vm.tenant, "host": vm.host})
         log.info("vm deleted vm=%s host=%s", vm_id, vm.host)
 
     def stop(self, vm_id: str, *, actor: str, reason: str, grace_seconds: int = 30, expect: str = "running") -> Vm:
@@ -350,8 +351,8 @@ class VmService:
             row = vm_repo.get_vm(session=s, vm_id=vm_id)
             self.placer.release(s, row)
             row.status, row.reason, row.hostd_vm_id, row.updated = "stopped", reason, "", self.clock()
-            vm_repo.audit(session=s, principal=actor, action="vm.stop", target=vm_id, now=self.clock(),
-                          detail={"tenant": row.tenant, "host": row.host, "reason": reason})
+            audit_repo.record(session=s, principal=actor, action="vm.stop", target=vm_id, now=self.clock(),
+                              detail={"tenant": row.tenant, "host": row.host, "reason": reason})
         log.info("vm stopped vm=%s host=%s: %s", vm_id, vm.host, reason)
         return row
 
@@ -403,10 +404,10 @@ class VmService:
                 if i in rates:
                     v["max_tx_rate_mbps"], v["min_tx_rate_mbps"] = rates[i]
             row.request, row.updated = req, self.clock()
-            vm_repo.audit(session=s, principal=actor, action="vm.update_io", target=vm_id, now=self.clock(),
-                          detail={"tenant": row.tenant, **{n: t.model_dump() for n, t in changes.items()},
-                                  **{f"vfs[{i}]": {"max_tx_rate_mbps": mx, "min_tx_rate_mbps": mn}
-                                     for i, (mx, mn) in rates.items()}})
+            audit_repo.record(session=s, principal=actor, action="vm.update_io", target=vm_id, now=self.clock(),
+                              detail={"tenant": row.tenant, **{n: t.model_dump() for n, t in changes.items()},
+                                      **{f"vfs[{i}]": {"max_tx_rate_mbps": mx, "min_tx_rate_mbps": mn}
+                                         for i, (mx, mn) in rates.items()}})
             return row
 
     @staticmethod

@@ -9,7 +9,7 @@ from fastapi.concurrency import run_in_threadpool
 
 from scheduler.api.deps import CurrentPrincipal, tenant_scope
 from scheduler.api.errors import ERRORS
-from scheduler.repo import vms as vm_repo
+from scheduler.repo import audit as audit_repo
 from scheduler.schemas.audit import AuditOut, AuditPublic
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"], responses=ERRORS)
@@ -28,7 +28,7 @@ async def list_audit(request: Request, p: CurrentPrincipal,
 
     def read() -> list[AuditOut]:
         with request.app.state.store.read() as s:
-            rows = vm_repo.list_audit(session=s, limit=limit + 1, before_id=before, since=since, until=until,
+            rows = audit_repo.list_audit(session=s, limit=limit + 1, before_id=before, since=since, until=until,
                                       principal=principal, action=action, target=target, tenant=tenant)
             return [AuditOut(id=a.id, at=a.at, principal=a.principal, action=a.action, target=a.target,
                              detail=a.detail or {}) for a in rows]

@@ -342,7 +342,7 @@ def test_audit_log_records_mutations(api):
     vm = create(api, "k1").json()
     api.post("/v1/hosts/h1/cordon", headers=ADM)
     api.delete(f"/v1/vms/{vm['id']}", headers=TA)
-    from scheduler.repo.vms import list_audit
+    from scheduler.repo.audit import list_audit
     with api.app.state.store.read() as s:
         acts = [(a.principal, a.action) for a in reversed(list_audit(session=s))]
     assert acts == [("hst", "host.register"), ("ta", "vm.create"), ("adm", "host.cordoned"), ("ta", "vm.delete")]
