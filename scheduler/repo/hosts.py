@@ -66,6 +66,11 @@ def get_host(*, session: Session, name: str, lock: bool = False) -> Host:
     return h
 
 
+def names_in_state(*, session: Session, state: str) -> list[str]:
+    """The names of the hosts in admin state ``state`` (the drain loop's: "draining")."""
+    return list(session.scalars(select(Host.name).where(Host.admin_state == state)).all())
+
+
 def list_hosts(*, session: Session, rack: str | None = None, limit: int | None = None,
                after: str = "") -> Sequence[Host]:
     """By name; ``after`` + ``limit`` page through them (keyset: a page costs the same

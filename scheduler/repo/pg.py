@@ -12,14 +12,19 @@ that stamps with the transaction id inline, and an ``INSERT`` per table from a J
 array (``json_populate_recordset`` over the table's own row type, so the columns follow
 the Alembic schema). JSON columns are encoded with orjson and read back as text, as
 ``lite.py`` does. The models and migrations stay the schema's one definition; the tests
-read what these statements wrote back through the ORM."""
+read what these statements wrote back through the ORM.
+
+The PostgreSQL-only locks live here too: the claim lock (``lock_claims``) and the
+session-level lock a drain round holds (``session_lock``)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any
 
 import orjson
+from sqlalchemy import Engine, text
 from sqlalchemy.orm import Session
 
 from scheduler.db.engine import driver
@@ -68,6 +73,23 @@ def lock_claims(session: Session) -> None:
     the transaction's first read: a later statement's snapshot sees every claim committed
     by the previous holder (READ COMMITTED takes one per statement)."""
     _conn(session).execute("SELECT pg_advisory_xact_lock(%s)", (CLAIM_LOCK_KEY,))
+
+
+@contextmanager
+def session_lock(engine: Engine, key: int) -> Iterator[bool]:
+    """Try the session-level advisory lock ``key`` on a connection of its own, never
+    waiting; yields whether it was got, and releases it after the block. Unlike the
+    transaction-level locks here it is held across the transactions the block runs on
+    other connections (a drain round's)."""
+    with engine.connect() as c:
+        if not c.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": key}).scalar():
+            yield False
+            return
+        try:
+            yield True
+        finally:
+            c.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+            c.commit()
 
 
 # The position comes from the same statement (and so the same snapshot) as the rows: the

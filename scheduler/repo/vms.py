@@ -2,10 +2,10 @@
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from functools import cache
 
-from sqlalchemy import bindparam, func, insert, select
+from sqlalchemy import bindparam, func, insert, or_, select, update
 from sqlalchemy.orm import Session
 
 from scheduler.db.models import LIVE, Host, Vm
@@ -77,6 +77,48 @@ def list_vms(*, session: Session, tenant: str | None = None, host: str | None = 
     if after:
         q = q.where(Vm.id > after)
     return session.scalars(q).all()
+
+
+def drain_rows(*, session: Session, hosts: Collection[str]) -> tuple[list[Vm], list[Vm]]:
+    """What a drain of ``hosts`` plans over: (their VMs, not the replacements on them;
+    every other VM of those VMs' disruption groups anywhere, and the replacements of
+    those VMs)."""
+    on = list(session.scalars(select(Vm).where(Vm.host.in_(list(hosts)), Vm.replaces.is_(None))).all()) \
+        if hosts else []
+    groups = {v.disruption_group for v in on if v.disruption_group}
+    ids = [v.id for v in on]
+    seen = set(ids)
+    more: list[Vm] = []
+    if groups or ids:
+        for v in session.scalars(select(Vm).where(or_(Vm.disruption_group.in_(groups), Vm.replaces.in_(ids)))).all():
+            if v.id not in seen:
+                seen.add(v.id)
+                more.append(v)
+    return on, more
+
+
+def set_status(*, session: Session, vm_id: str, expect: Collection[str], status: str, reason: str,
+               now: float) -> bool:
+    """``status`` and ``reason`` iff the VM's status is one of ``expect`` (one conditional
+    UPDATE: two replicas cannot both move it); False when it was not."""
+    hit = session.execute(update(Vm).where(Vm.id == vm_id, Vm.status.in_(list(expect)))
+                          .values(status=status, reason=reason, updated=now))
+    return hit.rowcount == 1
+
+
+def set_note(*, session: Session, vm_id: str, note: str, prefix: str) -> bool:
+    """Set (or clear, with "") a note in the VM's reason, over an empty reason or a note of
+    the same kind (one that starts with ``prefix``) only: another reason (a host's silence
+    flag) stays. False when nothing was written (the same note, or another reason)."""
+    hit = session.execute(update(Vm).where(Vm.id == vm_id, Vm.reason != note,
+                                           or_(Vm.reason == "", Vm.reason.startswith(prefix)))
+                          .values(reason=note))
+    return hit.rowcount == 1
+
+
+def clear_replaces(*, session: Session, vm_id: str, old: str) -> None:
+    """``vm_id`` no longer names ``old`` as the VM it replaces (that one is gone)."""
+    session.execute(update(Vm).where(Vm.id == vm_id, Vm.replaces == old).values(replaces=None))
 
 
 def live_on_host(*, session: Session, host: str) -> Sequence[Vm]:

@@ -24,6 +24,10 @@ A step that fails is logged and tried again next round (a replacement that fails
 not: its failure is shown until an operator acts). Rounds on PostgreSQL hold an advisory
 lock, so with several replicas one plans at a time and a budget is never spent twice;
 SQLite has one scheduler process.
+
+A round reads through the repos and changes a VM only through ``VmService`` (create,
+dispatch, delete, mark stopping, stop, the note in its reason), the one owner of a VM's
+status: the drain holds no query of its own (tests/scheduler/service/test_sched_drain_layering.py).
 """
 
 from __future__ import annotations
@@ -35,13 +39,13 @@ from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from sqlalchemy import or_, select, text, update
-
 from scheduler.db.engine import Store
 from scheduler.db.models import Host, Vm
 from scheduler.drain_plan import NOT_PLACED, DrainVm, Step, plan
 from scheduler.errors import SchedulerError
 from scheduler.repo import hosts as host_repo
+from scheduler.repo import pg
+from scheduler.repo import vms as vm_repo
 from scheduler.schemas.vms import VmCreate
 from scheduler.service.vms import VmService
 
@@ -69,21 +73,16 @@ def load(s: Any, hosts: Collection[str]) -> list[DrainVm]:
 
 def load_rows(s: Any, hosts: Collection[str]) -> list[tuple[DrainVm, Vm]]:
     """``load``, each with its row (what a step acts on: the tenant, the request)."""
-    on = s.scalars(select(Vm).where(Vm.host.in_(list(hosts)), Vm.replaces.is_(None))).all() if hosts else []
-    groups = {v.disruption_group for v in on if v.disruption_group}
-    ids = [v.id for v in on]
-    rows = {v.id: v for v in on}
-    if groups or ids:
-        for v in s.scalars(select(Vm).where(or_(Vm.disruption_group.in_(groups), Vm.replaces.in_(ids)))).all():
-            rows.setdefault(v.id, v)
+    on, more = vm_repo.drain_rows(session=s, hosts=hosts)
+    rows = on + more
     tenants = {v.tenant for v in on if v.disruption_group}
     budgets: dict[str, int] = {}
-    for v in rows.values():
+    for v in rows:
         b = (v.request or {}).get("disruption_budget")
         if v.disruption_group and b and v.tenant in tenants:
             key = f"{v.tenant}/{v.disruption_group}"
             budgets[key] = min(budgets.get(key, b["max_unavailable"]), b["max_unavailable"])
-    return [(drain_vm(v, budgets), v) for v in rows.values()]
+    return [(drain_vm(v, budgets), v) for v in rows]
 
 
 class DrainService:
@@ -107,27 +106,20 @@ class DrainService:
         """The host and what its drain would do now (read only)."""
         with self.store.read() as s:
             h = host_repo.get_host(session=s, name=host)
-            s.expunge(h)
             return h, plan({host}, load(s, [host]))
 
     # ------------------------------------------------------------ act
 
     def round(self) -> dict[str, list[Step]]:
         """One pass over every draining host; returns the plan it acted on, per host."""
-        if self.store.engine.dialect.name != "postgresql":
+        if self.store.sqlite:
             return self._round()
-        with self.store.engine.connect() as c:
-            if not c.execute(text("SELECT pg_try_advisory_lock(:k)"), {"k": ROUND_LOCK_KEY}).scalar():
-                return {}  # another replica is planning
-            try:
-                return self._round()
-            finally:
-                c.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": ROUND_LOCK_KEY})
-                c.commit()
+        with pg.session_lock(self.store.engine, ROUND_LOCK_KEY) as held:
+            return self._round() if held else {}  # not held: another replica is planning
 
     def _round(self) -> dict[str, list[Step]]:
         with self.store.read() as s:
-            hosts = list(s.scalars(select(Host.name).where(Host.admin_state == "draining")).all())
+            hosts = host_repo.names_in_state(session=s, state="draining")
             if not hosts:
                 return {}
             loaded = load_rows(s, hosts)
@@ -168,10 +160,11 @@ class DrainService:
             if isinstance(got, BaseException):
                 if isinstance(got, SchedulerError):
                     at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
-                    self._note(st.vm, f"{NOT_PLACED} (tried {at}, again every round): {got.message}")
+                    self.vms.note(st.vm, f"{NOT_PLACED} (tried {at}, again every round): {got.message}",
+                                  prefix=NOT_PLACED)
                 raise got
             if reason.startswith(NOT_PLACED):  # placed now: the note goes (no write when there was none)
-                self._note(st.vm, "")
+                self.vms.note(st.vm, "", prefix=NOT_PLACED)
             new, _ = got
             log.info("drain replace vm=%s (%s) on %s: replacement %s on %s", st.vm, st.name, host, new.id, new.host)
             self._pool.submit(self._background, st.vm, self.vms.dispatch, new.id)
@@ -179,20 +172,10 @@ class DrainService:
             new = next(v for v in vms if v.replaces == st.vm)
             self._pool.submit(self._background, st.vm, self._delete_old, st.vm, new.id, actor)
         elif st.action == "stop":  # from running, or again after a restart in the middle (deleting)
-            with self.store.write() as s:  # counts against the group's budget from now on
-                hit = s.execute(update(Vm).where(Vm.id == st.vm, Vm.status.in_(("running", "deleting"))).values(
-                    status="deleting", reason=f"stopping for the drain of {host}", updated=self.clock()))
-            if hit.rowcount != 1:
+            # counts against the group's budget from now on
+            if not self.vms.mark_stopping(st.vm, reason=f"stopping for the drain of {host}"):
                 return self._done(st.vm)
             self._pool.submit(self._background, st.vm, self._stop, st.vm, host, actor)
-
-    def _note(self, vm_id: str, reason: str) -> None:
-        """Set (or clear, with "") the drain's note on a VM; another reason (a host's
-        silence flag) is left alone."""
-        with self.store.write() as s:
-            s.execute(update(Vm).where(Vm.id == vm_id, Vm.reason != reason,
-                                       or_(Vm.reason == "", Vm.reason.startswith(NOT_PLACED)))
-                      .values(reason=reason))
 
     def _background(self, vm_id: str, fn: Callable[..., object], *args: Any) -> None:
         try:
@@ -204,9 +187,7 @@ class DrainService:
             self.wake.set()
 
     def _delete_old(self, old: str, new: str, actor: str) -> None:
-        self.vms.delete(old, tenant=None, actor=actor)
-        with self.store.write() as s:
-            s.execute(update(Vm).where(Vm.id == new, Vm.replaces == old).values(replaces=None))
+        self.vms.delete(old, tenant=None, actor=actor, successor=new)
         log.info("drain moved vm=%s -> %s", old, new)
 
     def _stop(self, vm_id: str, host: str | None, actor: str) -> None:
@@ -214,9 +195,7 @@ class DrainService:
             self.vms.stop(vm_id, actor=actor, reason=f"stopped for the drain of {host}",
                           grace_seconds=self.stop_grace_s, expect="deleting")
         except Exception:
-            with self.store.write() as s:  # not stopped: running again, the budget given back
-                s.execute(update(Vm).where(Vm.id == vm_id, Vm.status == "deleting").values(
-                    status="running", reason="", updated=self.clock()))
+            self.vms.unmark_stopping(vm_id)  # not stopped: running again, the budget given back
             raise
 
 

@@ -319,7 +319,10 @@ class VmService:
 
     # ------------------------------------------------------------ delete / io
 
-    def delete(self, vm_id: str, *, tenant: str | None, actor: str) -> None:
+    def delete(self, vm_id: str, *, tenant: str | None, actor: str, successor: str = "") -> None:
+        """hostd first (HostdFailed: nothing changes here), then the claim is released and
+        the record goes. ``successor``: the VM that replaces this one (a drain's
+        replacement), which stops naming it in the same transaction."""
         with self.store.read() as s:
             vm = vm_repo.get_vm(session=s, vm_id=vm_id, tenant=tenant)
             address = host_repo.get_host(session=s, name=vm.host).address if vm.host else ""
@@ -331,6 +334,8 @@ class VmService:
             row = vm_repo.get_vm(session=s, vm_id=vm_id)
             self.placer.release(s, row)
             s.delete(row)
+            if successor:
+                vm_repo.clear_replaces(session=s, vm_id=successor, old=vm_id)
             audit_repo.record(session=s, principal=actor, action="vm.delete", target=vm_id, now=self.clock(),
                               detail={"tenant": vm.tenant, "host": vm.host})
         log.info("vm deleted vm=%s host=%s", vm_id, vm.host)
@@ -355,6 +360,29 @@ class VmService:
                               detail={"tenant": row.tenant, "host": row.host, "reason": reason})
         log.info("vm stopped vm=%s host=%s: %s", vm_id, vm.host, reason)
         return row
+
+    def mark_stopping(self, vm_id: str, *, reason: str) -> bool:
+        """Mark a running VM ``deleting`` with ``reason``, before ``stop(expect="deleting")``
+        (a drain's stop counts against the VM's group from this moment); a VM found
+        ``deleting`` (a stop under way when a scheduler stopped) is marked again. False:
+        the VM is neither running nor deleting."""
+        with self.store.write() as s:
+            return vm_repo.set_status(session=s, vm_id=vm_id, expect=("running", "deleting"), status="deleting",
+                                      reason=reason, now=self.clock())
+
+    def unmark_stopping(self, vm_id: str) -> None:
+        """A stop that did not happen (hostd refused): a VM still ``deleting`` runs again,
+        with no reason (its group's budget given back)."""
+        with self.store.write() as s:
+            vm_repo.set_status(session=s, vm_id=vm_id, expect=("deleting",), status="running", reason="",
+                               now=self.clock())
+
+    def note(self, vm_id: str, note: str, *, prefix: str) -> None:
+        """Set (or clear, with "") a note of one kind in the VM's ``reason`` (the drain's
+        "no host for its replacement"): it replaces an empty reason or a note that starts
+        with ``prefix``, never another reason (a host's silence flag)."""
+        with self.store.write() as s:
+            vm_repo.set_note(session=s, vm_id=vm_id, note=note, prefix=prefix)
 
     def update_io(self, vm_id: str, disks: list[tuple[str, IoTuneIn]], *, tenant: str | None,
                   actor: str, vfs: list[tuple[int, int, int]] | None = None) -> Vm:
