@@ -25,6 +25,7 @@ from scheduler.db.engine import Store
 from scheduler.db.migrate import HERE, current
 from scheduler.db.models import Host, Vm
 from scheduler.metrics import Metrics
+from scheduler.repo import hosts as host_repo
 from scheduler.service.claims import Placer
 from scheduler.service.drains import DrainLoop, DrainService
 from scheduler.service.fleet import FleetService
@@ -159,8 +160,9 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
             hosts_rows = s.execute(select(Host.admin_state, Host.last_heartbeat)).all()
             by_status = dict(s.execute(select(Vm.status, func.count()).group_by(Vm.status)).all())
         states = {k: 0 for k in ("active", "cordoned", "draining", "down")}
-        for st, hb in hosts_rows:
-            states["down" if now - hb > settings.placement.heartbeat_timeout_s else st] += 1
+        timeout = settings.placement.heartbeat_timeout_s
+        for r in hosts_rows:
+            states[host_repo.effective_state(r, now=now, heartbeat_timeout_s=timeout)] += 1
         for k, v in states.items():
             metrics.hosts.labels(k).set(v)
         for k in ("pending", "creating", "running", "failed", "deleting"):

@@ -47,9 +47,21 @@ def host_res(h: Host) -> HostRes:
                             disk_classes=h.disk_classes, rack=h.rack, labels=h.labels)
 
 
+def down_before(*, now: float, heartbeat_timeout_s: float) -> float:
+    """When a host counts as down, the one rule: at ``now``, a host whose last recorded
+    heartbeat is before this (silent for longer than the heartbeat timeout). In this
+    form the indexed queries use it (``silent``, ``quiet``: ``last_heartbeat < ...``)."""
+    return now - heartbeat_timeout_s
+
+
+def is_down(last_heartbeat: float, *, now: float, heartbeat_timeout_s: float) -> bool:
+    """``down_before``, for one host's last heartbeat."""
+    return last_heartbeat < down_before(now=now, heartbeat_timeout_s=heartbeat_timeout_s)
+
+
 def effective_state(h: Host | Any, *, now: float, heartbeat_timeout_s: float) -> str:
     """``h``: a Host or a row with its ``last_heartbeat`` and ``admin_state``."""
-    if now - h.last_heartbeat > heartbeat_timeout_s:
+    if is_down(h.last_heartbeat, now=now, heartbeat_timeout_s=heartbeat_timeout_s):
         return "down"
     return h.admin_state
 
@@ -135,7 +147,7 @@ def upsert_host(*, session: Session, name: str, address: str, rack: str, labels:
         h.layout_rev += 1
         h.generation += 1
         h.seq = next_seq(session)
-    elif now - h.last_heartbeat > heartbeat_timeout_s:
+    elif is_down(h.last_heartbeat, now=now, heartbeat_timeout_s=heartbeat_timeout_s):
         h.seq = next_seq(session)  # back from down: the index must see it
     back_up(session=session, host=h)
     h.last_heartbeat = now
@@ -197,7 +209,7 @@ def back_up(*, session: Session, host: Host) -> None:
 
 def silent(*, session: Session, before: float) -> Sequence[Any]:
     """(name, rack, last_heartbeat, down_since) of the hosts silent since ``before``
-    (indexed on last_heartbeat: the silent hosts, not the fleet)."""
+    (``down_before``; indexed on last_heartbeat: the silent hosts, not the fleet)."""
     return session.execute(select(Host.name, Host.rack, Host.last_heartbeat, Host.down_since)
                            .where(Host.last_heartbeat < before)).all()
 
@@ -220,7 +232,7 @@ def heartbeat_many(*, session: Session, beats: dict[str, float], heartbeat_timeo
         last.update((n, (hb, down)) for n, hb, down in session.execute(
             select(Host.name, Host.last_heartbeat, Host.down_since).where(Host.name.in_(part))).all())
     gone = [n for n in names if n not in last]
-    back = [n for n in last if beats[n] - last[n][0] > heartbeat_timeout_s]
+    back = [n for n in last if is_down(last[n][0], now=beats[n], heartbeat_timeout_s=heartbeat_timeout_s)]
     t = Host.__table__
     if back:
         session.connection().execute(
@@ -329,8 +341,8 @@ def feed(*, session: Session, position: int) -> tuple[int, Sequence[Any]]:
 
 
 def quiet(*, session: Session, before: float) -> Sequence[Any]:
-    """(name, last_heartbeat) of the hosts silent since ``before`` (indexed: the hosts
-    that are down, not the fleet)."""
+    """(name, last_heartbeat) of the hosts silent since ``before`` (``down_before``;
+    indexed: the hosts that are down, not the fleet)."""
     if lite.serves(session):
         return lite.quiet(session, before)
     return session.connection().execute(_stmts().quiet, {"b": before}).all()

@@ -183,7 +183,8 @@ class HostCache:
                          and ((e := entries.get(r.name)) is None or e.generation == r.generation)]
                 owners = host_repo.owners(session=s, names=other) if other else {}
             if quiet:
-                silent = {r.name for r in host_repo.quiet(session=s, before=now - self.timeout)}
+                down = host_repo.down_before(now=now, heartbeat_timeout_s=self.timeout)
+                silent = {r.name for r in host_repo.quiet(session=s, before=down)}
         with self._lock:
             if rows:
                 self._owner.update(owners)
@@ -257,7 +258,7 @@ class HostCache:
         ``heartbeat``: the host's as just read from its row (None: not read, the host
         stays as up or down as the cache had it)."""
         if heartbeat is not None:
-            if now - heartbeat > self.timeout:
+            if host_repo.is_down(heartbeat, now=now, heartbeat_timeout_s=self.timeout):
                 self._down.add(name)
             else:
                 self._down.discard(name)

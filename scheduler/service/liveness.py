@@ -50,7 +50,8 @@ class LivenessWatch:
         if now - self.started < grace:
             return None
         with self.store.read() as s:
-            rows = host_repo.silent(session=s, before=now - self.timeout)
+            down = host_repo.down_before(now=now, heartbeat_timeout_s=self.timeout)
+            rows = host_repo.silent(session=s, before=down)
             sizes = host_repo.rack_sizes(session=s) if rows else {}
         got = judge({r.name: r.rack for r in rows}, {r.name for r in rows if r.down_since is not None}, sizes,
                     self.rules)
