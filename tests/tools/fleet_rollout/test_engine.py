@@ -23,7 +23,9 @@ SPEC = {"name": "r1", "policy": "p", "policy_text": "[io_service]\ncpus = \"0\"\
         "limits": {"concurrency": 4, "per_rack": 2, "unreachable_s": 1.0},
         "steps": {"baseline_s": 0.3, "soak_s": 0.3},  # fake samples every 0.05 s: 6 a window
         "gate": {"min_samples": 5, "controls": 2, "alpha": 0.05}}
-OPTS = Options(lease_ttl_s=5, poll_s=0.01, stats_wait_s=1)
+# A lease no test lets lapse: its renewer runs every ttl/3, and a loaded machine starved
+# it past a 5 s lease (the run ends "lost"); expiry is tested in the store's own tests.
+OPTS = Options(lease_ttl_s=60, poll_s=0.01, stats_wait_s=1)
 
 
 def rollout(rollouts, fleet: FakeFleet, holder: str = "c1", **over) -> tuple[Store, Engine]:  # type: ignore[no-untyped-def]
