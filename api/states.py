@@ -1,0 +1,107 @@
+"""The closed sets of state names, one ``enum.StrEnum`` each.
+
+They live in ``api/`` because every side speaks them and ``api/`` is the one package
+all sides may import (``tests/test_import_direction.py``): the scheduler stores them,
+serves them in its REST schema (``api/openapi.json`` lists the same values), counts
+them in its metrics and shows them in its console; ``hybctl`` and ``fleet-rollout``
+read and write them over HTTP. A member is its value (``AdminState.DRAINING ==
+"draining"``, ``str(AdminState.DRAINING) == "draining"``), so database columns, JSON
+bodies, metric labels and templates carry plain text, and a new member reaches every
+list of the set at once. ``tests/api/test_states_home.py`` fails when a module of ours
+spells one of these states as a literal (in a comparison, a collection, a default)
+instead of importing it from here.
+
+Rules about states (which rollouts hold hosts, which VM statuses hold resources, when
+a host is down) stay with the code that owns the rule; they name the members here.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class AdminState(StrEnum):
+    """A host's admin state, set by an operator or a rollout (cordon, drain, uncordon):
+    only an active host takes new VMs; a draining one also has its VMs moved away."""
+
+    ACTIVE = "active"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+
+
+class HostState(StrEnum):
+    """What a host is: its admin state, or down when its heartbeats stopped (a down host
+    keeps its admin state, which shows again when it beats)."""
+
+    ACTIVE = "active"
+    CORDONED = "cordoned"
+    DRAINING = "draining"
+    DOWN = "down"
+
+
+class VmStatus(StrEnum):
+    """A VM's status in the scheduler: pending (placed, not yet sent to its hostd),
+    creating (its hostd is creating it), running, failed, deleting (being shut down on
+    its hostd), stopped (shut down for good, its record kept; it holds nothing)."""
+
+    PENDING = "pending"
+    CREATING = "creating"
+    RUNNING = "running"
+    FAILED = "failed"
+    DELETING = "deleting"
+    STOPPED = "stopped"
+
+
+class RolloutState(StrEnum):
+    """A fleet rollout's state (the scheduler keeps it, `fleet-rollout` drives it)."""
+
+    RUNNING = "running"
+    PAUSED = "paused"
+    HALTED = "halted"
+    ABORTING = "aborting"
+    ABORTED = "aborted"
+    ROLLING_BACK = "rolling_back"
+    ROLLED_BACK = "rolled_back"
+    DONE = "done"
+
+
+class RolloutHostState(StrEnum):
+    """A host's state in a rollout, in the order a host goes through them
+    (``tools/fleet_rollout/engine.py`` tells the machine): each names the step still to
+    do on it."""
+
+    PENDING = "pending"
+    BASELINED = "baselined"
+    CORDONED = "cordoned"
+    CARVING = "carving"
+    DRAINING = "draining"
+    REBOOTING = "rebooting"
+    SOAKING = "soaking"
+    RESTORING = "restoring"
+    VERIFIED = "verified"
+    SKIPPED = "skipped"
+    FAILED = "failed"
+    ROLLING_BACK = "rolling_back"
+    ROLLED_BACK = "rolled_back"
+
+
+class HostClass(StrEnum):
+    """What an operator asks first about a host (`GET /v1/fleet/hosts`): down, failed
+    by its active rollout, being converted by one, held out of active, carved, or not."""
+
+    UNCONVERTED = "unconverted"
+    CONVERTING = "converting"
+    CARVED = "carved"
+    CORDONED = "cordoned"
+    DOWN = "down"
+    FAILED = "failed"
+
+
+class DrainAction(StrEnum):
+    """What a drain does next to a VM on a draining host (`GET /v1/hosts/{name}/drain`)."""
+
+    REPLACE = "replace"
+    STOP = "stop"
+    DELETE_OLD = "delete_old"
+    WAIT = "wait"
+    DONE = "done"
