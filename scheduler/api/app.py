@@ -15,6 +15,7 @@ from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 from sqlalchemy import func, select
 
+from api.states import HostState, VmStatus
 from scheduler.api import errors, fastpath, gate, wire
 from scheduler.console import routes as console_routes
 from scheduler.console.sessions import SessionBook
@@ -159,13 +160,13 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
         with store.read() as s:
             hosts_rows = s.execute(select(Host.admin_state, Host.last_heartbeat)).all()
             by_status = dict(s.execute(select(Vm.status, func.count()).group_by(Vm.status)).all())
-        states = {k: 0 for k in ("active", "cordoned", "draining", "down")}
+        states = dict.fromkeys(HostState, 0)
         timeout = settings.placement.heartbeat_timeout_s
         for r in hosts_rows:
             states[host_repo.effective_state(r, now=now, heartbeat_timeout_s=timeout)] += 1
         for k, v in states.items():
             metrics.hosts.labels(k).set(v)
-        for k in ("pending", "creating", "running", "failed", "deleting"):
+        for k in VmStatus:
             metrics.vms.labels(k).set(by_status.get(k, 0))
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)
 

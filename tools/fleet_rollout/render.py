@@ -5,11 +5,13 @@ from __future__ import annotations
 from rich.console import Console
 from rich.table import Table
 
+from api.states import RolloutHostState, RolloutState
 from tools.fleet_rollout.plan import Plan
 from tools.fleet_rollout.store import Store
 
-HOST_STATES = ("pending", "baselined", "cordoned", "carving", "rebooting", "soaking", "restoring", "verified",
-               "skipped", "failed", "rolling_back", "rolled_back")
+# The hosts that need an operator's eye in `status`.
+PROBLEMS = (RolloutHostState.FAILED, RolloutHostState.ROLLING_BACK, RolloutHostState.ROLLED_BACK,
+            RolloutHostState.SKIPPED)
 
 
 def render_plan(plan: Plan, console: Console) -> None:
@@ -33,7 +35,7 @@ def render_plan(plan: Plan, console: Console) -> None:
 def status_dict(store: Store, name: str) -> dict:
     r = store.rollout(name)
     problems = [{"host": h.name, "wave": h.wave, "state": h.state, **_reasons(store, name, h.name)}
-                for h in store.brief(name) if h.state in ("failed", "rolling_back", "rolled_back", "skipped")]
+                for h in store.brief(name) if h.state in PROBLEMS]
     return {"name": name, "kind": r.spec.kind, "state": r.state, "reason": r.reason, "wave": r.wave,
             "waves": r.counts, "hosts": sum(sum(c.values()) for c in r.counts), "skipped": r.skipped,
             "lease": {"holder": r.lease[0], "expires": r.lease[1]} if r.lease else None,
@@ -45,9 +47,9 @@ def _reasons(store: Store, name: str, host: str) -> dict[str, str]:
     out = {"reason": "", "rollback": ""}
     for t in store.transitions(name, host):
         d = t["detail"]
-        if t["to"] == "failed" and d.get("rollback") in ("failed", "foreign"):
+        if t["to"] == RolloutHostState.FAILED and d.get("rollback") in ("failed", "foreign"):
             out["rollback"] = str(d.get("reason", ""))
-        elif t["to"] in ("failed", "skipped") and d.get("reason"):
+        elif t["to"] in (RolloutHostState.FAILED, RolloutHostState.SKIPPED) and d.get("reason"):
             out["reason"] = str(d["reason"])
     return out
 
@@ -61,11 +63,12 @@ def render_status(st: dict, console: Console) -> None:
         console.print(f"run by {st['lease']['holder']}", highlight=False, markup=False)
     t = Table()
     t.add_column("wave", justify="right")
-    for s in HOST_STATES:
+    for s in RolloutHostState:
         t.add_column(s.replace("_", " "), justify="right")
     for i, c in enumerate(st["waves"]):
-        mark = " <" if i == st["wave"] and st["state"] in ("running", "paused", "halted") else ""
-        t.add_row(f"{i}{mark}", *[str(c.get(s, "")) for s in HOST_STATES])
+        mark = " <" if i == st["wave"] and st["state"] in (RolloutState.RUNNING, RolloutState.PAUSED,
+                                                           RolloutState.HALTED) else ""
+        t.add_row(f"{i}{mark}", *[str(c.get(s, "")) for s in RolloutHostState])
     console.print(t)
     if st["problems"]:
         p = Table(title="hosts failed or skipped")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+from api.states import HostState, VmStatus
 from tools.dev.host_shapes import Shape
 from sched_helpers import ADM, HOST, ONE_G, PLAIN, TA, TB, auth, host_body, vm_body
 
@@ -312,6 +313,17 @@ def test_health_ready_metrics_and_list_filters(api):
     assert api.get("/v1/vms?status=running", headers=ADM).json()["items"] == []
     assert api.get("/v1/nope", headers=ADM).json()["error"]["code"] == "hyb.http.not_found"
     assert api.get("/v1/nope").status_code == 401  # no token: not even which paths exist
+
+
+def test_the_gauges_export_every_host_state_and_vm_status(api):
+    """A series per state, 0 when none is in it: a stopped VM (a drain's stop) is counted."""
+    register(api, "h1")
+    vm = create(api, "k1").json()
+    api.app.state.vms.stop(vm["id"], actor="test", reason="maintenance", expect=VmStatus.PENDING)
+    text = api.get("/metrics", headers=ADM).text
+    assert 'hyb_sched_vms{status="stopped"} 1.0' in text and 'hyb_sched_vms{status="pending"} 0.0' in text
+    assert all(f'hyb_sched_vms{{status="{s}"}}' in text for s in VmStatus)
+    assert all(f'hyb_sched_hosts{{state="{s}"}}' in text for s in HostState)
 
 
 def test_recent_1g_demand_keeps_the_last_1g_node_for_1g_vms(api):
