@@ -18,12 +18,12 @@ from __future__ import annotations
 
 from collections import Counter
 from dataclasses import dataclass
-from typing import Literal
 
-Action = Literal["replace", "stop", "delete_old", "wait", "done"]
+from api.states import DrainAction, VmStatus
+
 ON_MAINTENANCE = ("replace", "stop", "block")
 # A VM in these statuses holds nothing on its host: the drain has nothing to do with it.
-DONE = {"stopped": "stopped", "failed": "failed: it holds nothing on the host"}
+DONE = {VmStatus.STOPPED: "stopped", VmStatus.FAILED: "failed: it holds nothing on the host"}
 #: how a VM's ``reason`` starts while the drain cannot place its replacement (the drain
 #: loop writes it, with when and why; ``plan`` shows it beside the step)
 NOT_PLACED = "drain: no host for its replacement"
@@ -34,7 +34,7 @@ class DrainVm:
     id: str
     name: str
     host: str | None
-    status: str  # the scheduler's: pending, creating, running, stopped, failed, deleting
+    status: str  # a VmStatus
     on_maintenance: str = "block"
     group: str = ""
     max_unavailable: int = 0
@@ -46,7 +46,7 @@ class DrainVm:
 class Step:
     vm: str
     name: str
-    action: Action
+    action: DrainAction
     why: str
 
 
@@ -58,7 +58,7 @@ def _unavailable(vms: list[DrainVm]) -> Counter[str]:
     for v in vms:
         if not v.group or v.replaces:
             continue
-        if v.id in moving or v.status != "running":
+        if v.id in moving or v.status != VmStatus.RUNNING:
             out[v.group] += 1
     return out
 
@@ -71,36 +71,39 @@ def plan(draining: set[str], vms: list[DrainVm]) -> list[Step]:
     steps: list[Step] = []
     for v in sorted((v for v in vms if v.host in draining and not v.replaces), key=lambda v: (v.group, v.name)):
         if v.status in DONE:
-            steps.append(Step(v.id, v.name, "done", DONE[v.status]))
+            steps.append(Step(v.id, v.name, DrainAction.DONE, DONE[v.status]))
             continue
-        if v.status == "deleting":  # a stop under way (its budget is spent): go on with it
-            steps.append(Step(v.id, v.name, "stop", "being stopped for the drain"))
+        if v.status == VmStatus.DELETING:  # a stop under way (its budget is spent): go on with it
+            steps.append(Step(v.id, v.name, DrainAction.STOP, "being stopped for the drain"))
             continue
         new = replacement.get(v.id)
         if new is not None:
-            if new.status == "running":
-                steps.append(Step(v.id, v.name, "delete_old", f"its replacement {new.id} runs on {new.host}"))
-            elif new.status in ("failed", "deleted"):
-                steps.append(Step(v.id, v.name, "wait", f"its replacement {new.id} {new.status}: the drain "
-                                                        "tries again once an operator deletes it"))
+            if new.status == VmStatus.RUNNING:
+                steps.append(Step(v.id, v.name, DrainAction.DELETE_OLD,
+                                  f"its replacement {new.id} runs on {new.host}"))
+            elif new.status == VmStatus.FAILED:
+                steps.append(Step(v.id, v.name, DrainAction.WAIT, f"its replacement {new.id} {new.status}: the "
+                                                                  "drain tries again once an operator deletes it"))
             else:
-                steps.append(Step(v.id, v.name, "wait", f"its replacement {new.id} is {new.status}"
-                                                        + (f" on {new.host}" if new.host else "")))
+                steps.append(Step(v.id, v.name, DrainAction.WAIT, f"its replacement {new.id} is {new.status}"
+                                                                  + (f" on {new.host}" if new.host else "")))
             continue
         if v.on_maintenance == "block":
-            steps.append(Step(v.id, v.name, "wait", "on_maintenance = block: its owner moves or deletes it"))
+            steps.append(Step(v.id, v.name, DrainAction.WAIT,
+                              "on_maintenance = block: its owner moves or deletes it"))
             continue
-        if v.status != "running":
-            steps.append(Step(v.id, v.name, "wait", f"it is {v.status}: the drain moves it once it runs"))
+        if v.status != VmStatus.RUNNING:
+            steps.append(Step(v.id, v.name, DrainAction.WAIT, f"it is {v.status}: the drain moves it once it runs"))
             continue
         if v.group and down[v.group] >= v.max_unavailable:
-            steps.append(Step(v.id, v.name, "wait", f"group {v.group}: {down[v.group]} of its VMs unavailable, "
-                                                    f"max_unavailable = {v.max_unavailable}"))
+            steps.append(Step(v.id, v.name, DrainAction.WAIT, f"group {v.group}: {down[v.group]} of its VMs "
+                                                              f"unavailable, max_unavailable = {v.max_unavailable}"))
             continue
         if v.group:
             down[v.group] += 1  # this move takes one of the budget
         why = "on_maintenance = " + v.on_maintenance
         if v.on_maintenance == "replace" and v.reason.startswith(NOT_PLACED):
             why += f"; {v.reason}"
-        steps.append(Step(v.id, v.name, "replace" if v.on_maintenance == "replace" else "stop", why))
+        act = DrainAction.REPLACE if v.on_maintenance == "replace" else DrainAction.STOP
+        steps.append(Step(v.id, v.name, act, why))
     return steps

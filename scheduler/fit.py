@@ -36,6 +36,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 
 from api import cpus as cpus_rule
+from api.states import HostState
 from scheduler.resources import Allocation, DiskAlloc, DiskRes, HostRes, NodeRes, Usage, VfAlloc
 
 PAGE_SIZES_KB = (2048, 1048576)
@@ -139,7 +140,7 @@ class HostView:
     res: HostRes
     usage: Usage = field(default_factory=Usage)
     schedulable: bool = True
-    state: str = "active"
+    state: str = HostState.ACTIVE
 
     @cached_property
     def free_by_node(self) -> dict[int, int]:

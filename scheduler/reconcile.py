@@ -20,6 +20,7 @@ from dataclasses import replace
 from typing import Any
 
 from api import hostd_pb2 as pb
+from api.states import VmStatus
 from scheduler.config import ReconcileConfig
 from scheduler.db.models import LIVE, Vm
 from scheduler.errors import SchedulerError
@@ -46,16 +47,17 @@ def reconcile_host(app: Any, hostd: Any, name: str, *, grace_s: float) -> list[s
         for vm_id, v in rows.items():
             got = remote.get(vm_id)
             if got is None:
-                if _live(v) and (v.status == "running" or now - v.updated > grace_s):
-                    v.status, v.reason, v.allocation, v.updated = "failed", "vanished from hostd", None, now
+                if _live(v) and (v.status == VmStatus.RUNNING or now - v.updated > grace_s):
+                    v.status, v.reason, v.allocation, v.updated = VmStatus.FAILED, "vanished from hostd", None, now
                     repairs.append(f"vanished vm={vm_id}")
                 continue
-            if got.state == pb.VM_STATE_FAILED and v.status != "failed":
-                v.status, v.reason, v.allocation, v.updated = "failed", got.reason or "failed on hostd", None, now
+            if got.state == pb.VM_STATE_FAILED and v.status != VmStatus.FAILED:
+                v.status, v.reason, v.allocation, v.updated = VmStatus.FAILED, got.reason or "failed on hostd", None, now
                 repairs.append(f"failed vm={vm_id}")
                 continue
-            if got.state in (pb.VM_STATE_RUNNING, pb.VM_STATE_STOPPED) and v.status not in ("running", "deleting"):
-                v.status, v.hostd_vm_id, v.reason, v.updated = "running", got.vm_id, "", now
+            if got.state in (pb.VM_STATE_RUNNING, pb.VM_STATE_STOPPED) and \
+                    v.status not in (VmStatus.RUNNING, VmStatus.DELETING):
+                v.status, v.hostd_vm_id, v.reason, v.updated = VmStatus.RUNNING, got.vm_id, "", now
                 if v.allocation is None:
                     v.allocation = _alloc_of(got).to_dict()
                 repairs.append(f"adopted_state vm={vm_id}")
@@ -111,7 +113,7 @@ def _adopted(vm_id: str, got: pb.VM, host: str, now: float) -> Vm:
            "allow_span_nodes": len(got.cells) > 1,
            "labels": {k: v for k, v in got.labels.items() if not k.startswith("hyb.")}, "tenant": tenant}
     return Vm(id=vm_id, tenant=tenant, name=name, idempotency_key=f"adopted:{vm_id}", request_hash="",
-              request=req, host=host, allocation=_alloc_of(got).to_dict(), status="running",
+              request=req, host=host, allocation=_alloc_of(got).to_dict(), status=VmStatus.RUNNING,
               reason="adopted from hostd by reconcile", hostd_vm_id=got.vm_id, affinity_group="", attempts=0,
               replaces=None, disruption_group="", created=now, updated=now)
 

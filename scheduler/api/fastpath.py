@@ -38,6 +38,7 @@ import orjson
 from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 
+from api.states import VmStatus
 from scheduler.api import wire
 from scheduler.api.deps import Principal, principal_for
 from scheduler.api.errors import domain_body, failure
@@ -147,7 +148,7 @@ async def create(app: Any, scope: Scope, receive: Receive, send: Send) -> Receiv
         return None
     hdrs = wire.created_headers(vm, time.perf_counter() - t)
     await _answer(app, send, 200 if replayed else 202, wire.vm_json(vm), hdrs.items())
-    if vm.status == "pending" and app.state.dispatch_enabled:  # as the route's background task
+    if vm.status == VmStatus.PENDING and app.state.dispatch_enabled:  # as the route's background task
         try:
             await run_in_threadpool(svc.dispatch, vm.id)
         except Exception:  # noqa: BLE001 - the answer is sent; reconcile repairs what is left

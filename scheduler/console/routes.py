@@ -26,6 +26,7 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
+from api.states import AdminState, HostState, VmStatus
 from scheduler.api.deps import Principal
 from scheduler.api.routes import audit as audit_routes
 from scheduler.api.routes import fleet as fleet_routes
@@ -37,6 +38,7 @@ from scheduler.console.sessions import COOKIE, Session
 from scheduler.errors import Forbidden, InvalidRequest, SchedulerError
 from scheduler.schemas.fleet import FleetHostsPublic
 from scheduler.schemas.hosts import AdminChange
+from scheduler.service.fleet import ALERT_LIMITS
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
@@ -205,8 +207,7 @@ async def fleet(request: Request, day: str | None = None, compare: str | None = 
         hm = fleet_routes.utilization_heatmap(request, p, day=a["day"], window=a["window"], bins=20,
                                               days=request.app.state.settings.console.heatmap_days)
         heat = [{"day": d.day.isoformat(), "counts": d.counts, "hosts": d.hosts} for d in hm.days]
-        ioh = fleet_routes.io_health(request, p, day=a["day"], probe_p99_ms=50.0, psi_some_avg10=10.0,
-                                     foreign_cpu_s=60.0, probe_failed=0)
+        ioh = fleet_routes.io_health(request, p, day=a["day"], **ALERT_LIMITS.model_dump())
         return {"u": u.model_dump(mode="json"), "args": a, "groups": GROUPS, "heat": heat, "ioh": ioh,
                 "classes": hosts.classes, "capacity": free_capacity(hosts), "hosts_total": hosts.hosts}
     return await guarded(request, s, "fleet.html", build)
@@ -253,9 +254,9 @@ async def hosts(request: Request, rack: str | None = None, state: str | None = N
 
     async def build() -> dict:
         s.principal.require()
-        st = state if state in ("active", "cordoned", "draining", "down") else None
+        st = state if state in set(HostState) else None
         return {"hosts": host_routes.list_hosts(request, s.principal, rack=rack or None, state=st).items,
-                "rack": rack or "", "state": st or ""}
+                "rack": rack or "", "state": st or "", "states": list(HostState)}
     return await guarded(request, s, "hosts.html", build)
 
 
@@ -271,7 +272,7 @@ async def host(request: Request, name: str) -> Response:
         stats = host_routes.host_stats(name, request, p, since=time.time() - 86400, until=None)
         hist = await audit_routes.list_audit(request, p, since=None, until=None, principal=None, action=None,
                                              target=name, before=None, limit=50)
-        drain = host_routes.drain_status(name, request, p) if h.admin_state == "draining" else None
+        drain = host_routes.drain_status(name, request, p) if h.admin_state == AdminState.DRAINING else None
         return {"h": h.model_dump(mode="json", by_alias=True), "vms": vms.items, "stats": stats.model_dump(mode="json"),
                 "history": hist.items, "drain": drain}
     return await guarded(request, s, "host.html", build)
@@ -304,10 +305,11 @@ async def vms(request: Request, tenant: str | None = None, host: str | None = No
     s = session(request)
 
     async def build() -> dict:
-        st = status if status in ("pending", "creating", "running", "failed", "deleting", "stopped") else None
+        st = status if status in set(VmStatus) else None
         got = vm_routes.list_vms(request, s.principal, host=host or None, status=st, name=None, tenant=tenant or None,
                                  limit=1000, after="")
-        return {"vms": got.items, "tenant": tenant or "", "host": host or "", "status": st or ""}
+        return {"vms": got.items, "tenant": tenant or "", "host": host or "", "status": st or "",
+                "statuses": list(VmStatus)}
     return await guarded(request, s, "vms.html", build)
 
 

@@ -8,6 +8,8 @@ from sqlalchemy import (JSON, REAL, BigInteger, Float, ForeignKey, Index, Intege
                         Text, UniqueConstraint)
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
+from api.states import AdminState, VmStatus
+
 
 class Base(DeclarativeBase):
     pass
@@ -27,7 +29,7 @@ class Host(Base):
     layout_rev: Mapped[int] = mapped_column(Integer, default=1)  # bumps when the resources change
     usage: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)  # sum of live allocations
     generation: Mapped[int] = mapped_column(Integer, default=1)  # bumps on every claim/release
-    admin_state: Mapped[str] = mapped_column(String(16), default="active")
+    admin_state: Mapped[str] = mapped_column(String(16), default=AdminState.ACTIVE)
     # Who took the host out of "active", why, and since when (cordon/drain): only that
     # owner may change the admin state again without ``force``. "", "", NULL while active,
     # and for a host cordoned before owners were recorded (anyone may change it).
@@ -99,7 +101,7 @@ class Audit(Base):
     detail: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
 
 
-LIVE = ("pending", "creating", "running")  # statuses whose allocation counts as used
+LIVE = (VmStatus.PENDING, VmStatus.CREATING, VmStatus.RUNNING)  # statuses whose allocation counts as used
 
 
 class ApiToken(Base):

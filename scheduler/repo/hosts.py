@@ -12,12 +12,11 @@ from sqlalchemy.orm import Session
 
 from api.jsonmodel import SchemaError
 from api.layout import MAX_CPU, Layout, layout_problems
+from api.states import AdminState, HostState, VmStatus
 from scheduler.db.models import Host, Vm
 from scheduler.errors import BadLayout, HostNotFound, LayoutShrink
 from scheduler.repo import lite, pg
 from scheduler.resources import HostRes, Usage, host_from_layout, usage_lost
-
-STATES = ("active", "cordoned", "draining")  # admin states; "down" comes from missed heartbeats
 
 
 def parse_layout(data: dict[str, Any]) -> Layout:
@@ -62,7 +61,7 @@ def is_down(last_heartbeat: float, *, now: float, heartbeat_timeout_s: float) ->
 def effective_state(h: Host | Any, *, now: float, heartbeat_timeout_s: float) -> str:
     """``h``: a Host or a row with its ``last_heartbeat`` and ``admin_state``."""
     if is_down(h.last_heartbeat, now=now, heartbeat_timeout_s=heartbeat_timeout_s):
-        return "down"
+        return HostState.DOWN
     return h.admin_state
 
 
@@ -122,7 +121,7 @@ def upsert_host(*, session: Session, name: str, address: str, rack: str, labels:
                   pf_min_rate=pf_min_rate, disk_classes=disk_classes)
     scrape = {k: (scrape or {}).get(k) for k in SCRAPE_FIELDS}
     if h is None:
-        h = Host(name=name, layout_rev=1, usage=Usage().to_dict(), generation=1, admin_state="active",
+        h = Host(name=name, layout_rev=1, usage=Usage().to_dict(), generation=1, admin_state=AdminState.ACTIVE,
                  last_heartbeat=now, created=now, updated=now, seq=next_seq(session), owner=owner, **fields,
                  **scrape)
         session.add(h)
@@ -188,7 +187,7 @@ def mark_down(*, session: Session, name: str, silent_since: float, now: float) -
     if hit.rowcount != 1:
         return None
     since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(silent_since))
-    return session.execute(update(Vm).where(Vm.host == name, Vm.status == "running", Vm.reason == "")
+    return session.execute(update(Vm).where(Vm.host == name, Vm.status == VmStatus.RUNNING, Vm.reason == "")
                            .values(reason=DOWN_FLAG.format(host=name, since=since))).rowcount
 
 

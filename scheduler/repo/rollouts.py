@@ -10,11 +10,12 @@ from typing import Any
 from sqlalchemy import JSON, cast, func, insert, select, text, type_coerce
 from sqlalchemy.orm import Session
 
+from api.states import RolloutHostState, RolloutState
 from scheduler.db.models import Rollout, RolloutHost, RolloutLease, RolloutTransition
 from scheduler.errors import RolloutHostNotFound, RolloutNotFound
 from scheduler.repo import lite, pg
 
-TERMINAL = ("done", "aborted", "rolled_back")  # a rollout in these holds no host
+TERMINAL = (RolloutState.DONE, RolloutState.ABORTED, RolloutState.ROLLED_BACK)  # a rollout in these holds no host
 ROLLOUT = "-"  # the host column of a rollout-level transition
 # Rollout creation (and reactivation) on PostgreSQL: a transaction-level advisory lock,
 # so that the overlap check and the insert are one step against a concurrent create.
@@ -69,13 +70,14 @@ def add_rollout(*, session: Session, name: str, kind: str, policy_digest: str, s
                 ) -> Rollout:
     """The rollout, "running" at wave 0, and its hosts ("pending", numbered in wave order);
     ``waves``: lists of hosts with name, address, rack and host."""
-    r = Rollout(name=name, kind=kind, policy_digest=policy_digest, spec=dumps(spec), state="running", reason="",
-                wave=0, waves=len(waves), skipped=dumps(skipped), created=now, updated=now, created_by=created_by)
+    r = Rollout(name=name, kind=kind, policy_digest=policy_digest, spec=dumps(spec), state=RolloutState.RUNNING,
+                reason="", wave=0, waves=len(waves), skipped=dumps(skipped), created=now, updated=now,
+                created_by=created_by)
     session.add(r)
     session.flush()
     in_order = ((w, h) for w, hosts in enumerate(waves) for h in hosts)
     rows = [{"rollout": name, "name": h.name, "wave": w, "seq": seq, "rack": h.rack, "address": h.address,
-             "host": dumps(h.host), "state": "pending", "data": "{}", "updated": now}
+             "host": dumps(h.host), "state": RolloutHostState.PENDING, "data": "{}", "updated": now}
             for seq, (w, h) in enumerate(in_order)]
     session.execute(insert(RolloutHost), rows)
     return r
@@ -89,7 +91,7 @@ def overlaps(*, session: Session, hosts: Sequence[str], besides: str) -> list[tu
         out += session.execute(
             select(Rollout.name, Rollout.state, RolloutHost.name, RolloutHost.seq)
             .join(RolloutHost, RolloutHost.rollout == Rollout.name)
-            .where(RolloutHost.name.in_(hosts[i:i + 500]), RolloutHost.state != "skipped",
+            .where(RolloutHost.name.in_(hosts[i:i + 500]), RolloutHost.state != RolloutHostState.SKIPPED,
                    Rollout.state.not_in(TERMINAL), Rollout.name != besides)).all()
     return [(r, st, h) for r, st, h, _ in sorted(out, key=lambda x: (x[0], x[3]))]
 
@@ -97,7 +99,7 @@ def overlaps(*, session: Session, hosts: Sequence[str], besides: str) -> list[tu
 def held_hosts(*, session: Session, rollout: str) -> list[str]:
     """The hosts ``rollout`` holds while active: all but those it skipped."""
     return list(session.scalars(select(RolloutHost.name).where(RolloutHost.rollout == rollout,
-                                                               RolloutHost.state != "skipped")))
+                                                               RolloutHost.state != RolloutHostState.SKIPPED)))
 
 
 def set_rollout(*, session: Session, r: Rollout, state: str, reason: str, wave: int, now: float) -> None:

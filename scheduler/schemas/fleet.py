@@ -8,6 +8,8 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, field_validator
 
+from api.states import HostClass, HostState
+
 Percent = Annotated[StrictInt, Field(ge=0, le=100)]
 
 
@@ -121,6 +123,7 @@ class BinHostsPublic(BaseModel):
 
 
 class IoHealthLimits(BaseModel):
+    model_config = ConfigDict(frozen=True)
     probe_p99_ms: float = Field(description="the IO service's probe p99, worst 5 minutes of the day")
     psi_some_avg10: float = Field(description="CPU pressure (some, avg10) on the IO CPUs, worst of the day, percent")
     foreign_cpu_s: float = Field(description="CPU seconds other threads ran on the IO CPUs over the day")
@@ -147,9 +150,6 @@ class IoHealthPublic(BaseModel):
     hosts_over: list[IoHealthHost]
 
 
-HOST_CLASSES = ("unconverted", "converting", "carved", "cordoned", "down", "failed")
-
-
 class PagesOut(BaseModel):
     size_kb: int
     free: int = Field(description="on hosts that take VMs (up, admin state active)")
@@ -160,8 +160,8 @@ class FleetHostsPublic(BaseModel):
     """The fleet's hosts counted, and its free capacity, computed by the scheduler in one
     read (what the console's fleet page shows; `GET /v1/hosts` gives them one by one)."""
     hosts: int
-    states: dict[str, int] = Field(description="by state: active, cordoned, draining, down")
-    classes: dict[str, int] = Field(description="by what an operator asks first: " + ", ".join(HOST_CLASSES)
+    states: dict[str, int] = Field(description="by state: " + ", ".join(HostState))
+    classes: dict[str, int] = Field(description="by what an operator asks first: " + ", ".join(HostClass)
                                     + " (its active rollout failed it); a host in an active rollout that "
                                     "is not pending, verified, skipped or rolled back is converting")
     cpus_free: int = Field(description="dedicated VM CPUs free on hosts that take VMs")

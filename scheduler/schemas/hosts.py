@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
 from api.scrape import check_metrics_url
+from api.states import AdminState, DrainAction, HostState
 
 HOST = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 HOSTPORT = r"^[A-Za-z0-9_.:\[\]-]{1,250}:[0-9]{1,5}$"
@@ -93,8 +94,8 @@ class HostPublic(BaseModel):
     address: str
     rack: str
     labels: dict[str, str]
-    state: Literal["active", "cordoned", "draining", "down"]
-    admin_state: Literal["active", "cordoned", "draining"]
+    state: HostState
+    admin_state: AdminState
     admin_owner: str | None = Field(None, description='who cordoned or drained it ("": not recorded); none: active')
     admin_reason: str | None = None
     admin_since: float | None = Field(None, description="unix time the owner took it out of active")
@@ -120,7 +121,7 @@ class HostsPublic(BaseModel):
 class DrainStepOut(BaseModel):
     vm: str
     name: str
-    action: Literal["replace", "stop", "delete_old", "wait", "done"] = Field(
+    action: DrainAction = Field(
         description="what the drain does to it now, or `wait` (see `why`), or `done`: it holds nothing here")
     why: str
 
@@ -130,7 +131,7 @@ class DrainPublic(BaseModel):
     acts on); a host not draining shows what a drain would do."""
 
     host: str
-    admin_state: Literal["active", "cordoned", "draining"]
+    admin_state: AdminState
     drained: bool = Field(description="draining, and no VM holds anything on it")
     left: int = Field(description="VMs still holding something on the host")
     steps: list[DrainStepOut]
@@ -164,7 +165,7 @@ class HeartbeatOut(BaseModel):
     (the full view is ``GET /v1/hosts/{name}``)."""
 
     name: str
-    state: str  # active, cordoned, draining (a host that beats is not down)
+    state: str  # an AdminState (a host that beats is not down)
     generation: int
     last_heartbeat: float
 

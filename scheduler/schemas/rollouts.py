@@ -8,9 +8,11 @@ are the controller's own and pass through unread, as long as JSON can carry them
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+
+from api.states import RolloutHostState, RolloutState
 
 ROLLOUT = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
 # A host of a rollout: a DNS name or an address, as an inventory names it; never "-",
@@ -20,8 +22,6 @@ PRINTABLE = r"^[^\x00-\x1f\x7f]*$"
 TEXT = r"^[^\x00]*$"
 STATE = r"^[a-z][a-z0-9_]{0,15}$"
 MAX_HOSTS = 100_000
-
-RolloutState = Literal["running", "paused", "halted", "aborting", "aborted", "rolling_back", "rolled_back", "done"]
 
 
 def _finite(v: Any) -> None:
@@ -45,7 +45,7 @@ JsonObject = Annotated[dict[str, Any], AfterValidator(_json_object)]
 Holder = Annotated[str, Field(min_length=1, max_length=255, pattern=PRINTABLE,
                               examples=["ops@deploy-1:4242"],
                               description="the controller that holds (or asks for) the rollout's lease")]
-HostState = Annotated[str, Field(pattern=STATE, examples=["cordoned"])]
+HostState = Annotated[str, Field(pattern=STATE, examples=[RolloutHostState.CORDONED])]
 
 
 class _In(BaseModel):

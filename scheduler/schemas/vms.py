@@ -6,6 +6,8 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
+from api.states import VmStatus
+
 NAME = r"^[A-Za-z0-9_.-]{1,48}$"
 LABEL_KEY = r"^[A-Za-z0-9_./-]{1,63}$"
 
@@ -131,7 +133,7 @@ class VmPublic(BaseModel):
     id: str
     name: str
     tenant: str
-    status: Literal["pending", "creating", "running", "failed", "deleting", "stopped"]
+    status: VmStatus
     reason: str
     host: str | None
     replaces: str | None = Field(None, description="the VM this one replaces (a drain's `replace`), until that one is deleted")

@@ -35,6 +35,7 @@ from typing import Any
 from sqlalchemy import text
 from sqlalchemy.orm import Session
 
+from api.states import HostState
 from scheduler.db.engine import Store
 from scheduler.db.models import Vm
 from scheduler.errors import ConcurrentUpdate, NoValidHost
@@ -311,7 +312,7 @@ class Placer:
                         continue
                     usage, gen = Usage.from_dict(row.usage), row.generation
                     read_gen[row.name] = gen
-                if self._state(row, now) != "active":
+                if self._state(row, now) != HostState.ACTIVE:
                     lost.add(cand.host)
                     continue
                 alloc = self._allocation_on(s, row, usage, cand, j.want)
@@ -402,7 +403,7 @@ class Placer:
                 row = host_repo.claim_row(session=s, name=cand.host, lock=True)
                 usage = Usage.from_dict(row.usage)
                 seen = (row, usage, row.generation)
-                if host_repo.effective_state(row, now=now, heartbeat_timeout_s=self.cache.timeout) != "active":
+                if host_repo.effective_state(row, now=now, heartbeat_timeout_s=self.cache.timeout) != HostState.ACTIVE:
                     raise _Lost()
                 if aff.group:
                     avoid_h, avoid_r = self._avoid(s, aff)

@@ -39,6 +39,7 @@ from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
+from api.states import AdminState, DrainAction, VmStatus
 from scheduler.db.engine import Store
 from scheduler.db.models import Host, Vm
 from scheduler.drain_plan import NOT_PLACED, DrainVm, Step, plan
@@ -119,7 +120,7 @@ class DrainService:
 
     def _round(self) -> dict[str, list[Step]]:
         with self.store.read() as s:
-            hosts = host_repo.names_in_state(session=s, state="draining")
+            hosts = host_repo.names_in_state(session=s, state=AdminState.DRAINING)
             if not hosts:
                 return {}
             loaded = load_rows(s, hosts)
@@ -130,7 +131,7 @@ class DrainService:
         where = {v.id: v.host for v in vms}
         for st in steps:
             by_host.setdefault(where.get(st.vm) or "", []).append(st)
-            if st.action in ("wait", "done"):
+            if st.action in (DrainAction.WAIT, DrainAction.DONE):
                 continue
             with self._busy_lock:
                 if st.vm in self._busy:
@@ -153,7 +154,7 @@ class DrainService:
     def _act(self, st: Step, row: tuple[str, dict[str, Any], str | None, str], vms: list[DrainVm]) -> None:
         tenant, req, host, reason = row
         actor = f"drain:{host}"
-        if st.action == "replace":
+        if st.action == DrainAction.REPLACE:
             body = VmCreate.model_validate({k: v for k, v in req.items() if k != "tenant"})
             item = self.vms.prepare(body, tenant=tenant, key=f"drain:{st.vm}", actor=actor, replaces=st.vm)
             got = self.vms.create_many([item])[0]  # claimed now: the next round sees it
@@ -168,10 +169,10 @@ class DrainService:
             new, _ = got
             log.info("drain replace vm=%s (%s) on %s: replacement %s on %s", st.vm, st.name, host, new.id, new.host)
             self._pool.submit(self._background, st.vm, self.vms.dispatch, new.id)
-        elif st.action == "delete_old":
+        elif st.action == DrainAction.DELETE_OLD:
             new = next(v for v in vms if v.replaces == st.vm)
             self._pool.submit(self._background, st.vm, self._delete_old, st.vm, new.id, actor)
-        elif st.action == "stop":  # from running, or again after a restart in the middle (deleting)
+        elif st.action == DrainAction.STOP:  # from running, or again after a restart in the middle (deleting)
             # counts against the group's budget from now on
             if not self.vms.mark_stopping(st.vm, reason=f"stopping for the drain of {host}"):
                 return self._done(st.vm)
@@ -193,7 +194,7 @@ class DrainService:
     def _stop(self, vm_id: str, host: str | None, actor: str) -> None:
         try:
             self.vms.stop(vm_id, actor=actor, reason=f"stopped for the drain of {host}",
-                          grace_seconds=self.stop_grace_s, expect="deleting")
+                          grace_seconds=self.stop_grace_s, expect=VmStatus.DELETING)
         except Exception:
             self.vms.unmark_stopping(vm_id)  # not stopped: running again, the budget given back
             raise

@@ -21,6 +21,10 @@ MAX_BINS = 100
 # The history kept by default (stats.history_days): older days are deleted by
 # HostService._expire_days (scheduler/service/hosts.py).
 MAX_HEATMAP_DAYS = 400
+# The IO-health limits of the alert rules (deploy/prometheus/io-health.rules.yml: probe p99
+# over 50 ms, PSI over 10 %), plus foreign CPU over a minute a day and any failed probe:
+# what `GET /v1/fleet/io-health` and the console's fleet page check when not told otherwise.
+ALERT_LIMITS = IoHealthLimits(probe_p99_ms=50.0, psi_some_avg10=10.0, foreign_cpu_s=60.0, probe_failed=0)
 
 
 def parse_window(window: str) -> tuple[int, int] | None:

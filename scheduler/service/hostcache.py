@@ -33,6 +33,7 @@ from typing import Any
 
 from sqlalchemy.orm import Session
 
+from api.states import AdminState, HostState
 from scheduler.db.engine import Store
 from scheduler.db.models import Host
 from scheduler.fit import Candidate, FitResult, HostView, Rejection, VmWant, fit_host, need_of, order_key
@@ -265,7 +266,7 @@ class HostCache:
         res = self._res.get(name)
         if res is None or res[0] != rev:
             return  # layout not loaded (deleted and re-added between reads): next pass
-        state = "down" if name in self._down else self._admin.get(name, "active")
+        state = HostState.DOWN if name in self._down else self._admin.get(name, AdminState.ACTIVE)
         e = self.index.entries.get(name)
         if e is not None:
             if generation < e.generation:
@@ -274,7 +275,7 @@ class HostCache:
                 return
         if not isinstance(usage, Usage):
             usage = Usage.from_dict(usage)
-        self.index.put(HostView(res[1], usage, state == "active", state), generation=generation, layout_rev=rev)
+        self.index.put(HostView(res[1], usage, state == HostState.ACTIVE, state), generation=generation, layout_rev=rev)
         self._logged(name)
 
     def skip_own(self, seq: int) -> None:
@@ -349,7 +350,7 @@ class HostCache:
                 return None
             return SimpleNamespace(name=name, generation=e.generation, usage=e.view.usage, layout_rev=e.layout_rev,
                                    admin_state=admin, last_heartbeat=None, rack=e.view.res.rack,
-                                   state="down" if name in self._down else admin)
+                                   state=HostState.DOWN if name in self._down else admin)
 
     def who(self, name: str) -> tuple[str, str, int] | None:
         """(owner, admin state, generation) of ``name`` as the index has them (None: not

@@ -12,6 +12,7 @@ from urllib.parse import urlsplit
 
 from sqlalchemy.orm import Session
 
+from api.states import AdminState, HostClass, HostState, RolloutHostState
 from scheduler.db.engine import Store
 from scheduler.db.models import Host
 from scheduler.errors import BeatTooSoon, HostAdminOwned, HostNotYours
@@ -23,7 +24,7 @@ from scheduler.repo import rollouts as rollout_repo
 from scheduler.repo import stats as stats_repo
 from scheduler.repo import vms as vm_repo
 from scheduler.resources import HostRes, Usage
-from scheduler.schemas.fleet import HOST_CLASSES, FleetHostsPublic, HostDaysIn, PagesOut
+from scheduler.schemas.fleet import FleetHostsPublic, HostDaysIn, PagesOut
 from scheduler.schemas.hosts import (AdminChange, HeartbeatOut, HostDiskOut, HostPublic, HostRegister, HostsPublic,
                                      HostStatsIn, HostStatsPublic, NodeOut, PfOut, PoolOut, StatsBucketOut,
                                      TargetGroup)
@@ -302,12 +303,12 @@ class HostService:
         with self.store.write() as s:
             h = host_repo.get_host(session=s, name=name, lock=True)
             before, held_by = h.admin_state, h.admin_owner
-            overrides = before != "active" and held_by not in ("", owner)
+            overrides = before != AdminState.ACTIVE and held_by not in ("", owner)
             if overrides and not change.force:
                 raise HostAdminOwned(_held_message(h), field="owner")
-            if state == "active":
+            if state == AdminState.ACTIVE:
                 hold: tuple[str, str, float | None] = ("", "", None)
-            elif before != "active" and held_by == owner:
+            elif before != AdminState.ACTIVE and held_by == owner:
                 hold = (owner, change.reason or h.admin_reason, h.admin_since)
             else:
                 hold = (owner, change.reason, now)
@@ -350,7 +351,7 @@ class HostService:
             for h in host_repo.summary_rows(session=s):
                 state = host_repo.effective_state(h, now=now, heartbeat_timeout_s=self.timeout)
                 acc.add(state, host_class(state, h.admin_state, bool(h.carved_policy), in_rollout.get(h.name, "")),
-                        live=state == "active" and h.admin_state == "active", res=self.cache.res(s, h),
+                        live=state == HostState.ACTIVE and h.admin_state == AdminState.ACTIVE, res=self.cache.res(s, h),
                         u=Usage.from_dict(h.usage))
         return acc.public()
 
@@ -370,7 +371,7 @@ class HostService:
                for p in res.pfs]
         disks = [HostDiskOut(name=d.name, id=d.id, node=d.node, cls=d.cls, size_bytes=d.size_bytes,
                              bytes_sec=d.bytes_sec, iops=d.iops, used=d.name in u.disks) for d in res.disks]
-        held = h.admin_state != "active"
+        held = h.admin_state != AdminState.ACTIVE
         return HostPublic(name=h.name, address=h.address, rack=h.rack, labels=h.labels,
                           state=host_repo.effective_state(h, now=now, heartbeat_timeout_s=self.timeout),
                           admin_state=h.admin_state, admin_owner=h.admin_owner if held else None,
@@ -389,19 +390,20 @@ def _held_message(h: Host) -> str:
             f"{h.admin_owner} may change its admin state, or send {{\"force\": true}} to override")
 
 
-def host_class(state: str, admin_state: str, carved: bool, rollout_state: str) -> str:
-    """What an operator asks of a host first (``HOST_CLASSES``): down; failed by its
+def host_class(state: str, admin_state: str, carved: bool, rollout_state: str) -> HostClass:
+    """What an operator asks of a host first (``HostClass``): down; failed by its
     active rollout; converting (in an active rollout, between pending and verified);
     cordoned or draining; else carved or unconverted."""
-    if state == "down":
-        return "down"
-    if rollout_state == "failed":
-        return "failed"
-    if rollout_state and rollout_state not in ("verified", "pending", "skipped", "rolled_back"):
-        return "converting"
-    if admin_state != "active":
-        return "cordoned"
-    return "carved" if carved else "unconverted"
+    if state == HostState.DOWN:
+        return HostClass.DOWN
+    if rollout_state == RolloutHostState.FAILED:
+        return HostClass.FAILED
+    if rollout_state and rollout_state not in (RolloutHostState.VERIFIED, RolloutHostState.PENDING,
+                                               RolloutHostState.SKIPPED, RolloutHostState.ROLLED_BACK):
+        return HostClass.CONVERTING
+    if admin_state != AdminState.ACTIVE:
+        return HostClass.CORDONED
+    return HostClass.CARVED if carved else HostClass.UNCONVERTED
 
 
 class _Summary:
@@ -410,8 +412,8 @@ class _Summary:
 
     def __init__(self) -> None:
         self.hosts = 0
-        self.states: dict[str, int] = dict.fromkeys(("active", "cordoned", "draining", "down"), 0)
-        self.classes: dict[str, int] = dict.fromkeys(HOST_CLASSES, 0)
+        self.states: dict[str, int] = dict.fromkeys(HostState, 0)
+        self.classes: dict[str, int] = dict.fromkeys(HostClass, 0)
         self.cpus_free = self.cpus_total = self.vfs_free = self.vfs_total = self.tx_free = 0
         self.disks_free = self.disks_total = self.iops_free = 0
         self.pages: dict[int, list[int]] = {}

@@ -17,6 +17,7 @@ from datetime import datetime, timezone
 
 from sqlalchemy.orm import Session
 
+from api.states import RolloutState
 from scheduler.db.engine import Store
 from scheduler.db.models import Rollout, RolloutLease
 from scheduler.errors import (InvalidRequest, RolloutBadState, RolloutExists, RolloutLeaseHeld, RolloutLeaseLost,
@@ -32,10 +33,12 @@ log = logging.getLogger(__name__)
 # verb: (the state it sets, the states it applies to). Resume applies to a done rollout
 # too: a new run retries the rollbacks that could not finish (hosts left held).
 VERBS = {
-    "pause": ("paused", ("running",)),
-    "resume": ("running", ("paused", "halted", "done")),
-    "abort": ("aborting", ("running", "paused", "halted", "aborting")),
-    "rollback": ("rolling_back", ("running", "paused", "halted", "done", "aborted", "rolling_back")),
+    "pause": (RolloutState.PAUSED, (RolloutState.RUNNING,)),
+    "resume": (RolloutState.RUNNING, (RolloutState.PAUSED, RolloutState.HALTED, RolloutState.DONE)),
+    "abort": (RolloutState.ABORTING, (RolloutState.RUNNING, RolloutState.PAUSED, RolloutState.HALTED,
+                                      RolloutState.ABORTING)),
+    "rollback": (RolloutState.ROLLING_BACK, (RolloutState.RUNNING, RolloutState.PAUSED, RolloutState.HALTED,
+                                             RolloutState.DONE, RolloutState.ABORTED, RolloutState.ROLLING_BACK)),
 }
 SHOWN = 10  # shared hosts named per other rollout in an overlap refusal
 
@@ -64,8 +67,8 @@ class RolloutService:
                                  spec=body.spec, waves=body.waves, skipped=[x.model_dump() for x in body.skipped],
                                  now=now, created_by=actor)
             n = len(hosts)
-            repo.record(session=s, rollout=body.name, host=repo.ROLLOUT, frm="", to="running", at=now, holder=actor,
-                        detail={"hosts": n, "waves": len(body.waves)})
+            repo.record(session=s, rollout=body.name, host=repo.ROLLOUT, frm="", to=RolloutState.RUNNING, at=now,
+                        holder=actor, detail={"hosts": n, "waves": len(body.waves)})
             audit_repo.record(session=s, principal=actor, action="rollout.create", target=body.name, now=now,
                               detail={"kind": body.kind, "hosts": n, "waves": len(body.waves)})
             out = _one(s, r, now)

@@ -20,6 +20,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from api import hostd_pb2 as pb
+from api.states import VmStatus
 from scheduler.db.engine import Store
 from scheduler.db.models import Vm
 from scheduler.errors import (ConcurrentUpdate, HostdFailed, IdempotencyMismatch, InvalidRequest, NoValidHost,
@@ -211,7 +212,7 @@ class VmService:
         def write_vm(s: Session, host: str, alloc: Allocation) -> Vm:
             now = self.clock()
             vm = Vm(id=vm_id, tenant=it.tenant, name=body.name, idempotency_key=it.key, request_hash=it.digest,
-                    request=it.req, host=host, allocation=alloc.to_dict(), status="pending", reason="",
+                    request=it.req, host=host, allocation=alloc.to_dict(), status=VmStatus.PENDING, reason="",
                     hostd_vm_id="", affinity_group=body.anti_affinity.group if body.anti_affinity else "",
                     attempts=0, replaces=it.replaces or None,
                     disruption_group=body.disruption_budget.group if body.disruption_budget else "",
@@ -243,10 +244,10 @@ class VmService:
         while True:
             with self.store.write() as s:
                 vm = vm_repo.get_vm(session=s, vm_id=vm_id)
-                if vm.status != "pending" or self.hostd is None:
+                if vm.status != VmStatus.PENDING or self.hostd is None:
                     return vm
                 host = host_repo.get_host(session=s, name=vm.host) if vm.host else None
-                vm.status, vm.attempts, vm.updated = "creating", vm.attempts + 1, self.clock()
+                vm.status, vm.attempts, vm.updated = VmStatus.CREATING, vm.attempts + 1, self.clock()
                 address = host.address if host else ""
             assert vm.allocation is not None and vm.host
             log.info("vm creating vm=%s host=%s attempt=%d", vm.id, vm.host, vm.attempts)
@@ -258,7 +259,7 @@ class VmService:
                 reasons.append(f"{vm.host}: {e.message}")
                 log.warning("vm create failed vm=%s host=%s reason=%s", vm.id, vm.host, e.message)
                 vm = self._retry_elsewhere(vm, failed_hosts, reasons)
-                if vm.status == "failed":
+                if vm.status == VmStatus.FAILED:
                     return vm
                 continue
             self._count("ok")
@@ -268,9 +269,9 @@ class VmService:
         with self.store.write() as s:
             row = vm_repo.get_vm(session=s, vm_id=vm.id)
             self.placer.release(s, row)
-            row.host, row.status, row.updated = None, "pending", self.clock()
+            row.host, row.status, row.updated = None, VmStatus.PENDING, self.clock()
             if len(failed_hosts) >= self.max_attempts:
-                row.status, row.reason = "failed", "; ".join(reasons)
+                row.status, row.reason = VmStatus.FAILED, "; ".join(reasons)
                 return row
             body = VmCreate.model_validate({k: v for k, v in row.request.items() if k != "tenant"})
 
@@ -284,7 +285,7 @@ class VmService:
         except (NoValidHost, Exception) as e:  # nowhere else: the VM fails with every reason
             with self.store.write() as s:
                 r = vm_repo.get_vm(session=s, vm_id=vm.id)
-                r.status = "failed"
+                r.status = VmStatus.FAILED
                 r.reason = "; ".join(reasons + [f"no other host: {getattr(e, 'message', e)}"])
                 r.updated = self.clock()
                 log.warning("vm failed vm=%s reason=%s", r.id, r.reason)
@@ -294,7 +295,7 @@ class VmService:
         """hostd is the truth: adopt the CPUs it actually pinned (it may pick others on the node)."""
         with self.store.write() as s:
             vm = vm_repo.get_vm(session=s, vm_id=vm_id)
-            vm.status, vm.hostd_vm_id, vm.reason, vm.updated = "running", got.vm_id, "", self.clock()
+            vm.status, vm.hostd_vm_id, vm.reason, vm.updated = VmStatus.RUNNING, got.vm_id, "", self.clock()
             if vm.allocation and list(got.vcpu_pins) and list(got.vcpu_pins) != vm.allocation["cpus"]:
                 self.adopt_cpus(s, vm, list(got.vcpu_pins))
             log.info("vm running vm=%s host=%s hostd_vm=%s", vm.id, vm.host, got.vm_id)
@@ -326,7 +327,7 @@ class VmService:
         with self.store.read() as s:
             vm = vm_repo.get_vm(session=s, vm_id=vm_id, tenant=tenant)
             address = host_repo.get_host(session=s, name=vm.host).address if vm.host else ""
-        if vm.status == "creating":
+        if vm.status == VmStatus.CREATING:
             raise VmBusy("the VM is being created; retry when it is running or failed", field="vm_id")
         if vm.hostd_vm_id and self.hostd is not None:
             self.hostd.delete(address, vm.hostd_vm_id)  # HostdFailed -> 502, nothing released
@@ -340,7 +341,8 @@ class VmService:
                               detail={"tenant": vm.tenant, "host": vm.host})
         log.info("vm deleted vm=%s host=%s", vm_id, vm.host)
 
-    def stop(self, vm_id: str, *, actor: str, reason: str, grace_seconds: int = 30, expect: str = "running") -> Vm:
+    def stop(self, vm_id: str, *, actor: str, reason: str, grace_seconds: int = 30,
+             expect: str = VmStatus.RUNNING) -> Vm:
         """Shut a VM down for good (hostd deletes it, giving the guest ``grace_seconds``
         to power off) and keep its record as ``stopped`` with its request and the host it
         ran on; its resources are freed. ``expect``: the status it must have (a drain
@@ -355,7 +357,7 @@ class VmService:
         with self.store.write() as s:
             row = vm_repo.get_vm(session=s, vm_id=vm_id)
             self.placer.release(s, row)
-            row.status, row.reason, row.hostd_vm_id, row.updated = "stopped", reason, "", self.clock()
+            row.status, row.reason, row.hostd_vm_id, row.updated = VmStatus.STOPPED, reason, "", self.clock()
             audit_repo.record(session=s, principal=actor, action="vm.stop", target=vm_id, now=self.clock(),
                               detail={"tenant": row.tenant, "host": row.host, "reason": reason})
         log.info("vm stopped vm=%s host=%s: %s", vm_id, vm.host, reason)
@@ -367,15 +369,15 @@ class VmService:
         ``deleting`` (a stop under way when a scheduler stopped) is marked again. False:
         the VM is neither running nor deleting."""
         with self.store.write() as s:
-            return vm_repo.set_status(session=s, vm_id=vm_id, expect=("running", "deleting"), status="deleting",
-                                      reason=reason, now=self.clock())
+            return vm_repo.set_status(session=s, vm_id=vm_id, expect=(VmStatus.RUNNING, VmStatus.DELETING),
+                                      status=VmStatus.DELETING, reason=reason, now=self.clock())
 
     def unmark_stopping(self, vm_id: str) -> None:
         """A stop that did not happen (hostd refused): a VM still ``deleting`` runs again,
         with no reason (its group's budget given back)."""
         with self.store.write() as s:
-            vm_repo.set_status(session=s, vm_id=vm_id, expect=("deleting",), status="running", reason="",
-                               now=self.clock())
+            vm_repo.set_status(session=s, vm_id=vm_id, expect=(VmStatus.DELETING,), status=VmStatus.RUNNING,
+                               reason="", now=self.clock())
 
     def note(self, vm_id: str, note: str, *, prefix: str) -> None:
         """Set (or clear, with "") a note of one kind in the VM's ``reason`` (the drain's
@@ -405,7 +407,7 @@ class VmService:
         old = alloc
         if rates:
             self._reserve_vf_rates(vm_id, rates, fields)
-        if vm.status == "running" and vm.hostd_vm_id and self.hostd is not None:
+        if vm.status == VmStatus.RUNNING and vm.hostd_vm_id and self.hostd is not None:
             try:
                 self.hostd.update_io(h.address, vm.hostd_vm_id,
                                      [pb.DiskRequest(disk=n, iotune=pb.IoTune(**t.model_dump()))

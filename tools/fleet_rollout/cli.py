@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from api.states import RolloutHostState, RolloutState
 from tools.fleet_rollout.clients import HostdClients, Scheduler, SchedulerError, Tls
 from tools.fleet_rollout.engine import Engine, Options
 from tools.fleet_rollout.inventory import (
@@ -196,7 +197,7 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         if stored.spec != spec:  # every key, the policy's text included
             raise SpecError("name", f"rollout {spec.name} exists with a different spec: give the new one "
                                     "another name (status/resume/rollback act on this one)")
-        if stored.state != "running":
+        if stored.state != RolloutState.RUNNING:
             raise StoreError(f"rollout {spec.name} is {stored.state}: `fleet-rollout resume {spec.name}` continues it")
     else:
         plan = make_rollout_plan(args, spec, args.spec.parent)
@@ -212,7 +213,7 @@ def _drive(args: argparse.Namespace, store: Store, name: str, console: Console) 
     store.retry_s = spec.limits.unreachable_s
 
     def event(host: str, frm: str, to: str) -> None:
-        if not args.json and to in ("verified", "failed", "rolled_back"):
+        if not args.json and to in (RolloutHostState.VERIFIED, RolloutHostState.FAILED, RolloutHostState.ROLLED_BACK):
             console.print(f"{host}: {frm} -> {to}", highlight=False, markup=False)
     try:
         final = Engine(store, name, hostd, sched, Options(lease_ttl_s=args.lease_ttl), on_event=event).run()
@@ -221,7 +222,8 @@ def _drive(args: argparse.Namespace, store: Store, name: str, console: Console) 
         if sched:
             sched.close()
     return _show(args, store, name, console,
-                 ok=final == "done" and args.cmd != "rollback" or args.cmd == "rollback" and final == "rolled_back")
+                 ok=final == RolloutState.DONE and args.cmd != "rollback"
+                 or args.cmd == "rollback" and final == RolloutState.ROLLED_BACK)
 
 
 def _show(args: argparse.Namespace, store: Store, name: str, console: Console, *, ok: bool = True) -> int:
@@ -252,7 +254,7 @@ def _operator(to: str, drive: bool):  # type: ignore[no-untyped-def]
         store = _store(args)
         r = store.rollout(args.name)
         live = r.lease if r.lease and r.lease[0] != store.holder and not dead_here(r.lease[0]) else None
-        if not (args.cmd == "resume" and r.state == "running" and live is None):
+        if not (args.cmd == "resume" and r.state == RolloutState.RUNNING and live is None):
             # (a running rollout whose controller is gone, e.g. the scheduler was away: just drive it)
             store.set_rollout(args.name, to, f"by {store.holder}", fenced=False)
         if drive and live is None:
@@ -265,11 +267,11 @@ def _operator(to: str, drive: bool):  # type: ignore[no-untyped-def]
 
 COMMANDS = {
     "plan": _plan, "run": _run, "status": _status,
-    "pause": _operator("paused", drive=False),
+    "pause": _operator(RolloutState.PAUSED, drive=False),
     # resume on a done rollout retries the rollbacks that could not finish (hosts left held)
-    "resume": _operator("running", drive=True),
-    "abort": _operator("aborting", drive=True),
-    "rollback": _operator("rolling_back", drive=True),
+    "resume": _operator(RolloutState.RUNNING, drive=True),
+    "abort": _operator(RolloutState.ABORTING, drive=True),
+    "rollback": _operator(RolloutState.ROLLING_BACK, drive=True),
 }
 
 

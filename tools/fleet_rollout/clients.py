@@ -16,6 +16,7 @@ import grpc
 from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
 from api.rest import ApiError, ApiUnreachable, RestClient
+from api.states import AdminState
 from tools.fleet_rollout.gates import Sample
 
 UNREACHABLE = {grpc.StatusCode.UNAVAILABLE, grpc.StatusCode.DEADLINE_EXCEEDED}
@@ -170,7 +171,7 @@ class Scheduler(RestClient):
     def set_state(self, name: str, state: str, *, owner: str, reason: str = "") -> None:
         """Cordon, drain or uncordon as ``owner``: refused (SchedulerError, code
         hyb.host.admin_owned) while another owner holds the host."""
-        verb = {"active": "uncordon", "cordoned": "cordon", "draining": "drain"}[state]
+        verb = {AdminState.ACTIVE: "uncordon", AdminState.CORDONED: "cordon", AdminState.DRAINING: "drain"}[state]
         self.request("POST", f"/v1/hosts/{name}/{verb}", json={"owner": owner, "reason": reason})
 
 

@@ -44,6 +44,7 @@ from collections.abc import Callable
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 
+from api.states import AdminState, DrainAction, RolloutHostState, RolloutState
 from tools.fleet_rollout.clients import (
     HostdClients,
     HostError,
@@ -61,11 +62,13 @@ from tools.fleet_rollout.store import HostRow, LeaseLost, StaleState, Store, Sto
 
 log = logging.getLogger(__name__)
 
-DONE = ("verified", "rolled_back", "skipped")
-FAILED = ("failed", "rolling_back", "rolled_back")
-# Rollout states: running, paused, halted, aborting, aborted, rolling_back, rolled_back, done.
-ACTIVE = ("running", "aborting", "rolling_back")
-ROLLBACK_FROM = ("baselined", "cordoned", "carving", "draining", "rebooting", "soaking", "restoring", "verified")
+DONE = (RolloutHostState.VERIFIED, RolloutHostState.ROLLED_BACK, RolloutHostState.SKIPPED)
+FAILED = (RolloutHostState.FAILED, RolloutHostState.ROLLING_BACK, RolloutHostState.ROLLED_BACK)
+# The rollout states in which the controller drives hosts.
+ACTIVE = (RolloutState.RUNNING, RolloutState.ABORTING, RolloutState.ROLLING_BACK)
+ROLLBACK_FROM = (RolloutHostState.BASELINED, RolloutHostState.CORDONED, RolloutHostState.CARVING,
+                 RolloutHostState.DRAINING, RolloutHostState.REBOOTING, RolloutHostState.SOAKING,
+                 RolloutHostState.RESTORING, RolloutHostState.VERIFIED)
 
 
 class Pause(Exception):
@@ -125,7 +128,7 @@ class Engine:
         # Rollbacks that could not finish before (refused, no answer): each run tries them
         # once more, whichever command started it (resume repairs a done rollout too).
         self._unfinished = {h.name for h in self.store.brief(self.name)
-                            if h.state == "failed" and h.data.get("rollback_failed")}
+                            if h.state == RolloutHostState.FAILED and h.data.get("rollback_failed")}
         stop_renew = threading.Event()
         renewer = threading.Thread(target=self._renew, args=(stop_renew,), name="lease", daemon=True)
         renewer.start()
@@ -205,22 +208,25 @@ class Engine:
 
     def _work(self, state: str, wave: int) -> list[HostRow]:
         """The hosts that still need driving, in order."""
-        if state == "running":
+        if state == RolloutState.RUNNING:
             todo = [h for h in self.store.brief(self.name, wave=wave)
-                    if h.state not in DONE and not (h.state == "failed" and h.data.get("rollback_failed"))]
+                    if h.state not in DONE
+                    and not (h.state == RolloutHostState.FAILED and h.data.get("rollback_failed"))]
             again = self._unfinished - self._retried
             if again:
-                todo += [h for h in self.store.brief(self.name) if h.name in again and h.state == "failed"]
+                todo += [h for h in self.store.brief(self.name)
+                         if h.name in again and h.state == RolloutHostState.FAILED]
             return todo
 
         def retry(h: HostRow) -> bool:
             return not h.data.get("rollback_failed") or h.name not in self._retried
-        if state == "aborting":  # hosts mid-change go back; verified ones stay
+        if state == RolloutState.ABORTING:  # hosts mid-change go back; verified ones stay
             return [h for h in self.store.brief(self.name)
-                    if h.state in ROLLBACK_FROM[:-1] + ("failed", "rolling_back") and retry(h)]
+                    if h.state in ROLLBACK_FROM[:-1] + (RolloutHostState.FAILED, RolloutHostState.ROLLING_BACK)
+                    and retry(h)]
         # rolling_back: the whole rollout, newest wave first
         todo = [h for h in self.store.brief(self.name)
-                if h.state in ROLLBACK_FROM + ("failed", "rolling_back") and retry(h)]
+                if h.state in ROLLBACK_FROM + (RolloutHostState.FAILED, RolloutHostState.ROLLING_BACK) and retry(h)]
         if not todo:
             return []
         last = max(h.wave for h in todo)
@@ -228,13 +234,14 @@ class Engine:
 
     def _next(self, state: str, wave: int) -> str | None:
         """Nothing left in this wave: the next wave, or the rollout's end (returned)."""
-        if state == "aborting":
-            self._set_rollout("aborted", "aborted by the operator; hosts mid-change rolled back", expect=state)
-            return "aborted"
-        if state == "rolling_back":
+        if state == RolloutState.ABORTING:
+            self._set_rollout(RolloutState.ABORTED, "aborted by the operator; hosts mid-change rolled back",
+                              expect=state)
+            return RolloutState.ABORTED
+        if state == RolloutState.ROLLING_BACK:
             stuck = [h.name for h in self.store.brief(self.name)
-                     if h.state == "failed" and h.data.get("rollback_failed")]
-            final = "rolled_back" if not stuck else "halted"
+                     if h.state == RolloutHostState.FAILED and h.data.get("rollback_failed")]
+            final = RolloutState.ROLLED_BACK if not stuck else RolloutState.HALTED
             self._set_rollout(final, f"could not roll back: {', '.join(stuck)}" if stuck else "", expect=state)
             return final
         hosts = self.store.brief(self.name, wave=wave)
@@ -242,25 +249,25 @@ class Engine:
         budget = self.spec.max_failures(wave)
         if failures > budget:
             why = f"wave {wave}: {failures} failed hosts, over its budget of {budget}"
-            self._set_rollout("halted", why, detail={"failed": [h.name for h in hosts if h.state in FAILED]},
+            self._set_rollout(RolloutState.HALTED, why, detail={"failed": [h.name for h in hosts if h.state in FAILED]},
                               expect=state)
-            return "halted"
+            return RolloutState.HALTED
         r = self.store.rollout(self.name)
         if wave + 1 < r.waves:
-            self._set_rollout("running", wave=wave + 1, detail={"wave_done": wave, "failed": failures},
+            self._set_rollout(RolloutState.RUNNING, wave=wave + 1, detail={"wave_done": wave, "failed": failures},
                               expect=state)
             return None
-        skipped = [h.name for h in self.store.brief(self.name) if h.state == "skipped"]
-        self._set_rollout("done", expect=state, reason=f"{r.waves} waves" + (
+        skipped = [h.name for h in self.store.brief(self.name) if h.state == RolloutHostState.SKIPPED]
+        self._set_rollout(RolloutState.DONE, expect=state, reason=f"{r.waves} waves" + (
             f"; {len(skipped)} hosts skipped (another owner's): {', '.join(skipped[:10])}"
             + (" ..." if len(skipped) > 10 else "") if skipped else ""))
-        return "done"
+        return RolloutState.DONE
 
     def _dispatch(self, hosts: list[HostRow], running: dict[str, Future], pool: ThreadPoolExecutor) -> None:
         racks = Counter(h.rack for h in hosts if h.name in running)
         cap = self.spec.limits.concurrency
         # Hosts already mid-way (a resumed run) first: they hold a rack's slot anyway.
-        for h in sorted(hosts, key=lambda h: (h.state == "pending", h.seq)):
+        for h in sorted(hosts, key=lambda h: (h.state == RolloutHostState.PENDING, h.seq)):
             if len(running) >= cap:
                 break
             if h.name in running or racks[h.rack] >= self.spec.limits.per_rack:
@@ -286,24 +293,25 @@ class Engine:
             log.info("%s: %s", host, e)
         except Pause as e:
             try:
-                self._set_rollout("paused", str(e), expect="running")
+                self._set_rollout(RolloutState.PAUSED, str(e), expect=RolloutState.RUNNING)
             except StaleState:
                 log.info("%s: not paused (%s): the rollout is no longer running", host, e)
 
     def _step_for(self, rollout_state: str, h: HostRow) -> Callable[[HostRow], None] | None:
-        undoing = rollout_state in ("aborting", "rolling_back")
-        if h.data.get("rollback_failed") and h.state == "failed":
+        undoing = rollout_state in (RolloutState.ABORTING, RolloutState.ROLLING_BACK)
+        if h.data.get("rollback_failed") and h.state == RolloutHostState.FAILED:
             if h.name in self._retried:
                 return None
             self._retried.add(h.name)
             return self._begin_rollback
-        if undoing and h.state in ROLLBACK_FROM + ("failed",):
+        if undoing and h.state in ROLLBACK_FROM + (RolloutHostState.FAILED,):
             return self._begin_rollback
-        return {"pending": self._baseline, "baselined": self._cordon, "cordoned": self._begin_change,
-                "carving": self._change, "draining": self._drain, "rebooting": self._await_reboot,
-                "soaking": self._soak,
-                "restoring": self._restore, "failed": self._begin_rollback,
-                "rolling_back": self._rollback}.get(h.state)
+        return {RolloutHostState.PENDING: self._baseline, RolloutHostState.BASELINED: self._cordon,
+                RolloutHostState.CORDONED: self._begin_change, RolloutHostState.CARVING: self._change,
+                RolloutHostState.DRAINING: self._drain, RolloutHostState.REBOOTING: self._await_reboot,
+                RolloutHostState.SOAKING: self._soak,
+                RolloutHostState.RESTORING: self._restore, RolloutHostState.FAILED: self._begin_rollback,
+                RolloutHostState.ROLLING_BACK: self._rollback}.get(h.state)
 
     def _move(self, h: HostRow, to: str, detail: dict | None = None, data: dict | None = None) -> None:
         self._written[h.name] = self.store.move(self.name, h.name, h.state, to, detail, data)
@@ -311,7 +319,8 @@ class Engine:
 
     def _fail(self, h: HostRow, why: str, detail: dict | None = None) -> None:
         log.warning("%s failed in %s: %s", h.name, h.state, why)
-        self._move(h, "failed", {"step": h.state, "reason": why, **(detail or {})}, {"failed_in": h.state})
+        self._move(h, RolloutHostState.FAILED, {"step": h.state, "reason": why, **(detail or {})},
+                   {"failed_in": h.state})
 
     def _wait(self, seconds: float) -> None:
         end = time.monotonic() + seconds
@@ -332,7 +341,7 @@ class Engine:
                 return fn(*args, **kw)
             except (HostUnreachable, SchedulerUnreachable) as e:
                 if time.monotonic() >= end:
-                    if self._state() == "running":
+                    if self._state() == RolloutState.RUNNING:
                         raise Pause(f"no answer for {self.spec.limits.unreachable_s:.0f} s: {e}") from None
                     raise
                 self._wait(1.0)
@@ -345,7 +354,7 @@ class Engine:
     def _held_by_other(self, admin: dict) -> str:
         """Why the scheduler's host is not ours to take ("" if it is): another owner's
         cordon or drain (an unowned one counts: nobody can say it is over)."""
-        if admin.get("admin_state", "active") == "active" or admin.get("admin_owner") == self.owner:
+        if admin.get("admin_state", AdminState.ACTIVE) == AdminState.ACTIVE or admin.get("admin_owner") == self.owner:
             return ""
         since = admin.get("admin_since")
         when = time.strftime(" since %Y-%m-%dT%H:%M:%SZ", time.gmtime(since)) if since else ""
@@ -355,7 +364,7 @@ class Engine:
     def _skip(self, h: HostRow, why: str) -> None:
         """Leave a host another owner holds as it is (nothing was changed on it)."""
         log.warning("%s skipped: %s", h.name, why)
-        self._move(h, "skipped", {"reason": why})
+        self._move(h, RolloutHostState.SKIPPED, {"reason": why})
 
     def _baseline(self, h: HostRow) -> None:
         try:
@@ -371,7 +380,7 @@ class Engine:
             vms = sorted(self._rpc(self.hostd.vm_ids, h.address)) if self.spec.kind == "hostd" else []
         except (HostError, SchedulerError) as e:
             return self._fail(h, str(e))
-        self._move(h, "baselined", {"samples": len(base), "hostd": info.to_dict(),
+        self._move(h, RolloutHostState.BASELINED, {"samples": len(base), "hostd": info.to_dict(),
                                     "admin_state": admin.get("admin_state", "")},
                    {"prior_digest": info.carved_digest, "prior_policy": info.carved_policy,
                     "prior_started": info.started, "prior_version": info.version, "vms": vms,
@@ -379,17 +388,17 @@ class Engine:
 
     def _cordon(self, h: HostRow) -> None:
         try:
-            self._admin(h.name, "cordoned")
+            self._admin(h.name, AdminState.CORDONED)
         except SchedulerError as e:
             if e.code == "hyb.host.admin_owned":  # taken since the baseline: not ours to change
                 return self._skip(h, str(e))
             return self._fail(h, str(e))
-        self._move(h, "cordoned")
+        self._move(h, RolloutHostState.CORDONED)
 
     def _begin_change(self, h: HostRow) -> None:
         # The intent is written before the side effect: a resumed run in "carving" asks
         # hostd again, and hostd's idempotency (digest, version) says whether it happened.
-        self._move(h, "carving", data={"change_started": time.time()})
+        self._move(h, RolloutHostState.CARVING, data={"change_started": time.time()})
 
     def _change(self, h: HostRow) -> None:
         if self.spec.kind == "hostd":
@@ -409,18 +418,18 @@ class Engine:
         detail = {"changed": r.changed, "steps": len(r.steps), "cannot_move": list(r.cannot_move),
                   "reboot_required": list(r.reboot_required)}
         if r.reboot_required and self.spec.steps.reboot_command:
-            return self._move(h, "rebooting", detail)
-        self._move(h, "soaking", detail, {"soak_since": time.time()})
+            return self._move(h, RolloutHostState.REBOOTING, detail)
+        self._move(h, RolloutHostState.SOAKING, detail, {"soak_since": time.time()})
 
     def _begin_drain(self, h: HostRow, why: str) -> None:
         """The carve would strand VMs: hold the host draining (as this rollout; it was
         cordoned by it) so the scheduler moves them."""
         try:
-            self._admin(h.name, "draining")
+            self._admin(h.name, AdminState.DRAINING)
         except SchedulerError as e:
             return self._fail(h, f"drain: {e}")
         log.info("%s: draining: %s", h.name, why)
-        self._move(h, "draining", {"reason": why}, {"drain_since": time.time()})
+        self._move(h, RolloutHostState.DRAINING, {"reason": why}, {"drain_since": time.time()})
 
     def _drain(self, h: HostRow) -> None:
         """Wait for the scheduler's drain; then carve again (the host stays draining, as
@@ -432,10 +441,11 @@ class Engine:
             except SchedulerError as e:
                 return self._fail(h, f"drain: {e}")
             if view["drained"]:
-                return self._move(h, "carving", {"drained_s": round(time.time() - since, 1)},
+                return self._move(h, RolloutHostState.CARVING, {"drained_s": round(time.time() - since, 1)},
                                   {"change_started": time.time()})
             if time.time() - since > self.spec.steps.drain_timeout_s:
-                waits = [f"{st['name']} ({st['vm'][:8]}): {st['why']}" for st in view["steps"] if st["action"] != "done"]
+                waits = [f"{st['name']} ({st['vm'][:8]}): {st['why']}" for st in view["steps"]
+                         if st["action"] != DrainAction.DONE]
                 return self._fail(h, f"the drain did not finish in {self.spec.steps.drain_timeout_s:.0f} s; "
                                      f"{view['left']} VM(s) left: " + "; ".join(waits[:10]),
                                   {"drain": view["steps"]})
@@ -469,7 +479,7 @@ class Engine:
         lost = set(h.data.get("vms", [])) - self.hostd.vm_ids(h.address)
         if lost:
             return self._fail(h, f"VMs lost in the upgrade: {', '.join(sorted(lost))}")
-        self._move(h, "soaking", {"version": info.version, "vms": len(h.data.get("vms", []))},
+        self._move(h, RolloutHostState.SOAKING, {"version": info.version, "vms": len(h.data.get("vms", []))},
                    {"soak_since": time.time()})
 
     def _await_start(self, h: HostRow, timeout_s: float) -> HostInfo | None:
@@ -489,7 +499,8 @@ class Engine:
         # The intent is recorded before the command runs, so a resumed run never reboots
         # the host twice: it only waits for hostd's new start time (or fails the host).
         if not h.data.get("reboot_ran"):
-            self.store.move(self.name, h.name, "rebooting", "rebooting", {"reboot": "command started"},
+            self.store.move(self.name, h.name, RolloutHostState.REBOOTING, RolloutHostState.REBOOTING,
+                            {"reboot": "command started"},
                             {"reboot_ran": time.time()})
             rc, out = run_hook(self.spec.steps.reboot_command, h.name, h.address, self.spec.steps.reboot_timeout_s)
             if rc != 0:
@@ -501,7 +512,7 @@ class Engine:
         if info.reboot_pending:
             return self._fail(h, "back from the reboot without the boot-time changes: "
                                  + " ".join(info.reboot_pending))
-        self._move(h, "soaking", {"rebooted": True}, {"soak_since": time.time()})
+        self._move(h, RolloutHostState.SOAKING, {"rebooted": True}, {"soak_since": time.time()})
 
     def _window(self, h: HostRow, seconds: float, since: float | None) -> list[Sample]:
         """IO-health samples of ``h`` covering ``seconds`` (after ``since`` if given),
@@ -542,7 +553,7 @@ class Engine:
             raise Pause(f"{h.name}: the gate could not decide ({'; '.join(v.reasons)})")
         if v.decision == "fail":
             return self._fail(h, "gate: " + "; ".join(v.reasons), detail)
-        self._move(h, "restoring", detail)
+        self._move(h, RolloutHostState.RESTORING, detail)
 
     def _restore(self, h: HostRow) -> None:
         """The gate passed: check the host still carries this rollout's carve, then end
@@ -551,10 +562,10 @@ class Engine:
             mine = self._own_carve(h)
             if mine:
                 return self._fail(h, mine)
-            self._admin(h.name, "active")
+            self._admin(h.name, AdminState.ACTIVE)
         except (HostError, SchedulerError) as e:
             return self._fail(h, str(e))
-        self._move(h, "verified")
+        self._move(h, RolloutHostState.VERIFIED)
 
     def _controls(self, h: HostRow, since: float) -> tuple[list[Sample], list[str]]:
         """Unconverted hosts of this rollout over the same window, other racks first; a
@@ -562,7 +573,7 @@ class Engine:
         want = self.spec.gate.controls
         if not want:
             return [], []
-        pending = [c for c in self.store.brief(self.name) if c.state == "pending"]
+        pending = [c for c in self.store.brief(self.name) if c.state == RolloutHostState.PENDING]
         pending.sort(key=lambda c: (c.rack == h.rack, c.seq))
         out: list[Sample] = []
         used: list[str] = []
@@ -582,7 +593,7 @@ class Engine:
     # ---------------------------------------------------------------- rollback
 
     def _begin_rollback(self, h: HostRow) -> None:
-        self._move(h, "rolling_back", {"from": h.state}, {"rollback_from": h.state})
+        self._move(h, RolloutHostState.ROLLING_BACK, {"from": h.state}, {"rollback_from": h.state})
 
     def _rollback(self, h: HostRow) -> None:
         """Drain (as this rollout), put the host's carve back as it was before (uncarve,
@@ -592,7 +603,7 @@ class Engine:
         prior = h.data.get("prior_digest", "")
         foreign = ""
         try:
-            self._admin(h.name, "draining")
+            self._admin(h.name, AdminState.DRAINING)
             if self.spec.kind == "hostd":
                 raise HostError("rolling back a hostd upgrade: run a rollout with the previous version")
             info = self._rpc(self.hostd.info, h.address)
@@ -610,13 +621,15 @@ class Engine:
             if not foreign and after.carved_digest != prior:
                 raise HostError(f"after the rollback the host is {after.carve_owner()}, not "
                                 f"{'carved with ' + prior[:12] if prior else 'uncarved'}")
-            self._admin(h.name, "active")
+            self._admin(h.name, AdminState.ACTIVE)
         except (HostError, SchedulerError) as e:
             log.error("%s: rollback failed: %s", h.name, e)
-            self._move(h, "failed", {"rollback": "failed", "reason": str(e)}, {"rollback_failed": str(e)})
+            self._move(h, RolloutHostState.FAILED, {"rollback": "failed", "reason": str(e)},
+                       {"rollback_failed": str(e)})
             return
         if foreign:
             log.error("%s: %s", h.name, foreign)
-            self._move(h, "failed", {"rollback": "foreign", "reason": foreign}, {"rollback_failed": foreign})
+            self._move(h, RolloutHostState.FAILED, {"rollback": "foreign", "reason": foreign},
+                       {"rollback_failed": foreign})
             return
-        self._move(h, "rolled_back", {"digest": after.carved_digest}, {"rollback_failed": ""})
+        self._move(h, RolloutHostState.ROLLED_BACK, {"digest": after.carved_digest}, {"rollback_failed": ""})

@@ -26,6 +26,7 @@ import socket
 import time
 from dataclasses import dataclass
 
+from api.states import RolloutState
 from tools.fleet_rollout.clients import Scheduler, SchedulerError, SchedulerUnreachable
 from tools.fleet_rollout.inventory import Host
 from tools.fleet_rollout.plan import Plan
@@ -33,7 +34,8 @@ from tools.fleet_rollout.spec import RolloutSpec
 
 # What an operator's command may set, and the scheduler's verb for it (not fenced:
 # that is how an operator talks to a running controller).
-VERBS = {"paused": "pause", "running": "resume", "aborting": "abort", "rolling_back": "rollback"}
+VERBS = {RolloutState.PAUSED: "pause", RolloutState.RUNNING: "resume", RolloutState.ABORTING: "abort",
+         RolloutState.ROLLING_BACK: "rollback"}
 
 
 class StoreError(RuntimeError):

@@ -23,6 +23,7 @@ from rich.live import Live
 from rich.table import Table
 
 from api.rest import ApiError, ApiUnreachable, RestClient
+from api.states import DrainAction, HostState, VmStatus
 from tools.hybctl import config as cfg
 from tools.hybctl import histogram
 from tools.hybctl.output import Column, Format, age, cell, dump, grid, printer, table, titled, when
@@ -170,8 +171,7 @@ VM_COLUMNS = [
 def vm_list(ctx: typer.Context, output: OutputOpt = Format.table,
             tenant: Annotated[Optional[str], typer.Option(help="only this tenant's (admin)")] = None,
             host: Annotated[Optional[str], typer.Option(help="only VMs on this host")] = None,
-            status: Annotated[Optional[str], typer.Option(help="pending, creating, running, failed, deleting, "
-                                                                "stopped")] = None,
+            status: Annotated[Optional[VmStatus], typer.Option(help="only VMs in this status")] = None,
             name: Annotated[Optional[str], typer.Option(help="only VMs of this name")] = None,
             watch: WatchOpt = False, interval: IntervalOpt = 2.0) -> None:
     """The VMs you may see (a tenant token: its own), every page of them."""
@@ -232,10 +232,10 @@ def vm_create(ctx: typer.Context,
         err.print(f"Idempotency-Key: {key} (give it again with --idempotency-key to retry safely)")
     if wait:
         deadline = time.monotonic() + wait_timeout
-        while v["status"] in ("pending", "creating") and time.monotonic() < deadline:
+        while v["status"] in (VmStatus.PENDING, VmStatus.CREATING) and time.monotonic() < deadline:
             time.sleep(0.5)
             v = api.request("GET", f"/v1/vms/{v['id']}")
-        if v["status"] != "running":
+        if v["status"] != VmStatus.RUNNING:
             printer(out, output)(v, lambda: vm_detail(v))
             raise Fail(f"VM {v['id']}: {v['status']}" + (f": {v['reason']}" if v.get("reason") else
                                                         " after --wait-timeout"))
@@ -366,7 +366,7 @@ HOST_COLUMNS = [
 @host_app.command("list")
 def host_list(ctx: typer.Context, output: OutputOpt = Format.table,
               rack: Annotated[Optional[str], typer.Option(help="only this rack's")] = None,
-              state: Annotated[Optional[str], typer.Option(help="active, cordoned, draining or down")] = None,
+              state: Annotated[Optional[HostState], typer.Option(help="only hosts in this state")] = None,
               watch: WatchOpt = False, interval: IntervalOpt = 2.0) -> None:
     """The registered hosts (admin), every page of them."""
     api = conn(ctx)
@@ -473,7 +473,7 @@ def host_drain(ctx: typer.Context, name: Annotated[str, typer.Argument(help="the
     path = f"/v1/hosts/{name}/drain"
     if not status:
         plan = api.request("GET", path)
-        moving = sum(1 for s in plan["steps"] if s["action"] != "done")
+        moving = sum(1 for s in plan["steps"] if s["action"] != DrainAction.DONE)
         confirm(f"drain host {name} ({moving} VMs to replace, stop or wait on)", yes)
         api.request("POST", path, json={"owner": owner, "reason": reason, "force": force})
     if not wait:

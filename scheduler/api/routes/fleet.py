@@ -11,6 +11,7 @@ from scheduler.api.deps import CurrentPrincipal
 from scheduler.api.errors import ERRORS
 from scheduler.schemas.fleet import (BinHostsPublic, FleetHostsPublic, HeatmapPublic, IoHealthLimits, IoHealthPublic,
                                      UtilizationPublic)
+from scheduler.service.fleet import ALERT_LIMITS
 
 router = APIRouter(prefix="/v1/fleet", tags=["fleet"], responses=ERRORS)
 
@@ -58,10 +59,10 @@ def utilization_hosts(request: Request, p: CurrentPrincipal, day: dt.date, bin: 
     "the alert rules' limits": "/v1/fleet/io-health?day=2026-11-25",
     "a stricter probe": "/v1/fleet/io-health?day=2026-11-25&probe_p99_ms=10"}})
 def io_health(request: Request, p: CurrentPrincipal, day: dt.date,
-              probe_p99_ms: Annotated[float, Query(ge=0)] = 50.0,
-              psi_some_avg10: Annotated[float, Query(ge=0, le=100)] = 10.0,
-              foreign_cpu_s: Annotated[float, Query(ge=0)] = 60.0,
-              probe_failed: Annotated[int, Query(ge=0)] = 0) -> IoHealthPublic:
+              probe_p99_ms: Annotated[float, Query(ge=0)] = ALERT_LIMITS.probe_p99_ms,
+              psi_some_avg10: Annotated[float, Query(ge=0, le=100)] = ALERT_LIMITS.psi_some_avg10,
+              foreign_cpu_s: Annotated[float, Query(ge=0)] = ALERT_LIMITS.foreign_cpu_s,
+              probe_failed: Annotated[int, Query(ge=0)] = ALERT_LIMITS.probe_failed) -> IoHealthPublic:
     """The hosts whose IO-health figures for a host-local `day` are over a limit: the
     IO service's probe p99 (ms, the worst 5 minutes), CPU pressure on its CPUs (PSI
     some avg10, percent, the worst), CPU seconds other threads ran there over the day,

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Literal
+from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
+from api.states import AdminState, DrainAction, HostState
 from scheduler.api import wire
 from scheduler.api.deps import CurrentPrincipal
 from scheduler.api.errors import ERRORS
@@ -67,7 +68,7 @@ def host_stats(name: str, request: Request, p: CurrentPrincipal, since: float | 
 
 @router.get("", response_model=HostsPublic)
 def list_hosts(request: Request, p: CurrentPrincipal, rack: str | None = None,
-               state: Literal["active", "cordoned", "draining", "down"] | None = None,
+               state: HostState | None = None,
                limit: Annotated[int | None, Query(ge=1, le=1000)] = None, after: str = "") -> HostsPublic:
     """By name. Without `limit`, every host (about 1.4 kB each); with it, one page, and
     `next` names where the next one starts (`after`), as `/v1/vms` does. `state` filters
@@ -82,7 +83,7 @@ def get_host(name: str, request: Request, p: CurrentPrincipal) -> HostPublic:
     return _svc(request).get(name)
 
 
-def _state(name: str, state: str, request: Request, p: CurrentPrincipal, body: AdminChange | None) -> HostPublic:
+def _state(name: str, state: AdminState, request: Request, p: CurrentPrincipal, body: AdminChange | None) -> HostPublic:
     p.require()
     return _svc(request).set_state(name, state, actor=p.name, change=body or AdminChange())
 
@@ -91,14 +92,14 @@ def _state(name: str, state: str, request: Request, p: CurrentPrincipal, body: A
 def cordon(name: str, request: Request, p: CurrentPrincipal, body: AdminChange | None = None) -> HostPublic:
     """No new VMs; running ones stay. 409 `hyb.host.admin_owned` when another owner holds
     the host cordoned or draining (`force` overrides)."""
-    return _state(name, "cordoned", request, p, body)
+    return _state(name, AdminState.CORDONED, request, p, body)
 
 
 @router.post("/{name}/uncordon", response_model=HostPublic)
 def uncordon(name: str, request: Request, p: CurrentPrincipal, body: AdminChange | None = None) -> HostPublic:
     """Active again; ends the hold. 409 `hyb.host.admin_owned` when another owner holds it
     (`force` overrides)."""
-    return _state(name, "active", request, p, body)
+    return _state(name, AdminState.ACTIVE, request, p, body)
 
 
 @router.post("/{name}/drain", response_model=HostPublic)
@@ -109,7 +110,7 @@ def drain(name: str, request: Request, p: CurrentPrincipal, body: AdminChange | 
     drained when `vms` reaches 0; `GET /v1/hosts/{name}/drain` says per VM what the drain
     does or waits for. 409 `hyb.host.admin_owned` when another owner holds it (`force`
     overrides)."""
-    out = _state(name, "draining", request, p, body)
+    out = _state(name, AdminState.DRAINING, request, p, body)
     request.app.state.drains.wake.set()
     return out
 
@@ -121,6 +122,7 @@ def drain_status(name: str, request: Request, p: CurrentPrincipal) -> DrainPubli
     replacement), or `done`."""
     p.require("host")
     h, steps = request.app.state.drains.plan_for(name)
-    left = sum(st.action != "done" for st in steps)
-    return DrainPublic(host=h.name, admin_state=h.admin_state, drained=h.admin_state == "draining" and not left,
-                       left=left, steps=[DrainStepOut(**st.__dict__) for st in steps])
+    left = sum(st.action != DrainAction.DONE for st in steps)
+    return DrainPublic(host=h.name, admin_state=h.admin_state,
+                       drained=h.admin_state == AdminState.DRAINING and not left, left=left,
+                       steps=[DrainStepOut(**st.__dict__) for st in steps])

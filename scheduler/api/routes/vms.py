@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from typing import Annotated, Literal
+from typing import Annotated
 
 import orjson
 from fastapi import APIRouter, Query, Request, Response
@@ -11,6 +11,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import JSONResponse
 from starlette.background import BackgroundTask
 
+from api.states import VmStatus
 from scheduler.api.deps import CurrentPrincipal, principal_of, tenant_scope
 from scheduler.api.errors import ERRORS, ErrorBody
 from scheduler.api.wire import KEY, CreateRequest, cells_json, created_headers, read_create, vm_json
@@ -102,7 +103,7 @@ async def create_vm(request: Request) -> Response:
         return JSONResponse(preview.model_dump(mode="json"), status_code=200)
     t = time.perf_counter()
     vm, replay = await svc.create_async(req.body, tenant=req.tenant, key=req.key, actor=req.actor)
-    dispatch = vm.status == "pending" and request.app.state.dispatch_enabled
+    dispatch = vm.status == VmStatus.PENDING and request.app.state.dispatch_enabled
     return _OrjsonResponse(vm_json(vm), status_code=200 if replay else 202,
                            headers=created_headers(vm, time.perf_counter() - t),
                            background=BackgroundTask(svc.dispatch, vm.id) if dispatch else None)
@@ -110,7 +111,7 @@ async def create_vm(request: Request) -> Response:
 
 @router.get("", response_model=VmsPublic)
 def list_vms(request: Request, p: CurrentPrincipal, host: str | None = None,
-             status: Literal["pending", "creating", "running", "failed", "deleting", "stopped"] | None = None,
+             status: VmStatus | None = None,
              name: str | None = None, tenant: str | None = None,
              limit: Annotated[int, Query(ge=1, le=1000)] = 100, after: str = "") -> VmsPublic:
     """Tenants see only their own VMs; `after` + `next` page through by id."""
