@@ -156,7 +156,8 @@ class HostDay(Base):
     the fleet's utilisation view reads these, by day (the key's first column). Under 256
     bytes a row with its key, on SQLite and PostgreSQL: ``hours`` is 24 bytes (percent,
     255 for an hour without samples), ``hist`` 20 little-endian uint16 (per mille of the
-    day's samples); ``repo.days`` packs them. Figures in single precision (REAL)."""
+    day's samples); ``repo.days`` packs them. The peak in milli-CPUs, the other figures in
+    single precision (REAL)."""
 
     __tablename__ = "host_days"
 
@@ -168,9 +169,11 @@ class HostDay(Base):
     peak_start: Mapped[int] = mapped_column(SmallInteger)  # minutes of the host-local day
     peak_end: Mapped[int] = mapped_column(SmallInteger)
     peak_samples: Mapped[int] = mapped_column(Integer)
-    peak_io: Mapped[float] = mapped_column(REAL)  # mean CPUs in use over the peak window
-    peak_vms: Mapped[float] = mapped_column(REAL)
-    peak_other: Mapped[float] = mapped_column(REAL)
+    # mean CPUs in use over the peak window, in milli-CPUs (utilization.milli): integers,
+    # so the share of the host's CPUs is binned exactly, in Python and in SQL alike
+    peak_io_mcpu: Mapped[int] = mapped_column(Integer)
+    peak_vms_mcpu: Mapped[int] = mapped_column(Integer)
+    peak_other_mcpu: Mapped[int] = mapped_column(Integer)
     hours: Mapped[bytes] = mapped_column(LargeBinary(24))
     hist: Mapped[bytes] = mapped_column(LargeBinary(40))
     probe_p99_ms_max: Mapped[float | None] = mapped_column(REAL, nullable=True)

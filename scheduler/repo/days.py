@@ -6,12 +6,13 @@ import struct
 from collections.abc import Sequence
 from typing import Any
 
-from sqlalchemy import Double, Text, case, cast, delete, func, select
+from sqlalchemy import BigInteger, case, cast, delete, func, select
 from sqlalchemy.dialects import postgresql, sqlite
 from sqlalchemy.orm import Session
 
 from scheduler.db.models import Host, HostDay
 from scheduler.schemas.fleet import HostDayIn
+from scheduler.utilization import MILLI, milli
 
 _UPDATED = [c.name for c in HostDay.__table__.columns if c.name not in ("day", "host")]
 
@@ -47,7 +48,8 @@ def row_of(host: str, d: HostDayIn) -> dict[str, Any]:
     return {"host": host, "day": d.day.isoformat(), "utc_offset_min": d.utc_offset_min, "cpus": d.cpus,
             "samples": d.samples, "peak_start": _minutes(d.peak.start), "peak_end": _minutes(d.peak.end),
             "peak_samples": d.peak.samples,
-            "peak_io": d.peak.io, "peak_vms": d.peak.vms, "peak_other": d.peak.other,
+            "peak_io_mcpu": milli(d.peak.io), "peak_vms_mcpu": milli(d.peak.vms),
+            "peak_other_mcpu": milli(d.peak.other),
             "hours": pack_hours(d.hours), "hist": pack_hist(d.hist), "probe_p99_ms_max": d.probe_p99_ms_max,
             "psi_some_avg10_max": d.psi_some_avg10_max, "foreign_cpu_s": d.foreign_cpu_s,
             "probe_failed": d.probe_failed}
@@ -75,17 +77,13 @@ def for_day(*, session: Session, day: str) -> Sequence[Any]:
 def peak_bins(*, session: Session, first: str, last: str, bins: int) -> Sequence[Any]:
     """(day, bin, hosts) over days ``first``..``last`` of registered hosts: each host's
     peak-window share of its CPUs in use (all classes), binned in the database as
-    ``utilization.value``/``bin_of`` do it in Python (double precision, capped at 1, a
-    share of exactly 1 in the last bin), so a day's counts match ``distribution``'s."""
-    pg = session.bind.dialect.name == "postgresql"  # type: ignore[union-attr]
-
-    def as_read(col: Any) -> Any:
-        # PostgreSQL's REAL is single precision and reaches Python as its shortest decimal
-        # text (4.8, not 4.800000190734863): through text here too, or bin edges differ
-        return cast(cast(col, Text), Double) if pg else cast(col, Double)
-    used = (as_read(HostDay.peak_io) + as_read(HostDay.peak_vms)) + as_read(HostDay.peak_other)
-    share = case((used >= HostDay.cpus, 1.0), else_=used / cast(HostDay.cpus, Double))
-    b = case((share * bins >= bins, bins - 1), else_=func.floor(share * bins)).label("bin")
+    ``utilization.value``/``bin_of`` do it in Python, in integers (milli-CPUs of the
+    host's CPUs x 1000; 64-bit, PostgreSQL's INTEGER would overflow at 100 bins), so a
+    share on a bin edge opens that bin and a day's counts match ``distribution``'s."""
+    used = (cast(HostDay.peak_io_mcpu, BigInteger) + HostDay.peak_vms_mcpu) + HostDay.peak_other_mcpu
+    total = cast(HostDay.cpus, BigInteger) * MILLI
+    # min(bins - 1, used * bins // total): integer division on both stores (operands >= 0)
+    b = case((used >= total, bins - 1), else_=(used * bins) // total).label("bin")
     q = (select(HostDay.day, b, func.count().label("hosts"))
          .join(Host, Host.name == HostDay.host)
          .where(HostDay.day >= first, HostDay.day <= last, HostDay.peak_samples > 0, HostDay.cpus > 0)

@@ -76,7 +76,7 @@ class FleetService:
                 continue
             state = host_repo.effective_state(r, now=now, heartbeat_timeout_s=self.timeout)
             out.append(Day(r.name, r.rack, state, r.carved_policy or "", d.cpus,
-                           {"io": d.peak_io, "vms": d.peak_vms, "other": d.peak_other}, d.peak_samples,
+                           {"io": d.peak_io_mcpu, "vms": d.peak_vms_mcpu, "other": d.peak_other_mcpu}, d.peak_samples,
                            days_repo.unpack_hours(d.hours)))
         return out, len(rows)
 

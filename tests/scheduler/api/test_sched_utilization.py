@@ -133,7 +133,8 @@ def test_a_host_day_is_stored_in_under_256_bytes(api) -> None:  # type: ignore[n
 
 
 def test_distribution_pure() -> None:
-    days = [Day(f"h{i}", "r", "active", "", 10, {"io": 1.0, "vms": i, "other": 0.0}, 60, [None] * 24) for i in range(10)]
+    days = [Day(f"h{i}", "r", "active", "", 10, {"io": 1000, "vms": 1000 * i, "other": 0}, 60, [None] * 24)
+            for i in range(10)]
     got = distribution(days, window=None, group="class", bins=10, expected=12)
     assert got["hosts_included"] == 10 and got["hosts_missing"] == 2
     assert [b["counts"].get("vms", 0) for b in got["bins"]] == [1] * 10

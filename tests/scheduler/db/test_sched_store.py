@@ -33,12 +33,15 @@ def test_migrations_up_down_up(db_url):
     store = Store.from_url(db_url)
     try:
         upgrade(store.engine)
-        assert current(store.engine) == "0014"
+        assert current(store.engine) == "0015"
         rollouts = {"rollouts", "rollout_hosts", "rollout_transitions", "rollout_leases"}
         assert {"hosts", "vms", "audit"} | rollouts <= set(inspect(store.engine).get_table_names())
         assert {"owner", "metrics_url", "hostd_version", "carved_policy", "admin_owner", "admin_reason",
                 "admin_since"} <= {c["name"] for c in inspect(store.engine).get_columns("hosts")}
         assert {"host_days", "console_sessions"} <= set(inspect(store.engine).get_table_names())
+        assert "peak_io_mcpu" in {c["name"] for c in inspect(store.engine).get_columns("host_days")}
+        downgrade(store.engine, "0014")
+        assert "peak_io" in {c["name"] for c in inspect(store.engine).get_columns("host_days")}
         downgrade(store.engine, "0013")
         assert "console_sessions" not in inspect(store.engine).get_table_names()
         downgrade(store.engine, "0012")
@@ -61,7 +64,33 @@ def test_migrations_up_down_up(db_url):
         assert "hosts" not in inspect(store.engine).get_table_names()
         out = subprocess.run([sys.executable, "-m", "scheduler.cli", "db", "upgrade", "--url", db_url],
                              capture_output=True, text=True, cwd=REPO, check=True)
-        assert out.stdout.strip() == "0014"
+        assert out.stdout.strip() == "0015"
+    finally:
+        store.dispose()
+
+
+def test_kept_peaks_become_the_milli_cpus_they_read_as(db_url):
+    """0015 turns a kept day's REAL peak into milli-CPUs from the decimal it reads as
+    (PostgreSQL's single-precision 2.4 is 2.4000000953674316 as a double, "2.4" as text):
+    2.4 of 48 CPUs becomes 2400 of 48000, exactly 5 %; and back on downgrade."""
+    from sqlalchemy import text
+    store = Store.from_url(db_url)
+    try:
+        upgrade(store.engine, "0014")
+        row = {"day": "2025-11-25", "host": "h", "utc_offset_min": 0, "cpus": 48, "samples": 1, "peak_start": 0,
+               "peak_end": 60, "peak_samples": 1, "io": 0.3, "vms": 2.4, "other": 65535.125, "hours": bytes(24),
+               "hist": bytes(40), "fc": 0.0, "pf": 0}
+        with store.engine.begin() as c:
+            c.execute(text("INSERT INTO host_days VALUES (:day, :host, :utc_offset_min, :cpus, :samples, :peak_start, "
+                           ":peak_end, :peak_samples, :io, :vms, :other, :hours, :hist, NULL, NULL, :fc, :pf)"), row)
+        upgrade(store.engine)
+        with store.engine.connect() as c:
+            got = c.execute(text("SELECT peak_io_mcpu, peak_vms_mcpu, peak_other_mcpu FROM host_days")).one()
+        assert tuple(got) == (300, 2400, 65535125)
+        downgrade(store.engine, "0014")
+        with store.engine.connect() as c:
+            back = c.execute(text("SELECT peak_io, peak_vms, peak_other FROM host_days")).one()
+        assert tuple(back) == (0.3, 2.4, 65535.125)
     finally:
         store.dispose()
 
