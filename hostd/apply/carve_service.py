@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import logging
-import re
 import time
 from collections.abc import Callable, Iterator
 from contextlib import AbstractContextManager
@@ -40,6 +39,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from api.bounds import OPERATION_ID_RULE, check_digest, check_operation_id
 from api.layout import Layout
 from api.policy import policy_digest
 from hostd.apply.carve_state import (
@@ -83,8 +83,6 @@ CARVE_STATE = "carve state"  # Served.source of a carved host
 BUSY_STATES = ("running", "creating", "deleting")
 LEDGER_NAME = "ledger.db"
 WAIT_S = 60.0  # how long a carve waits for the lock before CarveBusy
-OPERATION_RE = re.compile(r"[\x21-\x7e]{1,200}")  # printable ASCII, no spaces
-DIGEST_RE = re.compile(r"(|[0-9a-f]{64})")
 
 
 @dataclass(frozen=True)
@@ -101,12 +99,17 @@ class Asker:
     by: str
 
     def check(self) -> None:
-        if self.expected is not None and not DIGEST_RE.fullmatch(self.expected):
-            raise CarveRequestInvalid(f"{self.expected[:80]!r} is not a sha256 hex digest or \"\" (uncarved)",
-                                      field="expected_digest")
-        if not OPERATION_RE.fullmatch(self.operation):
-            raise CarveRequestInvalid("required: 1-200 printable characters without spaces, naming the "
-                                      "change (e.g. rollout/<name>/<host>/carve)", field="operation_id")
+        if self.expected is not None:
+            try:
+                check_digest(self.expected)
+            except ValueError as e:
+                raise CarveRequestInvalid(str(e), field="expected_digest") from None
+        if not self.operation:
+            raise CarveRequestInvalid(f"required: {OPERATION_ID_RULE}", field="operation_id")
+        try:
+            check_operation_id(self.operation)
+        except ValueError as e:
+            raise CarveRequestInvalid(str(e), field="operation_id") from None
 
 
 def describe_carve(st: CarveState | None) -> str:
@@ -327,7 +330,7 @@ class CarveService:
         text, policy = self._parse(text, policy)
         own = policy_digest(text)
         if digest is not None and digest != own:
-            raise DigestMismatch(f"{digest or '(none)'} is not the sha256 of the policy text "
+            raise DigestMismatch(f"{digest[:80] or '(none)'} is not the sha256 of the policy text "
                                  f"({own}): plan with the text you carve", field="policy_digest")
         with self._exclusive("carve"):
             self._compare(asker, target=own)

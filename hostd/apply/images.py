@@ -15,15 +15,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 import threading
 from pathlib import Path
 
+from api.bounds import check_image
 from api.jsonmodel import SchemaError, from_jsonable, to_jsonable
 from hostd.domain.image import Image
 from hostd.errors import BadImage, UnknownImage
 
-_NAME_RE = re.compile(r"^[a-z0-9][a-z0-9_.-]{0,63}$")
+def _is_name(name: str) -> bool:
+    try:
+        check_image(name)  # the bound of CreateVM.image too: one rule for an image name
+    except ValueError:
+        return False
+    return True
 
 
 def sha256_file(path: Path) -> str:
@@ -43,7 +48,7 @@ class ImageStore:
     def add(self, name: str, version: str, kind: str, files: dict[str, Path], *,
             cmdline: str = "", fmt: str = "raw", profiles: tuple[str, ...] = (),
             capabilities: dict[str, bool] | None = None) -> Image:
-        if not _NAME_RE.match(name):
+        if not _is_name(name):
             raise BadImage("use 1-64 of a-z, 0-9, '_', '.', '-'", field="image.name")
         need = {"kernel": {"kernel"}, "disk": {"disk"}}.get(kind)
         if need is None:
@@ -71,9 +76,9 @@ class ImageStore:
     def get(self, name: str, *, field: str = "image") -> Image:
         """The image, its files verified; UnknownImage / BadImage name ``field``."""
         path = self.root / name / "manifest.json"
-        if not _NAME_RE.match(name) or not path.is_file():
+        if not _is_name(name) or not path.is_file():
             known = ", ".join(self.names()) or "none"
-            raise UnknownImage(f"no image {name!r} in {self.root} (known: {known})", field=field)
+            raise UnknownImage(f"no image {name[:80]!r} in {self.root} (known: {known})", field=field)
         try:
             img = from_jsonable(Image, json.loads(path.read_text()), "manifest")
         except (ValueError, SchemaError) as e:

@@ -1,16 +1,22 @@
-"""Per-VM files on the host: a qcow2 overlay on the image's root disk, so VMs never
-share a writable root and the image stays pristine. Made right before the domain is
-defined, removed with the VM (``release``)."""
+"""Per-VM files on the host, in ``<state_dir>/vms/<vm name>/``: a qcow2 overlay on the
+image's root disk, so VMs never share a writable root and the image stays pristine, and
+the serial console's log (``hostd/domain/designer.py`` names it). The overlay is made
+right before the domain is defined; the directory goes with the VM (``release``)."""
 
 from __future__ import annotations
 
 import dataclasses
+import logging
+import shutil
 import stat
 import subprocess
 from pathlib import Path
 
+from api.bounds import check_vm_name
 from hostd.domain.image import Image
 from hostd.errors import BadImage
+
+log = logging.getLogger(__name__)
 
 OVERLAY = "root.qcow2"
 
@@ -40,7 +46,17 @@ class Overlays:
         return dataclasses.replace(image, files=image.files | {"disk": str(overlay)}, format="qcow2")
 
     def release(self, name: str) -> None:
-        (self.vms_dir / name / OVERLAY).unlink(missing_ok=True)
+        """Remove VM ``name``'s directory, overlay and console log with it. Only a VM
+        name (``api.bounds.check_vm_name``) makes a path: a ledger row an older hostd
+        wrote for a VM named ".." must not remove the state directory."""
+        try:
+            check_vm_name(name)
+        except ValueError as e:
+            log.warning("not removing the files of VM %r: %s", name[:80], e)
+            return
+        d = self.vms_dir / name
+        if d.is_dir() and not d.is_symlink():
+            shutil.rmtree(d)
 
 
 def unreachable_for_qemu(path: Path) -> Path | None:

@@ -25,6 +25,16 @@ import xml.etree.ElementTree as ET
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
+from api.bounds import (
+    DISKS_MAX,
+    VFS_MAX,
+    check_count,
+    check_disk_ref,
+    check_grace_seconds,
+    check_label_selector,
+    check_vf_ref,
+    check_vm_id,
+)
 from api.layout import Layout
 from hostd.apply.diskhold import DiskHold
 from hostd.apply.hostlock import HostLock
@@ -34,7 +44,7 @@ from hostd.apply.libvirt_host import LibvirtHost
 from hostd.apply.overlays import Overlays
 from hostd.apply.steps import VfRates
 from hostd.carve.vmclaim import Claim, claim
-from hostd.carve.vmspec import DiskSpec, VmSpec
+from hostd.carve.vmspec import DiskSpec, VmSpec, spec_problem
 from hostd.domain.image import Image
 from hostd.domain.metadata import VmMetadata
 from hostd.errors import (
@@ -47,6 +57,8 @@ from hostd.errors import (
     NotCarved,
     NotFound,
     Refused,
+    SpecInvalid,
+    UnknownProfile,
 )
 from hostd.metrics import Metrics
 
@@ -169,6 +181,9 @@ class VmManager:
         return self.pf_drivers.get(pf) in MIN_RATE_DRIVERS
 
     def create(self, spec: VmSpec) -> VmRecord:
+        bad = spec_problem(spec)  # before any lock, lookup or write: a bad request changes nothing
+        if bad:
+            raise SpecInvalid(bad.reason, field=bad.field)
         with self._changing("create a VM"):
             prior = self.ledger.get(request_id=spec.request_id)
             if prior is not None:
@@ -179,8 +194,8 @@ class VmManager:
                 raise Conflict(f"a VM named {spec.name!r} exists", field="name")
             image = self.images.get(spec.image)
             if spec.profile and self.profiles is not None and spec.profile not in self.profiles:
-                raise Refused(f"no tuning profile {spec.profile!r} (known: {', '.join(sorted(self.profiles))})",
-                              field="profile")
+                raise UnknownProfile(f"no tuning profile {spec.profile!r} (known: "
+                                     f"{', '.join(sorted(self.profiles)) or 'none'})", field="profile")
             if spec.profile and image.profiles and spec.profile not in image.profiles:
                 raise Refused(f"image {image.name} has profiles {list(image.profiles)}", field="profile")
             self._check_spec(spec)
@@ -231,15 +246,12 @@ class VmManager:
         return dataclasses.replace(spec, vfs=vfs)
 
     def _check_spec(self, spec: VmSpec) -> None:
-        for i, d in enumerate(spec.disks):
-            bad = d.iotune.check(f"disks[{i}].iotune")
-            if bad:
-                raise Refused(bad[1], field=bad[0])
-            name = next((b.name for b in self.layout.disks if d.disk in (b.name, b.id)), None)
+        names = self._resolve_disks([d.disk for d in spec.disks])
+        for i, name in enumerate(names):
             if name is None:
                 allowed = ", ".join(b.name for b in self.layout.disks) or "none"
-                raise Refused(f"{d.disk!r} is not an assignable disk on this host (assignable: {allowed})",
-                              field=f"disks[{i}].disk")
+                raise Refused(f"{spec.disks[i].disk!r} is not an assignable disk on this host "
+                              f"(assignable: {allowed})", field=f"disks[{i}].disk")
             reasons = self.disk_check(name)
             if reasons:
                 raise Refused(f"{name} cannot be used now: {'; '.join(reasons)}", field=f"disks[{i}].disk")
@@ -294,18 +306,38 @@ class VmManager:
 
     # ------------------------------------------------------------ the rest of the lifecycle
 
+    def _resolve_disks(self, refs: list[str]) -> list[str | None]:
+        """The kernel name of each disk a request names (by name or by stable id; None:
+        not an assignable disk). One device named twice is the caller's mistake
+        (SpecInvalid), found here on the device, before the ledger's keys would."""
+        names = [self.disk_name(r) for r in refs]
+        for i, n in enumerate(names):
+            if n is not None and n in names[:i]:
+                raise SpecInvalid(f"{refs[i]!r} is {n}, as disks[{names.index(n)}] is: name a disk once",
+                                  field=f"disks[{i}].disk")
+        return names
+
     def get(self, vm_id: str) -> VmRecord:
+        try:
+            check_vm_id(vm_id)
+        except ValueError as e:
+            raise SpecInvalid(str(e), field="vm_id") from None
         rec = self.ledger.get(vm_id=vm_id)
         if rec is None:
             raise NotFound(f"no VM {vm_id}", field="vm_id")
         return rec
 
     def list(self, label_selector: str = "") -> list[VmRecord]:
+        try:
+            check_label_selector(label_selector)
+        except ValueError as e:
+            raise SpecInvalid(str(e), field="label_selector") from None
         want = dict(kv.split("=", 1) for kv in label_selector.split(",") if "=" in kv)
         return [r for r in self.ledger.list()
                 if all(r.spec.get("labels", {}).get(k) == v for k, v in want.items())]
 
     def delete(self, vm_id: str, grace_s: float = 0) -> None:
+        _check_grace(grace_s)
         with self._changing("delete a VM"):
             rec = self.get(vm_id)
             self.ledger.set_state(vm_id, "deleting")
@@ -320,6 +352,7 @@ class VmManager:
             log.info("deleted vm=%s name=%s", vm_id, rec.name)
 
     def stop(self, vm_id: str, grace_s: float = 30) -> VmRecord:
+        _check_grace(grace_s)
         with self._changing("stop a VM"):
             self.get(vm_id)
             self.libvirt.shutdown(vm_id, grace_s)
@@ -339,22 +372,23 @@ class VmManager:
     def update_io(self, vm_id: str, disks: list[DiskSpec],
                   vf_rates: list[tuple[str, int, int]]) -> VmRecord:
         """Live change of disk throttles (by disk name/id) and VF rates (by VF PCI
-        address, or pf:index). Budgets are re-checked; nothing changes on refusal."""
+        address, or pf:index). Budgets are re-checked; nothing changes on refusal, and
+        a request that changes nothing writes nothing."""
+        _check_io_request(disks, vf_rates)
+        if not disks and not vf_rates:
+            return self.get(vm_id)
         with self._changing("change a VM's IO limits"):
             rec = self.get(vm_id)
             spec = VmSpec.from_dict(rec.spec)
             own = {d.name: d for d in rec.claim.disks}
             used = self.ledger.usage()
+            names = self._resolve_disks([d.disk for d in disks])
             targets = self._disk_targets(vm_id)
             plan: list[tuple[str, DiskSpec]] = []
-            for i, d in enumerate(disks):
-                name = next((b.name for b in self.layout.disks if d.disk in (b.name, b.id)), None)
+            for i, (d, name) in enumerate(zip(disks, names)):
                 if name is None or name not in own:
                     raise Refused(f"{d.disk!r} is not one of this VM's disks ({', '.join(own) or 'none'})",
                                   field=f"disks[{i}].disk")
-                bad = d.iotune.check(f"disks[{i}].iotune")
-                if bad:
-                    raise Refused(bad[1], field=bad[0])
                 budget = next(b for b in self.layout.disks if b.name == name)
                 others_bytes = used.disks.get(name, (0, 0))[0] - own[name].bytes_sec
                 others_iops = used.disks.get(name, (0, 0))[1] - own[name].iops
@@ -375,6 +409,8 @@ class VmManager:
                                                               f"{v.pf}:{v.index}")), None)
                 if v is None:
                     raise Refused(f"{ref!r} is not one of this VM's VFs", field=f"vfs[{i}].vf_pci")
+                if any(v is w for w, _, _ in vf_plan):
+                    raise SpecInvalid(f"{ref!r} is a VF named before: name a VF once", field=f"vfs[{i}].vf_pci")
                 if mn and not self.min_rate_supported(v.pf):
                     raise Refused(f"{v.pf} does not support a minimum VF tx rate",
                                   field=f"vfs[{i}].min_tx_rate_mbps")
@@ -521,6 +557,31 @@ class VmManager:
                   "iops_used": used.disks.get(d.name, (0, 0))[1], "vm_id": owner.get(d.name, "")}
                  for d in lay.disks]
         return {"generation": self.generation, "nodes": nodes, "pfs": pfs, "disks": disks}
+
+
+def _check_grace(grace_s: float) -> None:
+    try:
+        check_grace_seconds(int(grace_s))
+    except ValueError as e:
+        raise SpecInvalid(str(e), field="grace_seconds") from None
+
+
+def _check_io_request(disks: list[DiskSpec], vf_rates: list[tuple[str, int, int]]) -> None:
+    """UpdateIOLimits' fields against their bounds (``api.bounds``), as CreateVM's."""
+    checks: list[tuple[str, Callable[[], object]]] = [
+        ("disks", lambda: check_count(len(disks), DISKS_MAX, "disks")),
+        ("vfs", lambda: check_count(len(vf_rates), VFS_MAX, "VFs"))]
+    checks += [(f"disks[{i}].disk", lambda d=d: check_disk_ref(d.disk)) for i, d in enumerate(disks)]
+    checks += [(f"vfs[{i}].vf_pci", lambda r=r: check_vf_ref(r[0])) for i, r in enumerate(vf_rates)]
+    for field, check in checks:
+        try:
+            check()
+        except ValueError as e:
+            raise SpecInvalid(str(e), field=field) from None
+    for i, d in enumerate(disks):
+        bad = d.iotune.check(f"disks[{i}].iotune")
+        if bad:
+            raise SpecInvalid(bad[1], field=bad[0])
 
 
 def _mac(request_id: str, i: int) -> str:

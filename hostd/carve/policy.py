@@ -13,6 +13,7 @@ from typing import Annotated
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
+from api.bounds import check_policy_data, check_policy_text
 from hostd.cpulist import CpuListError, parse_cpu_list
 
 _SIZE_RE = re.compile(r"^\s*(\d+)\s*([KMG])i?B?\s*$", re.IGNORECASE)
@@ -171,11 +172,18 @@ def policy_from_dict(data: dict) -> Policy:
 
 def loads_policy(text: str, *, source: str = "policy") -> Policy:
     """A policy from its TOML text (a rollout ships it in a request); ``source`` names
-    the text in a TOML syntax error."""
+    the text in a TOML syntax error. The text's size and nesting are bounded
+    (``api.bounds``) before it is parsed."""
     try:
-        data = tomllib.loads(text)
+        check_policy_text(text)
+    except ValueError as e:
+        raise PolicyError(source, str(e)) from None
+    try:
+        data = check_policy_data(tomllib.loads(text))
     except tomllib.TOMLDecodeError as e:
         raise PolicyError(source, f"not valid TOML: {e}") from None
+    except (ValueError, RecursionError) as e:  # an integer of 5,000 digits; nesting the pre-check missed
+        raise PolicyError(source, f"not a policy: {str(e)[:200]}") from None
     return policy_from_dict(data)
 
 

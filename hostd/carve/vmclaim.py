@@ -17,8 +17,7 @@ from api.jsonmodel import from_jsonable, to_jsonable
 from api.layout import Layout, NodeLayout
 from hostd.errors import NoFit
 
-_NAME_RE = re.compile(r"^[A-Za-z0-9_.-]{1,64}$")
-_MAC_RE = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
+_MAC_RE = re.compile(r"([0-9a-f]{2}:){5}[0-9a-f]{2}")
 
 
 @dataclass(frozen=True)
@@ -141,26 +140,19 @@ class Claim:
 
 
 def validate_request(req: VmRequest) -> NoFit | None:
-    if not _NAME_RE.match(req.name):
-        return NoFit("name", "use 1-64 of letters, digits, '_', '.', '-'")
-    if req.vcpus < 1:
-        return NoFit("vcpus", "must be at least 1")
-    if req.memory_mib < 1:
-        return NoFit("memory_mib", "must be at least 1")
+    """What the claim needs of a request to be one VM. The fields' bounds (names,
+    lengths, ids) are checked before, once: ``vmspec.spec_problem``."""
     if req.hugepage_size_kb <= 0 or (req.memory_mib * 1024) % req.hugepage_size_kb:
         return NoFit("memory_mib", f"must be a multiple of the {req.hugepage_size_kb} kB page size")
     if req.emulator_policy not in ("host", "share", "isolate"):
         return NoFit("emulator_policy", "must be host, share or isolate")
     for i, v in enumerate(req.vfs):
-        if v.mac and not _MAC_RE.match(v.mac):
+        if v.mac and not _MAC_RE.fullmatch(v.mac):
             return NoFit(f"vfs[{i}].mac", f"{v.mac!r} is not a lower-case MAC address")
         if not 0 <= v.vlan <= 4094:
             return NoFit(f"vfs[{i}].vlan", "must be 0 (untagged) to 4094")
         if v.max_tx_rate_mbps and v.min_tx_rate_mbps > v.max_tx_rate_mbps:
             return NoFit(f"vfs[{i}].min_tx_rate_mbps", "exceeds max_tx_rate_mbps")
-    names = [d.disk for d in req.disks]
-    if len(set(names)) != len(names):
-        return NoFit("disks", "a disk is listed twice")
     return _validate_cells(req)
 
 
@@ -308,6 +300,9 @@ def _claim_disks(layout: Layout, used: Usage, req: VmRequest) -> tuple[ClaimedDi
         budget = next((b for b in layout.disks if d.disk in (b.name, b.id)), None)
         if budget is None:
             return NoFit(f"disks[{i}].disk", f"{d.disk!r} is not an assignable disk on this host")
+        twice = next((j for j, x in enumerate(out) if x.name == budget.name), None)
+        if twice is not None:  # by name and by id, say: one device, so one claim
+            return NoFit(f"disks[{i}].disk", f"{d.disk!r} is {budget.name}, as disks[{twice}] is")
         if budget.name in used.disks:
             return NoFit(f"disks[{i}].disk", f"{budget.name} already belongs to another VM")
         if budget.bytes_sec and d.bytes_sec > budget.bytes_sec:

@@ -7,11 +7,14 @@ can be re-checked, re-rendered or adopted after a restart from either copy.
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
+from api import bounds
 from api.jsonmodel import from_jsonable, to_jsonable
 from hostd.carve.vmclaim import CellReq, DiskReq, VfReq, VmRequest
+from hostd.errors import NoFit
 
 
 @dataclass(frozen=True)
@@ -40,27 +43,18 @@ class IoTune:
         return self.total_iops_sec or (self.read_iops_sec + self.write_iops_sec)
 
     def check(self, where: str) -> tuple[str, str] | None:
-        """(field, reason) when libvirt would refuse this combination."""
-        if self.total_bytes_sec and (self.read_bytes_sec or self.write_bytes_sec):
-            return f"{where}.total_bytes_sec", "cannot be combined with read_/write_bytes_sec"
-        if self.total_iops_sec and (self.read_iops_sec or self.write_iops_sec):
-            return f"{where}.total_iops_sec", "cannot be combined with read_/write_iops_sec"
-        if self.total_bytes_sec_max and self.total_bytes_sec_max < self.total_bytes_sec:
-            return f"{where}.total_bytes_sec_max", "is below total_bytes_sec"
-        if self.total_iops_sec_max and self.total_iops_sec_max < self.total_iops_sec:
-            return f"{where}.total_iops_sec_max", "is below total_iops_sec"
-        if self.total_bytes_sec_max_length and not self.total_bytes_sec_max:
-            return f"{where}.total_bytes_sec_max_length", "needs total_bytes_sec_max"
-        if self.total_iops_sec_max_length and not self.total_iops_sec_max:
-            return f"{where}.total_iops_sec_max_length", "needs total_iops_sec_max"
-        return None
+        """(field, reason) when libvirt or QEMU would refuse this throttle, or a value
+        is out of bounds (``api.bounds.iotune_problem``, the scheduler's rule too)."""
+        bad = bounds.iotune_problem(to_jsonable(self))
+        return (f"{where}.{bad[0]}", bad[1]) if bad else None
 
     def libvirt_params(self) -> dict[str, int | str]:
-        """For virDomainSetBlockIoTune: base rates always (0 clears one, so switching
-        from total_* to read_/write_* works); bursts only when set, because libvirt
-        checks a base rate against a burst of 0 as if it were a limit."""
-        d: dict[str, int | str] = {k: v for k, v in to_jsonable(self).items()
-                                   if k != "group_name" and (v or "_max" not in k)}
+        """For virDomainSetBlockIoTune: every rate and burst, 0 included, so the disk
+        ends with exactly this throttle: libvirt keeps the current value of a field it
+        is not given, and a burst left over from the last one would both outlive the
+        spec and refuse a later base rate above it. (libvirt's test driver refuses a
+        base rate with a burst of 0; the QEMU driver takes 0 as no burst.)"""
+        d: dict[str, int | str] = {k: v for k, v in to_jsonable(self).items() if k != "group_name"}
         if self.group_name:
             d["group_name"] = self.group_name
         return d
@@ -106,3 +100,49 @@ class VmSpec:
 
     def same_as(self, other: "VmSpec") -> bool:
         return json.dumps(self.to_dict(), sort_keys=True) == json.dumps(other.to_dict(), sort_keys=True)
+
+
+def spec_problem(spec: VmSpec) -> NoFit | None:
+    """The request's fields against their bounds (``api.bounds``; the table is in
+    hostd/README.md): the one check of what a caller sent, made before anything is
+    looked up, claimed or written. Whether the host can have the VM is the claim's
+    question (``vmclaim.claim``)."""
+    checks: list[tuple[str, Callable[[], object]]] = [
+        ("request_id", lambda: bounds.check_request_id(spec.request_id)),
+        ("name", lambda: bounds.check_vm_name(spec.name)),
+        ("image", lambda: bounds.check_image(spec.image)),
+        ("profile", lambda: bounds.check_profile(spec.profile)),
+        ("labels", lambda: bounds.check_labels(spec.labels)),
+        ("vcpus", lambda: bounds.check_range(spec.vcpus, 1, bounds.VCPUS_MAX)),
+        ("memory_mib", lambda: bounds.check_range(spec.memory_mib, 1, bounds.MEMORY_MIB_MAX)),
+        ("disks", lambda: bounds.check_count(len(spec.disks), bounds.DISKS_MAX, "disks")),
+        ("vfs", lambda: bounds.check_count(len(spec.vfs), bounds.VFS_MAX, "VFs")),
+        ("placement.numa_node", lambda: spec.node is None or bounds.check_numa_node(spec.node)),
+        ("placement.cpus", lambda: _cpus(spec.cpus)),
+        ("placement.cells", lambda: bounds.check_count(len(spec.cells), bounds.MAX_NUMA_NODES, "cells")),
+    ]
+    for i, d in enumerate(spec.disks):
+        checks.append((f"disks[{i}].disk", lambda d=d: bounds.check_disk_ref(d.disk)))
+    for i, v in enumerate(spec.vfs):
+        checks.append((f"vfs[{i}].pf", lambda v=v: bounds.check_pf(v.pf)))
+    for i, c in enumerate(spec.cells):
+        checks.append((f"placement.cells[{i}].numa_node", lambda c=c: bounds.check_numa_node(c.node)))
+        checks.append((f"placement.cells[{i}].cpus", lambda c=c: _cpus(c.prefer_cpus)))
+        checks.append((f"placement.cells[{i}].memory_mib",
+                       lambda c=c: bounds.check_range(c.memory_mib, 1, bounds.MEMORY_MIB_MAX)))
+    for field_, check in checks:
+        try:
+            check()
+        except ValueError as e:
+            return NoFit(field_, str(e))
+    for i, d in enumerate(spec.disks):
+        bad = d.iotune.check(f"disks[{i}].iotune")
+        if bad:
+            return NoFit(*bad)
+    return None
+
+
+def _cpus(cpus: tuple[int, ...]) -> None:
+    bounds.check_count(len(cpus), bounds.MAX_CPUS, "CPUs")
+    for c in cpus:
+        bounds.check_cpu_id(c)

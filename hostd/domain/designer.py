@@ -99,8 +99,8 @@ from hostd.domain.metadata import VmMetadata
 from hostd.errors import DomainDesignError
 
 VIRT_TYPES = ("kvm", "qemu")
-_DISK_NAME_RE = re.compile(r"^[A-Za-z0-9_.:+-]{1,20}$")  # virtio-blk serial: 20 bytes
-_MAC_RE = re.compile(r"^([0-9a-f]{2}:){5}[0-9a-f]{2}$")
+_DISK_NAME_RE = re.compile(r"[A-Za-z0-9_.:+-]{1,20}")  # virtio-blk serial: 20 bytes
+_MAC_RE = re.compile(r"([0-9a-f]{2}:){5}[0-9a-f]{2}")
 
 
 @dataclass(frozen=True)
@@ -290,14 +290,12 @@ def _check_inputs(spec: VmSpec, claim: Claim, boot: Boot, host: HostFacts) -> No
     if len(claim.disks) != len(spec.disks):
         raise _refuse("disks", f"{len(spec.disks)} disks asked, {len(claim.disks)} claimed")
     for i, (cd, ds) in enumerate(zip(claim.disks, spec.disks)):
-        if not _DISK_NAME_RE.match(cd.name) or cd.name in (".", ".."):
+        if not _DISK_NAME_RE.fullmatch(cd.name) or cd.name in (".", ".."):
             raise _refuse(f"disks[{i}].disk", f"{cd.name!r} is not a kernel disk name usable as a "
                                               "virtio serial (1-20 of A-Z a-z 0-9 _ . : + -)")
-        bad = ds.iotune.check(f"disks[{i}].iotune")
+        bad = ds.iotune.check(f"disks[{i}].iotune")  # the group name's bound included
         if bad:
             raise _refuse(*bad)
-        if ds.iotune.group_name and not re.match(r"^[A-Za-z0-9_.-]{1,64}$", ds.iotune.group_name):
-            raise _refuse(f"disks[{i}].iotune.group_name", "use 1-64 of letters, digits, '_', '.', '-'")
     for i, v in enumerate(claim.vfs):
         if (v.pf, v.index) not in host.vf_pci:
             raise _refuse(f"vfs[{i}]", f"no PCI address known for {v.pf} VF {v.index}")
@@ -305,7 +303,7 @@ def _check_inputs(spec: VmSpec, claim: Claim, boot: Boot, host: HostFacts) -> No
             PciAddress.parse(host.vf_pci[(v.pf, v.index)])
         except ElementError as e:
             raise _refuse(f"vfs[{i}]", str(e)) from None
-        if not _MAC_RE.match(v.mac):
+        if not _MAC_RE.fullmatch(v.mac):
             raise _refuse(f"vfs[{i}].mac", f"{v.mac!r} is not a lower-case MAC address (a VF needs a "
                                            "fixed MAC, or it changes on every define)")
         if not 0 <= v.vlan <= 4094:

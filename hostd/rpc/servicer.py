@@ -17,6 +17,7 @@ import grpc
 
 from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
+from api.bounds import check_vm_id
 from api.jsonmodel import to_jsonable
 from hostd.apply.carve_service import Asker, CarveService
 from hostd.apply.carve_state import boot_changes, boot_pending
@@ -37,6 +38,20 @@ _STATES = {"creating": pb.VM_STATE_CREATING, "running": pb.VM_STATE_RUNNING,
            "deleting": pb.VM_STATE_DELETING, "deleted": pb.VM_STATE_DELETING}
 
 EVENT_QUEUE = 1024  # per WatchEvents stream; a stream that falls this far behind is ended
+# A status message carries the code, the field and the reason; never a caller's 4 MB
+# value echoed back (a status travels in HTTP/2 trailers, which have their own limit).
+STATUS_MAX = 1024
+
+
+def _clip(text: str) -> str:
+    return text if len(text) <= STATUS_MAX else text[:STATUS_MAX - 3] + "..."
+
+
+def _vm_id_bound(vm_id: str) -> None:
+    try:
+        check_vm_id(vm_id)
+    except ValueError as e:
+        raise SpecInvalid(str(e), field="vm_id") from None
 
 
 def _iotune(m: pb.IoTune) -> IoTune:
@@ -140,13 +155,14 @@ class HostdService(pb_grpc.HostdServicer):
             out = fn()
         except HostdError as e:
             code = grpc.StatusCode[type(e).grpc_status]
-            log.info("rpc refused method=%s code=%s field=%s detail=%s", method, e.code, e.field, e.detail)
+            log.info("rpc refused method=%s code=%s field=%s detail=%s", method, e.code, e.field,
+                     _clip(e.detail))
             self._count(method, e.code)
-            ctx.abort(code, str(e))
+            ctx.abort(code, _clip(str(e)))
         except Exception as e:  # never leak a traceback as the status message
             log.exception("rpc failed method=%s", method)
             self._count(method, "hyb.hostd.internal")
-            ctx.abort(grpc.StatusCode.INTERNAL, f"hyb.hostd.internal: {type(e).__name__}: {e}")
+            ctx.abort(grpc.StatusCode.INTERNAL, _clip(f"hyb.hostd.internal: {type(e).__name__}: {e}"))
         self._count(method, "ok")
         return out
 
@@ -257,6 +273,8 @@ class HostdService(pb_grpc.HostdServicer):
                                                                   drained=request.drained)]))
 
     def WatchEvents(self, request, context) -> Iterator[pb.VMEvent]:
+        if request.vm_id:  # "" watches every VM; an id out of bounds is refused (one unknown yet is not)
+            self._call(context, lambda: _vm_id_bound(request.vm_id))
         q: queue.Queue[VmEvent | None] = queue.Queue(EVENT_QUEUE)
 
         def push(ev: VmEvent) -> None:

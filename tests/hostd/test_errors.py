@@ -4,6 +4,9 @@ nor inherit its parent's status without saying so."""
 
 from __future__ import annotations
 
+import re
+from pathlib import Path
+
 import grpc
 
 from hostd import errors
@@ -58,3 +61,29 @@ def test_codes_are_never_shared_but_by_a_subclass_that_says_it_is_its_parent() -
             assert issubclass(c, seen[c.code]) and "code" not in vars(c), (c, seen[c.code])
         else:
             seen[c.code] = c
+
+
+def readme_error_table() -> dict[str, set[str]]:
+    """hostd/README.md's error table: code -> the statuses its row names (a row such as
+    "`a` / `b` | X / Y" pairs them in order; "`a`, `b` | X" gives both X)."""
+    text = (Path(__file__).resolve().parents[2] / "hostd/README.md").read_text()
+    table = text.split("## Errors", 1)[1].split("\n## ", 1)[0]
+    out: dict[str, set[str]] = {}
+    for line in table.splitlines():
+        cells = [c.strip() for c in line.strip().strip("|").split("|")]
+        if len(cells) < 3 or not cells[0].startswith("`hyb."):
+            continue
+        groups = [re.findall(r"`(hyb\.[a-z_.]+)`", g) for g in cells[0].split(" / ")]
+        statuses = [s.strip() for s in cells[1].split("/")]
+        for codes, status in zip(groups, statuses if len(statuses) == len(groups) else statuses * len(groups)):
+            for code in codes:
+                out.setdefault(code, set()).add(status)
+    return out
+
+
+def test_the_readme_error_table_says_what_the_code_returns() -> None:
+    table = readme_error_table()
+    by_code = {c.code: c.grpc_status for c in error_classes()}
+    assert {code: {status} for code, status in by_code.items() if code in table} == \
+        {code: table[code] for code in by_code if code in table}
+    assert sorted(set(by_code) - set(table)) == []  # every code has its row

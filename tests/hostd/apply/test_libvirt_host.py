@@ -3,11 +3,13 @@ ownership by metadata, define/start/destroy, iotune round trip, reconnect."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 
 import pytest
 
 from hostd.apply.libvirt_host import LibvirtHost
+from hostd.carve.vmspec import IoTune
 from hostd.errors import DomainError, LibvirtUnavailable
 
 NS = "https://hybrid-kvm.example/xmlns/test/1"
@@ -71,3 +73,34 @@ def test_unreachable_libvirt_is_a_clear_error(monkeypatch: pytest.MonkeyPatch) -
     h = LibvirtHost("qemu+unix:///system?socket=/nonexistent/sock", NS)
     with pytest.raises(LibvirtUnavailable, match="cannot connect"):
         h.conn()
+
+
+@pytest.mark.root
+@pytest.mark.integration
+def test_an_iotune_change_on_qemu_leaves_exactly_the_new_throttle(libvirtd: str) -> None:
+    """The QEMU driver keeps every field a SetBlockIoTune call leaves out: dropping an
+    IOPS limit that had a burst was refused ("cannot reset 'total_iops_sec' when
+    'total_iops_sec_max' is set"), and a burst left behind refused a later higher base
+    rate. IoTune.libvirt_params gives every field, 0 clearing one. A guest idling in its
+    firmware, a throttled /dev/null (not relabelled): no boot needed."""
+    host = LibvirtHost(libvirtd, NS)
+    xml = f"""<domain type='qemu'><name>hyb-test-iotune</name><uuid>{uuid.uuid4()}</uuid>
+      <memory unit='MiB'>64</memory><vcpu>1</vcpu><os><type arch='x86_64' machine='pc'>hvm</type></os>
+      <devices><disk type='block' device='disk'><driver name='qemu' type='raw'/>
+        <source dev='/dev/null'><seclabel model='dac' relabel='no'/></source><target dev='vdb' bus='virtio'/>
+        <iotune><total_bytes_sec>1000000</total_bytes_sec><total_iops_sec>100</total_iops_sec>
+          <total_iops_sec_max>200</total_iops_sec_max><total_iops_sec_max_length>3</total_iops_sec_max_length>
+        </iotune></disk></devices></domain>"""
+    u = host.define("hyb-test-iotune", xml)
+    try:
+        host.start(u)
+        for tune in (IoTune(total_bytes_sec=500_000),  # the IOPS limit and its burst dropped
+                     IoTune(total_bytes_sec=400_000, total_bytes_sec_max=800_000, total_bytes_sec_max_length=5),
+                     IoTune(total_bytes_sec=3_000_000)):  # above the burst just dropped
+            host.set_iotune(u, "vdb", tune.libvirt_params())
+            want = {k: v for k, v in dataclasses.asdict(tune).items() if k != "group_name"}
+            got = host.get_iotune(u, "vdb")
+            assert {k: v for k, v in got.items() if k in want} == want, got
+    finally:
+        host.destroy_and_undefine(u)
+        host.close()

@@ -6,6 +6,7 @@ netlink path itself is tested in tests/hostd/apply (recorded trees)."""
 
 from __future__ import annotations
 
+import dataclasses
 import uuid
 from pathlib import Path
 
@@ -20,7 +21,7 @@ from hostd.apply.vms import VmManager
 from hostd.carve.vmclaim import VfReq
 from hostd.carve.vmspec import DiskSpec, IoTune, VmSpec
 from hostd.domain.metadata import NS, VmMetadata
-from hostd.errors import Conflict, HostdError, NotFound, Refused
+from hostd.errors import Conflict, HostdError, NotFound, Refused, SpecInvalid, UnknownProfile
 
 LAYOUT = Layout(
     nodes=(NodeLayout(0, io_cpus=(0, 4), host_cpus=(1, 5), vm_cpus=(2, 3, 6, 7),
@@ -141,13 +142,15 @@ def test_create_is_idempotent_by_request_id(env):
      "disks[0].iotune.total_bytes_sec", "cannot be combined"),
     ({"vfs": (VfReq(pf="eno1", min_tx_rate_mbps=100),)}, {}, "vfs[0].min_tx_rate_mbps", "i40e"),
     ({"vfs": (VfReq(pf="ens1f0", max_tx_rate_mbps=20000),)}, {}, "vfs[0].max_tx_rate_mbps", "above"),
-    ({"name": "bad name"}, {}, "name", "letters"),
+    ({"name": "bad name", "rid": "r-bad"}, {}, "name", "letters"),
 ])
 def test_refusals_name_the_field_and_change_nothing(env, kw, busy, field, words):
     manager, lv, busy_map, rates = env
     busy_map.update(busy)
     m = manager()
-    with pytest.raises(Refused if field not in ("image",) else Exception) as e:
+    # what the caller sent out of bounds is INVALID_ARGUMENT; what this host cannot give, FAILED_PRECONDITION
+    invalid = field in ("name", "disks[0].iotune.total_bytes_sec")
+    with pytest.raises(SpecInvalid if invalid else Refused if field != "image" else Exception) as e:
         m.create(spec(**kw))
     assert e.value.field == field and words in e.value.detail, e.value
     assert ours(lv) == [] and m.ledger.list() == [] and rates.calls == []
@@ -203,6 +206,38 @@ def test_update_io_limits_live_and_budget(env):
     assert lv.get_iotune(rec.vm_id, "vdb")["total_bytes_sec"] == 900
 
 
+def test_update_io_leaves_the_domain_with_exactly_the_new_throttle(env):
+    """libvirt keeps every field a SetBlockIoTune call leaves out: a burst the new
+    throttle drops used to stay on the domain (the ledger saying none), and refused a
+    later base rate above it (on real libvirtd too: test_libvirt_host.py)."""
+    manager, lv, _busy, _ = env
+    m = manager()
+    rec = m.create(spec(disks=(DiskSpec("nvme1n1"),)))  # no IO budget: any throttle
+    m.update_io(rec.vm_id, [DiskSpec("nvme1n1", IoTune(total_bytes_sec=900, total_bytes_sec_max=1000,
+                                                       total_bytes_sec_max_length=5))], [])
+    lower = IoTune(total_bytes_sec=800, total_bytes_sec_max=900)  # lower, and no burst length
+    rec = m.update_io(rec.vm_id, [DiskSpec("nvme1n1", lower)], [])
+    want = {k: v for k, v in dataclasses.asdict(lower).items() if k != "group_name"}
+    assert {k: v for k, v in lv.get_iotune(rec.vm_id, "vdb").items() if k in want} == want
+    assert VmSpec.from_dict(rec.spec).disks[0].iotune == lower
+
+
+def test_update_io_checks_a_group_name_as_create_does(env):
+    manager, lv, _busy, _ = env
+    m = manager()
+    rec = m.create(spec(disks=(DiskSpec("nvme1n1", IoTune(group_name="g1")),)))
+    before = lv.get_iotune(rec.vm_id, "vdb")
+    for bad in ("g\n", "a" * 65, "g/1"):
+        tune = IoTune(total_bytes_sec=10, total_bytes_sec_max=10, group_name=bad)
+        with pytest.raises(SpecInvalid) as e:
+            m.create(spec("vm-b", disks=(DiskSpec("nvme0n1", tune),)))
+        assert e.value.field == "disks[0].iotune.group_name"
+        with pytest.raises(SpecInvalid) as e:
+            m.update_io(rec.vm_id, [DiskSpec("nvme1n1", tune)], [])
+        assert e.value.field == "disks[0].iotune.group_name"
+    assert lv.get_iotune(rec.vm_id, "vdb") == before and m.get(rec.vm_id).spec == rec.spec
+
+
 def test_reconcile_rolls_back_adopts_and_releases(env):
     manager, lv, _busy, _ = env
     m = manager()
@@ -239,7 +274,7 @@ def test_reconcile_rolls_back_adopts_and_releases(env):
 def test_unknown_profile_is_refused_before_any_claim(env):
     manager, lv, _busy, rates = env
     m = manager(profiles=frozenset({"online", "baseline"}))
-    with pytest.raises(Refused) as e:
+    with pytest.raises(UnknownProfile) as e:  # INVALID_ARGUMENT, as hostd/README.md says
         m.create(spec(profile="turbo"))
     assert e.value.field == "profile" and "baseline, online" in e.value.detail
     assert ours(lv) == [] and m.ledger.list() == [] and rates.calls == []

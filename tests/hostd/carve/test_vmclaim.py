@@ -76,7 +76,6 @@ def test_falls_through_to_next_node_when_first_is_full() -> None:
     (_req(memory_mib=2048, node=0), Usage(pages={(0, 2048): 0}), "memory_mib", "512 free 2048 kB pages, 1024 needed"),
     (_req(memory_mib=100, hugepage_size_kb=1048576), Usage(), "memory_mib", "multiple of the 1048576 kB"),
     (_req(node=7), Usage(), "node", "node 7 has no VM resources"),
-    (_req(name="bad name!"), Usage(), "name", "letters"),
     (_req(disks=(DiskReq("sda"),)), Usage(), "disks[0].disk", "not an assignable disk"),
     (_req(disks=(DiskReq("nvme0n1", 600 * 2**20, 10),)), Usage(), "disks[0].bytes_sec", "above nvme0n1's budget"),
     (_req(disks=(DiskReq("nvme0n1"),)), Usage(), "disks[0].bytes_sec", "has an IO budget"),
