@@ -56,6 +56,13 @@ USER_LABELS_MAX = 32
 USER_LABELS_BYTES_MAX = LABELS_BYTES_MAX - SCHEDULER_LABELS_BYTES
 LABEL_SELECTOR_MAX = 2 * LABELS_BYTES_MAX
 
+# What a hostd registers with the scheduler, from its config (checked when hostd loads
+# it, as the scheduler checks the registration): a host's name, rack and labels.
+HOST_NAME = r"[A-Za-z0-9][A-Za-z0-9_.-]{0,63}"
+_HOST_NAME = re.compile(HOST_NAME)
+RACK_MAX = 64
+HOST_LABELS_MAX = 32
+
 # Block throttles: QEMU's THROTTLE_VALUE_MAX bounds every rate and burst, and a burst
 # (rate x seconds) too; libvirt refuses a burst without its base rate.
 IOTUNE_VALUE_MAX = 10**15
@@ -156,6 +163,21 @@ def check_labels(labels: Mapping[str, str], *, most: int = LABELS_MAX,
     if size > most_bytes:
         raise ValueError(f"the labels take {size} bytes; at most {most_bytes}")
     return labels
+
+
+def check_host_name(v: str) -> str:
+    return _fullmatch(_HOST_NAME, v, "a host name (1-64 of letters, digits, '_', '.', '-', starting with a "
+                                     "letter or digit)")
+
+
+def check_rack(v: str) -> str:
+    if len(v) > RACK_MAX or not v.isprintable():
+        raise ValueError(f"a rack is at most {RACK_MAX} printable characters")
+    return v
+
+
+def check_host_labels(labels: Mapping[str, str]) -> Mapping[str, str]:
+    return check_labels(labels, most=HOST_LABELS_MAX)
 
 
 def check_label_selector(v: str) -> str:

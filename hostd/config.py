@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import Field, ValidationError
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from api.bounds import check_host_labels, check_host_name, check_rack
 from api.scrape import check_metrics_url
 from hostd.errors import ConfigError
 from hostd.health.daily import parse_window
@@ -120,6 +121,12 @@ def load_config(path: Path | None) -> HostdConfig:
             check_metrics_url(cfg.metrics_url)  # the scheduler's rule: what it would refuse, hostd does not start with
         except ValueError as e:
             raise ConfigError(f"{cfg.metrics_url!r}: {e}", field="metrics_url") from None
+    for key, check in (("host_name", lambda: cfg.host_name and check_host_name(cfg.host_name)),
+                       ("rack", lambda: check_rack(cfg.rack)), ("labels", lambda: check_host_labels(cfg.labels))):
+        try:
+            check()  # what the scheduler's registration refuses, likewise
+        except ValueError as e:
+            raise ConfigError(str(e), field=key) from None
     try:
         parse_window(cfg.peak_window)
     except (ValueError, IndexError) as e:

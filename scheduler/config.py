@@ -12,6 +12,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from api.bounds import GRACE_SECONDS_MAX
+
 
 class ServerConfig(BaseModel):
     host: str = "127.0.0.1"
@@ -125,7 +127,8 @@ class LivenessConfig(BaseModel):
 class DrainConfig(BaseModel):
     interval_s: float = 5.0  # between drain rounds (and at once after a drain is asked for); 0 = off
     workers: int = 4  # replacements dispatched, old VMs deleted and VMs stopped at once
-    stop_grace_s: int = 30  # an on_maintenance = stop VM's guest has this long to power off
+    # an on_maintenance = stop VM's guest has this long to power off (hostd's bound: api/bounds.py)
+    stop_grace_s: int = Field(30, ge=0, le=GRACE_SECONDS_MAX)
 
 
 class ConsoleConfig(BaseModel):

@@ -6,10 +6,11 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
 
+from api.bounds import HOST_NAME, check_host_labels, check_rack
 from api.scrape import check_metrics_url
 from api.states import AdminState, DrainAction, HostState
 
-HOST = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
+HOST = rf"^{HOST_NAME}$"
 HOSTPORT = r"^[A-Za-z0-9_.:\[\]-]{1,250}:[0-9]{1,5}$"
 ADMIN_OWNER = r"^[A-Za-z0-9][A-Za-z0-9_.:@/-]*$"
 
@@ -38,6 +39,17 @@ class HostRegister(BaseModel):
     @classmethod
     def _metrics_url(cls, v: str | None) -> str | None:
         return None if v is None else check_metrics_url(v)
+
+    @field_validator("labels")
+    @classmethod
+    def _labels(cls, v: dict[str, str]) -> dict[str, str]:
+        check_host_labels(v)  # api/bounds.py: what hostd checks in its config, so it can register
+        return v
+
+    @field_validator("rack")
+    @classmethod
+    def _rack(cls, v: str) -> str:
+        return check_rack(v)
 
 
 class AdminChange(BaseModel):

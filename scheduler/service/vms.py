@@ -19,6 +19,7 @@ import orjson
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
+from api import bounds
 from api import hostd_pb2 as pb
 from api.states import VmStatus
 from scheduler.db.engine import Store
@@ -56,7 +57,32 @@ def want_of(body: VmCreate, default_policy: str) -> VmWant:
     bad = validate(want)
     if bad:
         raise InvalidRequest(bad[0][1], field=bad[0][0].replace("page_size_kb", "page_size_kb"))
+    out = bounds_problem(body)
+    if out:
+        raise InvalidRequest(out[1], field=out[0])
     return want
+
+
+def bounds_problem(body: VmCreate) -> tuple[str, str] | None:
+    """(field, reason) for what hostd would refuse (api/bounds.py, hostd/README.md) of a
+    request the schema lets through. Checked when a request comes in, not in the schema:
+    a stored request is validated again each time it is read (listing, dispatch, a
+    drain's replacement), and one stored before a bound existed must still list."""
+    checks: list[tuple[str, Callable[[], object]]] = [
+        ("image", lambda: bounds.check_image(body.image)),
+        ("profile", lambda: bounds.check_profile(body.profile)),
+        ("labels", lambda: bounds.check_labels(body.labels, most=bounds.USER_LABELS_MAX,
+                                               most_bytes=bounds.USER_LABELS_BYTES_MAX))]
+    for field, check in checks:
+        try:
+            check()
+        except ValueError as e:
+            return field, str(e)
+    for i, d in enumerate(body.disks):
+        bad = bounds.iotune_problem(d.iotune.model_dump())
+        if bad:
+            return f"disks[{i}].iotune.{bad[0]}", bad[1]
+    return None
 
 
 def affinity_of(body: VmCreate) -> Affinity:
@@ -395,6 +421,10 @@ class VmService:
         vfs = vfs or []
         if not disks and not vfs:
             raise InvalidRequest("give disks or vfs to change", field="disks")
+        for i, (_, tune) in enumerate(disks):
+            bad = bounds.iotune_problem(tune.model_dump())
+            if bad:
+                raise InvalidRequest(bad[1], field=f"disks[{i}].iotune.{bad[0]}")
         with self.store.read() as s:
             vm = vm_repo.get_vm(session=s, vm_id=vm_id, tenant=tenant)
             if not vm.host or not vm.allocation:
