@@ -162,6 +162,10 @@ def test_vm_list_and_show_say_what_the_api_says(env, vms, capsys) -> None:  # ty
     code, out, _ = run(env, "vm", "show", vid, capsys=capsys)
     row = next(ln for ln in out.splitlines() if ln.startswith("placement cpus"))
     assert row.split()[2] == ",".join(map(str, vms["db-1"]["placement"]["cpus"]))
+    pages = vms["db-1"]["placement"]["hugepages"]  # 128 MiB: 64 pages of 2 MiB
+    row = next(ln for ln in out.splitlines() if ln.startswith("hugepages"))
+    assert row.split(None, 1)[1].strip() == ", ".join(f"{h['count']}x{h['size_kb']}K@{h['node']}" for h in pages)
+    assert "{" not in out and "'" not in out  # no Python repr of the API's objects
     code, _, err = run(env, "vm", "show", vid, who="web", capsys=capsys)  # another tenant's: not found
     assert code == 1 and "hyb.vm.not_found" in err
     code, _, err = run(env, "vm", "show", "no-such-vm", capsys=capsys)
@@ -315,7 +319,8 @@ def test_errors_are_one_line_with_the_right_exit_code(env, tmp_path) -> None:  #
     bad = tmp_path / "bad.token"
     bad.write_text("nobody-knows-this")
     r = cli(env, "vm", "list", extra_env={"HYBCTL_TOKEN_FILE": str(bad)})
-    assert r.returncode == 1 and "hyb.auth.missing [Authorization]: unknown or revoked token" in r.stderr
+    assert r.returncode == 1 and r.stderr == (f"error: scheduler GET /v1/vms: the token of HYBCTL_TOKEN_FILE {bad} "
+                                              "was refused: unknown or revoked token (hyb.auth.missing)\n")
     r = cli(env, "host", "list", who="web")
     assert r.returncode == 1 and "hyb.auth.forbidden" in r.stderr
     r = cli(env, "fleet", "--bins", "many")

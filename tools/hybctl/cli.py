@@ -1,24 +1,32 @@
 """hybctl: the scheduler's REST API from a terminal (tools/hybctl/README.md).
 
 Exit codes: 0 done, 1 an error (refused, not found, unreachable, a bad config), 2 a
-usage error (click's). Errors are one line on stderr naming the field at fault when the
-API names one; never a traceback for a server that is down."""
+usage error. Every error is one line on stderr (``error: ...``), naming the field at
+fault when the API names one; never a traceback, whatever the file, value or terminal."""
 
 from __future__ import annotations
 
+import contextlib
 import datetime as dt
 import json
+import math
 import os
+import re
+import signal
+import ssl
 import sys
+import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from enum import Enum
 from pathlib import Path
 from typing import Annotated, Any, Optional
 
+import httpx
 import typer
 import yaml
-from rich.console import Console, Group, RenderableType
+from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.table import Table
 
@@ -26,16 +34,19 @@ from api.rest import ApiError, ApiUnreachable, RestClient
 from api.states import DrainAction, HostState, VmStatus
 from tools.hybctl import config as cfg
 from tools.hybctl import histogram
-from tools.hybctl.output import Column, Format, age, cell, dump, grid, printer, table, titled, when
+from tools.hybctl.output import (Column, Format, age, cell, console, disks, dump, grid, pages, printer, table, titled,
+                                 vfs, visible, visible_data, when)
 
 # piped into grep or awk, a table keeps one line per row (rich would wrap at 80 columns)
-out = Console(soft_wrap=False, width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 1000)
-err = Console(stderr=True)
+out = console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 1000)
 
 app = typer.Typer(no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
                   rich_markup_mode="markdown",
                   help="The hybrid-KVM scheduler's REST API from a terminal: VMs, hosts, the fleet's "
-                       "utilisation, rollouts, the audit log.",
+                       "utilisation, rollouts, the audit log.\n\n"
+                       "Each setting: its flag, else HYBCTL_CONTEXT, HYBCTL_SERVER, HYBCTL_TOKEN_FILE or "
+                       "HYBCTL_TOKEN (the token itself), HYBCTL_CA, else the context's "
+                       "(contexts are kept in HYBCTL_CONFIG, else ~/.config/hybctl/config.yaml).",
                   context_settings={"help_option_names": ["-h", "--help"]})
 vm_app = typer.Typer(no_args_is_help=True, help="VMs: create, list, show, delete, change IO limits.")
 host_app = typer.Typer(no_args_is_help=True, help="Hosts: list, show, cordon, uncordon, drain.")
@@ -51,7 +62,75 @@ class Fail(Exception):
     """A one-line error hybctl prints before exiting 1."""
 
 
+def say(kind: str, message: str) -> None:
+    """``kind: message`` as one line on stderr, whatever its length or the terminal's
+    width (a terminal wraps a long line, hybctl never does), with the API's control
+    characters shown, not acted on."""
+    sys.stderr.write(f"{kind}: {visible(' '.join(str(message).split()))}\n")
+    sys.stderr.flush()
+
+
+def warn(message: str) -> None:
+    say("warning", message)
+
+
+def seconds(least: float, *, above: bool = False) -> Callable[[Any], float]:
+    """A parser of a duration in seconds: a finite number from ``least`` up to a week;
+    -1, nan and inf are usage errors here, not a socket's ValueError later."""
+    def parse(value: Any) -> float:
+        try:
+            v = float(value)
+        except (TypeError, ValueError):
+            raise typer.BadParameter(f"{value!r} is not a number of seconds") from None
+        if not (math.isfinite(v) and (v > least if above else v >= least) and v <= 7 * 86400):
+            bound = f"above {least:g}" if above else f"at least {least:g}"
+            raise typer.BadParameter(f"{value!r}: seconds {bound} and at most a week (604800)")
+        return v
+    return parse
+
+
 # ---------------------------------------------------------------------- connection
+
+
+class Client(RestClient):
+    """The REST client, which knows where its token came from: a token the scheduler
+    does not know is named by its file when refused."""
+
+    def __init__(self, target: cfg.Target, timeout: float):
+        self.token_from = target.token_from
+        try:
+            super().__init__(target.server, target.token, ca=target.ca, timeout_s=timeout)
+        except (ssl.SSLError, OSError) as e:
+            raise cfg.ConfigError(f"ca: {target.ca}: {getattr(e, 'reason', None) or e}") from None
+        except httpx.InvalidURL as e:
+            raise cfg.ConfigError(f"server: {target.server!r}: {e}") from None
+
+    def request(self, method: str, path: str, **kw: Any) -> Any:
+        try:
+            return super().request(method, path, **kw)
+        except ApiError as e:
+            if e.status == 401:
+                raise Fail(f"scheduler {method} {path}: the token of {self.token_from} was refused: {e.reason} "
+                           f"({e.code or e.status})") from None
+            raise
+
+    def send(self, method: str, path: str, **kw: Any) -> httpx.Response:
+        try:
+            return super().send(method, path, **kw)
+        except (httpx.InvalidURL, UnicodeError) as e:
+            raise Fail(f"{method} {path}: not a request httpx can send: {e}") from None
+
+    def all_pages(self, path: str, params: dict[str, Any]) -> dict:
+        """Every page of a paged list as one answer: the last page's, with every item
+        (its ``next``, null, included), what ``GET path`` without ``limit`` answers."""
+        items: list[Any] = []
+        after = ""
+        while True:
+            page = self.request("GET", path, params={**params, "limit": 500, **({"after": after} if after else {})})
+            items += page["items"]
+            after = page.get("next") or ""
+            if not after:
+                return {**page, "items": items}
 
 
 class Conn:
@@ -61,13 +140,12 @@ class Conn:
                  timeout: float):
         self.opts = dict(context=context, server=server, token_file=token_file, ca=ca)
         self.timeout = timeout
-        self._client: RestClient | None = None
+        self._client: Client | None = None
 
     @property
-    def api(self) -> RestClient:
+    def api(self) -> Client:
         if self._client is None:
-            t = cfg.resolve(**self.opts)
-            self._client = RestClient(t.server, t.token, ca=t.ca, timeout_s=self.timeout)
+            self._client = Client(cfg.resolve(**self.opts, warn=warn), self.timeout)
         return self._client
 
     def close(self) -> None:
@@ -75,59 +153,116 @@ class Conn:
             self._client.close()
 
 
-def conn(ctx: typer.Context) -> RestClient:
+def conn(ctx: typer.Context) -> Client:
     return ctx.find_root().obj.api
+
+
+# ---------------------------------------------------------------------- completion
+# A completer prints nothing but words and never fails: the shell shows whatever it
+# prints, so any trouble (no server, a bad config) is no words at all.
+
+
+def complete_context(incomplete: str) -> list[str]:
+    try:
+        names = cfg.load()["contexts"]
+    except Exception:  # noqa: BLE001 - see above
+        return []
+    return sorted(n for n in names if n.startswith(incomplete))
+
+
+def complete_host(ctx: typer.Context, incomplete: str) -> list[str]:
+    """The hosts of the scheduler the command line names (flags, HYBCTL_*, context)."""
+    p = ctx.find_root().params
+    try:
+        t = cfg.resolve(context=p.get("context"), server=p.get("server"), token_file=p.get("token_file"),
+                        ca=p.get("ca"))
+        with Client(t, 3.0) as api:
+            names = [h["name"] for h in api.all_pages("/v1/hosts", {})["items"]]
+    except Exception:  # noqa: BLE001 - see above
+        return []
+    return [n for n in names if n.startswith(incomplete)]
 
 
 @app.callback()
 def root(ctx: typer.Context,
          context: Annotated[Optional[str], typer.Option("--context", help="a context of the config file",
-                                                        envvar="HYBCTL_CONTEXT", show_envvar=True)] = None,
+                                                        envvar="HYBCTL_CONTEXT", show_envvar=True,
+                                                        autocompletion=complete_context)] = None,
          server: Annotated[Optional[str], typer.Option("--server", "-s", help="the scheduler's URL",
                                                        envvar="HYBCTL_SERVER", show_envvar=True)] = None,
-         token_file: Annotated[Optional[str], typer.Option("--token-file", help="a file holding a bearer token",
+         token_file: Annotated[Optional[str], typer.Option("--token-file", help="a file holding a bearer token "
+                                                                                "(or HYBCTL_TOKEN: the token itself)",
                                                            envvar="HYBCTL_TOKEN_FILE", show_envvar=True)] = None,
          ca: Annotated[Optional[str], typer.Option("--ca", help="the CA the scheduler's certificate is checked "
                                                                 "against (default: the system's)",
                                                    envvar="HYBCTL_CA", show_envvar=True)] = None,
-         timeout: Annotated[float, typer.Option("--timeout", help="seconds to wait for an answer")] = 15.0) -> None:
+         timeout: Annotated[float, typer.Option("--timeout", help="seconds to wait for an answer",
+                                                parser=seconds(0, above=True))] = 15.0) -> None:
     ctx.obj = Conn(context, server, token_file, ca, timeout)
     ctx.call_on_close(ctx.obj.close)
 
 
 OutputOpt = Annotated[Format, typer.Option("--output", "-o", help="table, wide, json or yaml")]
 WatchOpt = Annotated[bool, typer.Option("--watch", "-w", help="show it again every --interval seconds (Ctrl-C ends)")]
-IntervalOpt = Annotated[float, typer.Option("--interval", help="seconds between two looks with --watch", min=0.2)]
+IntervalOpt = Annotated[float, typer.Option("--interval", help="seconds between two looks with --watch",
+                                            parser=seconds(0.2))]
 YesOpt = Annotated[bool, typer.Option("--yes", "-y", help="do not ask for confirmation")]
+HostArg = Annotated[str, typer.Argument(help="the host's name", autocompletion=complete_host)]
+
+
+@contextlib.contextmanager
+def term_is_interrupt() -> Iterator[None]:
+    """SIGTERM ends a watch as Ctrl-C does: what was drawn stays, the exit is clean (a
+    supervisor's or ``timeout``'s stop is not a crash)."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    old = signal.signal(signal.SIGTERM, signal.default_int_handler)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, old)
+
+
+@contextlib.contextmanager
+def frames(fmt: Format) -> Iterator[Callable[[Any, Callable[[Any], RenderableType]], None]]:
+    """Where --watch and --wait draw each answer: a table on a terminal is redrawn in
+    place; anything else (json, yaml, a table piped on) is printed again each time the
+    answer changes and flushed, tables separated by a blank line, yaml documents by
+    ``---``, so ``| cat`` or a log file sees each as it comes."""
+    show = printer(out, fmt)
+    if fmt in (Format.table, Format.wide) and out.is_terminal:
+        with Live(console=out, auto_refresh=False, transient=False) as live:
+            yield lambda data, render: live.update(render(visible_data(data)), refresh=True)
+        return
+    last: list[Any] = []
+
+    def draw(data: Any, render: Callable[[Any], RenderableType]) -> None:
+        if last and data == last[0]:
+            return
+        if last and fmt in (Format.table, Format.wide):
+            out.print()
+        show(data, render)
+        if fmt is Format.yaml:
+            out.print("---")
+        out.file.flush()
+        last[:] = [data]
+    yield draw
 
 
 def shown(fetch: Callable[[], Any], render: Callable[[Any], RenderableType], fmt: Format, watch: bool,
           interval: float) -> None:
-    """Fetch and print once, or again and again with --watch: tables redrawn in place,
-    json/yaml printed each time the answer changes (a stream of documents)."""
-    show = printer(out, fmt)
+    """Fetch and print once, or again and again with --watch until Ctrl-C or SIGTERM,
+    which end it with exit 0."""
     data = fetch()
     if not watch:
-        show(data, lambda: render(data))
+        printer(out, fmt)(data, render)
         return
-    try:
-        if fmt in (Format.json, Format.yaml):
-            last = None
-            while True:
-                if data != last:
-                    show(data, lambda: render(data))
-                    if fmt is Format.yaml:
-                        out.print("---", markup=False)
-                    last = data
-                time.sleep(interval)
-                data = fetch()
-        with Live(render(data), console=out, auto_refresh=False, transient=False) as live:
-            while True:
-                time.sleep(interval)
-                data = fetch()
-                live.update(render(data), refresh=True)
-    except KeyboardInterrupt:
-        return
+    with term_is_interrupt(), contextlib.suppress(KeyboardInterrupt), frames(fmt) as draw:
+        while True:
+            draw(data, render)
+            time.sleep(interval)
+            data = fetch()
 
 
 def confirm(what: str, yes: bool) -> None:
@@ -135,20 +270,33 @@ def confirm(what: str, yes: bool) -> None:
         return
     if not sys.stdin.isatty():
         raise Fail(f"{what}: refused without --yes (no terminal to ask on)")
-    if not typer.confirm(f"{what}?", default=False):
+    if not typer.confirm(f"{visible(what)}?", default=False):
         raise Fail(f"{what}: not confirmed")
 
 
-def read_body(path: str) -> Any:
-    """A JSON or YAML document from ``path`` ("-": standard input)."""
+def read_body(path: str, flag: str = "--filename") -> Any:
+    """A JSON or YAML document from ``path`` ("-": standard input), as the JSON it will
+    be sent as: YAML's dates become ISO strings (as kubectl's YAML does); a value JSON
+    has no form for is refused here, not by the encoder mid-request."""
     try:
-        text = sys.stdin.read() if path == "-" else Path(path).read_text()
+        text = sys.stdin.read() if path == "-" else Path(path).read_text(encoding="utf-8")
     except OSError as e:
-        raise Fail(f"--filename: {path}: {e.strerror}") from None
+        raise Fail(f"{flag}: {path}: {e.strerror or e}") from None
+    except (UnicodeDecodeError, ValueError):
+        raise Fail(f"{flag}: {path}: not UTF-8 text") from None
     try:
-        return yaml.safe_load(text)  # YAML 1.1 reads JSON too
-    except yaml.YAMLError as e:
-        raise Fail(f"--filename: {path}: neither JSON nor YAML: {e}") from None
+        doc = yaml.safe_load(text)  # YAML 1.1 reads JSON too
+    except (yaml.YAMLError, RecursionError) as e:
+        raise Fail(f"{flag}: {path}: neither JSON nor YAML: {e}") from None
+
+    def iso(v: Any) -> str:
+        if isinstance(v, (dt.date, dt.datetime)):
+            return v.isoformat()
+        raise TypeError(f"a {type(v).__name__} ({str(v)[:40]}) has no JSON form")
+    try:
+        return json.loads(json.dumps(doc, default=iso))
+    except (TypeError, ValueError, RecursionError) as e:
+        raise Fail(f"{flag}: {path}: {e}") from None
 
 
 # ---------------------------------------------------------------------- VMs
@@ -170,7 +318,8 @@ VM_COLUMNS = [
 @vm_app.command("list")
 def vm_list(ctx: typer.Context, output: OutputOpt = Format.table,
             tenant: Annotated[Optional[str], typer.Option(help="only this tenant's (admin)")] = None,
-            host: Annotated[Optional[str], typer.Option(help="only VMs on this host")] = None,
+            host: Annotated[Optional[str], typer.Option(help="only VMs on this host",
+                                                        autocompletion=complete_host)] = None,
             status: Annotated[Optional[VmStatus], typer.Option(help="only VMs in this status")] = None,
             name: Annotated[Optional[str], typer.Option(help="only VMs of this name")] = None,
             watch: WatchOpt = False, interval: IntervalOpt = 2.0) -> None:
@@ -178,8 +327,8 @@ def vm_list(ctx: typer.Context, output: OutputOpt = Format.table,
     api = conn(ctx)
     params = {k: v for k, v in dict(tenant=tenant, host=host, status=status, name=name).items() if v}
 
-    shown(lambda: {"items": api.every_page("/v1/vms", params)},
-          lambda d: table(d["items"], VM_COLUMNS, output), output, watch, interval)
+    shown(lambda: api.all_pages("/v1/vms", params), lambda d: table(d["items"], VM_COLUMNS, output), output, watch,
+          interval)
 
 
 def vm_detail(v: dict) -> RenderableType:
@@ -193,7 +342,8 @@ def vm_detail(v: dict) -> RenderableType:
                    ("memory", f"{req.get('memory_mib')} MiB, {req.get('page_size_kb', 2048)} KiB pages"),
                    ("image", req.get("image")), ("on maintenance", req.get("on_maintenance", "block")),
                    ("placement nodes", pl.get("nodes")), ("placement cpus", pl.get("cpus")),
-                   ("hugepages", pl.get("hugepages")), ("vfs", pl.get("vfs")), ("disks", pl.get("disks")),
+                   ("hugepages", pages(pl.get("hugepages") or [])), ("vfs", vfs(pl.get("vfs") or [])),
+                   ("disks", disks(pl.get("disks") or [])),
                    ("attempts", v.get("attempts")), ("created", when(v["created"])),
                    ("updated", when(v["updated"]))):
         t.add_row(k, cell(val))
@@ -219,7 +369,7 @@ def vm_create(ctx: typer.Context,
               dry_run: Annotated[bool, typer.Option("--dry-run", help="where it would go; nothing is "
                                                                       "created (as `hybctl why`)")] = False,
               wait: Annotated[bool, typer.Option("--wait", help="wait until it runs or fails")] = False,
-              wait_timeout: Annotated[float, typer.Option(help="seconds --wait waits")] = 300.0,
+              wait_timeout: Annotated[float, typer.Option(help="seconds --wait waits", parser=seconds(0))] = 300.0,
               output: OutputOpt = Format.table) -> None:
     """Ask for a VM (POST /v1/vms); the answer is accepted, the VM is created after."""
     body = read_body(filename)
@@ -229,17 +379,17 @@ def vm_create(ctx: typer.Context,
     api = conn(ctx)
     v = api.request("POST", "/v1/vms", json=body, headers={"Idempotency-Key": key})
     if not idempotency_key and output in (Format.table, Format.wide):
-        err.print(f"Idempotency-Key: {key} (give it again with --idempotency-key to retry safely)")
+        say("Idempotency-Key", f"{key} (give it again with --idempotency-key to retry safely)")
     if wait:
         deadline = time.monotonic() + wait_timeout
         while v["status"] in (VmStatus.PENDING, VmStatus.CREATING) and time.monotonic() < deadline:
             time.sleep(0.5)
             v = api.request("GET", f"/v1/vms/{v['id']}")
         if v["status"] != VmStatus.RUNNING:
-            printer(out, output)(v, lambda: vm_detail(v))
+            printer(out, output)(v, vm_detail)
             raise Fail(f"VM {v['id']}: {v['status']}" + (f": {v['reason']}" if v.get("reason") else
                                                         " after --wait-timeout"))
-    printer(out, output)(v, lambda: vm_detail(v))
+    printer(out, output)(v, vm_detail)
 
 
 @vm_app.command("delete")
@@ -248,10 +398,17 @@ def vm_delete(ctx: typer.Context, vm_ids: Annotated[list[str], typer.Argument(he
     """Delete VMs: hostd destroys the domain, the scheduler frees what it held."""
     api = conn(ctx)
     for vm_id in vm_ids:
-        v = api.request("GET", f"/v1/vms/{vm_id}")  # an unknown id fails before anything is asked
-        confirm(f"delete VM {vm_id} ({v['name']}, {v['status']} on {v['host'] or 'no host'})", yes)
+        if not yes:
+            try:  # what is about to go, for the question; an unknown id fails before it is asked
+                v = api.request("GET", f"/v1/vms/{vm_id}")
+            except ApiError as e:
+                if e.status != 404:
+                    raise
+                raise Fail(f"delete VM {vm_id}: {e.code or e.status}{f' [{e.field}]' if e.field else ''}: {e.reason} "
+                           "(nothing deleted)") from None
+            confirm(f"delete VM {vm_id} ({v['name']}, {v['status']} on {v['host'] or 'no host'})", yes)
         api.request("DELETE", f"/v1/vms/{vm_id}")
-        out.print(f"VM {vm_id} deleting")
+        out.print(f"VM {visible(vm_id)} deleting")
 
 
 def parse_settings(pairs: list[str], flag: str) -> dict[str, int]:
@@ -296,7 +453,7 @@ def vm_io_limits(ctx: typer.Context, vm_id: Annotated[str, typer.Argument(help="
         if not body:
             raise typer.BadParameter("give --disk with --set, --vf with --max-tx-mbps, or -f", param_hint="VM_ID")
     v = conn(ctx).request("PATCH", f"/v1/vms/{vm_id}/io-limits", json=body)
-    printer(out, output)(v, lambda: vm_detail(v))
+    printer(out, output)(v, vm_detail)
 
 
 # ---------------------------------------------------------------------- why
@@ -328,7 +485,7 @@ def why_render(p: dict) -> RenderableType:
 def why_show(api: RestClient, body: Any, output: Format) -> None:
     p = api.request("POST", "/v1/vms", params={"dry_run": "true"}, json=body,
                     headers={"Idempotency-Key": f"hybctl-why-{uuid.uuid4()}"})
-    printer(out, output)(p, lambda: why_render(p))
+    printer(out, output)(p, why_render)
 
 
 @app.command("why")
@@ -371,8 +528,8 @@ def host_list(ctx: typer.Context, output: OutputOpt = Format.table,
     """The registered hosts (admin), every page of them."""
     api = conn(ctx)
     params = {k: v for k, v in dict(rack=rack, state=state).items() if v}
-    shown(lambda: {"items": api.every_page("/v1/hosts", params)},
-          lambda d: table(d["items"], HOST_COLUMNS, output), output, watch, interval)
+    shown(lambda: api.all_pages("/v1/hosts", params), lambda d: table(d["items"], HOST_COLUMNS, output), output,
+          watch, interval)
 
 
 def host_detail(h: dict) -> RenderableType:
@@ -410,7 +567,7 @@ def host_detail(h: dict) -> RenderableType:
 
 
 @host_app.command("show")
-def host_show(ctx: typer.Context, name: Annotated[str, typer.Argument(help="the host's name")],
+def host_show(ctx: typer.Context, name: HostArg,
               output: OutputOpt = Format.table, watch: WatchOpt = False, interval: IntervalOpt = 2.0) -> None:
     """One host: its state, its carve's capacity and what is used of it."""
     api = conn(ctx)
@@ -428,14 +585,15 @@ def admin_change(ctx: typer.Context, name: str, verb: str, owner: str, reason: s
     h = conn(ctx).request("POST", f"/v1/hosts/{name}/{verb}",
                           json={"owner": owner, "reason": reason, "force": force})
     if output in (Format.json, Format.yaml):
-        printer(out, output)(h, lambda: "")
+        printer(out, output)(h, lambda _: "")
     else:
-        out.print(f"host {name}: {h['admin_state']}" + (f" by {h['admin_owner']}" if h.get("admin_owner") else ""))
+        v = visible_data(h)
+        out.print(f"host {v['name']}: {v['admin_state']}" + (f" by {v['admin_owner']}" if v.get("admin_owner") else ""))
     return h
 
 
 @host_app.command("cordon")
-def host_cordon(ctx: typer.Context, name: Annotated[str, typer.Argument(help="the host's name")],
+def host_cordon(ctx: typer.Context, name: HostArg,
                 owner: OwnerOpt = "hybctl", reason: ReasonOpt = "", force: ForceOpt = False,
                 output: OutputOpt = Format.table) -> None:
     """No new VMs go to the host; those on it stay."""
@@ -443,7 +601,7 @@ def host_cordon(ctx: typer.Context, name: Annotated[str, typer.Argument(help="th
 
 
 @host_app.command("uncordon")
-def host_uncordon(ctx: typer.Context, name: Annotated[str, typer.Argument(help="the host's name")],
+def host_uncordon(ctx: typer.Context, name: HostArg,
                   owner: OwnerOpt = "hybctl", reason: ReasonOpt = "", force: ForceOpt = False,
                   output: OutputOpt = Format.table) -> None:
     """The host takes VMs again."""
@@ -461,7 +619,7 @@ def drain_render(d: dict) -> RenderableType:
 
 
 @host_app.command("drain")
-def host_drain(ctx: typer.Context, name: Annotated[str, typer.Argument(help="the host's name")],
+def host_drain(ctx: typer.Context, name: HostArg,
                owner: OwnerOpt = "hybctl", reason: ReasonOpt = "", force: ForceOpt = False, yes: YesOpt = False,
                status: Annotated[bool, typer.Option("--status", help="only show what a drain does or waits for")]
                = False,
@@ -478,22 +636,32 @@ def host_drain(ctx: typer.Context, name: Annotated[str, typer.Argument(help="the
         api.request("POST", path, json={"owner": owner, "reason": reason, "force": force})
     if not wait:
         d = api.request("GET", path)
-        printer(out, output)(d, lambda: drain_render(d))
+        printer(out, output)(d, drain_render)
         return
-    show = printer(out, output)
-    with Live(console=out, auto_refresh=False) as live:
+    if output in (Format.json, Format.yaml):  # the answer once drained
+        while not (d := api.request("GET", path))["drained"]:
+            time.sleep(interval)
+        printer(out, output)(d, drain_render)
+        return
+    with term_is_interrupt(), frames(output) as draw:
         while True:
             d = api.request("GET", path)
-            if output in (Format.table, Format.wide):
-                live.update(drain_render(d), refresh=True)
+            draw(d, drain_render)
             if d["drained"]:
                 break
             time.sleep(interval)
-    if output not in (Format.table, Format.wide):
-        show(d, lambda: drain_render(d))
 
 
 # ---------------------------------------------------------------------- fleet
+
+
+class Group_(str, Enum):
+    """What ``fleet`` splits the hosts by (the API's ``group``)."""
+
+    cls = "class"
+    rack = "rack"
+    state = "state"
+    policy = "policy"
 
 
 @app.command("fleet")
@@ -501,14 +669,17 @@ def fleet(ctx: typer.Context,
           day: Annotated[Optional[str], typer.Option(help="host-local day, YYYY-MM-DD (default: today)")] = None,
           compare: Annotated[Optional[str], typer.Option(help="a second day, drawn under the first (before/after)")]
           = None,
-          by: Annotated[str, typer.Option("--by", help="class, rack, state or policy")] = "class",
+          by: Annotated[Optional[Group_], typer.Option("--by", help="class, rack, state or policy (default: class "
+                                                                   "for the peak window, which alone keeps the "
+                                                                   "split by class; state for hours)")] = None,
           window: Annotated[str, typer.Option(help="peak (each host's evening window), or host-local hours HH-HH")]
           = "peak",
           bins: Annotated[int, typer.Option(help="bins over 0-100 %")] = 20,
           output: OutputOpt = Format.table, watch: WatchOpt = False, interval: IntervalOpt = 30.0) -> None:
     """The fleet's distribution of host CPU use (GET /v1/fleet/utilization), drawn as a
     histogram: the hosts per bin, per group."""
-    params = {"day": day or dt.date.today().isoformat(), "group": by, "window": window, "bins": bins}
+    group = by.value if by else "class" if window == "peak" else "state"
+    params = {"day": day or dt.date.today().isoformat(), "group": group, "window": window, "bins": bins}
     if compare:
         params["compare"] = compare
     api = conn(ctx)
@@ -529,14 +700,14 @@ def since_arg(v: str | None, flag: str) -> float | None:
     if not v:
         return None
     units = {"s": 1, "m": 60, "h": 3600, "d": 86400}
-    if v[-1:] in units and v[:-1].replace(".", "", 1).isdigit():
+    if v[-1:] in units and re.fullmatch(r"[0-9]+(\.[0-9]*)?", v[:-1]):
         return time.time() - float(v[:-1]) * units[v[-1]]
     try:
         t = dt.datetime.fromisoformat(v)
-    except ValueError:
+        return (t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).timestamp()
+    except (ValueError, OverflowError):
         raise typer.BadParameter(f"{v!r}: expected an ISO time (2026-11-26T14:00) or an age (15m, 2h, 7d)",
                                  param_hint=flag) from None
-    return (t if t.tzinfo else t.replace(tzinfo=dt.timezone.utc)).timestamp()
 
 
 @app.command("audit")
@@ -565,7 +736,7 @@ def audit(ctx: typer.Context,
         if not before:
             break
     data = {"items": items}
-    printer(out, output)(data, lambda: table(items, AUDIT_COLUMNS, output))
+    printer(out, output)(data, lambda d: table(d["items"], AUDIT_COLUMNS, output))
 
 
 # ---------------------------------------------------------------------- rollouts
@@ -634,9 +805,10 @@ def rollout_verb(verb: str, doc: str, destructive: bool) -> None:
             confirm(f"{verb} rollout {name} (its changed hosts are rolled back)", yes)
         r = conn(ctx).request("POST", f"/v1/rollouts/{name}/{verb}", json={"reason": reason})
         if output in (Format.json, Format.yaml):
-            printer(out, output)(r, lambda: "")
+            printer(out, output)(r, lambda _: "")
         else:
-            out.print(f"rollout {name}: {r['state']}" + (f" ({r['reason']})" if r.get("reason") else ""))
+            v = visible_data(r)
+            out.print(f"rollout {visible(name)}: {v['state']}" + (f" ({v['reason']})" if v.get("reason") else ""))
     command.__doc__ = doc
     rollout_app.command(verb)(command)
 
@@ -668,7 +840,7 @@ def raw(ctx: typer.Context, method: Annotated[str, typer.Argument(help="GET, POS
     kw: dict[str, Any] = {}
     if data is not None:
         if data.startswith("@"):
-            kw["json"] = read_body(data[1:])
+            kw["json"] = read_body(data[1:], "--data")
         else:
             try:
                 kw["json"] = json.loads(data)
@@ -688,8 +860,8 @@ def raw(ctx: typer.Context, method: Annotated[str, typer.Argument(help="GET, POS
         pass
     if body is not None:
         fmt = Format.yaml if output is Format.yaml else Format.json
-        out.print(dump(body, fmt) if not isinstance(body, str) else body, markup=False, highlight=False,
-                  soft_wrap=True)
+        text = dump(body, fmt) if not isinstance(body, str) else "\n".join(map(visible, body.split("\n")))
+        out.print(text, soft_wrap=True)
     if r.status_code >= 400:
         raise typer.Exit(1)
 
@@ -697,15 +869,19 @@ def raw(ctx: typer.Context, method: Annotated[str, typer.Argument(help="GET, POS
 # ---------------------------------------------------------------------- config
 
 
+def load_config() -> dict:
+    return cfg.load(warn=warn)
+
+
 @config_app.command("view")
 def config_view() -> None:
     """The config file as it is (tokens are in files, never here)."""
-    out.print(dump(cfg.load(), Format.yaml), markup=False, highlight=False)
+    out.print(dump(load_config(), Format.yaml))
 
 
 @config_app.command("get-contexts")
 def config_get_contexts() -> None:
-    data = cfg.load()
+    data = visible_data(load_config())
     t = grid("CURRENT", "NAME", "SERVER", "TOKEN FILE", "CA")
     for name, c in sorted(data["contexts"].items()):
         t.add_row("*" if name == data["current-context"] else "", name, c.get("server", "-"),
@@ -715,31 +891,35 @@ def config_get_contexts() -> None:
 
 @config_app.command("current-context")
 def config_current_context() -> None:
-    name = cfg.load()["current-context"]
+    name = load_config()["current-context"]
     if not name:
         raise Fail("current-context: not set (hybctl config use-context NAME)")
-    out.print(name, markup=False)
+    out.print(visible(name))
+
+
+ContextArg = Annotated[str, typer.Argument(help="a context of the config file", autocompletion=complete_context)]
 
 
 @config_app.command("use-context")
-def config_use_context(name: Annotated[str, typer.Argument(help="a context of the config file")]) -> None:
-    data = cfg.load()
+def config_use_context(name: ContextArg) -> None:
+    data = load_config()
     if name not in data["contexts"]:
         raise Fail(f"context {name!r}: not in {cfg.config_path()} (known: "
                    f"{', '.join(sorted(data['contexts'])) or 'none'})")
     data["current-context"] = name
     cfg.save(data)
-    out.print(f"current context: {name}")
+    out.print(f"current context: {visible(name)}")
 
 
 @config_app.command("set-context")
-def config_set_context(name: Annotated[str, typer.Argument(help="the context to add or change")],
+def config_set_context(name: Annotated[str, typer.Argument(help="the context to add or change",
+                                                           autocompletion=complete_context)],
                        server: Annotated[Optional[str], typer.Option(help="the scheduler's URL")] = None,
                        token_file: Annotated[Optional[str], typer.Option(help="a file holding the token")] = None,
                        ca: Annotated[Optional[str], typer.Option(help="the scheduler's CA certificate")] = None,
                        use: Annotated[bool, typer.Option("--use", help="make it the current context")] = False) -> None:
     """Add a context or change some of its settings."""
-    data = cfg.load()
+    data = load_config()
     c = dict(data["contexts"].get(name, {}))
     for k, v in (("server", server), ("token-file", token_file), ("ca", ca)):
         if v is not None:
@@ -750,37 +930,50 @@ def config_set_context(name: Annotated[str, typer.Argument(help="the context to 
     if use or not data["current-context"]:
         data["current-context"] = name
     path = cfg.save(data)
-    out.print(f"context {name} written to {path}")
+    out.print(f"context {visible(name)} written to {visible(str(path))}")
 
 
 @config_app.command("delete-context")
-def config_delete_context(name: Annotated[str, typer.Argument(help="the context to remove")]) -> None:
-    data = cfg.load()
+def config_delete_context(name: ContextArg) -> None:
+    data = load_config()
     if data["contexts"].pop(name, None) is None:
         raise Fail(f"context {name!r}: not in {cfg.config_path()}")
     if data["current-context"] == name:
         data["current-context"] = ""
     cfg.save(data)
-    out.print(f"context {name} removed")
+    out.print(f"context {visible(name)} removed")
 
 
 # ---------------------------------------------------------------------- main
 
 
 def main(argv: list[str] | None = None) -> int:
+    """hybctl's entry point: the exit code, and every error as one line on stderr."""
     try:
-        app(args=argv, prog_name="hybctl")
-    except SystemExit as e:
+        rv = app(args=argv, prog_name="hybctl", standalone_mode=False)
+        return rv if isinstance(rv, int) else 0
+    except SystemExit as e:  # shell completion, --show-completion
         return e.code if isinstance(e.code, int) else (0 if e.code is None else 1)
+    except typer.TyperException as e:  # click's usage errors (exit 2), as Typer vendors them
+        if type(e).__name__ == "NoArgsIsHelpError":
+            return e.exit_code  # the help is printed (Typer tells it apart by name too)
+        ctx = getattr(e, "ctx", None)
+        say("error", e.format_message() + (f" (see '{ctx.command_path} --help')" if ctx else ""))
+        return e.exit_code
+    except typer.Abort:
+        say("error", "aborted")
+        return 1
     except ApiUnreachable as e:
-        where = f" (server {e.url})" if e.url else ""
-        err.print(f"error: {e}{where}", markup=False, highlight=False)
-    except ApiError as e:
-        err.print(f"error: {e}", markup=False, highlight=False)
-    except (cfg.ConfigError, Fail) as e:
-        err.print(f"error: {e}", markup=False, highlight=False)
+        say("error", f"{e}" + (f" (server {e.url})" if e.url else ""))
+    except (ApiError, cfg.ConfigError, Fail) as e:
+        say("error", str(e))
+    except BrokenPipeError:  # `hybctl ... | head`: the reader has what it wanted
+        with contextlib.suppress(OSError):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
     except KeyboardInterrupt:
         return 130
+    except Exception as e:  # noqa: BLE001 - the README promises no traceback, a bug included
+        say("error", f"unexpected {type(e).__name__}: {e} (a bug in hybctl: please report it with the command)")
     return 1
 
 

@@ -1,10 +1,16 @@
 """What hybctl prints: ``-o table`` (the default), ``wide`` (more columns), ``json`` and
-``yaml`` (the API's answer as it came, for scripts and ``jq``)."""
+``yaml`` (the API's answer as it came, for scripts and ``jq``).
+
+Text from the API is data, never terminal markup: the consoles hybctl prints on read no
+rich markup or emoji codes (hybctl styles its own words with ``Text`` and table styles),
+and a table shows a string's control characters as escapes (``\x1b``), so a rack name
+cannot move the cursor, open a hyperlink or break a row in two."""
 
 from __future__ import annotations
 
 import datetime as dt
 import json
+import re
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -51,15 +57,62 @@ def when(ts: float | None) -> str:
     return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S")
 
 
+# C0 and C1 controls (ESC, CSI, newline, ...) and the bidi overrides that reorder a line
+_UNSAFE = re.compile(r"[\x00-\x1f\x7f-\x9f\u202a-\u202e\u2066-\u2069]")
+
+
+def visible(s: str) -> str:
+    """``s`` with what a terminal would act on instead of show written as escapes."""
+    return _UNSAFE.sub(lambda m: m.group().encode("unicode_escape").decode("ascii"), s)
+
+
+def visible_data(v: Any) -> Any:
+    """An API answer with every string, keys included, passed through ``visible``: what
+    a table or a line of hybctl's is drawn from."""
+    if isinstance(v, str):
+        return visible(v)
+    if isinstance(v, dict):
+        return {visible_data(k): visible_data(x) for k, x in v.items()}
+    if isinstance(v, (list, tuple)):
+        return [visible_data(x) for x in v]
+    return v
+
+
+def console(*, stderr: bool = False, width: int | None = None) -> Console:
+    """A console that prints strings as they are: no markup, no emoji codes, no
+    highlighting of numbers or URLs in the API's text."""
+    return Console(stderr=stderr, width=width, soft_wrap=False, markup=False, emoji=False, highlight=False)
+
+
+def pages(v: list[dict]) -> str:
+    """Hugepages as placed: ``512x2048K@0`` (count x size on NUMA node)."""
+    return ", ".join(f"{h.get('count', '')}x{h.get('size_kb', '')}K@{h.get('node', '')}" for h in v) or "-"
+
+
+def vfs(v: list[dict]) -> str:
+    """VFs as placed: ``ens1f0#3 max 500 Mb/s``."""
+    return ", ".join(f"{f.get('pf', '')}#{f.get('index', '')}"
+                     + (f" max {f['max_tx_rate_mbps']} Mb/s" if f.get("max_tx_rate_mbps") else "")
+                     + (f" min {f['min_tx_rate_mbps']} Mb/s" if f.get("min_tx_rate_mbps") else "") for f in v) or "-"
+
+
+def disks(v: list[dict]) -> str:
+    """Disks as placed: ``nvme1n1 (500 IOPS, 0 B/s)``; 0: not throttled."""
+    return ", ".join(f"{d.get('name', '')} ({d.get('iops', 0)} IOPS, {d.get('bytes_sec', 0)} B/s)" for d in v) or "-"
+
+
 def cell(v: Any) -> str:
+    """A value in one table cell: a list joined by commas (by semicolons when it holds
+    mappings), a mapping as ``k=v k=v``; never Python's repr."""
     if v is None or v == "":
         return "-"
     if isinstance(v, bool):
         return "yes" if v else "no"
     if isinstance(v, (list, tuple)):
-        return ",".join(str(x) for x in v) or "-"
+        sep = "; " if any(isinstance(x, dict) for x in v) else ","
+        return sep.join(cell(x) if isinstance(x, (dict, list, tuple)) else str(x) for x in v) or "-"
     if isinstance(v, dict):
-        return ",".join(f"{k}={x}" for k, x in sorted(v.items())) or "-"
+        return " ".join(f"{k}={cell(x)}" for k, x in sorted(v.items(), key=lambda kv: str(kv[0]))) or "-"
     return str(v)
 
 
@@ -92,12 +145,12 @@ def dump(data: Any, fmt: Format) -> str:
     return json.dumps(data, indent=2, sort_keys=False, ensure_ascii=False)
 
 
-def printer(console: Console, fmt: Format) -> Callable[[Any, Callable[[], RenderableType]], None]:
-    """A function of (data, what to show as a table): json/yaml print the data, table
-    and wide the renderable."""
-    def show(data: Any, render: Callable[[], RenderableType]) -> None:
+def printer(console: Console, fmt: Format) -> Callable[[Any, Callable[[Any], RenderableType]], None]:
+    """A function of (data, how to draw it): json/yaml print the data as it came, table
+    and wide draw it from ``visible_data(data)``."""
+    def show(data: Any, render: Callable[[Any], RenderableType]) -> None:
         if fmt in (Format.json, Format.yaml):
             console.print(dump(data, fmt), markup=False, highlight=False, soft_wrap=True)
         else:
-            console.print(render())
+            console.print(render(visible_data(data)))
     return show
