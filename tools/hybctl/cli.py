@@ -198,6 +198,8 @@ def root(ctx: typer.Context,
                                                    envvar="HYBCTL_CA", show_envvar=True)] = None,
          timeout: Annotated[float, typer.Option("--timeout", help="seconds to wait for an answer",
                                                 parser=seconds(0, above=True))] = 15.0) -> None:
+    if getattr(ctx.get_parameter_source("token_file"), "name", "") == "ENVIRONMENT":
+        token_file = None  # resolve() reads HYBCTL_TOKEN_FILE itself, and names it when the token is refused
     ctx.obj = Conn(context, server, token_file, ca, timeout)
     ctx.call_on_close(ctx.obj.close)
 
@@ -655,7 +657,7 @@ def host_drain(ctx: typer.Context, name: HostArg,
 # ---------------------------------------------------------------------- fleet
 
 
-class Group_(str, Enum):
+class FleetGroup(str, Enum):
     """What ``fleet`` splits the hosts by (the API's ``group``)."""
 
     cls = "class"
@@ -669,7 +671,7 @@ def fleet(ctx: typer.Context,
           day: Annotated[Optional[str], typer.Option(help="host-local day, YYYY-MM-DD (default: today)")] = None,
           compare: Annotated[Optional[str], typer.Option(help="a second day, drawn under the first (before/after)")]
           = None,
-          by: Annotated[Optional[Group_], typer.Option("--by", help="class, rack, state or policy (default: class "
+          by: Annotated[Optional[FleetGroup], typer.Option("--by", help="class, rack, state or policy (default: class "
                                                                    "for the peak window, which alone keeps the "
                                                                    "split by class; state for hours)")] = None,
           window: Annotated[str, typer.Option(help="peak (each host's evening window), or host-local hours HH-HH")]
