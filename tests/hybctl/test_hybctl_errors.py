@@ -215,8 +215,8 @@ def config_documents(token: Path, ca: Path) -> st.SearchStrategy[bytes]:
     as_yaml = st.one_of(document, VALUES).map(
         lambda d: yaml.dump(d, allow_unicode=True).encode())  # yaml.dump: dates, bytes, any type
     return st.one_of(st.binary(max_size=200), as_yaml, st.text(max_size=200).map(str.encode),
-                     st.sampled_from([b"", b"\xff\xfe", b"[[[[[[[[", b"contexts: [", b"a: *b", b"!!python/name:os.system",
-                                      b"contexts:\n  a:\n    server: 12345\n", b"\x00"]))
+                     st.sampled_from([b"", b"\xff\xfe", b"[[[[[[[[", b"contexts: [", b"a: *b",
+                                      b"!!python/name:os.system", b"contexts:\n  a:\n    server: 12345\n", b"\x00"]))
 
 
 @FUZZ

@@ -1,6 +1,7 @@
 """hybctl against a real `scheduler serve` (HTTPS, dev CA, SQLite) whose hosts were
-registered through the API with names, racks and reasons an operator's terminal must
-show as text: rich markup, emoji codes, escape sequences. No hostd runs: what is checked
+registered and cordoned through the API with racks and reasons an operator's terminal
+must show as text: rich markup, emoji codes, escape sequences (a rack is printable text,
+api/bounds.py; a cordon's reason is any text). No hostd runs: what is checked
 here is what hybctl prints of the API's answers, its watch loop through a pipe and
 SIGTERM, the fleet's default grouping, a refused token and an unknown VM, and host-name
 completion. (test_hybctl.py runs the simulated fleet; test_hybctl_errors.py the error
@@ -44,11 +45,12 @@ def env(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-de
     with fleet_scheduler(w, admin_token=ADMIN, host_token=HOST) as s:
         api = httpx.Client(base_url=s["sched"].url, verify=s["sched"].verify, timeout=30,
                            headers={"Authorization": f"Bearer {ADMIN}"})
-        for name, rack in (("op-0", MARKUP), ("op-1", OSC8), ("op-2", "r2")):
+        for name, rack in (("op-0", MARKUP), ("op-1", "r1"), ("op-2", "r2")):
             r = api.post("/v1/hosts", json=host_body(name, rack), headers={"Authorization": f"Bearer {HOST}"})
             assert r.status_code == 201, r.text
-        r = api.post("/v1/hosts/op-2/cordon", json={"owner": "alice", "reason": REASON})
-        assert r.status_code == 200, r.text
+        for name, reason in (("op-1", OSC8), ("op-2", REASON)):
+            r = api.post(f"/v1/hosts/{name}/cordon", json={"owner": "alice", "reason": reason})
+            assert r.status_code == 200, r.text
         token = w / "admin.token"
         token.write_text(ADMIN + "\n")
         yield {"url": s["sched"].url, "ca": s["certs"] / "ca.crt", "token": token, "api": api, "dir": w}
@@ -89,7 +91,8 @@ def test_api_text_on_a_terminal_opens_no_link(env) -> None:  # type: ignore[no-u
     read as markup: no hyperlink escape (OSC 8) reaches the terminal."""
     leader, follower = pty.openpty()
     try:
-        p = subprocess.Popen([BIN, "host", "list"], env=cli_env(env, TERM="xterm-256color"), stdin=subprocess.DEVNULL,
+        p = subprocess.Popen([BIN, "host", "list", "-o", "wide"],
+                             env=cli_env(env, TERM="xterm-256color", COLUMNS="400"), stdin=subprocess.DEVNULL,
                              stdout=follower, stderr=follower)
         os.close(follower)
         got = b""
