@@ -74,6 +74,11 @@ def debian_root(tmp_path: Path) -> Iterator[Path]:
     try:
         subprocess.run(["tar", "--numeric-owner", "-xpf", str(tar), "-C", str(root)], check=True)
         subprocess.run(["mount", "-t", "proc", "proc", str(root / "proc")], check=True)
+        # The packages apt downloads are kept across runs (apt checks each against the
+        # signed index, and locks the directory): a second run installs without fetching.
+        archives = caches.BOOTSTRAP / "apt-archives"
+        (archives / "partial").mkdir(parents=True, exist_ok=True)
+        subprocess.run(["mount", "--bind", str(archives), str(root / "var/cache/apt/archives")], check=True)
         yield root
     finally:
         leftover = _processes_in(root)
@@ -214,7 +219,7 @@ def test_hostd_toml_template_loads(tmp_path: Path) -> None:
         src: {ANSIBLE}/roles/hostd/templates/hostd.toml.j2
         dest: {out}
 """)
-    extra = {"rack": 12, "labels": {"disk": 'nv"me', "path\\x": "a b"},
+    extra = {"rack": 12, "labels": {"disk": 'nv"me', "example.com/path_x": "a b\\c"},
              "hostd_io_probe": "command:/bin/true --flag", "hostd_virt_type": "qemu",
              "hostd_config_extra": {"watchdog_s": 3.5, "plaintext": False},
              "ansible_python_interpreter": sys.executable}
@@ -226,7 +231,7 @@ def test_hostd_toml_template_loads(tmp_path: Path) -> None:
 
     cfg = load_config(out)
     assert cfg.rack == "12" and cfg.host_name == "localhost"
-    assert cfg.labels == {"disk": 'nv"me', "path\\x": "a b"}
+    assert cfg.labels == {"disk": 'nv"me', "example.com/path_x": "a b\\c"}
     assert cfg.io_probe == "command:/bin/true --flag"
     assert cfg.watchdog_s == 3.5 and cfg.plaintext is False and cfg.virt_type == "qemu"
     assert str(cfg.tls_key) == "/etc/hostd/tls/hostd.key"
