@@ -14,6 +14,7 @@ from pathlib import Path
 import httpx
 import pytest
 from tools.dev.procs import Scheduler, free_port
+from tools.dev.smallfs import fill, small_tmpfs
 
 from sched_helpers import host_body
 from test_sched_tls import config
@@ -53,29 +54,8 @@ def small_fs(tmp_path: Path):  # type: ignore[no-untyped-def]
     """A 16 MiB tmpfs the test can fill (root only: mount)."""
     if os.geteuid() != 0:
         pytest.skip("mounting a tmpfs needs root")
-    d = tmp_path / "small"
-    d.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=16m,mode=0700", "hyb-test-small", str(d)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "small", "16m") as d:
         yield d
-    finally:
-        subprocess.run(["umount", "-l", str(d)], check=False)
-
-
-def fill(fs: Path) -> Path:
-    """Fills ``fs`` to its last byte with one file; returns it."""
-    ballast = fs / "ballast"
-    fd = os.open(ballast, os.O_WRONLY | os.O_CREAT, 0o600)
-    try:
-        for size in (1 << 16, 512):
-            try:
-                while True:
-                    os.write(fd, b"\0" * size)
-            except OSError:
-                pass
-    finally:
-        os.close(fd)
-    return ballast
 
 
 @pytest.mark.root

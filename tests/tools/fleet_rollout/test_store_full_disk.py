@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import errno
 import os
-import subprocess
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from test_engine import NAMES, OPTS, SPEC
 
 from tools.dev.procs import Scheduler as SchedulerProc
 from tools.dev.procs import free_port
+from tools.dev.smallfs import small_tmpfs
 from tools.dev.sched_inproc import token_config
 from tools.fleet_rollout.cli import main as rollout_cli
 from tools.fleet_rollout.clients import Scheduler
@@ -35,13 +35,8 @@ ADMIN = "full-disk-admin-token"
 
 @pytest.fixture
 def small_fs(tmp_path: Path) -> Iterator[Path]:
-    mnt = tmp_path / "fs"
-    mnt.mkdir()
-    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(mnt)], check=True)
-    try:
+    with small_tmpfs(tmp_path / "fs", "4m") as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", "-l", str(mnt)], check=True)
 
 
 @pytest.fixture
