@@ -44,6 +44,10 @@ class HostdConfig(BaseSettings):
     # GetVM, GetHostInfo, PlanCarve, ...).
     rpc_mutating_callers: list[str] = ["scheduler", "fleet-rollout"]
     libvirt_uri: str = "qemu:///system"
+    # Live migration: the address (host or IP) where other hosts' QEMU reaches this
+    # host's for a migration's memory and disk streams; PrepareMigration answers
+    # tcp://<it>. Empty: libvirt's choice (qemu.conf migration_host, else the hostname).
+    migration_address: str = ""
     # Guest images a VM may name (hostd/apply/images.py).
     image_dir: Path = Path("/var/lib/hostd/images")
     # Guest tuning profiles a VM may name (guestimages/profiles/*.toml).

@@ -303,3 +303,74 @@ class NotDrained(HostdError):
 
     code = "hyb.carve.not_drained"
     grpc_status = "FAILED_PRECONDITION"
+
+
+# ---------------------------------------------------------------- live migration (hostd/apply/migration.py)
+
+class MigrationNoDisk(HostdError):
+    """The target has no free allow-listed disk of a source disk's size; nothing was
+    changed on the target."""
+
+    code = "hyb.migration.no_disk"
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class MigrationNotRunning(HostdError):
+    """Only a running VM is moved live."""
+
+    code = "hyb.migration.not_running"
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class MigrationInProgress(HostdError):
+    """This VM is being moved already (by another MigrateVM call)."""
+
+    code = "hyb.migration.in_progress"
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class PostcopyUnsupported(HostdError):
+    """Post-copy was asked for: this hostd does not switch to it (a post-copy that fails
+    loses the guest, whose memory is then split between the hosts)."""
+
+    code = "hyb.migration.postcopy_unsupported"
+    grpc_status = "UNIMPLEMENTED"
+
+
+class MigrationFailed(HostdError):
+    """libvirt failed the migration (the detail is its reason); the VM still runs on
+    the source, as it was, and the source's ledger is unchanged."""
+
+    code = "hyb.migration.failed"
+    grpc_status = "ABORTED"
+
+
+class MigrationTimeout(HostdError):
+    """The job did not finish within timeout_s and was cancelled; the VM still runs on
+    the source."""
+
+    code = "hyb.migration.timeout"
+    grpc_status = "ABORTED"
+
+
+class NotIncoming(HostdError):
+    """CompleteMigration or AbortMigration for a VM this host has, but not as incoming."""
+
+    code = "hyb.migration.not_incoming"
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class NotArrived(HostdError):
+    """CompleteMigration while no running domain of the VM is here (the migration has
+    not finished, or failed: AbortMigration then)."""
+
+    code = "hyb.migration.not_arrived"
+    grpc_status = "FAILED_PRECONDITION"
+
+
+class MigrationArrived(HostdError):
+    """AbortMigration while the VM already runs here (the migration finished): aborting
+    would destroy the one running copy. CompleteMigration instead."""
+
+    code = "hyb.migration.arrived"
+    grpc_status = "FAILED_PRECONDITION"

@@ -53,6 +53,7 @@ from hostd.errors import (
     CreateFailed,
     DomainError,
     HostdError,
+    MigrationInProgress,
     NoFit,
     NotCarved,
     NotFound,
@@ -71,6 +72,8 @@ MIN_RATE_DRIVERS = frozenset({"mlx5_core", "ice", "bnxt_en", "qede", "netdevsim"
 # Fault injection for the crash tests: HOSTD_CRASH_AT=<point> with HOSTD_TEST_FAULTS=1
 # makes hostd SIGKILL itself at that point of CreateVM.
 CRASH_POINTS = ("claimed", "vf_set", "defined", "started")
+# Ledger states owned by a call in progress: lifecycle events do not change them.
+BUSY_STATES = frozenset({"creating", "deleting", "incoming", "migrating"})
 # How long a VM change waits for a carve of this host (the carve lock) to finish.
 CARVE_WAIT_S = 120.0
 
@@ -190,18 +193,7 @@ class VmManager:
                 if not VmSpec.from_dict(prior.spec).same_as(self._with_macs(spec)):
                     raise Conflict("request_id was already used with a different spec", field="request_id")
                 return prior
-            if any(r.name == spec.name for r in self.ledger.list()):
-                raise Conflict(f"a VM named {spec.name!r} exists", field="name")
-            image = self.images.get(spec.image)
-            if spec.profile and self.profiles is not None and spec.profile not in self.profiles:
-                raise UnknownProfile(f"no tuning profile {spec.profile!r} (known: "
-                                     f"{', '.join(sorted(self.profiles)) or 'none'})", field="profile")
-            if spec.profile and image.profiles and spec.profile not in image.profiles:
-                raise Refused(f"image {image.name} has profiles {list(image.profiles)}", field="profile")
-            self._check_spec(spec)
-            why = self.carved_for(spec.hugepage_size_kb) if self.carved_for else ""
-            if why:
-                raise NotCarved(why, field="hugepage_size_kb")
+            image = self.admit(spec)
             vm_id = str(uuid.uuid4())
             spec = self._with_macs(spec)
             with self.ledger.tx() as db:
@@ -226,7 +218,7 @@ class VmManager:
                 self._crash("started")
             except Exception as e:
                 log.error("create failed vm=%s name=%s error=%s; rolling back", vm_id, spec.name, e)
-                self._teardown(vm_id, got, spec.name)
+                self.teardown(vm_id, got, spec.name)
                 self.emit(vm_id, "failed", str(e))
                 if isinstance(e, HostdError):
                     raise
@@ -237,6 +229,24 @@ class VmManager:
             rec = self.ledger.get(vm_id=vm_id)
             assert rec is not None
             return rec
+
+    def admit(self, spec: VmSpec) -> Image:
+        """The checks of a VM before anything is claimed (CreateVM's, and a migration
+        target's: one home): its name is free, its image and profile known here, its
+        disks and VFs usable, its page size mounted. Returns the image."""
+        if any(r.name == spec.name for r in self.ledger.list()):
+            raise Conflict(f"a VM named {spec.name!r} exists", field="name")
+        image = self.images.get(spec.image)
+        if spec.profile and self.profiles is not None and spec.profile not in self.profiles:
+            raise UnknownProfile(f"no tuning profile {spec.profile!r} (known: "
+                                 f"{', '.join(sorted(self.profiles)) or 'none'})", field="profile")
+        if spec.profile and image.profiles and spec.profile not in image.profiles:
+            raise Refused(f"image {image.name} has profiles {list(image.profiles)}", field="profile")
+        self._check_spec(spec)
+        why = self.carved_for(spec.hugepage_size_kb) if self.carved_for else ""
+        if why:
+            raise NotCarved(why, field="hugepage_size_kb")
+        return image
 
     def _with_macs(self, spec: VmSpec) -> VmSpec:
         """Fill in a MAC for every VF that has none, derived from the request id so
@@ -287,7 +297,7 @@ class VmManager:
             except OSError as e:
                 log.error("cannot reset VF rate pf=%s vf=%d error=%s", v.pf, v.index, e)
 
-    def _teardown(self, vm_id: str, c: Claim, name: str) -> None:
+    def teardown(self, vm_id: str, c: Claim, name: str) -> None:
         """Undo every side effect of a VM and release its claim; each step runs
         even if an earlier one failed."""
         try:
@@ -340,6 +350,9 @@ class VmManager:
         _check_grace(grace_s)
         with self._changing("delete a VM"):
             rec = self.get(vm_id)
+            if rec.state in ("incoming", "migrating"):
+                raise MigrationInProgress(f"{rec.name} is {rec.state}: AbortMigration on the target first "
+                                          "(or wait for MigrateVM)", field="vm_id")
             self.ledger.set_state(vm_id, "deleting")
             self.emit(vm_id, "deleting")
             if grace_s > 0:
@@ -347,7 +360,7 @@ class VmManager:
                     self.libvirt.shutdown(vm_id, grace_s)
                 except DomainError as e:
                     log.warning("shutdown vm=%s: %s; destroying", vm_id, e)
-            self._teardown(vm_id, rec.claim, rec.name)
+            self.teardown(vm_id, rec.claim, rec.name)
             self.emit(vm_id, "deleted")
             log.info("deleted vm=%s name=%s", vm_id, rec.name)
 
@@ -462,14 +475,23 @@ class VmManager:
         - a row whose domain is shut off: state ``stopped``; running: ``running``.
         - an owned domain without a row: adopt it from its metadata when its claim
           still fits the ledger, else leave it alone and report the conflict.
+        - ``incoming`` rows (a migration target, hostd/apply/migration.py): a running
+          domain stays incoming (CompleteMigration or AbortMigration decides); with no
+          domain, or one shut off, the claim is released and any domain undefined.
+        - ``migrating`` rows (a migration source): a domain still here is ``running``
+          again (a job libvirtd still drives ends in a lifecycle event); a domain gone
+          is released like any other: it left with the migration. Which host runs it
+          is the scheduler's to check (both hosts' ledgers), not this host's.
         """
         actions: list[str] = []
         with self._changing("reconcile"):
             domains = {d.uuid: d for d in self.libvirt.owned()}
             for rec in self.ledger.list():
                 dom = domains.pop(rec.vm_id, None)
-                if rec.state in ("creating", "deleting"):
-                    self._teardown(rec.vm_id, rec.claim, rec.name)
+                if rec.state == "incoming":
+                    actions.append(self._reconcile_incoming(rec, dom))
+                elif rec.state in ("creating", "deleting"):
+                    self.teardown(rec.vm_id, rec.claim, rec.name)
                     actions.append(f"rolled back {rec.state} vm {rec.vm_id} ({rec.name})")
                     self.emit(rec.vm_id, "failed" if rec.state == "creating" else "deleted",
                               "hostd restarted during " + rec.state)
@@ -491,6 +513,13 @@ class VmManager:
         for a in actions:
             log.warning("reconcile: %s", a)
         return actions
+
+    def _reconcile_incoming(self, rec: VmRecord, dom) -> str:
+        if dom is not None and dom.active:
+            return f"incoming vm {rec.vm_id} ({rec.name}) runs here: waits for CompleteMigration or AbortMigration"
+        self.teardown(rec.vm_id, rec.claim, rec.name)
+        self.emit(rec.vm_id, "deleted", "incoming migration with no running domain after a restart")
+        return f"released incoming vm {rec.vm_id} ({rec.name}): no running domain"
 
     def reconcile_logged(self) -> None:
         """``reconcile`` for a daemon thread: counted, and a failure logged, never raised."""
@@ -526,9 +555,10 @@ class VmManager:
 
     def on_domain_event(self, vm_id: str, state: str, reason: str) -> None:
         """A libvirt lifecycle event for one of our domains (from the event loop).
-        Rows mid-create or mid-delete belong to the call in progress and are left alone."""
+        Rows mid-create, mid-delete or mid-migration belong to the call in progress and
+        are left alone."""
         rec = self.ledger.get(vm_id=vm_id)
-        if rec is None or rec.state in ("creating", "deleting") or rec.state == state:
+        if rec is None or rec.state in BUSY_STATES or rec.state == state:
             return
         self.ledger.set_state(vm_id, state, reason)
         log.info("domain event vm=%s %s -> %s (%s)", vm_id, rec.state, state, reason)

@@ -21,9 +21,10 @@ log = logging.getLogger(__name__)
 
 # Every RPC that changes a VM or the host. A new mutating RPC must be added here;
 # tests/hostd/rpc/test_grpc_callers.py fails for an RPC that is in neither set.
-MUTATING = frozenset({"CreateVM", "DeleteVM", "StartVM", "StopVM", "UpdateIOLimits", "Carve", "Uncarve"})
+MUTATING = frozenset({"CreateVM", "DeleteVM", "StartVM", "StopVM", "UpdateIOLimits", "Carve", "Uncarve",
+                      "PrepareMigration", "MigrateVM", "CompleteMigration", "AbortMigration"})
 READ_ONLY = frozenset({"GetVM", "ListVMs", "GetInventory", "Health", "WatchEvents", "GetHostStats",
-                       "GetHostInfo", "PlanCarve"})
+                       "GetHostInfo", "PlanCarve", "GetMigration"})
 
 
 def peer_identities(ctx: grpc.ServicerContext) -> list[str]:

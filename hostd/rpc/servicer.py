@@ -22,6 +22,7 @@ from api.jsonmodel import to_jsonable
 from hostd.apply.carve_service import Asker, CarveService
 from hostd.apply.carve_state import boot_changes, boot_pending
 from hostd.apply.ledger import VmRecord
+from hostd.apply.migration import MigrateRequest, Migrations, SourceDisk
 from hostd.apply.vms import VmEvent, VmManager
 from hostd.carve.vmclaim import CellReq, VfReq
 from hostd.carve.vmspec import DiskSpec, IoTune, VmSpec
@@ -35,7 +36,8 @@ log = logging.getLogger(__name__)
 
 _STATES = {"creating": pb.VM_STATE_CREATING, "running": pb.VM_STATE_RUNNING,
            "stopped": pb.VM_STATE_STOPPED, "failed": pb.VM_STATE_FAILED,
-           "deleting": pb.VM_STATE_DELETING, "deleted": pb.VM_STATE_DELETING}
+           "deleting": pb.VM_STATE_DELETING, "deleted": pb.VM_STATE_DELETING,
+           "incoming": pb.VM_STATE_INCOMING, "migrating": pb.VM_STATE_MIGRATING}
 
 EVENT_QUEUE = 1024  # per WatchEvents stream; a stream that falls this far behind is ended
 # A status message carries the code, the field and the reason; never a caller's 4 MB
@@ -122,8 +124,10 @@ class HostdService(pb_grpc.HostdServicer):
     def __init__(self, manager: VmManager, *, host: str, layout_json: str,
                  health: Callable[[], pb.HealthResponse], metrics: Metrics | None = None,
                  callers: CallerCheck = CallerCheck(frozenset({"scheduler"})), sampler: Sampler | None = None,
-                 carver: CarveService | None = None, version: str = ""):
+                 carver: CarveService | None = None, version: str = "",
+                 migrations: Migrations | None = None):
         self.m = manager
+        self.migrations = migrations or Migrations(manager)
         self.callers = callers
         self.sampler = sampler
         self.host = host
@@ -303,3 +307,41 @@ class HostdService(pb_grpc.HostdServicer):
                                  reason=ev.reason, time_unix_ns=ev.time_ns)
         finally:
             unwatch()
+
+    # ------------------------------------------------------------ live migration
+
+    def PrepareMigration(self, request, context):
+        def prepare() -> pb.PrepareMigrationResponse:
+            p = self.migrations.prepare(
+                request_id=request.request_id, vm_id=request.vm_id, spec=spec_from_proto(request.vm),
+                source_disks=tuple(SourceDisk(d.disk, d.size_bytes) for d in request.source_disks),
+                source_host=request.source_host)
+            tunes = {d.disk: d.iotune for d in VmSpec.from_dict(p.record.spec).disks}
+            return pb.PrepareMigrationResponse(
+                domain_xml=p.domain_xml, migrate_uri=p.migrate_uri, vm=self._vm(p.record),
+                disks=[pb.ClaimedDisk(disk=name, device=f"/dev/{name}", target=target,
+                                      iotune=pb.IoTune(**to_jsonable(tunes.get(name, IoTune()))))
+                       for name, target in p.disks])
+        return self._call(context, prepare)
+
+    def MigrateVM(self, request, context):
+        def migrate() -> pb.MigrateVMResponse:
+            f = self.migrations.migrate(MigrateRequest(
+                name=request.name, target_uri=request.target_uri, domain_xml=request.domain_xml,
+                migrate_uri=request.migrate_uri, migrate_disks=tuple(request.migrate_disks),
+                bandwidth_mib_s=request.bandwidth_mib_s, max_downtime_ms=request.max_downtime_ms,
+                timeout_s=request.timeout_s, postcopy=request.on_timeout == pb.ON_TIMEOUT_POSTCOPY,
+                tls=request.tls))
+            return pb.MigrateVMResponse(job_ms=f.job_ms, downtime_ms=f.downtime_ms, data_bytes=f.data_bytes,
+                                        memory_bytes=f.memory_bytes, disk_bytes=f.disk_bytes)
+        return self._call(context, migrate)
+
+    def CompleteMigration(self, request, context):
+        return self._call(context, lambda: self._vm(self.migrations.complete(request.name)))
+
+    def AbortMigration(self, request, context):
+        return self._call(context, lambda: pb.AbortMigrationResponse(steps=self.migrations.abort(request.name)))
+
+    def GetMigration(self, request, context):
+        return self._call(context, lambda: pb.MigrationProgress(
+            **dataclasses.asdict(self.migrations.progress(request.name))))

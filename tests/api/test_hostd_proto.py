@@ -8,6 +8,7 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[2]
 RPCS = {"CreateVM", "DeleteVM", "GetVM", "ListVMs", "StartVM", "StopVM", "GetHostStats",
+        "PrepareMigration", "MigrateVM", "CompleteMigration", "AbortMigration", "GetMigration",
         "UpdateIOLimits", "GetInventory", "Health", "WatchEvents",
         "GetHostInfo", "PlanCarve", "Carve", "Uncarve"}
 

@@ -60,6 +60,12 @@ def test_another_hosts_certificate_reads_but_cannot_change(hostd) -> None:
         "UpdateIOLimits": lambda: intruder.UpdateIOLimits(pb.UpdateIOLimitsRequest(vm_id=vm.vm_id), timeout=10),
         "Carve": lambda: intruder.Carve(pb.CarveRequest(policy_toml="", policy_digest=""), timeout=10),
         "Uncarve": lambda: intruder.Uncarve(pb.UncarveRequest(drained=True), timeout=10),
+        "PrepareMigration": lambda: intruder.PrepareMigration(
+            pb.PrepareMigrationRequest(request_id="m-1", vm_id=vm.vm_id, vm=create("r-3", "c-3")), timeout=10),
+        "MigrateVM": lambda: intruder.MigrateVM(pb.MigrateVMRequest(name="c-1", target_uri="test:///default",
+                                                                    domain_xml="<domain/>"), timeout=10),
+        "CompleteMigration": lambda: intruder.CompleteMigration(pb.MigrationRef(name="c-1"), timeout=10),
+        "AbortMigration": lambda: intruder.AbortMigration(pb.MigrationRef(name="c-1"), timeout=10),
     }
     assert set(calls) == MUTATING
     for method, call in calls.items():

@@ -1,0 +1,435 @@
+"""Live migration of a VM between two hosts, hostd's part on each end.
+
+The caller (the scheduler) drives four calls; hostd keeps each host's ledger true at
+every step and leaves the running copy alone on any failure:
+
+1. ``prepare`` on the TARGET: the VM's own checks (``VmManager.admit``, CreateVM's),
+   a free allow-listed raw disk of exactly each source disk's size, the claim from this
+   host's carve (its CPUs, its pages, its disk budgets), an exclusive hold on the disks
+   (``DiskHold``, kept until the VM runs here or the migration is aborted), and the
+   domain XML this host will run, rendered by the same designer as CreateVM's, with the
+   source's UUID and the guest-visible disk serials kept (libvirt's ABI check compares
+   them). The ledger row is written first, state ``incoming``; nothing is defined.
+2. ``migrate`` on the SOURCE: ``virDomainMigrateToURI3`` peer to peer, live, the raw
+   disks mirrored over NBD (non-shared disk), persistent on the target and undefined
+   here, auto-converge, TLS for the streams when asked; bounded by a timeout after which
+   the job is cancelled (post-copy is refused: a failed post-copy leaves no whole guest
+   on either host). The row is ``migrating`` meanwhile. Success releases the claim and
+   the row here; failure sets the row back to ``running`` (the VM never stopped).
+3. ``complete`` on the TARGET once ``migrate`` succeeded: ``incoming`` -> ``running``.
+4. ``abort`` on the TARGET otherwise: any incoming domain destroyed and undefined, the
+   claim and hold released.
+
+After a restart ``VmManager.reconcile`` applies the per-host rules (its docstring):
+an ``incoming`` row without a running domain is released; a ``migrating`` row whose
+domain is gone is released (it left); one whose domain runs is ``running`` again.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import threading
+import time
+import uuid
+import xml.etree.ElementTree as ET
+from dataclasses import dataclass
+
+import libvirt
+
+from hostd.apply.ledger import VmRecord
+from hostd.apply.vms import VmManager
+from hostd.carve.vmclaim import claim
+from hostd.carve.vmspec import DiskSpec, VmSpec
+from hostd.domain.metadata import VmMetadata
+from hostd.errors import (
+    Conflict,
+    HostdError,
+    MigrationArrived,
+    MigrationFailed,
+    MigrationInProgress,
+    MigrationNoDisk,
+    MigrationNotRunning,
+    MigrationTimeout,
+    NoFit,
+    NotArrived,
+    NotFound,
+    NotIncoming,
+    PostcopyUnsupported,
+    Refused,
+    SpecInvalid,
+)
+
+log = logging.getLogger(__name__)
+
+# virsh migrate --live --p2p --copy-storage-all --persistent --undefinesource --auto-converge
+BASE_FLAGS = (libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PEER2PEER | libvirt.VIR_MIGRATE_NON_SHARED_DISK
+              | libvirt.VIR_MIGRATE_PERSIST_DEST | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE
+              | libvirt.VIR_MIGRATE_AUTO_CONVERGE)
+POLL_S = 0.5  # job statistics sampled this often while a migration runs (GetMigration, fallback figures)
+
+
+@dataclass(frozen=True)
+class SourceDisk:
+    disk: str  # the source's kernel name: the guest's serial of the disk
+    size_bytes: int
+
+
+@dataclass(frozen=True)
+class Prepared:
+    record: VmRecord
+    domain_xml: str
+    migrate_uri: str
+    disks: tuple[tuple[str, str], ...]  # (this host's disk name, guest target dev)
+
+
+@dataclass(frozen=True)
+class MigrateRequest:
+    name: str
+    target_uri: str
+    domain_xml: str
+    migrate_uri: str = ""
+    migrate_disks: tuple[str, ...] = ()
+    bandwidth_mib_s: int = 0
+    max_downtime_ms: int = 0
+    timeout_s: int = 0
+    postcopy: bool = False
+    tls: bool = False
+
+
+@dataclass(frozen=True)
+class JobFigures:
+    job_ms: int = 0
+    downtime_ms: int = 0
+    data_bytes: int = 0
+    memory_bytes: int = 0
+    disk_bytes: int = 0
+
+    @classmethod
+    def from_stats(cls, s: dict) -> "JobFigures":
+        return cls(int(s.get("time_elapsed", 0)), int(s.get("downtime", 0)), int(s.get("data_processed", 0)),
+                   int(s.get("memory_processed", 0)), int(s.get("disk_processed", 0)))
+
+
+@dataclass(frozen=True)
+class Progress:
+    active: bool
+    elapsed_ms: int = 0
+    memory_remaining_bytes: int = 0
+    disk_remaining_bytes: int = 0
+    memory_bps: int = 0
+    expected_downtime_ms: int = 0
+
+
+class Migrations:
+    """``migration_address``: where peers' QEMU reaches this host's for the memory and
+    disk streams (PrepareMigration answers ``tcp://<it>``); "" leaves it to libvirt
+    (qemu.conf ``migration_host``)."""
+
+    def __init__(self, manager: VmManager, *, migration_address: str = ""):
+        self.m = manager
+        self.migrate_uri = f"tcp://{migration_address}" if migration_address else ""
+        self._holds: dict[str, contextlib.ExitStack] = {}  # vm_id -> exclusive hold of its incoming disks
+        self._moving: set[str] = set()  # names this host is migrating away now
+        self._last: dict[str, dict] = {}  # name -> latest job statistics of its migration
+
+    # ------------------------------------------------------------ target
+
+    def prepare(self, *, request_id: str, vm_id: str, spec: VmSpec, source_disks: tuple[SourceDisk, ...],
+                source_host: str) -> Prepared:
+        try:
+            vm_id = str(uuid.UUID(vm_id))
+        except ValueError:
+            raise SpecInvalid(f"{vm_id!r} is not a UUID (the source's vm_id)", field="vm_id") from None
+        if len(source_disks) != len(spec.disks):
+            raise SpecInvalid(f"{len(source_disks)} source disks for {len(spec.disks)} disks: one each",
+                              field="source_disks")
+        m = self.m
+        with m._changing("prepare a migration"):
+            prior = m.ledger.get(vm_id=vm_id)
+            if prior is not None:
+                if prior.state == "incoming" and prior.name == spec.name and request_id in prior.reason:
+                    return self._answer(prior, m.images.get(spec.image), source_disks)
+                raise Conflict(f"VM {vm_id} is here already ({prior.name}, {prior.state})", field="vm_id")
+            spec = dataclasses.replace(spec, disks=self._pick_disks(spec, source_disks))
+            image = m.admit(spec)
+            with m.ledger.tx() as db:
+                got = claim(m.layout, m.siblings, m.ledger.usage(db), spec.request())
+                if isinstance(got, NoFit):
+                    raise Refused(got.reason, field=got.field)
+                m.ledger.record(db, vm_id=vm_id, request_id=spec.request_id, name=spec.name, claim=got,
+                                spec=spec.to_dict(), state="incoming")
+                db.execute("UPDATE vms SET reason=? WHERE vm_id=?",
+                           (f"incoming from {source_host or 'another host'} (migration {request_id})", vm_id))
+            m.generation += 1
+            m.emit(vm_id, "incoming")
+            try:
+                hold = contextlib.ExitStack()
+                if m.disk_hold:
+                    hold.enter_context(m.disk_hold.hold([(f"disks[{i}].disk", d.name)
+                                                         for i, d in enumerate(got.disks)]))
+                self._holds[vm_id] = hold
+                rec = m.ledger.get(vm_id=vm_id)
+                assert rec is not None
+                out = self._answer(rec, image, source_disks)
+            except Exception as e:
+                log.error("prepare failed vm=%s name=%s error=%s; releasing", vm_id, spec.name, e)
+                self._unhold(vm_id)
+                m.teardown(vm_id, got, spec.name)
+                m.emit(vm_id, "deleted", str(e))
+                raise
+            log.info("prepared incoming vm=%s name=%s from=%s cpus=%s disks=%s", vm_id, spec.name, source_host,
+                     got.vcpu_pins, [d.name for d in got.disks])
+            return out
+
+    def _pick_disks(self, spec: VmSpec, source_disks: tuple[SourceDisk, ...]) -> tuple[DiskSpec, ...]:
+        """A free allow-listed disk of exactly each source disk's size (the NBD copy needs
+        equal sizes), first by name; the same usability checks as CreateVM's."""
+        lay, used = self.m.layout, self.m.ledger.usage()
+        taken: set[str] = set(used.disks)
+        out = []
+        for i, (d, src) in enumerate(zip(spec.disks, source_disks)):
+            free = [b for b in lay.disks if b.name not in taken]
+            fits = [b for b in free if b.size_bytes == src.size_bytes and not self.m.disk_check(b.name)]
+            if not fits:
+                have = ", ".join(f"{b.name} ({b.size_bytes} bytes)" for b in free) or "none"
+                raise MigrationNoDisk(f"no free allow-listed disk of {src.size_bytes} bytes for {src.disk} "
+                                      f"(free here: {have})", field=f"disks[{i}].disk")
+            best = sorted(fits, key=lambda b: b.name)[0]
+            taken.add(best.name)
+            out.append(DiskSpec(best.name, d.iotune))
+        return tuple(out)
+
+    def _answer(self, rec: VmRecord, image, source_disks: tuple[SourceDisk, ...]) -> Prepared:
+        m = self.m
+        spec = VmSpec.from_dict(rec.spec)
+        md = VmMetadata(rec.vm_id, rec.request_id, int(rec.created), rec.claim, spec)
+        booted = m.overlays.prepare(spec.name, image) if m.overlays else image
+        serials = {d.name: s.disk for d, s in zip(rec.claim.disks, source_disks)}
+        xml, targets = keep_serials(m.render(md, booted), serials)
+        return Prepared(rec, xml, self.migrate_uri, tuple((d.name, targets.get(d.name, "")) for d in rec.claim.disks))
+
+    def complete(self, name: str) -> VmRecord:
+        m = self.m
+        with m._changing("complete a migration"):
+            rec = self._by_name(name)
+            if rec.state == "running":
+                return rec  # a retry
+            if rec.state != "incoming":
+                raise NotIncoming(f"{name} is {rec.state} here, not incoming", field="name")
+            state = self._domain_state(rec.vm_id)
+            if state != libvirt.VIR_DOMAIN_RUNNING:
+                raise NotArrived(f"{name} does not run here ({_STATE_NAMES.get(state, state)}): the migration "
+                                 "has not finished (or failed: AbortMigration)", field="name")
+            m.ledger.set_state(rec.vm_id, "running", "migrated here")
+            self._unhold(rec.vm_id)  # QEMU has the disks
+            m.generation += 1
+            m.emit(rec.vm_id, "running", "migrated here")
+            log.info("migration complete vm=%s name=%s", rec.vm_id, name)
+            out = m.ledger.get(vm_id=rec.vm_id)
+            assert out is not None
+            return out
+
+    def abort(self, name: str) -> list[str]:
+        m = self.m
+        with m._changing("abort a migration"):
+            rec = next((r for r in m.ledger.list() if r.name == name), None)
+            if rec is None:
+                return []
+            if rec.state != "incoming":
+                raise NotIncoming(f"{name} is {rec.state} here, not incoming", field="name")
+            if self._domain_state(rec.vm_id) == libvirt.VIR_DOMAIN_RUNNING:
+                raise MigrationArrived(f"{name} runs here: the migration finished (CompleteMigration)",
+                                       field="name")
+            m.teardown(rec.vm_id, rec.claim, rec.name)
+            self._unhold(rec.vm_id)
+            m.emit(rec.vm_id, "deleted", "migration aborted")
+            log.info("migration aborted vm=%s name=%s", rec.vm_id, name)
+            return [f"released incoming vm {rec.vm_id} ({name}): CPUs {list(rec.claim.vcpu_pins)}, "
+                    f"disks {[d.name for d in rec.claim.disks]}"]
+
+    def _unhold(self, vm_id: str) -> None:
+        hold = self._holds.pop(vm_id, None)
+        if hold is not None:
+            hold.close()
+
+    def _domain_state(self, vm_id: str) -> int | None:
+        """libvirt's state of the domain, None when there is none."""
+        def op(c: libvirt.virConnect) -> int | None:
+            try:
+                return int(c.lookupByUUIDString(vm_id).state()[0])
+            except libvirt.libvirtError as e:
+                if e.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                    return None
+                raise
+        return self.m.libvirt._retrying(f"domain {vm_id}", op)  # type: ignore[return-value]
+
+    def _by_name(self, name: str) -> VmRecord:
+        rec = next((r for r in self.m.ledger.list() if r.name == name), None)
+        if rec is None:
+            raise NotFound(f"no VM named {name!r}", field="name")
+        return rec
+
+    # ------------------------------------------------------------ source
+
+    def migrate(self, req: MigrateRequest) -> JobFigures:
+        if req.postcopy:
+            raise PostcopyUnsupported("post-copy is not offered: a post-copy that fails leaves no whole guest "
+                                      "on either host; use ON_TIMEOUT_ABORT", field="on_timeout")
+        if not req.target_uri:
+            raise SpecInvalid("required: the target's libvirt URI", field="target_uri")
+        if not req.domain_xml:
+            raise SpecInvalid("required: PrepareMigration's domain_xml", field="domain_xml")
+        m = self.m
+        with m._changing("migrate a VM"):
+            rec = self._by_name(req.name)
+            if req.name in self._moving or rec.state == "migrating":
+                raise MigrationInProgress(f"{req.name} is being migrated already", field="name")
+            if rec.state != "running":
+                raise MigrationNotRunning(f"{req.name} is {rec.state}: only a running VM moves live", field="name")
+            m.ledger.set_state(rec.vm_id, "migrating", f"to {req.target_uri}")
+            self._moving.add(req.name)
+        m.emit(rec.vm_id, "migrating", f"to {req.target_uri}")
+        log.info("migrating vm=%s name=%s to=%s bandwidth=%d MiB/s tls=%s", rec.vm_id, req.name, req.target_uri,
+                 req.bandwidth_mib_s, req.tls)
+        try:
+            figures = self._run(rec, req)
+        except HostdError as e:
+            self._failed(rec, e)
+            raise
+        except Exception as e:
+            self._failed(rec, e)
+            raise MigrationFailed(f"{type(e).__name__}: {e}") from e
+        finally:
+            self._moving.discard(req.name)
+            self._last.pop(req.name, None)
+        with m._changing("release a migrated VM"):
+            m.teardown(rec.vm_id, rec.claim, rec.name)
+        m.emit(rec.vm_id, "deleted", f"migrated to {req.target_uri}")
+        log.info("migrated vm=%s name=%s job_ms=%d downtime_ms=%d", rec.vm_id, req.name, figures.job_ms,
+                 figures.downtime_ms)
+        return figures
+
+    def _failed(self, rec: VmRecord, e: BaseException) -> None:
+        """The VM stays here: its row back to what the domain is (gone: released)."""
+        m = self.m
+        with m._changing("undo a failed migration"):
+            state = self._domain_state(rec.vm_id)
+            if state is None:  # it left after all (the error came after the switchover)
+                m.teardown(rec.vm_id, rec.claim, rec.name)
+                m.emit(rec.vm_id, "deleted", f"migration reported failure but the domain left: {e}")
+                log.error("migration of %s failed (%s) yet its domain left this host; released", rec.name, e)
+                return
+            m.ledger.set_state(rec.vm_id, "running" if state != libvirt.VIR_DOMAIN_SHUTOFF else "stopped",
+                               f"migration failed: {e}")
+        m.emit(rec.vm_id, "running", f"migration failed: {e}")
+        log.error("migration of %s failed, it runs here still: %s", rec.name, e)
+
+    def _run(self, rec: VmRecord, req: MigrateRequest) -> JobFigures:
+        conn = self.m.libvirt.conn()
+        try:
+            dom = conn.lookupByUUIDString(rec.vm_id)
+        except libvirt.libvirtError as e:
+            raise MigrationFailed(f"domain {rec.vm_id}: {e.get_error_message()}", field="name") from None
+        params: dict[str, object] = {libvirt.VIR_MIGRATE_PARAM_DEST_XML: req.domain_xml,
+                                     libvirt.VIR_MIGRATE_PARAM_PERSIST_XML: req.domain_xml,
+                                     libvirt.VIR_MIGRATE_PARAM_MIGRATE_DISKS:
+                                         list(req.migrate_disks or disk_targets(req.domain_xml))}
+        if req.migrate_uri:
+            params[libvirt.VIR_MIGRATE_PARAM_URI] = req.migrate_uri
+        if req.bandwidth_mib_s:
+            params[libvirt.VIR_MIGRATE_PARAM_BANDWIDTH] = req.bandwidth_mib_s
+        flags = BASE_FLAGS | (libvirt.VIR_MIGRATE_TLS if req.tls else 0)
+        if req.max_downtime_ms:
+            try:
+                dom.migrateSetMaxDowntime(req.max_downtime_ms, 0)
+            except libvirt.libvirtError as e:
+                raise MigrationFailed(f"max downtime {req.max_downtime_ms} ms: {e.get_error_message()}",
+                                      field="max_downtime_ms") from None
+        completed: dict[str, dict] = {}
+
+        def on_completed(_c, d, stats, _opaque) -> None:
+            if d.UUIDString() == rec.vm_id:
+                completed["stats"] = dict(stats)
+        cb = None
+        try:
+            cb = conn.domainEventRegisterAny(dom, libvirt.VIR_DOMAIN_EVENT_ID_JOB_COMPLETED, on_completed, None)
+        except libvirt.libvirtError as e:
+            log.warning("no job-completed event (%s): job figures from the last sample", e.get_error_message())
+        done = threading.Event()
+        timed_out = threading.Event()
+        watcher = threading.Thread(target=self._watch, args=(dom, req, done, timed_out), daemon=True,
+                                   name=f"migrate-{req.name}")
+        watcher.start()
+        try:
+            dom.migrateToURI3(req.target_uri, params, flags)
+        except libvirt.libvirtError as e:
+            if timed_out.is_set():
+                raise MigrationTimeout(f"not done within {req.timeout_s} s; cancelled ({e.get_error_message()})",
+                                       field="timeout_s") from None
+            raise MigrationFailed(e.get_error_message(), field="target_uri") from None
+        finally:
+            done.set()
+            watcher.join(5)
+            if cb is not None:
+                with contextlib.suppress(libvirt.libvirtError):
+                    conn.domainEventDeregisterAny(cb)
+        deadline = time.monotonic() + 2  # the event comes from the event loop's thread
+        while "stats" not in completed and time.monotonic() < deadline:
+            time.sleep(0.05)
+        return JobFigures.from_stats(completed.get("stats") or self._last.get(req.name, {}))
+
+    def _watch(self, dom: libvirt.virDomain, req: MigrateRequest, done: threading.Event,
+               timed_out: threading.Event) -> None:
+        """Samples the job for GetMigration; cancels it once timeout_s has passed."""
+        start = time.monotonic()
+        while not done.wait(POLL_S):
+            with contextlib.suppress(libvirt.libvirtError):
+                stats = dom.jobStats(0)
+                if stats.get("type", libvirt.VIR_DOMAIN_JOB_NONE) != libvirt.VIR_DOMAIN_JOB_NONE:
+                    self._last[req.name] = dict(stats)
+            if req.timeout_s and time.monotonic() - start > req.timeout_s and not timed_out.is_set():
+                timed_out.set()
+                log.warning("migration of %s passed %d s: cancelling", req.name, req.timeout_s)
+                with contextlib.suppress(libvirt.libvirtError):
+                    dom.abortJob()
+
+    def progress(self, name: str) -> Progress:
+        self._by_name(name)
+        s = self._last.get(name) if name in self._moving else None
+        if not s:
+            return Progress(active=False)
+        return Progress(True, int(s.get("time_elapsed", 0)), int(s.get("memory_remaining", 0)),
+                        int(s.get("disk_remaining", 0)), int(s.get("memory_bps", 0)), int(s.get("downtime", 0)))
+
+
+_STATE_NAMES = {None: "no domain", libvirt.VIR_DOMAIN_PAUSED: "paused", libvirt.VIR_DOMAIN_SHUTOFF: "shut off",
+                libvirt.VIR_DOMAIN_RUNNING: "running"}
+
+
+def disk_targets(xml: str) -> list[str]:
+    """Guest targets of the writable disks of a domain XML: what the NBD copy moves."""
+    root = ET.fromstring(xml)
+    return [t.get("dev", "") for d in root.iterfind("./devices/disk")
+            if d.get("device", "disk") == "disk" and d.find("readonly") is None
+            and (t := d.find("target")) is not None]
+
+
+def keep_serials(xml: str, serials: dict[str, str]) -> tuple[str, dict[str, str]]:
+    """The rendered XML with each claimed disk's ``<serial>`` set to the source's (the
+    guest knows its disks by serial, and libvirt refuses a migration that changes one),
+    and this host's disk name -> guest target."""
+    root = ET.fromstring(xml)
+    targets = {}
+    for d in root.iterfind("./devices/disk"):
+        src, tgt = d.find("source"), d.find("target")
+        name = (src.get("dev", "") if src is not None else "").rsplit("/", 1)[-1]
+        if name in serials:
+            ser = d.find("serial")
+            if ser is None:
+                ser = ET.SubElement(d, "serial")
+            ser.text = serials[name]
+            if tgt is not None:
+                targets[name] = tgt.get("dev", "")
+    return ET.tostring(root, encoding="unicode"), targets
