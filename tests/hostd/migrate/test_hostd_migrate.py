@@ -1,0 +1,305 @@
+"""Live migration through hostd on both ends: two `hostd serve` processes, each on one
+of the two libvirtd "hosts" of tools/dev/libvirt_pair.py (own namespaces, veth link,
+TLS for the migration streams), each with its own state dir, carve policy and loop
+device as its allow-listed raw disk.
+
+The smoke guest with its ticker (``hyb.tick=1``) is created on A through hostd (2 MiB
+hugepages, a pinned vCPU, a throttled raw disk holding a marker); then the refusals
+(B has no disk of the asked size; A migrating to an unreachable target, and to a target
+that was not prepared) each leave A's VM running and both ledgers as they were; then
+PrepareMigration on B, MigrateVM on A, CompleteMigration on B. Shown: the ticker went
+on with the same boot id, the marker is on B's disk, B's pinning (B's carve puts VMs
+on CPU 0, A's on CPU 1) and throttles, A's claim, pages, disk and domain are free, and
+the downtime libvirt reports is in MigrateVM's answer.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import tempfile
+import time
+import xml.etree.ElementTree as ET
+from pathlib import Path
+
+import grpc
+import libvirt
+import pytest
+from tools.dev.libvirt_pair import Host, LibvirtPair, job_ms, job_stats
+from tools.dev.procs import Hostd, grpc_stub, hostd_workdir, write_hostd_config
+
+from api import hostd_pb2 as pb
+from hostd.apply.images import ImageStore
+
+pytestmark = [pytest.mark.integration, pytest.mark.root, pytest.mark.slow]
+
+NAME = "hyb-test-mig"
+MEMORY_MIB = 128
+GUEST_PAGES = MEMORY_MIB // 2
+POOL_PAGES = GUEST_PAGES + 8  # each host's carve: room for the guest
+MARK_OFFSET = 2**20
+A_TUNE = pb.IoTune(total_bytes_sec=50 * 2**20, total_iops_sec=1000)
+B_TUNE = pb.IoTune(total_bytes_sec=20 * 2**20, total_iops_sec=500)
+TICK = re.compile(r"^HYB-TICK (\S+) (\d+)\r?$", re.MULTILINE)
+BOOT_S = 400  # a TCG boot to the first tick on a loaded 2-CPU machine
+
+# Each host's carve: the IO service on one CPU, VMs on the other (A: CPU 1, B: CPU 0).
+POLICY = """
+[io_service]
+cpus = "{io}"
+[host]
+cpus_per_node = 0
+[[hugepages.pools]]
+size = "2M"
+count_per_node = {pages}
+[hugepages]
+io_floor_percent = 5
+[disks]
+allow = ["{disk}"]
+default_bytes_sec = 104857600
+default_iops = 5000
+"""
+
+
+def make_loop(img: Path, size: int) -> Path:
+    with open(img, "wb") as f:
+        f.truncate(size)
+    return Path(subprocess.run(["losetup", "--find", "--show", str(img)], check=True, capture_output=True,
+                               text=True).stdout.strip())
+
+
+@pytest.fixture
+def second_loop(loop_disk: Path, tmp_path: Path):
+    """B's disk: a loop device the size of A's."""
+    dev = make_loop(tmp_path / "disk-b.img", int(subprocess.run(
+        ["blockdev", "--getsize64", str(loop_disk)], check=True, capture_output=True, text=True).stdout))
+    try:
+        yield dev
+    finally:
+        subprocess.run(["losetup", "-d", str(dev)], check=False)
+
+
+class Side:
+    """One host: its libvirtd (of the pair), its hostd, its disk and state dir."""
+
+    def __init__(self, tmp: Path, host: Host, disk: Path, io_cpu: int, smoke_guest: dict, **cfg: object):
+        tmp.mkdir()
+        self.host, self.disk = host, disk
+        self.certs = hostd_workdir(tmp, smoke_guest, pages=POOL_PAGES, disk=disk.name)
+        (tmp / "policy.toml").write_text(POLICY.format(io=io_cpu, pages=POOL_PAGES, disk=disk.name))
+        ImageStore(tmp / "images").add("smoke-tick", "1", "kernel",
+                                       {"kernel": smoke_guest["kernel"], "initrd": smoke_guest["initrd"]},
+                                       cmdline="console=ttyS0 panic=-1 hyb.tick=1")
+        # QEMU (root here) writes the console log under the state dir: outside pytest's 0700 tmp.
+        self.state = Path(tempfile.mkdtemp(prefix="hyb-test-mig-", dir="/var/tmp"))
+        self.state.chmod(0o755)
+        write_hostd_config(tmp / "hostd.toml", policy=tmp / "policy.toml", state=self.state,
+                           images=tmp / "images", certs=self.certs, libvirt_uri=host.uri, **cfg)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("HOSTD_")}
+        self.hostd = Hostd(tmp / "hostd.toml", env, tmp / "hostd.log")
+        self.channels: list[grpc.Channel] = []
+
+    def start(self) -> "Side":
+        self.hostd.start()
+        stub, ch = grpc_stub(self.hostd.port, self.certs)
+        self.channels.append(ch)
+        self.stub = stub
+        return self
+
+    def stop(self) -> None:
+        for ch in self.channels:
+            ch.close()
+        self.hostd.stop()
+        shutil.rmtree(self.state, ignore_errors=True)
+
+    @property
+    def console(self) -> Path:
+        return self.state / "vms" / NAME / "console.log"
+
+    def ticks(self) -> list[tuple[str, int]]:
+        text = self.console.read_text(errors="replace") if self.console.exists() else ""
+        return [(m[1], int(m[2])) for m in TICK.finditer(text[:text.rfind("\n") + 1])]
+
+    def wait_ticks(self, *, after: int, timeout: float) -> list[tuple[str, int]]:
+        deadline = time.monotonic() + timeout
+        while True:
+            t = self.ticks()
+            if t and t[-1][1] > after:
+                return t
+            if time.monotonic() > deadline:
+                tail = self.console.read_text(errors="replace")[-2000:] if self.console.exists() else "(none)"
+                pytest.fail(f"{self.host.name}: no tick past {after} within {timeout} s; console tail:\n{tail}")
+            time.sleep(0.3)
+
+    def domains(self) -> list[str]:
+        return sorted(self.host.virsh("list", "--all", "--name").stdout.split())
+
+    def inventory(self) -> pb.Inventory:
+        return self.stub.GetInventory(pb.GetInventoryRequest(), timeout=10)
+
+    def vms(self) -> list[tuple[str, int]]:
+        return [(v.name, v.state) for v in self.stub.ListVMs(pb.ListVMsRequest(), timeout=10).vms]
+
+
+def claimed(inv: pb.Inventory) -> tuple:
+    """What a host's inventory says is held: CPUs, pages, disks' owners and budgets used."""
+    return (list(inv.nodes[0].used_cpus), inv.nodes[0].hugepages[0].used,
+            [(d.name, d.vm_id, d.bytes_sec_used, d.iops_used) for d in inv.disks])
+
+
+def disk_free(dev: Path) -> bool:
+    """Nothing holds the device exclusively (hostd's hold, a mount, ...)."""
+    try:
+        os.close(os.open(dev, os.O_RDONLY | os.O_EXCL))
+    except OSError:
+        return False
+    return True
+
+
+def size_of(dev: Path) -> int:
+    return int(subprocess.run(["blockdev", "--getsize64", str(dev)], check=True, capture_output=True,
+                              text=True).stdout)
+
+
+@pytest.mark.timeout(1500)
+def test_hostd_migrates_a_running_vm_live_and_refuses_cleanly(
+        smoke_guest: dict, hugetlbfs_2m: Path, hugepages_2m, loop_disk: Path, second_loop: Path,
+        tmp_path: Path, record_property) -> None:
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs: each host's carve gives VMs a different one")
+    hugepages_2m(2 * GUEST_PAGES + 8)  # both ends hold the guest's memory during the copy
+    marker = f"HYB-MARK {os.urandom(8).hex()}".encode()
+    with open(loop_disk, "r+b") as f:
+        f.seek(MARK_OFFSET)
+        f.write(marker)
+        os.fsync(f.fileno())
+
+    with LibvirtPair(tmp_path / "pair", subnet="10.78.0", tls=True) as pair:
+        a = Side(tmp_path / "a", pair.a, loop_disk, 0, smoke_guest)
+        b = Side(tmp_path / "b", pair.b, second_loop, 1, smoke_guest, migration_address=pair.b.addr)
+        try:
+            a.start()
+            b.start()
+            vm = a.stub.CreateVM(pb.CreateVMRequest(
+                request_id="req-mig-1", name=NAME, vcpus=1, memory_mib=MEMORY_MIB, hugepage_size_kb=2048,
+                image="smoke-tick", labels={"tenant": "t1"},
+                disks=[pb.DiskRequest(disk=loop_disk.name, iotune=A_TUNE)]), timeout=180)
+            assert vm.state == pb.VM_STATE_RUNNING and list(vm.vcpu_pins) == [1]
+            before = a.wait_ticks(after=5, timeout=BOOT_S)
+            boot_id = before[-1][0]
+            a_inv, b_inv = claimed(a.inventory()), claimed(b.inventory())
+            assert a_inv[0] == [1] and a_inv[1] == GUEST_PAGES and b_inv[0] == [] and b_inv[1] == 0
+            prep = pb.PrepareMigrationRequest(
+                request_id="mig-1", vm_id=vm.vm_id, source_host="a",
+                vm=pb.CreateVMRequest(request_id=vm.request_id, name=NAME, vcpus=1, memory_mib=MEMORY_MIB,
+                                      hugepage_size_kb=2048, image="smoke-tick", labels=dict(vm.labels),
+                                      disks=[pb.DiskRequest(disk=loop_disk.name, iotune=B_TUNE)]),
+                source_disks=[pb.SourceDisk(disk=loop_disk.name, size_bytes=size_of(loop_disk))])
+
+            # -- B has no disk of the asked size: refused, nothing changed on B.
+            too_big = pb.PrepareMigrationRequest()
+            too_big.CopyFrom(prep)
+            too_big.source_disks[0].size_bytes = 2 * size_of(loop_disk)
+            with pytest.raises(grpc.RpcError) as e:
+                b.stub.PrepareMigration(too_big, timeout=60)
+            assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+            assert e.value.details().startswith("hyb.migration.no_disk [disks[0].disk]: "), e.value.details()
+            assert second_loop.name in e.value.details()
+            assert b.vms() == [] and claimed(b.inventory()) == b_inv and b.domains() == []
+            assert disk_free(second_loop)
+
+            # -- MigrateVM to an unreachable target, then to one never prepared (its
+            # libvirtd is there, the disk the XML names is not): the VM runs on A as it was.
+            a_xml = a.host.virsh("dumpxml", "--migratable", NAME).stdout
+            root = ET.fromstring(a_xml)
+            root.find("./devices/disk/source").set("dev", "/dev/hyb-test-no-such-disk")
+            unprepared = ET.tostring(root, encoding="unicode")
+            for uri, xml in (("qemu+unix:///system?socket=/run/hyb-test-no-such-host/libvirt-sock", unprepared),
+                             (b.host.uri, unprepared)):
+                with pytest.raises(grpc.RpcError) as e:
+                    a.stub.MigrateVM(pb.MigrateVMRequest(name=NAME, target_uri=uri, domain_xml=xml,
+                                                         migrate_uri=b.host.migrate_uri, tls=True,
+                                                         timeout_s=120), timeout=300)
+                assert e.value.code() == grpc.StatusCode.ABORTED, e.value.details()
+                assert e.value.details().startswith("hyb.migration.failed"), e.value.details()
+                assert a.vms() == [(NAME, pb.VM_STATE_RUNNING)] and claimed(a.inventory()) == a_inv
+                assert a.domains() == [NAME] and b.domains() == [] and b.vms() == []
+                assert a.host.virsh("domstate", NAME).stdout.strip() == "running"
+            n = a.ticks()[-1][1]
+            assert a.wait_ticks(after=n + 3, timeout=60)[-1][0] == boot_id  # still the same boot, still ticking
+
+            # -- The move: prepare on B, migrate on A, complete on B.
+            ready = b.stub.PrepareMigration(prep, timeout=120)
+            assert ready.vm.state == pb.VM_STATE_INCOMING and list(ready.vm.vcpu_pins) == [0]
+            assert ready.migrate_uri == f"tcp://{pair.b.addr}"
+            assert [(d.disk, d.target) for d in ready.disks] == [(second_loop.name, "vda")]
+            assert not disk_free(second_loop)  # held for the incoming VM
+            assert b.domains() == []  # defines nothing yet
+            again = b.stub.PrepareMigration(prep, timeout=120)  # a retry answers the same
+            assert again.vm.vm_id == vm.vm_id and claimed(b.inventory())[:2] == ([0], GUEST_PAGES)
+            t0 = time.monotonic()
+            moved = a.stub.MigrateVM(pb.MigrateVMRequest(
+                name=NAME, target_uri=b.host.uri, migrate_uri=ready.migrate_uri, domain_xml=ready.domain_xml,
+                migrate_disks=[d.target for d in ready.disks], bandwidth_mib_s=64, max_downtime_ms=500,
+                timeout_s=300, on_timeout=pb.ON_TIMEOUT_ABORT, tls=True), timeout=600)
+            wall = time.monotonic() - t0
+            last_a = a.ticks()[-1][1]
+            done = b.stub.CompleteMigration(pb.MigrationRef(name=NAME), timeout=60)
+            assert done.state == pb.VM_STATE_RUNNING and done.vm_id == vm.vm_id and list(done.vcpu_pins) == [0]
+
+            stats = job_stats(b.host.virsh("domjobinfo", "--completed", NAME).stdout)
+            record_property("migration_wall_s", round(wall, 3))
+            record_property("migration_job_ms", moved.job_ms)
+            record_property("migration_downtime_ms", moved.downtime_ms)
+            print(f"hostd migration A->B: wall {wall:.2f} s, job {moved.job_ms} ms, downtime {moved.downtime_ms} ms"
+                  f" (target's record: job {job_ms(stats, 'Time elapsed'):.0f} ms, downtime "
+                  f"{job_ms(stats, 'Total downtime'):.0f} ms), data {moved.data_bytes} bytes")
+            assert 0 < moved.downtime_ms < 10_000 and moved.job_ms > 0 and moved.disk_bytes >= 0
+
+            # The guest went on: same boot, its counter continued from where A left it.
+            after = b.wait_ticks(after=last_a + 10, timeout=120)
+            assert {boot for boot, _ in after} == {boot_id}
+            assert 0 < after[0][1] - last_a <= 3, (a.ticks()[-3:], after[:3])
+
+            # B's pinning, B's disk and throttles.
+            c = libvirt.open(b.host.uri)
+            try:
+                dom = c.lookupByName(NAME)
+                assert dom.UUIDString() == vm.vm_id
+                assert list(dom.vcpuPinInfo(0)) == [(True, False)]  # vCPU 0 on host CPU 0 only
+                x = ET.fromstring(dom.XMLDesc(0))
+                disk = x.find("./devices/disk")
+                assert disk.find("source").get("dev") == str(second_loop)
+                assert disk.findtext("serial") == loop_disk.name  # the guest's name of its disk is kept
+                tune = dom.blockIoTune("vda", 0)
+                assert (tune["total_bytes_sec"], tune["total_iops_sec"]) == (B_TUNE.total_bytes_sec,
+                                                                           B_TUNE.total_iops_sec)
+                assert dom.isPersistent()
+            finally:
+                c.close()
+            [qemu_b] = b.host.qemu_pids()
+            assert os.sched_getaffinity(qemu_b) == {0}
+            assert claimed(b.inventory())[:2] == ([0], GUEST_PAGES)
+            assert b.vms() == [(NAME, pb.VM_STATE_RUNNING)] and disk_free(second_loop)  # hold released: QEMU has it
+
+            # A let go of everything.
+            assert a.vms() == [] and a.domains() == []
+            assert claimed(a.inventory()) == ([], 0, [(loop_disk.name, "", 0, 0)])
+            deadline = time.monotonic() + 60
+            while a.host.qemu_pids() and time.monotonic() < deadline:
+                time.sleep(0.2)
+            assert a.host.qemu_pids() == [] and disk_free(loop_disk)
+
+            # B deletes it like any VM of its own.
+            b.stub.DeleteVM(pb.DeleteVMRequest(vm_id=vm.vm_id), timeout=60)
+            assert b.domains() == [] and claimed(b.inventory())[:2] == ([], 0)
+        finally:
+            a.stop()
+            b.stop()
+
+    # The disk came along (read once nothing writes it any more).
+    with open(second_loop, "rb") as f:
+        f.seek(MARK_OFFSET)
+        assert f.read(len(marker)) == marker
