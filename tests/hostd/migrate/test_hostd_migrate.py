@@ -240,11 +240,24 @@ def test_hostd_migrates_a_running_vm_live_and_refuses_cleanly(
             again = b.stub.PrepareMigration(prep, timeout=120)  # a retry answers the same
             assert again.vm.vm_id == vm.vm_id and claimed(b.inventory())[:2] == ([0], GUEST_PAGES)
             t0 = time.monotonic()
-            moved = a.stub.MigrateVM(pb.MigrateVMRequest(
+            call = a.stub.MigrateVM.future(pb.MigrateVMRequest(
                 name=NAME, target_uri=b.host.uri, migrate_uri=ready.migrate_uri, domain_xml=ready.domain_xml,
                 migrate_disks=[d.target for d in ready.disks], bandwidth_mib_s=64, max_downtime_ms=500,
                 timeout_s=300, on_timeout=pb.ON_TIMEOUT_ABORT, tls=True), timeout=600)
+            progress = []
+            while not call.done():  # GetMigration on the source while the job runs
+                p = a.stub.GetMigration(pb.MigrationRef(name=NAME), timeout=10)
+                if p.active:
+                    progress.append(p)
+                    assert a.vms() == [(NAME, pb.VM_STATE_MIGRATING)]
+                time.sleep(0.5)
+            moved = call.result()
             wall = time.monotonic() - t0
+            assert progress and any(p.memory_remaining_bytes or p.disk_remaining_bytes for p in progress)
+            assert progress[-1].elapsed_ms > 0
+            with pytest.raises(grpc.RpcError) as e:  # A has no such VM any more
+                a.stub.GetMigration(pb.MigrationRef(name=NAME), timeout=10)
+            assert e.value.code() == grpc.StatusCode.NOT_FOUND
             last_a = a.ticks()[-1][1]
             done = b.stub.CompleteMigration(pb.MigrationRef(name=NAME), timeout=60)
             assert done.state == pb.VM_STATE_RUNNING and done.vm_id == vm.vm_id and list(done.vcpu_pins) == [0]
