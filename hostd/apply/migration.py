@@ -8,8 +8,9 @@ every step and leaves the running copy alone on any failure:
    host's carve (its CPUs, its pages, its disk budgets), an exclusive hold on the disks
    (``DiskHold``, kept until the VM runs here or the migration is aborted), and the
    domain XML this host will run, rendered by the same designer as CreateVM's, with the
-   source's UUID and the guest-visible disk serials kept (libvirt's ABI check compares
-   them). The ledger row is written first, state ``incoming``; nothing is defined.
+   source's UUID and the guest's disk serials kept (``DiskSpec.serial``: the guest knows
+   its disks by them, and libvirt's ABI check compares them). The ledger row is written
+   first, state ``incoming``; nothing is defined.
 2. ``migrate`` on the SOURCE: ``virDomainMigrateToURI3`` peer to peer, live, the raw
    disks mirrored over NBD (non-shared disk), persistent on the target and undefined
    here, auto-converge, TLS for the streams when asked; bounded by a timeout after which
@@ -72,8 +73,9 @@ POLL_S = 0.5  # job statistics sampled this often while a migration runs (GetMig
 
 @dataclass(frozen=True)
 class SourceDisk:
-    disk: str  # the source's kernel name: the guest's serial of the disk
+    disk: str  # the source's kernel name of the disk
     size_bytes: int
+    serial: str = ""  # the guest's name of the disk ("" = disk): kept on the target
 
 
 @dataclass(frozen=True)
@@ -150,7 +152,7 @@ class Migrations:
             prior = m.ledger.get(vm_id=vm_id)
             if prior is not None:
                 if prior.state == "incoming" and prior.name == spec.name and request_id in prior.reason:
-                    return self._answer(prior, m.images.get(spec.image), source_disks)
+                    return self._answer(prior, m.images.get(spec.image))
                 raise Conflict(f"VM {vm_id} is here already ({prior.name}, {prior.state})", field="vm_id")
             spec = dataclasses.replace(spec, disks=self._pick_disks(spec, source_disks))
             image = m.admit(spec)
@@ -172,7 +174,7 @@ class Migrations:
                 self._holds[vm_id] = hold
                 rec = m.ledger.get(vm_id=vm_id)
                 assert rec is not None
-                out = self._answer(rec, image, source_disks)
+                out = self._answer(rec, image)
             except Exception as e:
                 log.error("prepare failed vm=%s name=%s error=%s; releasing", vm_id, spec.name, e)
                 self._unhold(vm_id)
@@ -198,16 +200,19 @@ class Migrations:
                                       f"(free here: {have})", field=f"disks[{i}].disk")
             best = sorted(fits, key=lambda b: b.name)[0]
             taken.add(best.name)
-            out.append(DiskSpec(best.name, d.iotune))
+            out.append(DiskSpec(best.name, d.iotune, serial=src.serial or src.disk))
         return tuple(out)
 
-    def _answer(self, rec: VmRecord, image, source_disks: tuple[SourceDisk, ...]) -> Prepared:
+    def _answer(self, rec: VmRecord, image) -> Prepared:
+        """The XML from the designer, as CreateVM's: the spec carries the guest's disk
+        serials (``DiskSpec.serial``), so the same render holds after a restart or on
+        the next move."""
         m = self.m
         spec = VmSpec.from_dict(rec.spec)
         md = VmMetadata(rec.vm_id, rec.request_id, int(rec.created), rec.claim, spec)
         booted = m.overlays.prepare(spec.name, image) if m.overlays else image
-        serials = {d.name: s.disk for d, s in zip(rec.claim.disks, source_disks)}
-        xml, targets = keep_serials(m.render(md, booted), serials)
+        xml = m.render(md, booted)
+        targets = block_targets(xml)
         return Prepared(rec, xml, self.migrate_uri, tuple((d.name, targets.get(d.name, "")) for d in rec.claim.disks))
 
     def complete(self, name: str) -> VmRecord:
@@ -416,20 +421,11 @@ def disk_targets(xml: str) -> list[str]:
             and (t := d.find("target")) is not None]
 
 
-def keep_serials(xml: str, serials: dict[str, str]) -> tuple[str, dict[str, str]]:
-    """The rendered XML with each claimed disk's ``<serial>`` set to the source's (the
-    guest knows its disks by serial, and libvirt refuses a migration that changes one),
-    and this host's disk name -> guest target."""
-    root = ET.fromstring(xml)
-    targets = {}
-    for d in root.iterfind("./devices/disk"):
+def block_targets(xml: str) -> dict[str, str]:
+    """Host disk name (of a block disk's ``/dev/...`` source) -> guest target, of a domain XML."""
+    out = {}
+    for d in ET.fromstring(xml).iterfind("./devices/disk"):
         src, tgt = d.find("source"), d.find("target")
-        name = (src.get("dev", "") if src is not None else "").rsplit("/", 1)[-1]
-        if name in serials:
-            ser = d.find("serial")
-            if ser is None:
-                ser = ET.SubElement(d, "serial")
-            ser.text = serials[name]
-            if tgt is not None:
-                targets[name] = tgt.get("dev", "")
-    return ET.tostring(root, encoding="unicode"), targets
+        if src is not None and tgt is not None and src.get("dev"):
+            out[src.get("dev", "").rsplit("/", 1)[-1]] = tgt.get("dev", "")
+    return out

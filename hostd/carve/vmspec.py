@@ -64,6 +64,9 @@ class IoTune:
 class DiskSpec:
     disk: str  # kernel name or stable id of an assignable disk
     iotune: IoTune = IoTune()
+    # The guest's name of the disk (its virtio serial); "" = the host disk's kernel name.
+    # A migration target sets it: the guest keeps the name it has known the disk by.
+    serial: str = ""
 
 
 @dataclass(frozen=True)

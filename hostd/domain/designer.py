@@ -43,7 +43,8 @@ Policy, decision by decision (each one shows in the golden files):
   whole sibling groups in order, so the guest scheduler sees the real pairs.
 - Disks: the claimed raw block device, ``cache='none' io='native'`` (no host
   page cache or journal between guest and device), one IO thread each, serial =
-  the host disk name (the guest finds ``/dev/disk/by-id/virtio-<name>``), and
+  the host disk name, or the name the guest knew it by on the host it migrated from (the
+  guest finds ``/dev/disk/by-id/virtio-<name>``), and
   the spec's ``<iotune>`` (throttle groups included).
 - VFs: ``<interface type='hostdev' managed='yes'>`` with the spec's MAC and VLAN
   (the tx rate is set on the PF through netlink, not in XML).
@@ -228,7 +229,7 @@ def _disks(spec: VmSpec, claim: Claim, boot: Boot, host: HostFacts) -> tuple[Dis
         out.append(Disk(f"{host.dev_dir.rstrip('/')}/{cd.name}", _target(len(out)), "virtio",
                         type="block", device="disk",
                         driver=DiskDriver("qemu", "raw", cache="none", io="native", iothread=i + 1),
-                        serial=cd.name, iotune=iotune))
+                        serial=ds.serial or cd.name, iotune=iotune))
     return tuple(out)
 
 
@@ -290,9 +291,11 @@ def _check_inputs(spec: VmSpec, claim: Claim, boot: Boot, host: HostFacts) -> No
     if len(claim.disks) != len(spec.disks):
         raise _refuse("disks", f"{len(spec.disks)} disks asked, {len(claim.disks)} claimed")
     for i, (cd, ds) in enumerate(zip(claim.disks, spec.disks)):
-        if not _DISK_NAME_RE.fullmatch(cd.name) or cd.name in (".", ".."):
-            raise _refuse(f"disks[{i}].disk", f"{cd.name!r} is not a kernel disk name usable as a "
-                                              "virtio serial (1-20 of A-Z a-z 0-9 _ . : + -)")
+        serial = ds.serial or cd.name
+        if not _DISK_NAME_RE.fullmatch(serial) or serial in (".", ".."):
+            raise _refuse(f"disks[{i}].{'serial' if ds.serial else 'disk'}",
+                          f"{serial!r} is not {'' if ds.serial else 'a kernel disk name '}usable as a "
+                          "virtio serial (1-20 of A-Z a-z 0-9 _ . : + -)")
         bad = ds.iotune.check(f"disks[{i}].iotune")  # the group name's bound included
         if bad:
             raise _refuse(*bad)

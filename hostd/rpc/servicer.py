@@ -83,13 +83,14 @@ def spec_from_proto(r: pb.CreateVMRequest) -> VmSpec:
 def vm_to_proto(rec: VmRecord, m: VmManager) -> pb.VM:
     spec = VmSpec.from_dict(rec.spec)
     tunes = {m.disk_name(d.disk) or d.disk: d.iotune for d in spec.disks}
+    serials = {m.disk_name(d.disk) or d.disk: d.serial for d in spec.disks}
     c = rec.claim
     return pb.VM(
         vm_id=rec.vm_id, request_id=rec.request_id, name=rec.name,
         state=_STATES.get(rec.state, pb.VM_STATE_UNSPECIFIED), reason=rec.reason,
         numa_node=c.node, vcpu_pins=list(c.vcpu_pins), emulator_cpus=list(c.emulator_cpus),
         memory_mib=spec.memory_mib, hugepage_size_kb=c.size_kb,
-        disks=[pb.ClaimedDisk(disk=d.name, device=f"/dev/{d.name}",
+        disks=[pb.ClaimedDisk(disk=d.name, device=f"/dev/{d.name}", serial=serials.get(d.name) or d.name,
                               iotune=pb.IoTune(**to_jsonable(tunes.get(d.name, IoTune()))))
                for d in c.disks],
         vfs=[pb.ClaimedVf(pf=v.pf, index=v.index, pci=m.vf_pci.get((v.pf, v.index), ""), mac=v.mac,
@@ -314,14 +315,14 @@ class HostdService(pb_grpc.HostdServicer):
         def prepare() -> pb.PrepareMigrationResponse:
             p = self.migrations.prepare(
                 request_id=request.request_id, vm_id=request.vm_id, spec=spec_from_proto(request.vm),
-                source_disks=tuple(SourceDisk(d.disk, d.size_bytes) for d in request.source_disks),
+                source_disks=tuple(SourceDisk(d.disk, d.size_bytes, d.serial) for d in request.source_disks),
                 source_host=request.source_host)
-            tunes = {d.disk: d.iotune for d in VmSpec.from_dict(p.record.spec).disks}
-            return pb.PrepareMigrationResponse(
-                domain_xml=p.domain_xml, migrate_uri=p.migrate_uri, vm=self._vm(p.record),
-                disks=[pb.ClaimedDisk(disk=name, device=f"/dev/{name}", target=target,
-                                      iotune=pb.IoTune(**to_jsonable(tunes.get(name, IoTune()))))
-                       for name, target in p.disks])
+            vm = self._vm(p.record)
+            targets = dict(p.disks)
+            for d in vm.disks:
+                d.target = targets.get(d.disk, "")
+            return pb.PrepareMigrationResponse(domain_xml=p.domain_xml, migrate_uri=p.migrate_uri, vm=vm,
+                                               disks=vm.disks)
         return self._call(context, prepare)
 
     def MigrateVM(self, request, context):

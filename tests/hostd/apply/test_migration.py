@@ -33,8 +33,8 @@ PREFIX = "mig-"
 
 def render(md: VmMetadata, image) -> str:
     disks = "".join(f"<disk type='block' device='disk'><source dev='/dev/{d.name}'/>"
-                    f"<target dev='vd{chr(97 + i)}' bus='virtio'/><serial>{d.name}</serial></disk>"
-                    for i, d in enumerate(md.claim.disks))
+                    f"<target dev='vd{chr(97 + i)}' bus='virtio'/><serial>{s.serial or d.name}</serial></disk>"
+                    for i, (d, s) in enumerate(zip(md.claim.disks, md.spec.disks)))
     return (f"<domain type='test'><name>{md.spec.name}</name><uuid>{md.vm_id}</uuid>"
             f"<metadata>{md.to_xml()}</metadata><memory unit='MiB'>{md.spec.memory_mib}</memory>"
             f"<vcpu>{md.spec.vcpus}</vcpu><os><type arch='x86_64'>hvm</type></os>"

@@ -10,7 +10,8 @@ that was not prepared) each leave A's VM running and both ledgers as they were; 
 PrepareMigration on B, MigrateVM on A, CompleteMigration on B. Shown: the ticker went
 on with the same boot id, the marker is on B's disk, B's pinning (B's carve puts VMs
 on CPU 0, A's on CPU 1) and throttles, A's claim, pages, disk and domain are free, and
-the downtime libvirt reports is in MigrateVM's answer.
+the downtime libvirt reports is in MigrateVM's answer. Then back from B to A, the guest's
+disk serial kept over both moves, and a marker written on B's disk is on A's.
 """
 
 from __future__ import annotations
@@ -305,14 +306,53 @@ def test_hostd_migrates_a_running_vm_live_and_refuses_cleanly(
                 time.sleep(0.2)
             assert a.host.qemu_pids() == [] and disk_free(loop_disk)
 
-            # B deletes it like any VM of its own.
-            b.stub.DeleteVM(pb.DeleteVMRequest(vm_id=vm.vm_id), timeout=60)
-            assert b.domains() == [] and claimed(b.inventory())[:2] == ([], 0)
+            # And back: B is the source now; the guest keeps the name it knows its disk by.
+            on_b = b.stub.GetVM(pb.GetVMRequest(vm_id=vm.vm_id), timeout=10)
+            assert [(d.disk, d.serial) for d in on_b.disks] == [(second_loop.name, loop_disk.name)]
+            marker2 = f"HYB-MARK2 {os.urandom(8).hex()}".encode()  # the smoke guest never writes its disk
+            with open(second_loop, "r+b") as f:
+                f.seek(2 * MARK_OFFSET)
+                f.write(marker2)
+                os.fsync(f.fileno())
+            back = a.stub.PrepareMigration(pb.PrepareMigrationRequest(
+                request_id="mig-2", vm_id=vm.vm_id, source_host="b",
+                vm=pb.CreateVMRequest(request_id=on_b.request_id, name=NAME, vcpus=len(on_b.vcpu_pins),
+                                      memory_mib=on_b.memory_mib, hugepage_size_kb=on_b.hugepage_size_kb,
+                                      image=on_b.image, labels=dict(on_b.labels),
+                                      disks=[pb.DiskRequest(disk=d.disk, iotune=A_TUNE) for d in on_b.disks]),
+                source_disks=[pb.SourceDisk(disk=d.disk, size_bytes=size_of(second_loop), serial=d.serial)
+                              for d in on_b.disks]), timeout=120)
+            assert list(back.vm.vcpu_pins) == [1] and [d.disk for d in back.disks] == [loop_disk.name]
+            last_b = b.ticks()[-1][1]
+            moved2 = b.stub.MigrateVM(pb.MigrateVMRequest(
+                name=NAME, target_uri=a.host.uri, migrate_uri=a.host.migrate_uri, domain_xml=back.domain_xml,
+                bandwidth_mib_s=64, timeout_s=300, tls=True), timeout=600)
+            assert a.stub.CompleteMigration(pb.MigrationRef(name=NAME), timeout=60).state == pb.VM_STATE_RUNNING
+            print(f"hostd migration B->A: job {moved2.job_ms} ms, downtime {moved2.downtime_ms} ms")
+            assert 0 < moved2.downtime_ms < 10_000
+            home = a.wait_ticks(after=last_b + 10, timeout=120)
+            assert {boot for boot, _ in home if _ > last_a} == {boot_id}
+            assert b.vms() == [] and b.domains() == [] and claimed(b.inventory()) == b_inv
+            c = libvirt.open(a.host.uri)
+            try:
+                x = ET.fromstring(c.lookupByName(NAME).XMLDesc(0))
+                assert x.find("./devices/disk/source").get("dev") == str(loop_disk)
+                assert x.findtext("./devices/disk/serial") == loop_disk.name
+            finally:
+                c.close()
+            assert claimed(a.inventory()) == a_inv
+
+            # A deletes it like any VM of its own.
+            a.stub.DeleteVM(pb.DeleteVMRequest(vm_id=vm.vm_id), timeout=60)
+            assert a.domains() == [] and claimed(a.inventory())[:2] == ([], 0)
         finally:
             a.stop()
             b.stop()
 
-    # The disk came along (read once nothing writes it any more).
+    # The disk came along both ways (read once nothing writes it any more).
     with open(second_loop, "rb") as f:
         f.seek(MARK_OFFSET)
         assert f.read(len(marker)) == marker
+    with open(loop_disk, "rb") as f:
+        f.seek(2 * MARK_OFFSET)
+        assert f.read(len(marker2)) == marker2
