@@ -17,10 +17,7 @@ disk serial kept over both moves, and a marker written on B's disk is on A's.
 from __future__ import annotations
 
 import os
-import re
-import shutil
 import subprocess
-import tempfile
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -28,11 +25,10 @@ from pathlib import Path
 import grpc
 import libvirt
 import pytest
-from tools.dev.libvirt_pair import Host, LibvirtPair, job_ms, job_stats
-from tools.dev.procs import Hostd, grpc_stub, hostd_workdir, write_hostd_config
+from tools.dev.hostd_pair import IMAGE, HostdSide, migrate, size_of
+from tools.dev.libvirt_pair import LibvirtPair, job_ms, job_stats
 
 from api import hostd_pb2 as pb
-from hostd.apply.images import ImageStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.root, pytest.mark.slow]
 
@@ -43,105 +39,21 @@ POOL_PAGES = GUEST_PAGES + 8  # each host's carve: room for the guest
 MARK_OFFSET = 2**20
 A_TUNE = pb.IoTune(total_bytes_sec=50 * 2**20, total_iops_sec=1000)
 B_TUNE = pb.IoTune(total_bytes_sec=20 * 2**20, total_iops_sec=500)
-TICK = re.compile(r"^HYB-TICK (\S+) (\d+)\r?$", re.MULTILINE)
 BOOT_S = 400  # a TCG boot to the first tick on a loaded 2-CPU machine
-
-# Each host's carve: the IO service on one CPU, VMs on the other (A: CPU 1, B: CPU 0).
-POLICY = """
-[io_service]
-cpus = "{io}"
-[host]
-cpus_per_node = 0
-[[hugepages.pools]]
-size = "2M"
-count_per_node = {pages}
-[hugepages]
-io_floor_percent = 5
-[disks]
-allow = ["{disk}"]
-default_bytes_sec = 104857600
-default_iops = 5000
-"""
-
-
-def make_loop(img: Path, size: int) -> Path:
-    with open(img, "wb") as f:
-        f.truncate(size)
-    return Path(subprocess.run(["losetup", "--find", "--show", str(img)], check=True, capture_output=True,
-                               text=True).stdout.strip())
 
 
 @pytest.fixture
 def second_loop(loop_disk: Path, tmp_path: Path):
     """B's disk: a loop device the size of A's."""
-    dev = make_loop(tmp_path / "disk-b.img", int(subprocess.run(
-        ["blockdev", "--getsize64", str(loop_disk)], check=True, capture_output=True, text=True).stdout))
+    img = tmp_path / "disk-b.img"
+    with open(img, "wb") as f:
+        f.truncate(size_of(loop_disk))
+    dev = Path(subprocess.run(["losetup", "--find", "--show", str(img)], check=True, capture_output=True,
+                              text=True).stdout.strip())
     try:
         yield dev
     finally:
         subprocess.run(["losetup", "-d", str(dev)], check=False)
-
-
-class Side:
-    """One host: its libvirtd (of the pair), its hostd, its disk and state dir."""
-
-    def __init__(self, tmp: Path, host: Host, disk: Path, io_cpu: int, smoke_guest: dict, **cfg: object):
-        tmp.mkdir()
-        self.host, self.disk = host, disk
-        self.certs = hostd_workdir(tmp, smoke_guest, pages=POOL_PAGES, disk=disk.name)
-        (tmp / "policy.toml").write_text(POLICY.format(io=io_cpu, pages=POOL_PAGES, disk=disk.name))
-        ImageStore(tmp / "images").add("smoke-tick", "1", "kernel",
-                                       {"kernel": smoke_guest["kernel"], "initrd": smoke_guest["initrd"]},
-                                       cmdline="console=ttyS0 panic=-1 hyb.tick=1")
-        # QEMU (root here) writes the console log under the state dir: outside pytest's 0700 tmp.
-        self.state = Path(tempfile.mkdtemp(prefix="hyb-test-mig-", dir="/var/tmp"))
-        self.state.chmod(0o755)
-        write_hostd_config(tmp / "hostd.toml", policy=tmp / "policy.toml", state=self.state,
-                           images=tmp / "images", certs=self.certs, libvirt_uri=host.uri, **cfg)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("HOSTD_")}
-        self.hostd = Hostd(tmp / "hostd.toml", env, tmp / "hostd.log")
-        self.channels: list[grpc.Channel] = []
-
-    def start(self) -> "Side":
-        self.hostd.start()
-        stub, ch = grpc_stub(self.hostd.port, self.certs)
-        self.channels.append(ch)
-        self.stub = stub
-        return self
-
-    def stop(self) -> None:
-        for ch in self.channels:
-            ch.close()
-        self.hostd.stop()
-        shutil.rmtree(self.state, ignore_errors=True)
-
-    @property
-    def console(self) -> Path:
-        return self.state / "vms" / NAME / "console.log"
-
-    def ticks(self) -> list[tuple[str, int]]:
-        text = self.console.read_text(errors="replace") if self.console.exists() else ""
-        return [(m[1], int(m[2])) for m in TICK.finditer(text[:text.rfind("\n") + 1])]
-
-    def wait_ticks(self, *, after: int, timeout: float) -> list[tuple[str, int]]:
-        deadline = time.monotonic() + timeout
-        while True:
-            t = self.ticks()
-            if t and t[-1][1] > after:
-                return t
-            if time.monotonic() > deadline:
-                tail = self.console.read_text(errors="replace")[-2000:] if self.console.exists() else "(none)"
-                pytest.fail(f"{self.host.name}: no tick past {after} within {timeout} s; console tail:\n{tail}")
-            time.sleep(0.3)
-
-    def domains(self) -> list[str]:
-        return sorted(self.host.virsh("list", "--all", "--name").stdout.split())
-
-    def inventory(self) -> pb.Inventory:
-        return self.stub.GetInventory(pb.GetInventoryRequest(), timeout=10)
-
-    def vms(self) -> list[tuple[str, int]]:
-        return [(v.name, v.state) for v in self.stub.ListVMs(pb.ListVMsRequest(), timeout=10).vms]
 
 
 def claimed(inv: pb.Inventory) -> tuple:
@@ -159,11 +71,6 @@ def disk_free(dev: Path) -> bool:
     return True
 
 
-def size_of(dev: Path) -> int:
-    return int(subprocess.run(["blockdev", "--getsize64", str(dev)], check=True, capture_output=True,
-                              text=True).stdout)
-
-
 @pytest.mark.timeout(1500)
 def test_hostd_migrates_a_running_vm_live_and_refuses_cleanly(
         smoke_guest: dict, hugetlbfs_2m: Path, hugepages_2m, loop_disk: Path, second_loop: Path,
@@ -178,14 +85,16 @@ def test_hostd_migrates_a_running_vm_live_and_refuses_cleanly(
         os.fsync(f.fileno())
 
     with LibvirtPair(tmp_path / "pair", subnet="10.78.0", tls=True) as pair:
-        a = Side(tmp_path / "a", pair.a, loop_disk, 0, smoke_guest)
-        b = Side(tmp_path / "b", pair.b, second_loop, 1, smoke_guest, migration_address=pair.b.addr)
+        a = HostdSide(tmp_path / "a", pair.a, loop_disk, io_cpu=0, smoke_guest=smoke_guest, pool_pages=POOL_PAGES,
+                      name=NAME)
+        b = HostdSide(tmp_path / "b", pair.b, second_loop, io_cpu=1, smoke_guest=smoke_guest,
+                      pool_pages=POOL_PAGES, name=NAME, migration_address=pair.b.addr)
         try:
             a.start()
             b.start()
             vm = a.stub.CreateVM(pb.CreateVMRequest(
                 request_id="req-mig-1", name=NAME, vcpus=1, memory_mib=MEMORY_MIB, hugepage_size_kb=2048,
-                image="smoke-tick", labels={"tenant": "t1"},
+                image=IMAGE, labels={"tenant": "t1"},
                 disks=[pb.DiskRequest(disk=loop_disk.name, iotune=A_TUNE)]), timeout=180)
             assert vm.state == pb.VM_STATE_RUNNING and list(vm.vcpu_pins) == [1]
             before = a.wait_ticks(after=5, timeout=BOOT_S)
@@ -195,7 +104,7 @@ def test_hostd_migrates_a_running_vm_live_and_refuses_cleanly(
             prep = pb.PrepareMigrationRequest(
                 request_id="mig-1", vm_id=vm.vm_id, source_host="a",
                 vm=pb.CreateVMRequest(request_id=vm.request_id, name=NAME, vcpus=1, memory_mib=MEMORY_MIB,
-                                      hugepage_size_kb=2048, image="smoke-tick", labels=dict(vm.labels),
+                                      hugepage_size_kb=2048, image=IMAGE, labels=dict(vm.labels),
                                       disks=[pb.DiskRequest(disk=loop_disk.name, iotune=B_TUNE)]),
                 source_disks=[pb.SourceDisk(disk=loop_disk.name, size_bytes=size_of(loop_disk))])
 
@@ -314,20 +223,11 @@ def test_hostd_migrates_a_running_vm_live_and_refuses_cleanly(
                 f.seek(2 * MARK_OFFSET)
                 f.write(marker2)
                 os.fsync(f.fileno())
-            back = a.stub.PrepareMigration(pb.PrepareMigrationRequest(
-                request_id="mig-2", vm_id=vm.vm_id, source_host="b",
-                vm=pb.CreateVMRequest(request_id=on_b.request_id, name=NAME, vcpus=len(on_b.vcpu_pins),
-                                      memory_mib=on_b.memory_mib, hugepage_size_kb=on_b.hugepage_size_kb,
-                                      image=on_b.image, labels=dict(on_b.labels),
-                                      disks=[pb.DiskRequest(disk=d.disk, iotune=A_TUNE) for d in on_b.disks]),
-                source_disks=[pb.SourceDisk(disk=d.disk, size_bytes=size_of(second_loop), serial=d.serial)
-                              for d in on_b.disks]), timeout=120)
-            assert list(back.vm.vcpu_pins) == [1] and [d.disk for d in back.disks] == [loop_disk.name]
             last_b = b.ticks()[-1][1]
-            moved2 = b.stub.MigrateVM(pb.MigrateVMRequest(
-                name=NAME, target_uri=a.host.uri, migrate_uri=a.host.migrate_uri, domain_xml=back.domain_xml,
-                bandwidth_mib_s=64, timeout_s=300, tls=True), timeout=600)
-            assert a.stub.CompleteMigration(pb.MigrationRef(name=NAME), timeout=60).state == pb.VM_STATE_RUNNING
+            moved2, _ = migrate(b, a, vm.vm_id, iotune=A_TUNE, request_id="mig-2", bandwidth_mib_s=64, tls=True)
+            back = a.stub.GetVM(pb.GetVMRequest(vm_id=vm.vm_id), timeout=10)
+            assert back.state == pb.VM_STATE_RUNNING and list(back.vcpu_pins) == [1]
+            assert [(d.disk, d.serial) for d in back.disks] == [(loop_disk.name, loop_disk.name)]
             print(f"hostd migration B->A: job {moved2.job_ms} ms, downtime {moved2.downtime_ms} ms")
             assert 0 < moved2.downtime_ms < 10_000
             home = a.wait_ticks(after=last_b + 10, timeout=120)
