@@ -68,6 +68,10 @@ log = logging.getLogger(__name__)
 BASE_FLAGS = (libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PEER2PEER | libvirt.VIR_MIGRATE_NON_SHARED_DISK
               | libvirt.VIR_MIGRATE_PERSIST_DEST | libvirt.VIR_MIGRATE_UNDEFINE_SOURCE
               | libvirt.VIR_MIGRATE_AUTO_CONVERGE)
+# Fault injection for the crash tests (HOSTD_TEST_FAULTS=1, HOSTD_CRASH_AT=<point>, as
+# CreateVM's): the target after its row and hold, before answering; the source with its
+# row "migrating" before the job, and after the job succeeded before releasing.
+CRASH_POINTS = ("prepared", "migrating", "migrated")
 POLL_S = 0.5  # job statistics sampled this often while a migration runs (GetMigration, fallback figures)
 
 
@@ -175,6 +179,7 @@ class Migrations:
                 rec = m.ledger.get(vm_id=vm_id)
                 assert rec is not None
                 out = self._answer(rec, image)
+                m._crash("prepared")
             except Exception as e:
                 log.error("prepare failed vm=%s name=%s error=%s; releasing", vm_id, spec.name, e)
                 self._unhold(vm_id)
@@ -299,7 +304,9 @@ class Migrations:
         log.info("migrating vm=%s name=%s to=%s bandwidth=%d MiB/s tls=%s", rec.vm_id, req.name, req.target_uri,
                  req.bandwidth_mib_s, req.tls)
         try:
+            m._crash("migrating")
             figures = self._run(rec, req)
+            m._crash("migrated")
         except HostdError as e:
             self._failed(rec, e)
             raise

@@ -71,8 +71,12 @@ class HostdSide:
         self.hostd = Hostd(tmp / "hostd.toml", env, tmp / "hostd.log")
         self.channels: list[grpc.Channel] = []
 
-    def start(self) -> "HostdSide":
-        self.hostd.start()
+    def start(self, **env: str) -> "HostdSide":
+        """``env``: more environment (HOSTD_TEST_FAULTS, HOSTD_CRASH_AT)."""
+        for ch in self.channels:
+            ch.close()
+        self.channels.clear()
+        self.hostd.start(**env)
         self.stub, ch = grpc_stub(self.hostd.port, self.certs)
         self.channels.append(ch)
         return self

@@ -17,6 +17,7 @@ disk serial kept over both moves, and a marker written on B's disk is on A's.
 from __future__ import annotations
 
 import os
+import signal
 import subprocess
 import time
 import xml.etree.ElementTree as ET
@@ -25,7 +26,7 @@ from pathlib import Path
 import grpc
 import libvirt
 import pytest
-from tools.dev.hostd_pair import IMAGE, HostdSide, migrate, size_of
+from tools.dev.hostd_pair import IMAGE, HostdSide, migrate, prepare_request, size_of
 from tools.dev.libvirt_pair import LibvirtPair, job_ms, job_stats
 
 from api import hostd_pb2 as pb
@@ -256,3 +257,66 @@ def test_hostd_migrates_a_running_vm_live_and_refuses_cleanly(
     with open(loop_disk, "rb") as f:
         f.seek(2 * MARK_OFFSET)
         assert f.read(len(marker2)) == marker2
+
+
+@pytest.mark.timeout(1500)
+def test_a_hostd_killed_mid_migration_leaves_one_running_copy(
+        smoke_guest: dict, hugetlbfs_2m: Path, hugepages_2m, loop_disk: Path, second_loop: Path,
+        tmp_path: Path) -> None:
+    """SIGKILL the target's hostd right after it prepared (its row and disk hold made), and
+    the source's once libvirt moved the VM but before it released it: each restarted hostd
+    reconciles its ledger with what runs on its host, and exactly one copy runs throughout."""
+    if len(os.sched_getaffinity(0)) < 2:
+        pytest.skip("needs 2 CPUs: each host's carve gives VMs a different one")
+    hugepages_2m(2 * GUEST_PAGES + 8)
+    faults = {"HOSTD_TEST_FAULTS": "1"}
+    with LibvirtPair(tmp_path / "pair", subnet="10.79.0", tls=True) as pair:
+        a = HostdSide(tmp_path / "a", pair.a, loop_disk, io_cpu=0, smoke_guest=smoke_guest, pool_pages=POOL_PAGES,
+                      name=NAME)
+        b = HostdSide(tmp_path / "b", pair.b, second_loop, io_cpu=1, smoke_guest=smoke_guest,
+                      pool_pages=POOL_PAGES, name=NAME, migration_address=pair.b.addr)
+        try:
+            a.start()
+            b.start(**faults, HOSTD_CRASH_AT="prepared")
+            vm = a.stub.CreateVM(pb.CreateVMRequest(
+                request_id="req-mig-k", name=NAME, vcpus=1, memory_mib=MEMORY_MIB, hugepage_size_kb=2048,
+                image=IMAGE, disks=[pb.DiskRequest(disk=loop_disk.name, iotune=A_TUNE)]), timeout=180)
+            boot_id = a.wait_ticks(after=5, timeout=BOOT_S)[-1][0]
+            a_inv = claimed(a.inventory())
+
+            # The target dies after recording the incoming VM: restarted, it has released it.
+            with pytest.raises(grpc.RpcError) as e:
+                b.stub.PrepareMigration(prepare_request(vm, a, request_id="mig-1", iotune=B_TUNE), timeout=120)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert b.hostd.proc is not None and b.hostd.proc.wait(10) == -signal.SIGKILL
+            b.start()
+            assert "released incoming vm" in b.hostd.log.read_text()
+            assert b.vms() == [] and claimed(b.inventory())[:2] == ([], 0) and disk_free(second_loop)
+            assert a.vms() == [(NAME, pb.VM_STATE_RUNNING)] and claimed(a.inventory()) == a_inv
+
+            # The source dies once libvirt moved the VM, before releasing it.
+            a.hostd.stop()
+            a.start(**faults, HOSTD_CRASH_AT="migrated")
+            ready = b.stub.PrepareMigration(prepare_request(vm, a, request_id="mig-2", iotune=B_TUNE), timeout=120)
+            with pytest.raises(grpc.RpcError) as e:
+                a.stub.MigrateVM(pb.MigrateVMRequest(
+                    name=NAME, target_uri=b.host.uri, migrate_uri=ready.migrate_uri, domain_xml=ready.domain_xml,
+                    bandwidth_mib_s=64, timeout_s=300, tls=True), timeout=600)
+            assert e.value.code() == grpc.StatusCode.UNAVAILABLE
+            assert a.hostd.proc is not None and a.hostd.proc.wait(10) == -signal.SIGKILL
+            assert a.domains() == [] and b.host.virsh("domstate", NAME).stdout.strip() == "running"
+            # Aborting on the target now would destroy the one running copy: refused.
+            with pytest.raises(grpc.RpcError) as e:
+                b.stub.AbortMigration(pb.MigrationRef(name=NAME), timeout=60)
+            assert e.value.details().startswith("hyb.migration.arrived"), e.value.details()
+            a.start()
+            assert "its domain is gone" in a.hostd.log.read_text()
+            assert a.vms() == [] and claimed(a.inventory()) == ([], 0, [(loop_disk.name, "", 0, 0)])
+            assert b.stub.CompleteMigration(pb.MigrationRef(name=NAME), timeout=60).state == pb.VM_STATE_RUNNING
+            last_a = a.ticks()[-1][1]
+            assert {boot for boot, _ in b.wait_ticks(after=last_a + 5, timeout=120)} == {boot_id}
+            b.stub.DeleteVM(pb.DeleteVMRequest(vm_id=vm.vm_id), timeout=60)
+            assert b.domains() == [] and claimed(b.inventory())[:2] == ([], 0)
+        finally:
+            a.stop()
+            b.stop()
