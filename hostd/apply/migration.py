@@ -43,7 +43,7 @@ from hostd.apply.ledger import VmRecord
 from hostd.apply.vms import VmManager
 from hostd.carve.vmclaim import claim
 from hostd.carve.vmspec import DiskSpec, VmSpec
-from hostd.domain.metadata import VmMetadata
+from hostd.domain.metadata import NS, VmMetadata
 from hostd.errors import (
     Conflict,
     HostdError,
@@ -294,6 +294,7 @@ class Migrations:
         m = self.m
         with m._changing("migrate a VM"):
             rec = self._by_name(req.name)
+            _check_target_xml(req.domain_xml, rec)
             if req.name in self._moving or rec.state == "migrating":
                 raise MigrationInProgress(f"{req.name} is being migrated already", field="name")
             if rec.state != "running":
@@ -418,6 +419,21 @@ class Migrations:
 
 _STATE_NAMES = {None: "no domain", libvirt.VIR_DOMAIN_PAUSED: "paused", libvirt.VIR_DOMAIN_SHUTOFF: "shut off",
                 libvirt.VIR_DOMAIN_RUNNING: "running"}
+
+
+def _check_target_xml(xml: str, rec: VmRecord) -> None:
+    """The target's XML is a hostd's rendering of this VM (its metadata names this VM id;
+    libvirt checks the rest: UUID, devices, serials)."""
+    try:
+        root = ET.fromstring(xml)
+    except ET.ParseError as e:
+        raise SpecInvalid(f"not XML: {e}", field="domain_xml") from None
+    md = root.find(f"./metadata/{{{NS}}}vm")
+    if md is None:
+        raise SpecInvalid("no hostd metadata: not a PrepareMigration answer", field="domain_xml")
+    got = VmMetadata.from_xml(ET.tostring(md, encoding="unicode"))
+    if got.vm_id != rec.vm_id or root.findtext("uuid") != rec.vm_id:
+        raise SpecInvalid(f"prepared for VM {got.vm_id}, not {rec.name} ({rec.vm_id})", field="domain_xml")
 
 
 def disk_targets(xml: str) -> list[str]:

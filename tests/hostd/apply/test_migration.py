@@ -20,7 +20,7 @@ from hostd.apply.vms import VmManager
 from hostd.carve.vmspec import DiskSpec, IoTune, VmSpec
 from hostd.domain.metadata import NS, VmMetadata
 from hostd.errors import (Conflict, MigrationArrived, MigrationFailed, MigrationInProgress, MigrationNoDisk,
-                          MigrationNotRunning, NotArrived, NotIncoming, PostcopyUnsupported)
+                          MigrationNotRunning, NotArrived, NotIncoming, PostcopyUnsupported, SpecInvalid)
 
 SIZE = 256 * 2**20
 LAYOUT = Layout(
@@ -162,7 +162,16 @@ def test_migrate_refusals_leave_the_vm_running(env):
     m = manager()
     mig = Migrations(m)
     rec = m.create(VmSpec(request_id="r1", name="mig-s", vcpus=1, memory_mib=128, image="smoke"))
-    req = MigrateRequest(name="mig-s", target_uri="qemu+unix:///system?socket=/nonexistent", domain_xml="<domain/>")
+    with pytest.raises(SpecInvalid) as e:  # not a target's answer for this VM
+        mig.migrate(MigrateRequest(name="mig-s", target_uri="qemu+unix:///system?socket=/x", domain_xml="<domain/>"))
+    assert e.value.field == "domain_xml"
+    def xml_for(vm_id: str) -> str:
+        return render(VmMetadata(vm_id, rec.request_id, 0, rec.claim, VmSpec.from_dict(rec.spec)), None)
+    with pytest.raises(SpecInvalid, match="prepared for VM"):
+        mig.migrate(MigrateRequest(name="mig-s", target_uri="qemu+unix:///system?socket=/x",
+                                   domain_xml=xml_for(str(uuid.uuid4()))))
+    xml = xml_for(rec.vm_id)
+    req = MigrateRequest(name="mig-s", target_uri="qemu+unix:///system?socket=/nonexistent", domain_xml=xml)
     with pytest.raises(PostcopyUnsupported):
         mig.migrate(MigrateRequest(**{**req.__dict__, "postcopy": True}))
     with pytest.raises(MigrationFailed) as e:  # the test driver cannot migrate at all
