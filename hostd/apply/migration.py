@@ -42,7 +42,7 @@ import libvirt
 from hostd.apply.ledger import VmRecord
 from hostd.apply.vms import VmManager
 from hostd.carve.vmclaim import claim
-from hostd.carve.vmspec import DiskSpec, VmSpec
+from hostd.carve.vmspec import DiskSpec, VmSpec, spec_problem
 from hostd.domain.metadata import NS, VmMetadata
 from hostd.errors import (
     Conflict,
@@ -151,6 +151,9 @@ class Migrations:
         if len(source_disks) != len(spec.disks):
             raise SpecInvalid(f"{len(source_disks)} source disks for {len(spec.disks)} disks: one each",
                               field="source_disks")
+        bad = spec_problem(spec)  # CreateVM's bounds, before anything is looked up or written
+        if bad:
+            raise SpecInvalid(bad.reason, field=f"vm.{bad.field}")
         m = self.m
         with m._changing("prepare a migration"):
             prior = m.ledger.get(vm_id=vm_id)
