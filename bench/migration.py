@@ -188,7 +188,7 @@ def run_baseline(args: argparse.Namespace, work: Path, pair: LibvirtPair, loops:
 def run_hostd(args: argparse.Namespace, work: Path, undo: list, pair: LibvirtPair, loops: dict, smoke: Path,
               tls: bool) -> list[dict]:
     from api import hostd_pb2 as pb
-    from tools.dev.hostd_pair import IMAGE, HostdSide, migrate
+    from tools.dev.hostd_pair import IMAGE, HostdSide, migrate, parse_ticks
 
     guest = {"kernel": smoke / "vmlinuz", "initrd": smoke / "initrd.img"}
     # Each host's carve puts VMs where the baseline pins them (A: CPU 0, B: CPU 1).
@@ -209,9 +209,10 @@ def run_hostd(args: argparse.Namespace, work: Path, undo: list, pair: LibvirtPai
     for i in range(args.runs):
         dst = "b" if src == "a" else "a"
         s, d = sides[src], sides[dst]
-        moved, wall = migrate(s, d, vm.vm_id, iotune=tunes[dst], request_id=f"bench-{i}",
-                              bandwidth_mib_s=args.bandwidth, tls=tls, timeout_s=900)
-        last_src = max(n for b, n in s.ticks() if b == boot_id)
+        with s.hold_console() as console:  # the source's hostd removes the file once the VM left
+            moved, wall = migrate(s, d, vm.vm_id, iotune=tunes[dst], request_id=f"bench-{i}",
+                                  bandwidth_mib_s=args.bandwidth, tls=tls, timeout_s=900)
+            last_src = max(n for b, n in parse_ticks(console.read()) if b == boot_id)
         boot, last = d.wait_ticks(after=max(last, last_src), timeout=120)[-1]
         if boot != boot_id:
             raise RuntimeError(f"hostd run {i}: the guest rebooted on {d.host.name} (boot id {boot}, was {boot_id})")

@@ -22,6 +22,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import TextIO
 
 import grpc
 
@@ -93,8 +94,12 @@ class HostdSide:
 
     def ticks(self) -> list[tuple[str, int]]:
         """(boot id, n) of each whole tick line in the guest's console log here."""
-        text = self.console.read_text(errors="replace") if self.console.exists() else ""
-        return [(m[1], int(m[2])) for m in TICK.finditer(text[:text.rfind("\n") + 1])]
+        return parse_ticks(self.console.read_text(errors="replace") if self.console.exists() else "")
+
+    def hold_console(self) -> "TextIO":
+        """The console log open: hostd removes the file with the VM's directory when the VM
+        leaves (a migration's source), and what QEMU wrote until then stays readable here."""
+        return open(self.console, errors="replace")
 
     def wait_ticks(self, *, after: int, timeout: float) -> list[tuple[str, int]]:
         deadline = time.monotonic() + timeout
@@ -115,6 +120,11 @@ class HostdSide:
 
     def vms(self) -> list[tuple[str, int]]:
         return [(v.name, v.state) for v in self.stub.ListVMs(pb.ListVMsRequest(), timeout=10).vms]
+
+
+def parse_ticks(text: str) -> list[tuple[str, int]]:
+    """(boot id, n) of each whole ``HYB-TICK`` line (the last line may be half-written)."""
+    return [(m[1], int(m[2])) for m in TICK.finditer(text[:text.rfind("\n") + 1])]
 
 
 def size_of(dev: Path) -> int:

@@ -26,7 +26,7 @@ from pathlib import Path
 import grpc
 import libvirt
 import pytest
-from tools.dev.hostd_pair import IMAGE, HostdSide, migrate, prepare_request, size_of
+from tools.dev.hostd_pair import IMAGE, HostdSide, migrate, parse_ticks, prepare_request, size_of
 from tools.dev.libvirt_pair import LibvirtPair, job_ms, job_stats
 
 from api import hostd_pb2 as pb
@@ -150,6 +150,7 @@ def test_hostd_migrates_a_running_vm_live_and_refuses_cleanly(
             assert b.domains() == []  # defines nothing yet
             again = b.stub.PrepareMigration(prep, timeout=120)  # a retry answers the same
             assert again.vm.vm_id == vm.vm_id and claimed(b.inventory())[:2] == ([0], GUEST_PAGES)
+            console_a = a.hold_console()
             t0 = time.monotonic()
             call = a.stub.MigrateVM.future(pb.MigrateVMRequest(
                 name=NAME, target_uri=b.host.uri, migrate_uri=ready.migrate_uri, domain_xml=ready.domain_xml,
@@ -169,7 +170,9 @@ def test_hostd_migrates_a_running_vm_live_and_refuses_cleanly(
             with pytest.raises(grpc.RpcError) as e:  # A has no such VM any more
                 a.stub.GetMigration(pb.MigrationRef(name=NAME), timeout=10)
             assert e.value.code() == grpc.StatusCode.NOT_FOUND
-            last_a = a.ticks()[-1][1]
+            assert not a.console.exists()  # A's files of the VM went with it
+            last_a = parse_ticks(console_a.read())[-1][1]
+            console_a.close()
             done = b.stub.CompleteMigration(pb.MigrationRef(name=NAME), timeout=60)
             assert done.state == pb.VM_STATE_RUNNING and done.vm_id == vm.vm_id and list(done.vcpu_pins) == [0]
 
@@ -224,15 +227,17 @@ def test_hostd_migrates_a_running_vm_live_and_refuses_cleanly(
                 f.seek(2 * MARK_OFFSET)
                 f.write(marker2)
                 os.fsync(f.fileno())
-            last_b = b.ticks()[-1][1]
+            console_b = b.hold_console()
             moved2, _ = migrate(b, a, vm.vm_id, iotune=A_TUNE, request_id="mig-2", bandwidth_mib_s=64, tls=True)
             back = a.stub.GetVM(pb.GetVMRequest(vm_id=vm.vm_id), timeout=10)
             assert back.state == pb.VM_STATE_RUNNING and list(back.vcpu_pins) == [1]
             assert [(d.disk, d.serial) for d in back.disks] == [(loop_disk.name, loop_disk.name)]
             print(f"hostd migration B->A: job {moved2.job_ms} ms, downtime {moved2.downtime_ms} ms")
             assert 0 < moved2.downtime_ms < 10_000
+            last_b = parse_ticks(console_b.read())[-1][1]
+            console_b.close()
             home = a.wait_ticks(after=last_b + 10, timeout=120)
-            assert {boot for boot, _ in home if _ > last_a} == {boot_id}
+            assert {boot for boot, _ in home} == {boot_id} and 0 < home[0][1] - last_b <= 3
             assert b.vms() == [] and b.domains() == [] and claimed(b.inventory()) == b_inv
             c = libvirt.open(a.host.uri)
             try:
@@ -297,6 +302,7 @@ def test_a_hostd_killed_mid_migration_leaves_one_running_copy(
             # The source dies once libvirt moved the VM, before releasing it.
             a.hostd.stop()
             a.start(**faults, HOSTD_CRASH_AT="migrated")
+            seen = a.ticks()[-1][1]
             ready = b.stub.PrepareMigration(prepare_request(vm, a, request_id="mig-2", iotune=B_TUNE), timeout=120)
             with pytest.raises(grpc.RpcError) as e:
                 a.stub.MigrateVM(pb.MigrateVMRequest(
@@ -313,8 +319,7 @@ def test_a_hostd_killed_mid_migration_leaves_one_running_copy(
             assert "its domain is gone" in a.hostd.log.read_text()
             assert a.vms() == [] and claimed(a.inventory()) == ([], 0, [(loop_disk.name, "", 0, 0)])
             assert b.stub.CompleteMigration(pb.MigrationRef(name=NAME), timeout=60).state == pb.VM_STATE_RUNNING
-            last_a = a.ticks()[-1][1]
-            assert {boot for boot, _ in b.wait_ticks(after=last_a + 5, timeout=120)} == {boot_id}
+            assert {boot for boot, _ in b.wait_ticks(after=seen + 5, timeout=120)} == {boot_id}
             b.stub.DeleteVM(pb.DeleteVMRequest(vm_id=vm.vm_id), timeout=60)
             assert b.domains() == [] and claimed(b.inventory())[:2] == ([], 0)
         finally:
