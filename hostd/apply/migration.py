@@ -72,6 +72,9 @@ BASE_FLAGS = (libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PEER2PEER | libvirt
 # CreateVM's): the target after its row and hold, before answering; the source with its
 # row "migrating" before the job, and after the job succeeded before releasing.
 CRASH_POINTS = ("prepared", "migrating", "migrated")
+# How long MigrateVM waits for libvirt's job-completed event, which the source does not
+# always deliver once its domain is gone; the target keeps the record (CompleteMigration).
+EVENT_WAIT_S = 0.5
 POLL_S = 0.5  # job statistics sampled this often while a migration runs (GetMigration, fallback figures)
 
 
@@ -111,11 +114,12 @@ class JobFigures:
     data_bytes: int = 0
     memory_bytes: int = 0
     disk_bytes: int = 0
+    completed_record: bool = False  # libvirt's record of the finished job, not a sample of it
 
     @classmethod
-    def from_stats(cls, s: dict) -> "JobFigures":
+    def from_stats(cls, s: dict, *, completed: bool) -> "JobFigures":
         return cls(int(s.get("time_elapsed", 0)), int(s.get("downtime", 0)), int(s.get("data_processed", 0)),
-                   int(s.get("memory_processed", 0)), int(s.get("disk_processed", 0)))
+                   int(s.get("memory_processed", 0)), int(s.get("disk_processed", 0)), completed)
 
 
 @dataclass(frozen=True)
@@ -223,12 +227,13 @@ class Migrations:
         targets = block_targets(xml)
         return Prepared(rec, xml, self.migrate_uri, tuple((d.name, targets.get(d.name, "")) for d in rec.claim.disks))
 
-    def complete(self, name: str) -> VmRecord:
+    def complete(self, name: str) -> tuple[VmRecord, JobFigures]:
+        """The VM runs here: the row ``running``, and libvirt's record of the job here."""
         m = self.m
         with m._changing("complete a migration"):
             rec = self._by_name(name)
             if rec.state == "running":
-                return rec  # a retry
+                return rec, self._completed_job(rec.vm_id)  # a retry
             if rec.state != "incoming":
                 raise NotIncoming(f"{name} is {rec.state} here, not incoming", field="name")
             state = self._domain_state(rec.vm_id)
@@ -242,7 +247,20 @@ class Migrations:
             log.info("migration complete vm=%s name=%s", rec.vm_id, name)
             out = m.ledger.get(vm_id=rec.vm_id)
             assert out is not None
-            return out
+            return out, self._completed_job(rec.vm_id)
+
+    def _completed_job(self, vm_id: str) -> JobFigures:
+        def op(c: libvirt.virConnect) -> JobFigures:
+            try:
+                stats = c.lookupByUUIDString(vm_id).jobStats(  # kept: a retry, or virsh domjobinfo, reads it too
+                    libvirt.VIR_DOMAIN_JOB_STATS_COMPLETED | libvirt.VIR_DOMAIN_JOB_STATS_KEEP_COMPLETED)
+            except libvirt.libvirtError as e:
+                log.warning("no completed job record of %s: %s", vm_id, e.get_error_message())
+                return JobFigures()
+            if stats.get("type", libvirt.VIR_DOMAIN_JOB_NONE) == libvirt.VIR_DOMAIN_JOB_NONE:
+                return JobFigures()
+            return JobFigures.from_stats(stats, completed=True)
+        return self.m.libvirt._retrying(f"domain {vm_id}", op)  # type: ignore[return-value]
 
     def abort(self, name: str) -> list[str]:
         m = self.m
@@ -391,10 +409,12 @@ class Migrations:
             if cb is not None:
                 with contextlib.suppress(libvirt.libvirtError):
                     conn.domainEventDeregisterAny(cb)
-        deadline = time.monotonic() + 2  # the event comes from the event loop's thread
+        deadline = time.monotonic() + EVENT_WAIT_S  # the event comes from the event loop's thread
         while "stats" not in completed and time.monotonic() < deadline:
             time.sleep(0.05)
-        return JobFigures.from_stats(completed.get("stats") or self._last.get(req.name, {}))
+        if "stats" in completed:
+            return JobFigures.from_stats(completed["stats"], completed=True)
+        return JobFigures.from_stats(self._last.get(req.name, {}), completed=False)
 
     def _watch(self, dom: libvirt.virDomain, req: MigrateRequest, done: threading.Event,
                timed_out: threading.Event) -> None:

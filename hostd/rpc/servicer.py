@@ -333,12 +333,14 @@ class HostdService(pb_grpc.HostdServicer):
                 bandwidth_mib_s=request.bandwidth_mib_s, max_downtime_ms=request.max_downtime_ms,
                 timeout_s=request.timeout_s, postcopy=request.on_timeout == pb.ON_TIMEOUT_POSTCOPY,
                 tls=request.tls))
-            return pb.MigrateVMResponse(job_ms=f.job_ms, downtime_ms=f.downtime_ms, data_bytes=f.data_bytes,
-                                        memory_bytes=f.memory_bytes, disk_bytes=f.disk_bytes)
+            return pb.MigrateVMResponse(**dataclasses.asdict(f))
         return self._call(context, migrate)
 
     def CompleteMigration(self, request, context):
-        return self._call(context, lambda: self._vm(self.migrations.complete(request.name)))
+        def complete() -> pb.CompleteMigrationResponse:
+            rec, job = self.migrations.complete(request.name)
+            return pb.CompleteMigrationResponse(vm=self._vm(rec), job=pb.MigrateVMResponse(**dataclasses.asdict(job)))
+        return self._call(context, complete)
 
     def AbortMigration(self, request, context):
         return self._call(context, lambda: pb.AbortMigrationResponse(steps=self.migrations.abort(request.name)))

@@ -148,8 +148,9 @@ def prepare_request(vm: pb.VM, src: HostdSide, *, request_id: str, iotune: pb.Io
 def migrate(src: HostdSide, dst: HostdSide, vm_id: str, *, iotune: pb.IoTune, request_id: str,
             bandwidth_mib_s: int = 0, tls: bool = True, timeout_s: int = 300) -> tuple[pb.MigrateVMResponse, float]:
     """The whole move through hostd: PrepareMigration on ``dst``, MigrateVM on ``src``,
-    CompleteMigration on ``dst`` (AbortMigration there if the move failed). Returns
-    MigrateVM's answer and the wall time of the three calls."""
+    CompleteMigration on ``dst`` (AbortMigration there if the move failed). Returns the
+    job's figures as the target recorded them (CompleteMigration's) and the wall time of
+    the three calls."""
     vm = src.stub.GetVM(pb.GetVMRequest(vm_id=vm_id), timeout=10)
     t0 = time.monotonic()
     ready = dst.stub.PrepareMigration(prepare_request(vm, src, request_id=request_id, iotune=iotune), timeout=120)
@@ -161,5 +162,6 @@ def migrate(src: HostdSide, dst: HostdSide, vm_id: str, *, iotune: pb.IoTune, re
     except grpc.RpcError:
         dst.stub.AbortMigration(pb.MigrationRef(name=vm.name), timeout=60)
         raise
-    dst.stub.CompleteMigration(pb.MigrationRef(name=vm.name), timeout=60)
-    return moved, time.monotonic() - t0
+    done = dst.stub.CompleteMigration(pb.MigrationRef(name=vm.name), timeout=60)
+    wall = time.monotonic() - t0
+    return (done.job if done.job.completed_record else moved), wall

@@ -123,8 +123,8 @@ def test_complete_needs_the_running_domain_and_abort_releases(env):
     lv.start(lv.define("mig-a", p.domain_xml))  # what libvirt does when the migration lands
     with pytest.raises(MigrationArrived):
         mig.abort("mig-a")
-    assert mig.complete("mig-a").state == "running"
-    assert mig.complete("mig-a").state == "running"  # a retry
+    assert mig.complete("mig-a")[0].state == "running"
+    assert mig.complete("mig-a")[0].state == "running"  # a retry
     with pytest.raises(NotIncoming):
         mig.abort("mig-a")
 
