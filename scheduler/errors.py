@@ -64,6 +64,15 @@ class HostAdminOwned(SchedulerError):
     status = 409
 
 
+class HostAdminStale(SchedulerError):
+    """A forced admin change whose ``expect_owner`` no longer holds the host: the hold
+    it meant to override changed since the caller read it (the error names who holds
+    it now, and since when)."""
+
+    code = "hyb.host.admin_stale"
+    status = 409
+
+
 class BeatTooSoon(SchedulerError):
     """A host beat again sooner than ``placement.heartbeat_min_interval_s`` after its last
     beat: one host's flood must not take the event loop from the fleet."""
@@ -152,16 +161,32 @@ class RolloutLeaseHeld(SchedulerError):
 
 
 class RolloutLeaseLost(SchedulerError):
-    """The writer does not hold the rollout's lease (it lapsed, or another took it): the
-    lease is the fencing token, so a controller that lost it cannot write behind its
-    successor's back."""
+    """The writer's fence is the lease's current one, but the lease lapsed or was
+    released: nobody may write under it until a controller takes the lease again."""
 
     code = "hyb.rollout.lease_lost"
     status = 409
 
 
+class RolloutStaleFence(SchedulerError):
+    """A controller's write with a fence older than the rollout's lease: another
+    controller has taken the lease since (the error names who, and when). Fences are
+    handed out by the scheduler, one more with every take, and only grow."""
+
+    code = "hyb.rollout.stale_fence"
+    status = 409
+
+
+class RolloutNotYours(Forbidden):
+    """A write with the rollout's current fence from a principal other than the one that
+    took the lease: only the lease's principal may act as the rollout."""
+
+    code = "hyb.rollout.not_yours"
+
+
 class RolloutStaleState(SchedulerError):
-    """The host was not in the state the writer expected (another writer moved it)."""
+    """The host, or the rollout, was not in the state the writer expected (another
+    writer moved it: the error names who, and when)."""
 
     code = "hyb.rollout.stale_state"
     status = 409

@@ -285,8 +285,8 @@ async def host_admin(request: Request, name: str, verb: str) -> Response:
         form = await form_of(request, s)
         if verb not in ("cordon", "uncordon", "drain"):
             raise InvalidRequest(f"{verb!r}: cordon, uncordon or drain", field="verb")
-        body = AdminChange(owner=form.get("owner") or f"console:{s.principal.name}", reason=form.get("reason", ""),
-                           force=form.get("force") == "on")
+        body = AdminChange(reason=form.get("reason", ""), force=form.get("force") == "on",
+                           expect_owner=form.get("expect_owner"))  # the owner: the API's, the session's principal
         getattr(host_routes, verb)(name, request, s.principal, body)
     except ValidationError as e:
         err = e.errors()[0]

@@ -247,15 +247,22 @@ class RolloutTransition(Base):
     from_state: Mapped[str] = mapped_column(String(16))
     to_state: Mapped[str] = mapped_column(String(16))
     at: Mapped[float] = mapped_column(Float)
-    holder: Mapped[str] = mapped_column(String(255))
+    holder: Mapped[str] = mapped_column(String(255))  # the controller's name, or "<verb> by <principal>"
+    principal: Mapped[str] = mapped_column(String(128), default="", server_default="")  # whose token wrote it
+    fence: Mapped[int | None] = mapped_column(Integer, nullable=True)  # a controller's write: its lease's fence
     detail: Mapped[str] = mapped_column(Text)  # a JSON object
 
 
 class RolloutLease(Base):
-    """Who runs the rollout, until when: the fencing token of every controller write."""
+    """Who runs the rollout, until when, and its fence: the number every controller write
+    carries. Each take hands out the next fence, so fences only grow; the row outlives a
+    release (``expires`` set to then), so the counter never starts again."""
 
     __tablename__ = "rollout_leases"
 
     rollout: Mapped[str] = mapped_column(String(64), primary_key=True)
-    holder: Mapped[str] = mapped_column(String(255))
+    holder: Mapped[str] = mapped_column(String(255))  # the controller's name for itself (a label)
     expires: Mapped[float] = mapped_column(Float)
+    fence: Mapped[int] = mapped_column(Integer, default=0, server_default="0")
+    principal: Mapped[str] = mapped_column(String(128), default="", server_default="")  # who took it
+    taken: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")

@@ -179,10 +179,21 @@ def move_host(*, session: Session, h: RolloutHost, to: str, data: dict[str, Any]
 
 
 def record(*, session: Session, rollout: str, host: str, frm: str, to: str, at: float, holder: str,
-           detail: dict[str, Any]) -> None:
-    """One transition's row, inside the caller's transaction: who, when, and the numbers."""
+           principal: str, detail: dict[str, Any], fence: int | None = None) -> None:
+    """One transition's row, inside the caller's transaction: who (the controller's name
+    or the operator's verb, the principal, the fence of a controller's write), when, and
+    the numbers."""
     session.execute(insert(RolloutTransition).values(rollout=rollout, host=host, from_state=frm, to_state=to, at=at,
-                                                     holder=holder, detail=dumps(detail)))
+                                                     holder=holder, principal=principal, fence=fence,
+                                                     detail=dumps(detail)))
+
+
+def last_transition(*, session: Session, rollout: str, host: str) -> RolloutTransition | None:
+    """The latest record of the host (``ROLLOUT``: of the rollout itself): who set the
+    state a writer did not expect."""
+    return session.scalars(select(RolloutTransition)
+                           .where(RolloutTransition.rollout == rollout, RolloutTransition.host == host)
+                           .order_by(RolloutTransition.id.desc()).limit(1)).first()
 
 
 def transitions(*, session: Session, rollout: str, host: str | None = None) -> list[dict[str, Any]]:
@@ -190,10 +201,11 @@ def transitions(*, session: Session, rollout: str, host: str | None = None) -> l
     if host is not None:
         q = q.where(RolloutTransition.host == host)
     return [{"id": t.id, "host": t.host, "from_": t.from_state, "to": t.to_state, "at": t.at, "holder": t.holder,
-             "detail": json.loads(t.detail)} for t in session.scalars(q)]
+             "principal": t.principal, "fence": t.fence, "detail": json.loads(t.detail)} for t in session.scalars(q)]
 
 
 def lease(*, session: Session, rollout: str) -> RolloutLease | None:
+    """The rollout's lease row, live, lapsed or released (it keeps the latest fence)."""
     return session.get(RolloutLease, rollout)
 
 
@@ -201,19 +213,26 @@ def leases(*, session: Session) -> dict[str, RolloutLease]:
     return {x.rollout: x for x in session.scalars(select(RolloutLease))}
 
 
-def put_lease(*, session: Session, rollout: str, holder: str, expires: float) -> None:
-    """Take or extend the lease (the caller holds the rollout's row lock: no other writer
-    is between its read of the lease and this)."""
+def take_lease(*, session: Session, rollout: str, holder: str, principal: str, now: float,
+               expires: float) -> RolloutLease:
+    """The lease for ``principal``'s controller ``holder``, with the next fence (the
+    caller holds the rollout's row lock: no other writer is between its read of the
+    lease and this, so no two takes get one fence)."""
     x = session.get(RolloutLease, rollout)
     if x is None:
-        session.add(RolloutLease(rollout=rollout, holder=holder, expires=expires))
-    else:
-        x.holder, x.expires = holder, expires
+        x = RolloutLease(rollout=rollout, fence=0)
+        session.add(x)
+    x.holder, x.principal, x.taken, x.expires, x.fence = holder, principal, now, expires, x.fence + 1
+    session.flush()
+    return x
+
+
+def extend_lease(*, session: Session, x: RolloutLease, expires: float) -> None:
+    x.expires = expires
     session.flush()
 
 
-def drop_lease(*, session: Session, rollout: str, holder: str) -> None:
-    x = session.get(RolloutLease, rollout)
-    if x is not None and x.holder == holder:
-        session.delete(x)
-        session.flush()
+def end_lease(*, session: Session, x: RolloutLease, now: float) -> None:
+    """Released: lapsed from now, its fence kept (the next take hands out the one after)."""
+    x.expires = now
+    session.flush()

@@ -4,15 +4,15 @@ from __future__ import annotations
 
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, field_validator
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt, ValidationInfo, field_validator
 
 from api.bounds import HOST_NAME, check_host_labels, check_rack
 from api.scrape import check_metrics_url
 from api.states import AdminState, DrainAction, HostState
+from scheduler.schemas.rollouts import ROLLOUT
 
 HOST = rf"^{HOST_NAME}$"
 HOSTPORT = r"^[A-Za-z0-9_.:\[\]-]{1,250}:[0-9]{1,5}$"
-ADMIN_OWNER = r"^[A-Za-z0-9][A-Za-z0-9_.:@/-]*$"
 
 
 class HostRegister(BaseModel):
@@ -53,16 +53,40 @@ class HostRegister(BaseModel):
 
 
 class AdminChange(BaseModel):
-    """The optional body of cordon, drain and uncordon: who holds the host out of
-    "active" and why. Only that owner may change the admin state again, unless ``force``."""
+    """The optional body of cordon, drain and uncordon. The hold's owner is never sent: it
+    is the calling principal, or ``rollout:<name>`` for the controller that holds that
+    rollout's lease (``rollout`` with the lease's ``fence``). Only that owner may change
+    the admin state again, unless ``force`` with the ``expect_owner`` it overrides."""
 
     model_config = ConfigDict(extra="forbid")
-    owner: str | None = Field(None, min_length=1, max_length=128, pattern=ADMIN_OWNER,
-                              examples=["fleet-rollout/kernel-6.12", "alice@ops"],
-                              description="who holds the host; none: the calling principal")
     reason: str = Field("", max_length=256, examples=["replace DIMM B3"],
                         description="shown with the host; left empty by its owner, the current reason stays")
-    force: StrictBool = Field(False, description="change it even when another owner holds it (audited with that owner)")
+    force: StrictBool = Field(False, description="change it even when another owner holds it (audited with that "
+                                                 "owner); needs expect_owner")
+    expect_owner: str | None = Field(
+        None, max_length=128, pattern=r"^[^\x00-\x1f\x7f]*$", examples=["alice"], validate_default=True,
+        description='compare-and-set: refused (409 hyb.host.admin_stale, naming who holds the host and since when) '
+                    'unless this owner holds it now, as GET /v1/hosts/{name} shows admin_owner ("": nobody, or a '
+                    'hold with no owner recorded); required with force')
+    rollout: str | None = Field(None, pattern=ROLLOUT, examples=["convert-r12"],
+                                description="act as this rollout's controller: the hold is recorded as "
+                                            "rollout:<name>; needs the fence of its lease, taken by the caller")
+    fence: StrictInt | None = Field(None, ge=1, validate_default=True,
+                                    description="with rollout: the lease's fence (POST /v1/rollouts/{name}/lease)")
+
+    @field_validator("expect_owner")
+    @classmethod
+    def _forced_from_whom(cls, v: str | None, info: ValidationInfo) -> str | None:
+        if v is None and info.data.get("force"):
+            raise ValueError("force needs expect_owner: the owner whose hold it overrides (GET /v1/hosts/{name})")
+        return v
+
+    @field_validator("fence")
+    @classmethod
+    def _fence_with_rollout(cls, v: int | None, info: ValidationInfo) -> int | None:
+        if (v is None) != (info.data.get("rollout") is None):
+            raise ValueError("rollout and fence go together: a rollout's hold needs the fence of its lease")
+        return v
 
 
 class PoolOut(BaseModel):
@@ -108,7 +132,8 @@ class HostPublic(BaseModel):
     labels: dict[str, str]
     state: HostState
     admin_state: AdminState
-    admin_owner: str | None = Field(None, description='who cordoned or drained it ("": not recorded); none: active')
+    admin_owner: str | None = Field(None, description='who cordoned or drained it: the principal, or rollout:<name> '
+                                                      '("": not recorded); none: active')
     admin_reason: str | None = None
     admin_since: float | None = Field(None, description="unix time the owner took it out of active")
     down_since: float | None = Field(None, description="unix time a liveness check marked it down (silent past "

@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import Annotated, Any
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, field_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictInt, field_validator
 
 from api.states import RolloutHostState, RolloutState
 
@@ -44,7 +44,13 @@ def _json_object(v: dict[str, Any]) -> dict[str, Any]:
 JsonObject = Annotated[dict[str, Any], AfterValidator(_json_object)]
 Holder = Annotated[str, Field(min_length=1, max_length=255, pattern=PRINTABLE,
                               examples=["ops@deploy-1:4242"],
-                              description="the controller that holds (or asks for) the rollout's lease")]
+                              description="the controller's name for itself (a label, shown with the lease and "
+                                          "each of its records; it grants nothing: the fence does)")]
+Fence = Annotated[StrictInt, Field(ge=1, examples=[7],
+                             description="the fence the scheduler handed out with the lease (POST .../lease): "
+                                         "refused unless it is the lease's current one, live, and the caller's "
+                                         "principal took it (409 hyb.rollout.stale_fence naming who took the "
+                                         "lease since, hyb.rollout.lease_lost, 403 hyb.rollout.not_yours)")]
 HostState = Annotated[str, Field(pattern=STATE, examples=[RolloutHostState.CORDONED])]
 
 
@@ -89,7 +95,7 @@ class RolloutCreate(_In):
 
 
 class RolloutHostTransition(_In):
-    holder: Holder
+    fence: Fence
     from_: HostState = Field(alias="from", description="the state the writer expects the host in")
     to: HostState
     detail: JsonObject = Field(default_factory=dict, description="the decision's record (the transition's)")
@@ -97,39 +103,48 @@ class RolloutHostTransition(_In):
 
 
 class RolloutHostNote(_In):
-    holder: Holder
+    fence: Fence
     detail: JsonObject
 
 
 class RolloutStateChange(_In):
-    holder: Holder
+    fence: Fence
     state: RolloutState
+    expect: RolloutState = Field(description="compare-and-set: refused (409 hyb.rollout.stale_state, naming who "
+                                             "set the state and when) unless the rollout is in this state (an "
+                                             "operator's pause came first)")
     reason: str = Field("", pattern=TEXT)
     wave: int | None = Field(None, ge=0, description="the wave the rollout is at from now; none: unchanged")
     detail: JsonObject = Field(default_factory=dict)
-    expect: RolloutState | None = Field(None, description="compare-and-set: refused (409 hyb.rollout.stale_state) "
-                                        "unless the rollout is in this state (an operator's pause came first)")
 
 
 class RolloutVerb(_In):
+    expect: RolloutState = Field(examples=[RolloutState.RUNNING],
+                                 description="compare-and-set: the state the operator saw; refused (409 "
+                                             "hyb.rollout.stale_state, naming who set the state and when) unless "
+                                             "the rollout is still in it (its controller or another operator "
+                                             "moved it since)")
     reason: str = Field("", pattern=TEXT, examples=["change freeze"])
 
 
 class LeaseTake(_In):
     holder: Holder
     ttl_s: float = Field(gt=0, le=3600)
-    replace_holder: str | None = Field(None, min_length=1, max_length=255, pattern=PRINTABLE,
-                                       description="take the lease from this holder, whose process the caller "
-                                                   "found dead, even before it lapses")
+    replace_fence: StrictInt | None = Field(None, ge=0, description="take the lease from the controller at this fence, "
+                                                              "whose process the caller found dead, even before "
+                                                              "it lapses (a compare-and-set on the lease)")
 
 
 class LeaseRenew(_In):
-    holder: Holder
+    fence: Fence
     ttl_s: float = Field(gt=0, le=3600)
 
 
 class LeaseOut(BaseModel):
     holder: str
+    principal: str = Field(description="whose token took the lease: only it may write under the fence")
+    fence: int = Field(description="the number every write under this lease carries; one more with every take")
+    taken: float = Field(description="unix time")
     expires: float = Field(description="unix time")
 
 
@@ -181,7 +196,9 @@ class TransitionOut(BaseModel):
     from_: str = Field(serialization_alias="from")
     to: str
     at: float
-    holder: str
+    holder: str = Field(description="the controller's name, or \"<verb> by <principal>\" for an operator's verb")
+    principal: str = Field(description="whose token wrote it (\"\" for records older than fences)")
+    fence: int | None = Field(description="the lease's fence of a controller's write; none: an operator's")
     detail: dict[str, Any]
 
 

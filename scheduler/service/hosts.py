@@ -15,7 +15,7 @@ from sqlalchemy.orm import Session
 from api.states import AdminState, HostClass, HostState, RolloutHostState
 from scheduler.db.engine import Store
 from scheduler.db.models import Host
-from scheduler.errors import BeatTooSoon, HostAdminOwned, HostNotYours
+from scheduler.errors import BeatTooSoon, HostAdminOwned, HostAdminStale, HostNotYours
 from scheduler.metrics import Metrics
 from scheduler.repo import audit as audit_repo
 from scheduler.repo import days as days_repo
@@ -30,6 +30,8 @@ from scheduler.schemas.hosts import (AdminChange, HeartbeatOut, HostDiskOut, Hos
                                      TargetGroup)
 from scheduler.service.fleet import check_day
 from scheduler.service.hostcache import HostCache
+from scheduler.service.rollouts import check_fence
+from scheduler.service.rollouts import owner_of as rollout_owner
 
 log = logging.getLogger(__name__)
 
@@ -290,22 +292,38 @@ class HostService:
         return out
 
     def set_state(self, name: str, state: str, *, actor: str, change: AdminChange) -> HostPublic:
-        """``actor`` sets host ``name``'s admin state for ``change.owner`` (none: the actor).
-        A host that another owner holds out of "active" is refused (HostAdminOwned, nothing
-        written) unless ``change.force``, so two operators (or an operator and a fleet
-        rollout) cannot undo each other's cordons unknowingly; a host with no recorded
-        owner (cordoned before owners were) is anyone's. The same owner may repeat or move
-        between cordoned and draining: the hold keeps its start and, when no reason is
-        given, its reason. "active" ends the hold. The row is locked first (PostgreSQL),
-        so two changes at once are judged one after the other."""
-        owner = change.owner or actor
+        """``actor`` sets host ``name``'s admin state. The hold's owner is derived, never
+        taken from the request: the actor, or ``rollout:<name>`` when the actor's
+        ``change.fence`` is that rollout's live lease (refused as a controller's write
+        is otherwise, and for a host not in the rollout). A host that another owner
+        holds out of "active" is refused (HostAdminOwned, nothing written) unless
+        ``change.force``, which must name the owner it overrides (``expect_owner``: a
+        compare-and-set, HostAdminStale when someone else holds it now); so two
+        operators (or an operator and a fleet rollout) cannot undo each other's cordons
+        unknowingly. A host with no recorded owner is anyone's. The same owner may repeat
+        or move between cordoned and draining: the hold keeps its start and, when no
+        reason is given, its reason. "active" ends the hold. The rollout's row (share)
+        and then the host's are locked first (PostgreSQL), so two changes at once are
+        judged one after the other, and none passes a take of the lease."""
         now = self.clock()
         with self.store.write() as s:
+            owner, fence = actor, None
+            if change.rollout is not None and change.fence is not None:
+                rollout_repo.get_rollout(session=s, name=change.rollout, lock="share")
+                fence = check_fence(s, change.rollout, change.fence, actor=actor, now=now).fence
+                rollout_repo.get_host(session=s, rollout=change.rollout, name=name)  # its own hosts only
+                owner = rollout_owner(change.rollout)
             h = host_repo.get_host(session=s, name=name, lock=True)
             before, held_by = h.admin_state, h.admin_owner
+            holder_now = held_by if before != AdminState.ACTIVE else ""
+            if change.expect_owner is not None and change.expect_owner != holder_now:
+                raise HostAdminStale(f"expected {change.expect_owner or 'nobody'} to hold host {name}, but "
+                                     + (_held_message(h) if holder_now else f"it is {before} (no owner holds it)"),
+                                     field="expect_owner")
             overrides = before != AdminState.ACTIVE and held_by not in ("", owner)
             if overrides and not change.force:
-                raise HostAdminOwned(_held_message(h), field="owner")
+                raise HostAdminOwned(_held_message(h) + f"; only {held_by} may change its admin state, or send "
+                                     f'{{"force": true, "expect_owner": "{held_by}"}} to override', field="owner")
             if state == AdminState.ACTIVE:
                 hold: tuple[str, str, float | None] = ("", "", None)
             elif before != AdminState.ACTIVE and held_by == owner:
@@ -314,13 +332,14 @@ class HostService:
                 hold = (owner, change.reason, now)
             host_repo.set_admin_state(session=s, name=name, state=state, now=now, owner=hold[0], reason=hold[1],
                                       since=hold[2])
+            detail = {"from": before, "owner": owner, "reason": change.reason, "forced": overrides,
+                      "previous_owner": held_by}
             audit_repo.record(session=s, principal=actor, action=f"host.{state}", target=name, now=now,
-                              detail={"from": before, "owner": owner, "reason": change.reason, "forced": overrides,
-                                      "previous_owner": held_by})
+                              detail=detail if fence is None else {**detail, "fence": fence})
             out = self._public(s, h, now)
         log.log(logging.WARNING if overrides else logging.INFO,
-                "host state name=%s %s -> %s owner=%s previous_owner=%s forced=%s reason=%r",
-                name, before, state, owner, held_by, overrides, change.reason)
+                "host state name=%s %s -> %s owner=%s by=%s previous_owner=%s forced=%s reason=%r",
+                name, before, state, owner, actor, held_by, overrides, change.reason)
         return out
 
     def get(self, name: str) -> HostPublic:
@@ -382,12 +401,11 @@ class HostService:
 
 
 def _held_message(h: Host) -> str:
-    """Who holds ``h`` out of "active", since when and why, and how to override."""
+    """Who holds ``h`` out of "active", since when and why."""
     since = ("an unknown time" if h.admin_since is None
              else datetime.fromtimestamp(h.admin_since, timezone.utc).isoformat(timespec="seconds"))
     why = f"reason {h.admin_reason!r}" if h.admin_reason else "no reason given"
-    return (f"host {h.name} is {h.admin_state}, held by {h.admin_owner} since {since} ({why}); only "
-            f"{h.admin_owner} may change its admin state, or send {{\"force\": true}} to override")
+    return f"host {h.name} is {h.admin_state}, held by {h.admin_owner or '(no owner recorded)'} since {since} ({why})"
 
 
 def host_class(state: str, admin_state: str, carved: bool, rollout_state: str) -> HostClass:

@@ -133,7 +133,7 @@ def test_a_host_page_shows_its_carve_and_a_form_without_csrf_is_refused(env) -> 
     wait_for(lambda: "cordoned" in text(env, "#host-admin"))
     got = env["api"].get(f"/v1/hosts/{name}").json()
     assert (got["admin_state"], got["admin_owner"], got["admin_reason"]) == \
-        ("cordoned", f"console:{ADMIN_NAME}", "browser test")
+        ("cordoned", ADMIN_NAME, "browser test")
     b.driver.find_element(By.ID, "btn-uncordon").click()
     wait_for(lambda: "active" in text(env, "#host-admin"))
 
@@ -165,7 +165,7 @@ def test_why_not_shows_the_dry_runs_counts(env) -> None:  # type: ignore[no-unty
     rows = [tr.text.split() for tr in b.driver.find_elements(By.CSS_SELECTOR, "#rollout-hosts tbody tr")]
     assert [(r[0], r[1]) for r in rows] == [("0", "oss-00000"), ("1", "oss-00001")]
     # the page follows the rollout (htmx, every 5 s): paused through the API, shown without a reload
-    assert env["api"].post("/v1/rollouts/conv-1/pause", json={"reason": "browser test"}).status_code == 200
+    assert env["api"].post("/v1/rollouts/conv-1/pause", json={"expect": "running", "reason": "browser test"}).status_code == 200
     wait_for(lambda: text(env, "#rollout-state").startswith("paused"), timeout_s=15)
 
 

@@ -216,30 +216,32 @@ def test_the_fleet_histogram_is_the_apis(env, capsys) -> None:  # type: ignore[n
 
 def test_cordon_drain_and_the_audit(env, capsys) -> None:  # type: ignore[no-untyped-def]
     api = env["api"]
-    code, out, _ = run(env, "host", "cordon", "hyb-0001", "--owner", "alice", "--reason", "disk swap",
-                       capsys=capsys)
-    assert code == 0 and "hyb-0001: cordoned by alice" in out
-    code, _, err = run(env, "host", "uncordon", "hyb-0001", "--owner", "bob", capsys=capsys)
-    assert code == 1 and "hyb.host.admin_owned" in err
-    assert api.get("/v1/hosts/hyb-0001").json()["admin_owner"] == "alice"
+    code, out, _ = run(env, "host", "cordon", "hyb-0001", "--reason", "disk swap", capsys=capsys)
+    assert code == 0 and "hyb-0001: cordoned by ops" in out  # the token's principal: the scheduler derives it
+    code, _, err = run(env, "host", "uncordon", "hyb-0001", "--force", capsys=capsys)
+    assert code == 2 and "--force" in err, err  # it names the hold it overrides
+    code, _, err = run(env, "host", "uncordon", "hyb-0001", "--force", "alice", capsys=capsys)
+    assert code == 1 and "hyb.host.admin_stale" in err and "held by ops since" in err, err
+    assert api.get("/v1/hosts/hyb-0001").json()["admin_owner"] == "ops"
     code, out, _ = run(env, "host", "list", capsys=capsys)
-    assert "cordoned (alice)" in next(ln for ln in out.splitlines() if ln.startswith("hyb-0001"))
+    assert "cordoned (ops)" in next(ln for ln in out.splitlines() if ln.startswith("hyb-0001"))
     code, out, _ = run(env, "host", "show", "hyb-0001", capsys=capsys)
-    assert "cordoned by alice: disk swap" in out and "NUMA nodes" in out
+    assert "cordoned by ops: disk swap" in out and "NUMA nodes" in out
     code, out, _ = run(env, "audit", "--action", "host.", "--target", "hyb-0001", "-o", "json", capsys=capsys)
     assert [a["action"] for a in json.loads(out)["items"]][:1] == ["host.cordoned"]
     code, out, _ = run(env, "audit", "--since", "10m", capsys=capsys)
     assert any(ln.split()[3:6] == ["ops", "host.cordoned", "hyb-0001"] for ln in out.splitlines()), out
     code, _, err = run(env, "audit", "--since", "yesterday", capsys=capsys)
     assert code == 2 and "--since" in err
-    assert run(env, "host", "uncordon", "hyb-0001", "--owner", "alice", capsys=capsys)[0] == 0
+    assert run(env, "host", "uncordon", "hyb-0001", capsys=capsys)[0] == 0
     # a drain asks first; with no terminal to ask on, nothing happens
     r = cli(env, "host", "drain", "hyb-0001", stdin=subprocess.DEVNULL)
     assert r.returncode == 1 and "refused without --yes" in r.stderr
     assert api.get("/v1/hosts/hyb-0001").json()["admin_state"] == "active"
-    code, out, _ = run(env, "host", "drain", "hyb-0001", "--yes", "--owner", "alice", "-o", "json", capsys=capsys)
+    code, out, _ = run(env, "host", "drain", "hyb-0001", "--yes", "-o", "json", capsys=capsys)
     assert code == 0 and json.loads(out)["admin_state"] == "draining"
-    assert run(env, "host", "uncordon", "hyb-0001", "--owner", "alice", capsys=capsys)[0] == 0
+    code, _, _ = run(env, "host", "uncordon", "hyb-0001", "--force", "ops", "--reason", "done", capsys=capsys)
+    assert code == 0 and api.get("/v1/hosts/hyb-0001").json()["admin_state"] == "active"
 
 
 def test_vm_lifecycle_and_bad_input(env, vms, capsys) -> None:  # type: ignore[no-untyped-def]
@@ -293,16 +295,18 @@ def test_rollout_status_and_raw_calls(env, capsys) -> None:  # type: ignore[no-u
     assert env["api"].get("/v1/rollouts/conv-1").json()["state"] == "paused"
     code, _, err = run(env, "rollout", "pause", "conv-1", capsys=capsys)  # not running: the API's 409
     assert code == 1 and "hyb.rollout.bad_state" in err
-    r = cli(env, "rollout", "abort", "conv-1", stdin=subprocess.DEVNULL)  # asks first
-    assert r.returncode == 1 and "refused without --yes" in r.stderr
+    code, _, err = run(env, "rollout", "resume", "conv-1", "--expect", "running", capsys=capsys)  # moved since
+    assert code == 1 and "hyb.rollout.stale_state" in err and "found paused (pause by ops at " in err, err
+    r = cli(env, "rollout", "abort", "conv-1", stdin=subprocess.DEVNULL)  # asks first, with the state it replaces
+    assert r.returncode == 1 and "refused without --yes" in r.stderr and "now paused" in r.stderr, r.stderr
     code, out, _ = run(env, "rollout", "abort", "conv-1", "--yes", "-o", "json", capsys=capsys)
     assert code == 0 and json.loads(out)["state"] == "aborting"
     code, _, err = run(env, "rollout", "status", "no-such", capsys=capsys)
     assert code == 1 and "hyb.rollout.not_found" in err
     code, out, _ = run(env, "api", "GET", "/v1/hosts?rack=r01", capsys=capsys)
     assert code == 0 and [h["name"] for h in json.loads(out)["items"]] == ["hyb-0001"]
-    code, out, _ = run(env, "api", "POST", "/v1/hosts/hyb-0000/cordon", "-d", '{"owner": 5}', capsys=capsys)
-    assert code == 1 and json.loads(out)["error"]["field"] == "owner"
+    code, out, _ = run(env, "api", "POST", "/v1/hosts/hyb-0000/cordon", "-d", '{"owner": "alice"}', capsys=capsys)
+    assert code == 1 and json.loads(out)["error"]["field"] == "owner"  # an owner is never the client's to name
     code, _, err = run(env, "api", "FETCH", "/v1/hosts", capsys=capsys)
     assert code == 2 and "METHOD" in err
 

@@ -253,13 +253,14 @@ def _operator(to: str, drive: bool):  # type: ignore[no-untyped-def]
     def cmd(args: argparse.Namespace, console: Console) -> int:
         store = _store(args)
         r = store.rollout(args.name)
-        live = r.lease if r.lease and r.lease[0] != store.holder and not dead_here(r.lease[0]) else None
+        live = r.lease if r.lease and r.lease.holder != store.holder and not dead_here(r.lease.holder) else None
         if not (args.cmd == "resume" and r.state == RolloutState.RUNNING and live is None):
             # (a running rollout whose controller is gone, e.g. the scheduler was away: just drive it)
-            store.set_rollout(args.name, to, f"by {store.holder}", fenced=False)
+            # from the state just read: if the controller or another operator moved it since, refused
+            store.set_rollout(args.name, to, f"by {store.holder}", fenced=False, expect=r.state)
         if drive and live is None:
             return _drive(args, store, args.name, console)
-        console.print(f"rollout {args.name}: {to}" + (f" (the controller {live[0]} acts on it)" if live else ""),
+        console.print(f"rollout {args.name}: {to}" + (f" (the controller {live.holder} acts on it)" if live else ""),
                       highlight=False, markup=False)
         return 0
     return cmd

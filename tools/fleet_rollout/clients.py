@@ -168,11 +168,13 @@ class Scheduler(RestClient):
         """What the host's drain does or waits for, per VM (``GET /v1/hosts/{name}/drain``)."""
         return self.request("GET", f"/v1/hosts/{name}/drain")
 
-    def set_state(self, name: str, state: str, *, owner: str, reason: str = "") -> None:
-        """Cordon, drain or uncordon as ``owner``: refused (SchedulerError, code
-        hyb.host.admin_owned) while another owner holds the host."""
+    def set_state(self, name: str, state: str, *, rollout: str, fence: int, reason: str = "") -> None:
+        """Cordon, drain or uncordon as ``rollout``'s controller, under its lease's
+        ``fence`` (the scheduler records the hold as ``rollout:<rollout>``): refused
+        (SchedulerError) while another owner holds the host (hyb.host.admin_owned), or
+        when the fence is no longer the lease's (hyb.rollout.stale_fence, lease_lost)."""
         verb = {AdminState.ACTIVE: "uncordon", AdminState.CORDONED: "cordon", AdminState.DRAINING: "drain"}[state]
-        self.request("POST", f"/v1/hosts/{name}/{verb}", json={"owner": owner, "reason": reason})
+        self.request("POST", f"/v1/hosts/{name}/{verb}", json={"rollout": rollout, "fence": fence, "reason": reason})
 
 
 def run_hook(argv: list[str], host: str, address: str, timeout_s: float) -> tuple[int, str]:

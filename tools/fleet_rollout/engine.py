@@ -14,13 +14,15 @@ reboot is detected by hostd's start time, never redone) and its transition is wr
 after it, with what it measured. So a controller SIGKILLed anywhere redoes at most the
 step it was in, which then changes nothing, and never skips one.
 
-One owner per host change. The rollout cordons as ``rollout:<name>`` and takes only a
-host nobody else holds (another owner's cordon skips the host; it is never taken as
-the state to restore). Carve and Uncarve are compare-and-sets on the digest recorded
-at the baseline, under the operation ``rollout/<name>/<host>/carve``: a host changed
-by someone else meanwhile is refused by hostd, a host is verified only after reading
-back the rollout's own carve, and a rollback undoes only a carve that is still its own
-(otherwise it reports who changed it and leaves the carve alone).
+One owner per host change. The rollout cordons as ``rollout:<name>`` (the scheduler
+derives that owner from the fence of the lease this run took) and takes only a host
+nobody else holds (another owner's cordon skips the host; it is never taken as the
+state to restore). Carve and Uncarve are compare-and-sets on the digest recorded at
+the baseline, under the operation ``rollout/<name>/<host>/carve``: a host changed by
+someone else meanwhile is refused by hostd, a host is verified only after reading back
+the rollout's own carve, and a rollback reads whose carve it is before it drains
+anything and undoes only a carve that is still its own (otherwise it reports who
+changed it and leaves the host alone, undrained).
 
 Outages pause, they do not fail: a hostd or scheduler that does not answer for
 ``limits.unreachable_s`` holds the host where it is and pauses the rollout with the
@@ -347,9 +349,20 @@ class Engine:
                 self._wait(1.0)
 
     def _admin(self, name: str, state: str) -> None:
+        """Cordon, drain or uncordon as this rollout, under the fence of its lease (the
+        scheduler records the hold as ``rollout:<name>``, and refuses a lost lease)."""
         if self.scheduler:
-            self._rpc(self.scheduler.set_state, name, state, owner=self.owner,
+            self._rpc(self.scheduler.set_state, name, state, rollout=self.name, fence=self.store.fence,
                       reason=f"fleet-rollout {self.name} ({self.spec.kind})")
+
+    def _end_hold(self, name: str) -> None:
+        """Uncordon the host if this rollout holds it (a host it gave back, or another
+        owner's, is left as it is)."""
+        if self.scheduler:
+            admin = self._rpc(self.scheduler.host, name)
+            held = admin.get("admin_state", AdminState.ACTIVE) != AdminState.ACTIVE
+            if held and admin.get("admin_owner") == self.owner:
+                self._admin(name, AdminState.ACTIVE)
 
     def _held_by_other(self, admin: dict) -> str:
         """Why the scheduler's host is not ours to take ("" if it is): another owner's
@@ -596,40 +609,47 @@ class Engine:
         self._move(h, RolloutHostState.ROLLING_BACK, {"from": h.state}, {"rollback_from": h.state})
 
     def _rollback(self, h: HostRow) -> None:
-        """Drain (as this rollout), put the host's carve back as it was before (uncarve,
-        or carve its earlier policy again) if the carve is still this rollout's, check it
-        is, end the rollout's hold. A carve someone else made since is left alone and
-        reported, with who made it."""
+        """Put the host's carve back as it was before (uncarve, or carve its earlier
+        policy again), only if the carve is still this rollout's. Whose carve it is is
+        read first; only a carve to undo drains the host (as this rollout), and the undo
+        is a compare-and-set on the carve read, so a carve someone else makes meanwhile
+        is refused by hostd. A carve someone else made since is left alone, with no
+        drain, and reported with who made it. The rollout's own hold ends."""
         prior = h.data.get("prior_digest", "")
         foreign = ""
         try:
-            self._admin(h.name, AdminState.DRAINING)
             if self.spec.kind == "hostd":
                 raise HostError("rolling back a hostd upgrade: run a rollout with the previous version")
-            info = self._rpc(self.hostd.info, h.address)
-            op = operation_of(self.name, h.name, "rollback")
+            after = info = self._rpc(self.hostd.info, h.address)
             if info.carved_digest == prior:
                 pass  # never changed, or rolled back already
             elif info.carve_operation != operation_of(self.name, h.name, "carve"):
                 foreign = f"not rolled back: the host is {info.carve_owner()}, not this rollout's carve"
-            elif prior:  # it had a policy: carve that one again
-                self._rpc(self.hostd.carve, h.address, h.data.get("prior_policy", ""), prior,
-                          expected=info.carved_digest, operation=op)
-            else:  # it had none: uncarve
-                self._rpc(self.hostd.uncarve, h.address, drained=True, expected=info.carved_digest, operation=op)
-            after = self._rpc(self.hostd.info, h.address)
-            if not foreign and after.carved_digest != prior:
-                raise HostError(f"after the rollback the host is {after.carve_owner()}, not "
-                                f"{'carved with ' + prior[:12] if prior else 'uncarved'}")
-            self._admin(h.name, AdminState.ACTIVE)
+            else:
+                self._admin(h.name, AdminState.DRAINING)
+                op = operation_of(self.name, h.name, "rollback")
+                if prior:  # it had a policy: carve that one again
+                    self._rpc(self.hostd.carve, h.address, h.data.get("prior_policy", ""), prior,
+                              expected=info.carved_digest, operation=op)
+                else:  # it had none: uncarve
+                    self._rpc(self.hostd.uncarve, h.address, drained=True, expected=info.carved_digest, operation=op)
+                after = self._rpc(self.hostd.info, h.address)
+                if after.carved_digest != prior:
+                    raise HostError(f"after the rollback the host is {after.carve_owner()}, not "
+                                    f"{'carved with ' + prior[:12] if prior else 'uncarved'}")
+            self._end_hold(h.name)
         except (HostError, SchedulerError) as e:
             log.error("%s: rollback failed: %s", h.name, e)
-            self._move(h, RolloutHostState.FAILED, {"rollback": "failed", "reason": str(e)},
-                       {"rollback_failed": str(e)})
+            self._give_up(h, {"rollback": "failed", "reason": str(e)}, str(e))
             return
         if foreign:
             log.error("%s: %s", h.name, foreign)
-            self._move(h, RolloutHostState.FAILED, {"rollback": "foreign", "reason": foreign},
-                       {"rollback_failed": foreign})
+            self._give_up(h, {"rollback": "foreign", "reason": foreign}, foreign)
             return
         self._move(h, RolloutHostState.ROLLED_BACK, {"digest": after.carved_digest}, {"rollback_failed": ""})
+
+    def _give_up(self, h: HostRow, detail: dict, why: str) -> None:
+        """The host's rollback failed: recorded, and not tried again in this run (the
+        operator's next rollback, abort or resume tries it once more)."""
+        self._retried.add(h.name)
+        self._move(h, RolloutHostState.FAILED, detail, {"rollback_failed": why})

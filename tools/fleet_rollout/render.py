@@ -33,12 +33,19 @@ def render_plan(plan: Plan, console: Console) -> None:
 
 
 def status_dict(store: Store, name: str) -> dict:
+    """The rollout as `status --json` prints it. ``skipped``: every host left out, at
+    plan time (``"at": "plan"``, not in the rollout) or when its turn came (``"at":
+    "run"``, with its wave; also under ``problems``), each with why."""
     r = store.rollout(name)
     problems = [{"host": h.name, "wave": h.wave, "state": h.state, **_reasons(store, name, h.name)}
                 for h in store.brief(name) if h.state in PROBLEMS]
+    skipped = [{"host": s["host"], "reason": s["reason"], "at": "plan"} for s in r.skipped]
+    skipped += [{"host": p["host"], "reason": p["reason"], "at": "run", "wave": p["wave"]}
+                for p in problems if p["state"] == RolloutHostState.SKIPPED]
     return {"name": name, "kind": r.spec.kind, "state": r.state, "reason": r.reason, "wave": r.wave,
-            "waves": r.counts, "hosts": sum(sum(c.values()) for c in r.counts), "skipped": r.skipped,
-            "lease": {"holder": r.lease[0], "expires": r.lease[1]} if r.lease else None,
+            "waves": r.counts, "hosts": sum(sum(c.values()) for c in r.counts), "skipped": skipped,
+            "lease": {"holder": r.lease.holder, "principal": r.lease.principal, "fence": r.lease.fence,
+                      "expires": r.lease.expires} if r.lease else None,
             "policy_digest": r.spec.policy_digest, "problems": problems}
 
 
@@ -60,7 +67,9 @@ def render_status(st: dict, console: Console) -> None:
         head += f" - {st['reason']}"
     console.print(head, highlight=False, markup=False)
     if st["lease"]:
-        console.print(f"run by {st['lease']['holder']}", highlight=False, markup=False)
+        x = st["lease"]
+        console.print(f"run by {x['principal']}'s controller {x['holder']} (fence {x['fence']})", highlight=False,
+                      markup=False)
     t = Table()
     t.add_column("wave", justify="right")
     for s in RolloutHostState:
@@ -77,5 +86,6 @@ def render_status(st: dict, console: Console) -> None:
         for x in st["problems"]:
             p.add_row(x["host"], str(x["wave"]), x["state"], x["reason"], x["rollback"])
         console.print(p)
-    if st["skipped"]:
-        console.print(f"{len(st['skipped'])} hosts skipped at plan time (status --json lists them)")
+    at_plan = [s for s in st["skipped"] if s["at"] == "plan"]
+    if at_plan:
+        console.print(f"{len(at_plan)} hosts skipped at plan time (status --json lists them)")

@@ -5,12 +5,14 @@ every rollout, and the scheduler refuses a rollout over hosts another active rol
 has (``hyb.rollout.overlap``, naming it and the hosts).
 
 Every host transition is a compare-and-set on the host's state, written with its record
-(the decision and its measured numbers) in one transaction, and only while the writer
-holds the rollout's lease: a controller whose lease lapsed and was taken over cannot
-write behind its successor's back (the scheduler checks the lease: it is the fencing
-token). The lease has a TTL; the holder renews it. A controller killed by SIGKILL leaves
-a lease that lapses after the TTL, or at once for the next run on the same machine
-(its holder names a process that is gone).
+(the decision and its measured numbers) in one transaction, and only under the
+rollout's lease: each write carries the lease's fence, a number the scheduler handed
+out with the lease (one more with every take), so a controller whose lease lapsed and
+was taken over holds an older fence and cannot write behind its successor's back
+(``StaleFence``, naming who took the lease and when). The lease has a TTL; the holder
+renews it. A controller killed by SIGKILL leaves a lease that lapses after the TTL, or
+at once for the next run on the same machine (its holder names a process that is gone:
+the next run takes it over by its fence).
 
 A scheduler that does not answer is asked again for ``retry_s`` (a replica restarting);
 after that, or at once on a database error of the scheduler's (a full disk), the call
@@ -51,7 +53,12 @@ class LeaseHeld(StoreError):
 
 
 class LeaseLost(StoreError):
-    pass
+    """This controller may no longer write under the lease (it lapsed, was released, or
+    is another principal's)."""
+
+
+class StaleFence(LeaseLost):
+    """Another controller took the lease since: the message names who and when."""
 
 
 class StaleState(StoreError):
@@ -63,6 +70,7 @@ class NotFound(StoreError):
 
 
 ERRORS = {"hyb.rollout.lease_held": LeaseHeld, "hyb.rollout.lease_lost": LeaseLost,
+          "hyb.rollout.stale_fence": StaleFence, "hyb.rollout.not_yours": LeaseLost,
           "hyb.rollout.stale_state": StaleState, "hyb.rollout.not_found": NotFound}
 
 
@@ -80,6 +88,14 @@ class HostRow:
 
 
 @dataclass
+class Lease:
+    holder: str  # the controller's name for itself
+    principal: str  # whose token took it
+    fence: int
+    expires: float
+
+
+@dataclass
 class RolloutRow:
     name: str
     spec: RolloutSpec
@@ -91,7 +107,7 @@ class RolloutRow:
     created: float
     updated: float
     counts: list[dict]
-    lease: tuple[str, float] | None
+    lease: Lease | None  # none: nobody holds it, or it lapsed
 
 
 def default_holder() -> str:
@@ -119,13 +135,15 @@ def _host_row(d: dict) -> HostRow:
 
 class Store:
     """``scheduler``: the scheduler's API with an admin token; ``holder``: who this
-    controller is (the lease's name for it)."""
+    controller is (the lease's name for it). ``fence``: the fence of the lease this
+    controller took last, which its writes carry (None: it took none)."""
 
     def __init__(self, scheduler: Scheduler, holder: str | None = None, *, retry_s: float = 15.0):
         self.api = scheduler
         self.holder = holder or default_holder()
         self.retry_s = retry_s
         self.where = scheduler.url
+        self.fence: int | None = None
 
     def close(self) -> None:
         pass  # the scheduler client is its caller's
@@ -159,7 +177,8 @@ class Store:
 
     def rollout(self, name: str) -> RolloutRow:
         r = self._req("GET", self._path(name))
-        lease = (r["lease"]["holder"], r["lease"]["expires"]) if r.get("lease") else None
+        x = r.get("lease")
+        lease = Lease(x["holder"], x["principal"], x["fence"], x["expires"]) if x else None
         return RolloutRow(r["name"], RolloutSpec.model_validate(r["spec"]), r["state"], r["reason"], r["wave"],
                           r["waves"], r["skipped"], r["created"], r["updated"], r["counts"], lease)
 
@@ -178,19 +197,24 @@ class Store:
     def rollouts(self) -> list[str]:
         return [r["name"] for r in self._req("GET", "/v1/rollouts")["items"]]
 
-    def set_rollout(self, name: str, state: str, reason: str = "", *, wave: int | None = None,
-                    fenced: bool = True, detail: dict | None = None, expect: str | None = None) -> None:
-        """Rollout-level transition: the controller's (fenced by its lease; ``expect``: only
-        from that state, else StaleState), or an operator's command (``fenced=False``:
-        pause, resume, abort, rollback)."""
+    def set_rollout(self, name: str, state: str, reason: str = "", *, expect: str, wave: int | None = None,
+                    fenced: bool = True, detail: dict | None = None) -> None:
+        """Rollout-level transition from ``expect`` (else StaleState, naming who changed
+        it): the controller's (fenced by its lease), or an operator's command
+        (``fenced=False``: pause, resume, abort, rollback)."""
         if fenced:
             self._req("POST", self._path(name, "state"), json={
-                "holder": self.holder, "state": state, "reason": reason, "wave": wave, "detail": detail or {},
-                "expect": expect})
+                "fence": self._fence(), "state": state, "expect": expect, "reason": reason, "wave": wave,
+                "detail": detail or {}})
             return
         if state not in VERBS:
             raise StoreError(f"an operator cannot set a rollout {state}")
-        self._req("POST", self._path(name, VERBS[state]), json={"reason": reason})
+        self._req("POST", self._path(name, VERBS[state]), json={"expect": expect, "reason": reason})
+
+    def _fence(self) -> int:
+        if self.fence is None:
+            raise LeaseLost("this controller has not taken the rollout's lease")
+        return self.fence
 
     # ------------------------------------------------------------ hosts
 
@@ -217,30 +241,34 @@ class Store:
         host's durable data (what later steps need: the baseline, the prior state).
         Returns the host as written (the next step needs no read)."""
         return _host_row(self._req("POST", self._path(name, "hosts", host, "transition"), json={
-            "holder": self.holder, "from": frm, "to": to, "detail": detail or {}, "data": data or {}}))
+            "fence": self._fence(), "from": frm, "to": to, "detail": detail or {}, "data": data or {}}))
 
     def note(self, name: str, host: str, detail: dict) -> None:
         """A record without a state change (a retried RPC, an undecided gate)."""
-        self._req("POST", self._path(name, "hosts", host, "note"), json={"holder": self.holder, "detail": detail})
+        self._req("POST", self._path(name, "hosts", host, "note"), json={"fence": self._fence(), "detail": detail})
 
     def transitions(self, name: str, host: str | None = None) -> list[dict]:
         return self._req("GET", self._path(name, "transitions"), params={"host": host} if host else {})["items"]
 
     # ------------------------------------------------------------ lease
 
-    def acquire(self, name: str, ttl_s: float) -> None:
-        """LeaseHeld while another holder's lease is live; the lease of a process of this
-        machine that is gone is taken over at once."""
+    def acquire(self, name: str, ttl_s: float) -> int:
+        """Take the lease; its fence, which this controller's writes carry from now on.
+        LeaseHeld while another controller's lease is live; this controller's own live
+        lease, and the lease of a process of this machine that is gone, are taken over at
+        once (by their fence: if another controller took the lease meanwhile, LeaseHeld)."""
         held = self.lease(name)
-        gone = held[0] if held and held[0] != self.holder and dead_here(held[0]) else None
-        self._req("POST", self._path(name, "lease"), json={"holder": self.holder, "ttl_s": ttl_s,
-                                                           "replace_holder": gone})
+        mine_or_gone = held is not None and (held.holder == self.holder or dead_here(held.holder))
+        out = self._req("POST", self._path(name, "lease"), json={
+            "holder": self.holder, "ttl_s": ttl_s, "replace_fence": held.fence if mine_or_gone else None})
+        self.fence = int(out["fence"])
+        return self.fence
 
     def renew(self, name: str, ttl_s: float) -> None:
-        self._req("PUT", self._path(name, "lease"), json={"holder": self.holder, "ttl_s": ttl_s})
+        self._req("PUT", self._path(name, "lease"), json={"fence": self._fence(), "ttl_s": ttl_s})
 
     def release(self, name: str) -> None:
-        self._req("DELETE", self._path(name, "lease"), params={"holder": self.holder})
+        self._req("DELETE", self._path(name, "lease"), params={"fence": self._fence()})
 
-    def lease(self, name: str) -> tuple[str, float] | None:
+    def lease(self, name: str) -> Lease | None:
         return self.rollout(name).lease

@@ -576,16 +576,20 @@ def host_show(ctx: typer.Context, name: HostArg,
     shown(lambda: api.request("GET", f"/v1/hosts/{name}"), host_detail, output, watch, interval)
 
 
-OwnerOpt = Annotated[str, typer.Option(help="who holds the host while it is not active (another owner's hold is "
-                                            "refused unless --force)")]
 ReasonOpt = Annotated[str, typer.Option(help="why, for the next operator")]
-ForceOpt = Annotated[bool, typer.Option("--force", help="take the host from another owner (audited)")]
+# The hold's owner is the token's principal (the scheduler derives it); another owner's
+# hold is overridden only by naming it, so a hold taken since is not overridden unseen.
+ForceOpt = Annotated[Optional[str], typer.Option(
+    "--force", metavar="OWNER", help="take the host from OWNER, who holds it now as `host show` says (audited); "
+                                     "refused if someone else holds it by then")]
 
 
-def admin_change(ctx: typer.Context, name: str, verb: str, owner: str, reason: str, force: bool,
-                 output: Format) -> dict:
-    h = conn(ctx).request("POST", f"/v1/hosts/{name}/{verb}",
-                          json={"owner": owner, "reason": reason, "force": force})
+def admin_body(reason: str, force: str | None) -> dict:
+    return {"reason": reason, **({"force": True, "expect_owner": force} if force is not None else {})}
+
+
+def admin_change(ctx: typer.Context, name: str, verb: str, reason: str, force: str | None, output: Format) -> dict:
+    h = conn(ctx).request("POST", f"/v1/hosts/{name}/{verb}", json=admin_body(reason, force))
     if output in (Format.json, Format.yaml):
         printer(out, output)(h, lambda _: "")
     else:
@@ -596,18 +600,16 @@ def admin_change(ctx: typer.Context, name: str, verb: str, owner: str, reason: s
 
 @host_app.command("cordon")
 def host_cordon(ctx: typer.Context, name: HostArg,
-                owner: OwnerOpt = "hybctl", reason: ReasonOpt = "", force: ForceOpt = False,
-                output: OutputOpt = Format.table) -> None:
-    """No new VMs go to the host; those on it stay."""
-    admin_change(ctx, name, "cordon", owner, reason, force, output)
+                reason: ReasonOpt = "", force: ForceOpt = None, output: OutputOpt = Format.table) -> None:
+    """No new VMs go to the host; those on it stay. Held by your token's principal."""
+    admin_change(ctx, name, "cordon", reason, force, output)
 
 
 @host_app.command("uncordon")
 def host_uncordon(ctx: typer.Context, name: HostArg,
-                  owner: OwnerOpt = "hybctl", reason: ReasonOpt = "", force: ForceOpt = False,
-                  output: OutputOpt = Format.table) -> None:
-    """The host takes VMs again."""
-    admin_change(ctx, name, "uncordon", owner, reason, force, output)
+                  reason: ReasonOpt = "", force: ForceOpt = None, output: OutputOpt = Format.table) -> None:
+    """The host takes VMs again (only the hold's owner may, or --force OWNER)."""
+    admin_change(ctx, name, "uncordon", reason, force, output)
 
 
 DRAIN_COLUMNS = [Column("VM", lambda s: s["vm"]), Column("NAME", lambda s: s["name"]),
@@ -622,7 +624,7 @@ def drain_render(d: dict) -> RenderableType:
 
 @host_app.command("drain")
 def host_drain(ctx: typer.Context, name: HostArg,
-               owner: OwnerOpt = "hybctl", reason: ReasonOpt = "", force: ForceOpt = False, yes: YesOpt = False,
+               reason: ReasonOpt = "", force: ForceOpt = None, yes: YesOpt = False,
                status: Annotated[bool, typer.Option("--status", help="only show what a drain does or waits for")]
                = False,
                wait: Annotated[bool, typer.Option("--wait", help="watch the drain until the host is drained")] = False,
@@ -635,7 +637,7 @@ def host_drain(ctx: typer.Context, name: HostArg,
         plan = api.request("GET", path)
         moving = sum(1 for s in plan["steps"] if s["action"] != DrainAction.DONE)
         confirm(f"drain host {name} ({moving} VMs to replace, stop or wait on)", yes)
-        api.request("POST", path, json={"owner": owner, "reason": reason, "force": force})
+        api.request("POST", path, json=admin_body(reason, force))
     if not wait:
         d = api.request("GET", path)
         printer(out, output)(d, drain_render)
@@ -771,7 +773,8 @@ def rollout_detail(d: dict, fmt: Format) -> RenderableType:
     r = d["rollout"]
     head = (f"rollout {r['name']} ({r['kind']}): {r['state']}" + (f": {r['reason']}" if r["reason"] else "")
             + f"\nwave {r['wave'] + 1} of {r['waves']}; policy {r['policy_digest'][:12]}; by {r['created_by']}"
-            + (f"; lease {r['lease']['holder']}" if r.get("lease") else ""))
+            + (f"; lease {r['lease']['holder']} ({r['lease']['principal']}, fence {r['lease']['fence']})"
+               if r.get("lease") else ""))
     parts: list = [head, ""]
     if r["skipped"]:
         parts += [table(r["skipped"], [Column("SKIPPED", lambda s: s.get("host") or s.get("name")),
@@ -799,13 +802,21 @@ def rollout_status(ctx: typer.Context,
 
 def rollout_verb(verb: str, doc: str, destructive: bool) -> None:
     """``hybctl rollout VERB NAME``: the API's state change; the controller running the
-    rollout (fleet-rollout) acts on it at its next step."""
+    rollout (fleet-rollout) acts on it at its next step. It replaces the state the
+    operator saw (``--expect``, else the state read now and shown in the confirmation):
+    if the controller or another operator moved the rollout since, the API refuses it
+    (hyb.rollout.stale_state, naming who)."""
     def command(ctx: typer.Context, name: Annotated[str, typer.Argument(help="the rollout")],
                 reason: Annotated[str, typer.Option(help="why, kept with the transition")] = "",
+                expect: Annotated[Optional[str], typer.Option(
+                    metavar="STATE", help="the state the rollout must still be in (default: as read now)")] = None,
                 yes: YesOpt = False, output: OutputOpt = Format.table) -> None:
+        api = conn(ctx)
+        if expect is None:
+            expect = api.request("GET", f"/v1/rollouts/{name}")["state"]
         if destructive:
-            confirm(f"{verb} rollout {name} (its changed hosts are rolled back)", yes)
-        r = conn(ctx).request("POST", f"/v1/rollouts/{name}/{verb}", json={"reason": reason})
+            confirm(f"{verb} rollout {name}, now {expect} (its changed hosts are rolled back)", yes)
+        r = api.request("POST", f"/v1/rollouts/{name}/{verb}", json={"expect": expect, "reason": reason})
         if output in (Format.json, Format.yaml):
             printer(out, output)(r, lambda _: "")
         else:

@@ -90,15 +90,17 @@ def _state(name: str, state: AdminState, request: Request, p: CurrentPrincipal, 
 
 @router.post("/{name}/cordon", response_model=HostPublic)
 def cordon(name: str, request: Request, p: CurrentPrincipal, body: AdminChange | None = None) -> HostPublic:
-    """No new VMs; running ones stay. 409 `hyb.host.admin_owned` when another owner holds
-    the host cordoned or draining (`force` overrides)."""
+    """No new VMs; running ones stay. The hold's owner is the caller's principal, or
+    `rollout:<name>` for the controller holding that rollout's lease (`rollout`, `fence`).
+    409 `hyb.host.admin_owned` when another owner holds the host cordoned or draining
+    (`force` with `expect_owner` overrides)."""
     return _state(name, AdminState.CORDONED, request, p, body)
 
 
 @router.post("/{name}/uncordon", response_model=HostPublic)
 def uncordon(name: str, request: Request, p: CurrentPrincipal, body: AdminChange | None = None) -> HostPublic:
     """Active again; ends the hold. 409 `hyb.host.admin_owned` when another owner holds it
-    (`force` overrides)."""
+    (`force` with `expect_owner` overrides)."""
     return _state(name, AdminState.ACTIVE, request, p, body)
 
 
@@ -109,7 +111,7 @@ def drain(name: str, request: Request, p: CurrentPrincipal, body: AdminChange | 
     `block` waits for its owner), within their groups' disruption budgets. The host is
     drained when `vms` reaches 0; `GET /v1/hosts/{name}/drain` says per VM what the drain
     does or waits for. 409 `hyb.host.admin_owned` when another owner holds it (`force`
-    overrides)."""
+    with `expect_owner` overrides)."""
     out = _state(name, AdminState.DRAINING, request, p, body)
     request.app.state.drains.wake.set()
     return out

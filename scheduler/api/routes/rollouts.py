@@ -1,6 +1,7 @@
 """/v1/rollouts: fleet-rollout's durable state (scope admin). A host belongs to at most
-one active rollout; a controller writes under the rollout's lease; an operator's verbs
-(pause, resume, abort, rollback) need no lease."""
+one active rollout; a controller writes under the rollout's lease, each write carrying
+the lease's fence; an operator's verbs (pause, resume, abort, rollback) need no lease,
+and say which state they expect to replace."""
 
 from __future__ import annotations
 
@@ -8,7 +9,7 @@ from fastapi import APIRouter, Query, Request, Response
 
 from scheduler.api.deps import CurrentPrincipal
 from scheduler.api.errors import ERRORS
-from scheduler.schemas.rollouts import (MAX_HOSTS, PRINTABLE, LeaseOut, LeaseRenew, LeaseTake, RolloutCreate,
+from scheduler.schemas.rollouts import (MAX_HOSTS, LeaseOut, LeaseRenew, LeaseTake, RolloutCreate,
                                         RolloutHostNote, RolloutHostOut, RolloutHostsOut, RolloutHostTransition,
                                         RolloutOut, RolloutsOut, RolloutStateChange, RolloutVerb, TransitionsOut)
 from scheduler.service.rollouts import RolloutService
@@ -69,54 +70,60 @@ def transitions(name: str, request: Request, p: CurrentPrincipal,
 @router.post("/{name}/hosts/{host}/transition", response_model=RolloutHostOut)
 def move_host(name: str, host: str, body: RolloutHostTransition, request: Request,
               p: CurrentPrincipal) -> RolloutHostOut:
-    """Compare-and-set of the host's state, under the lease: 409 `hyb.rollout.lease_lost`
-    unless `holder` holds it, `hyb.rollout.stale_state` unless the host is in `from`."""
+    """Compare-and-set of the host's state, under the lease: 409 `hyb.rollout.stale_fence`
+    (naming who took the lease since) or `hyb.rollout.lease_lost` unless `fence` is the
+    live lease's, 403 `hyb.rollout.not_yours` unless the caller took it,
+    `hyb.rollout.stale_state` (naming who moved the host) unless the host is in `from`."""
     p.require()
-    return _svc(request).move(name, host, body)
+    return _svc(request).move(name, host, body, actor=p.name)
 
 
 @router.post("/{name}/hosts/{host}/note", status_code=204, response_class=Response)
 def note_host(name: str, host: str, body: RolloutHostNote, request: Request, p: CurrentPrincipal) -> Response:
     """A record without a state change, under the lease."""
     p.require()
-    _svc(request).note(name, host, body)
+    _svc(request).note(name, host, body, actor=p.name)
     return Response(status_code=204)
 
 
 @router.post("/{name}/state", response_model=RolloutOut)
 def set_state(name: str, body: RolloutStateChange, request: Request, p: CurrentPrincipal) -> RolloutOut:
-    """The controller's rollout-level transition, under the lease."""
+    """The controller's rollout-level transition, under the lease, from the state it
+    `expect`s (409 `hyb.rollout.stale_state` naming who changed it)."""
     p.require()
-    return _svc(request).set_state(name, body)
+    return _svc(request).set_state(name, body, actor=p.name)
 
 
-def _operate(name: str, verb: str, request: Request, p: CurrentPrincipal, body: RolloutVerb | None) -> RolloutOut:
+def _operate(name: str, verb: str, request: Request, p: CurrentPrincipal, body: RolloutVerb) -> RolloutOut:
+    """Every verb replaces the state the operator saw (`expect`): 409
+    `hyb.rollout.stale_state`, naming who changed it since and when, otherwise."""
     p.require()
-    return _svc(request).operate(name, verb, actor=p.name, reason=(body or RolloutVerb()).reason)
+    return _svc(request).operate(name, verb, actor=p.name, expect=body.expect, reason=body.reason)
 
 
 @router.post("/{name}/pause", response_model=RolloutOut)
-def pause(name: str, request: Request, p: CurrentPrincipal, body: RolloutVerb | None = None) -> RolloutOut:
+def pause(name: str, request: Request, p: CurrentPrincipal, body: RolloutVerb) -> RolloutOut:
     """The controller stops at its next step. Applies to running (else 409
-    `hyb.rollout.bad_state`)."""
+    `hyb.rollout.bad_state`); from the state in `expect` (else 409
+    `hyb.rollout.stale_state`), as every verb."""
     return _operate(name, "pause", request, p, body)
 
 
 @router.post("/{name}/resume", response_model=RolloutOut)
-def resume(name: str, request: Request, p: CurrentPrincipal, body: RolloutVerb | None = None) -> RolloutOut:
+def resume(name: str, request: Request, p: CurrentPrincipal, body: RolloutVerb) -> RolloutOut:
     """Running again. Applies to paused, halted or done (a done rollout's failed rollbacks
     are retried)."""
     return _operate(name, "resume", request, p, body)
 
 
 @router.post("/{name}/abort", response_model=RolloutOut)
-def abort(name: str, request: Request, p: CurrentPrincipal, body: RolloutVerb | None = None) -> RolloutOut:
+def abort(name: str, request: Request, p: CurrentPrincipal, body: RolloutVerb) -> RolloutOut:
     """Hosts mid-change are rolled back. Applies to running, paused, halted or aborting."""
     return _operate(name, "abort", request, p, body)
 
 
 @router.post("/{name}/rollback", response_model=RolloutOut)
-def rollback(name: str, request: Request, p: CurrentPrincipal, body: RolloutVerb | None = None) -> RolloutOut:
+def rollback(name: str, request: Request, p: CurrentPrincipal, body: RolloutVerb) -> RolloutOut:
     """Every changed host is rolled back, last wave first. Applies to running, paused,
     halted, done, aborted or rolling_back."""
     return _operate(name, "rollback", request, p, body)
@@ -124,23 +131,24 @@ def rollback(name: str, request: Request, p: CurrentPrincipal, body: RolloutVerb
 
 @router.post("/{name}/lease", response_model=LeaseOut)
 def take_lease(name: str, body: LeaseTake, request: Request, p: CurrentPrincipal) -> LeaseOut:
-    """409 `hyb.rollout.lease_held` while another holder's lease is live (unless it is
-    `replace_holder`)."""
+    """The lease, with the next fence (one more than any handed out before). 409
+    `hyb.rollout.lease_held` while another controller's lease is live, unless
+    `replace_fence` names its fence."""
     p.require()
-    return _svc(request).acquire(name, body)
+    return _svc(request).acquire(name, body, actor=p.name)
 
 
 @router.put("/{name}/lease", response_model=LeaseOut)
 def renew_lease(name: str, body: LeaseRenew, request: Request, p: CurrentPrincipal) -> LeaseOut:
-    """409 `hyb.rollout.lease_lost` unless `holder` holds a live lease."""
+    """Refused as a controller's write is, unless `fence` is the caller's live lease."""
     p.require()
-    return _svc(request).renew(name, body)
+    return _svc(request).renew(name, body, actor=p.name)
 
 
 @router.delete("/{name}/lease", status_code=204, response_class=Response)
-def release_lease(name: str, request: Request, p: CurrentPrincipal,
-                  holder: str = Query(min_length=1, max_length=255, pattern=PRINTABLE)) -> Response:
-    """Only `holder`'s own lease is ended."""
+def release_lease(name: str, request: Request, p: CurrentPrincipal, fence: int = Query(ge=1)) -> Response:
+    """Ends the lease at `fence` (403 `hyb.rollout.not_yours` if another principal took
+    it); a lease taken since, or already ended, stays as it is."""
     p.require()
-    _svc(request).release(name, holder)
+    _svc(request).release(name, fence, actor=p.name)
     return Response(status_code=204)

@@ -260,9 +260,9 @@ def test_the_fleet_summary_counts_what_the_host_list_shows(api, clock):
     waves = [[{"name": n, "address": f"{n}:7443", "rack": "", "host": {"name": n}} for n in ("h1", "h2", "h3")]]
     assert api.post("/v1/rollouts", json={"name": "r", "kind": "convert", "policy_digest": "ab" * 32, "spec": {},
                                           "waves": waves}, headers=ADM).status_code == 201
-    assert api.post("/v1/rollouts/r/lease", json={"holder": "c", "ttl_s": 60}, headers=ADM).status_code == 200
+    fence = api.post("/v1/rollouts/r/lease", json={"holder": "c", "ttl_s": 60}, headers=ADM).json()["fence"]
     for n, to in (("h1", "carving"), ("h2", "failed")):  # h3 stays pending
-        r = api.post(f"/v1/rollouts/r/hosts/{n}/transition", json={"holder": "c", "from": "pending", "to": to},
+        r = api.post(f"/v1/rollouts/r/hosts/{n}/transition", json={"fence": fence, "from": "pending", "to": to},
                      headers=ADM)
         assert r.status_code == 200, r.text
 

@@ -120,7 +120,7 @@ def test_another_replicas_registration_and_cordon_reach_the_answer(db_url) -> No
         # a does not know oss-2 yet: the database answers (and it is hst2's, not hst's)
         assert a.post("/v1/hosts/oss-2/heartbeat", headers=auth("hst2")).status_code == 200
         assert a.post("/v1/hosts/oss-2/heartbeat", headers=HOST).status_code == 403
-        assert b.post("/v1/hosts/oss-1/cordon", json={"owner": "ops"}, headers=ADM).status_code == 200
+        assert b.post("/v1/hosts/oss-1/cordon", json={"reason": "ops"}, headers=ADM).status_code == 200
         clock.t = T0 + 10  # the next beats
         warm(a, clock)
         with connections(a) as used:

@@ -1,14 +1,17 @@
 """/v1/rollouts: fleet-rollout's durable state kept by the scheduler. A host belongs to at
 most one active rollout (409 hyb.rollout.overlap, atomic against a concurrent create);
-a controller writes under the rollout's lease (the test clock lapses it) with a
-compare-and-set on each host's state; the operator's verbs need no lease. In process
-over a real store: SQLite, and PostgreSQL (integration)."""
+a controller writes under the rollout's lease, each write carrying the fence the
+scheduler handed out with it (the test clock lapses it), with a compare-and-set on each
+host's state; the operator's verbs need no lease and say which state they replace. In
+process over a real store: SQLite, and PostgreSQL (integration). Fences across
+principals, and a rollout's holds on hosts: test_sched_admin_owner.py."""
 
 from __future__ import annotations
 
 import logging
 import sqlite3
 import threading
+from datetime import datetime, timezone
 
 import pytest
 from sqlalchemy import event, func, select
@@ -52,13 +55,25 @@ def take(api, name: str, holder: str = "ctl-1", ttl_s: float = 30, **kw):  # typ
     return api.post(f"/v1/rollouts/{name}/lease", json={"holder": holder, "ttl_s": ttl_s, **kw}, headers=ADM)
 
 
-def move(api, name: str, host: str, frm: str, to: str, holder: str = "ctl-1", **kw):  # type: ignore[no-untyped-def]
+def move(api, name: str, host: str, frm: str, to: str, fence: int = 1, **kw):  # type: ignore[no-untyped-def]
     return api.post(f"/v1/rollouts/{name}/hosts/{host}/transition",
-                    json={"holder": holder, "from": frm, "to": to, **kw}, headers=ADM)
+                    json={"fence": fence, "from": frm, "to": to, **kw}, headers=ADM)
 
 
-def set_state(api, name: str, state: str, holder: str = "ctl-1", **kw):  # type: ignore[no-untyped-def]
-    return api.post(f"/v1/rollouts/{name}/state", json={"holder": holder, "state": state, **kw}, headers=ADM)
+def state_of(api, name: str) -> str:  # type: ignore[no-untyped-def]
+    return api.get(f"/v1/rollouts/{name}", headers=ADM).json()["state"]
+
+
+def set_state(api, name: str, state: str, fence: int = 1, **kw):  # type: ignore[no-untyped-def]
+    """The controller's state change; ``expect``: the state now, unless given."""
+    kw.setdefault("expect", state_of(api, name))
+    return api.post(f"/v1/rollouts/{name}/state", json={"fence": fence, "state": state, **kw}, headers=ADM)
+
+
+def verb(api, name: str, verb: str, expect: str | None = None, **kw):  # type: ignore[no-untyped-def]
+    """An operator's verb; ``expect``: the state now, unless given."""
+    return api.post(f"/v1/rollouts/{name}/{verb}", json={"expect": expect or state_of(api, name), **kw},
+                    headers=ADM)
 
 
 def error(r) -> tuple[int, str, str | None, str]:  # type: ignore[no-untyped-def]
@@ -93,8 +108,8 @@ def test_create_list_show_hosts_and_transitions_round_trip(api, clock):
                         "state": "pending", "data": {}, "updated": clock.t - 1}
     assert api.get("/v1/rollouts/convert-r12/hosts/h2", headers=ADM).json() == hosts[1]
     assert api.get("/v1/rollouts/convert-r12/transitions", headers=ADM).json()["items"] == [
-        {"id": 1, "host": "-", "from": "", "to": "running", "at": clock.t - 1, "holder": "adm",
-         "detail": {"hosts": 3, "waves": 2}}]
+        {"id": 1, "host": "-", "from": "", "to": "running", "at": clock.t - 1, "holder": "adm", "principal": "adm",
+         "fence": None, "detail": {"hosts": 3, "waves": 2}}]
     assert audit(api, "convert-r12") == [("adm", "rollout.create", {"kind": "convert", "hosts": 3, "waves": 2})]
 
     # a controller's steps: data merges key by key; brief keeps only a set rollback_failed
@@ -122,8 +137,8 @@ def test_create_list_show_hosts_and_transitions_round_trip(api, clock):
     assert api.get("/v1/rollouts/convert-r12", headers=ADM).json()["counts"] == [{"failed": 1},
                                                                                  {"failed": 1, "pending": 1}]
     h1 = api.get("/v1/rollouts/convert-r12/transitions?host=h1", headers=ADM).json()["items"]
-    assert [(t["from"], t["to"], t["holder"], t["detail"]) for t in h1] == [
-        ("pending", "baselined", "ctl-1", {"gate": "ok"}), ("baselined", "failed", "ctl-1", {})]
+    assert [(t["from"], t["to"], t["holder"], t["principal"], t["fence"], t["detail"]) for t in h1] == [
+        ("pending", "baselined", "ctl-1", "adm", 1, {"gate": "ok"}), ("baselined", "failed", "ctl-1", "adm", 1, {})]
     assert [t["host"] for t in api.get("/v1/rollouts/convert-r12/transitions?host=-",
                                        headers=ADM).json()["items"]] == ["-"]
 
@@ -139,7 +154,9 @@ def test_overlap_is_refused_naming_the_rollouts_and_hosts_and_nothing_is_created
                         "a (running) holds h03, h04, h05, h06, h07, h08, h09, h10, h11, h12 and 2 more")
     r = api.post("/v1/rollouts", json=rollout_body("d", ["c1"], ["x2", "h14"]), headers=ADM)
     assert error(r)[:2] == (409, "hyb.rollout.overlap")
-    assert error(r)[3].endswith(": a (running) holds h14; c (paused) holds c1"), r.text
+    assert error(r)[3].endswith(": a (running) holds h14; c (paused) holds c1 (a paused rollout keeps its hosts "
+                                "until it is aborted: `fleet-rollout abort c` frees them, or `hybctl rollout "
+                                "abort c` for its controller to act on)"), r.text
     for name in ("b", "d"):
         assert error(api.get(f"/v1/rollouts/{name}", headers=ADM))[:2] == (404, "hyb.rollout.not_found")
         assert audit(api, name) == []
@@ -172,14 +189,35 @@ def test_an_ended_rollout_cannot_start_again_on_a_host_taken_since(api):
     create(api, "c", ["h1"])
     refusal = (409, "hyb.rollout.overlap", None, "rollout a shares hosts with another active rollout "
                                                  "(a host belongs to at most one): c (running) holds h1")
-    for verb in ("resume", "rollback"):
-        assert error(api.post(f"/v1/rollouts/a/{verb}", headers=ADM)) == refusal
+    for v in ("resume", "rollback"):
+        assert error(verb(api, "a", v, "done")) == refusal
     assert error(set_state(api, "a", "running")) == refusal  # the controller's own change too
     assert api.get("/v1/rollouts/a", headers=ADM).json()["state"] == "done"
     assert audit(api, "a") == [("adm", "rollout.create", {"kind": "convert", "hosts": 2, "waves": 1})]
-    assert take(api, "c", "ctl-c").status_code == 200 and set_state(api, "c", "aborted", "ctl-c").status_code == 200
-    assert api.post("/v1/rollouts/a/resume", headers=ADM).json()["state"] == "running"
-    assert error(api.post("/v1/rollouts/c/rollback", headers=ADM))[3].endswith(": a (running) holds h1")
+    assert take(api, "c", "ctl-c").status_code == 200 and set_state(api, "c", "aborted").status_code == 200
+    assert verb(api, "a", "resume", "done").json()["state"] == "running"
+    assert error(verb(api, "c", "rollback", "aborted"))[3].endswith(": a (running) holds h1")
+
+
+def test_a_halted_rollout_keeps_its_hosts_and_the_refusal_says_how_to_free_them(api):
+    """Rollout y, over the hosts of x (done), halted: x's rollback is refused while y
+    holds them, naming y as halted and the command that frees them; aborting y frees
+    them once its controller has finished the abort."""
+    create(api, "x", ["h1", "h2"])
+    assert take(api, "x").status_code == 200 and set_state(api, "x", "done").status_code == 200
+    create(api, "y", ["h1", "h2"])
+    assert take(api, "y").status_code == 200
+    assert set_state(api, "y", "halted", reason="wave 0: 1 failed hosts").status_code == 200
+    r = verb(api, "x", "rollback", "done")
+    assert error(r) == (409, "hyb.rollout.overlap", None,
+                        "rollout x shares hosts with another active rollout (a host belongs to at most one): "
+                        "y (halted) holds h1, h2 (a halted rollout keeps its hosts until it is aborted: "
+                        "`fleet-rollout abort y` frees them, or `hybctl rollout abort y` for its controller "
+                        "to act on)"), r.text
+    assert verb(api, "y", "abort", "halted").json()["state"] == "aborting"
+    assert error(verb(api, "x", "rollback", "done"))[3].endswith(": y (aborting) holds h1, h2")  # its run is on
+    assert set_state(api, "y", "aborted", expect="aborting").status_code == 200  # y's controller ends it
+    assert verb(api, "x", "rollback", "done").json()["state"] == "rolling_back"
 
 
 def test_concurrent_overlapping_creates_one_wins(api):
@@ -210,44 +248,97 @@ def test_concurrent_overlapping_creates_one_wins(api):
         assert error(api.get(f"/v1/rollouts/{loser}", headers=ADM))[0] == 404
 
 
+T0 = "1970-01-12T13:46:40+00:00"  # the test clock's start
+
+
 def test_a_host_step_is_a_compare_and_set_under_the_lease(api, clock):
     create(api, "r", ["h1", "h2"])
     assert error(move(api, "r", "h1", "pending", "baselined")) == (
-        409, "hyb.rollout.lease_lost", "holder", "rollout r: ctl-1 does not hold the lease (nobody does)")
-    assert take(api, "r", ttl_s=30).json() == {"holder": "ctl-1", "expires": clock.t + 30}
+        422, "hyb.request.invalid", "fence", "rollout r: fence 1 was never handed out (the latest is 0); take the "
+                                            "lease (POST /v1/rollouts/r/lease) for one")
+    assert take(api, "r", ttl_s=30).json() == {"holder": "ctl-1", "principal": "adm", "fence": 1, "taken": clock.t,
+                                               "expires": clock.t + 30}
     assert move(api, "r", "h1", "pending", "baselined", data={"a": 1}).status_code == 200
     assert error(move(api, "r", "h1", "pending", "baselined")) == (
-        409, "hyb.rollout.stale_state", "from", "h1: expected state pending, found baselined")
+        409, "hyb.rollout.stale_state", "from", f"h1: expected state pending, found baselined (written by adm's "
+                                                f"controller ctl-1 under fence 1 at {T0})")
     clock.t += 30  # the lease lapses (expiry is exclusive): the controller is fenced off
     assert error(move(api, "r", "h1", "baselined", "cordoned")) == (
-        409, "hyb.rollout.lease_lost", "holder", "rollout r: ctl-1 does not hold the lease (it lapsed at "
-                                                 "1970-01-12T13:47:10+00:00)")
-    assert take(api, "r", "ctl-2").status_code == 200  # a lapsed lease is anyone's
-    r = move(api, "r", "h1", "baselined", "cordoned", "ctl-2", data={"b": 2, "a": 3})
+        409, "hyb.rollout.lease_lost", "fence", f"rollout r: the lease at fence 1 (adm's controller ctl-1, taken at "
+                                                f"{T0}) ended at 1970-01-12T13:47:10+00:00: it lapsed or was released")
+    assert take(api, "r", "ctl-2").json()["fence"] == 2  # a lapsed lease is anyone's, with the next fence
+    r = move(api, "r", "h1", "baselined", "cordoned", 2, data={"b": 2, "a": 3})
     assert r.status_code == 200 and r.json()["data"] == {"a": 3, "b": 2}, r.text
     assert error(move(api, "r", "h1", "cordoned", "carving")) == (
-        409, "hyb.rollout.lease_lost", "holder", "rollout r: ctl-1 does not hold the lease (ctl-2 does, until "
-                                                 "1970-01-12T13:47:40+00:00)")
-    assert error(move(api, "r", "h3", "pending", "baselined", "ctl-2"))[:3] == (
-        404, "hyb.rollout.host_not_found", "host")
+        409, "hyb.rollout.stale_fence", "fence", "rollout r: fence 1 is stale: adm's controller ctl-2 took the lease "
+                                                 "at fence 2 at 1970-01-12T13:47:10+00:00")
+    assert error(move(api, "r", "h1", "cordoned", "carving", 3))[:3] == (422, "hyb.request.invalid", "fence")
+    assert error(move(api, "r", "h3", "pending", "baselined", 2))[:3] == (404, "hyb.rollout.host_not_found", "host")
     trail = api.get("/v1/rollouts/r/transitions?host=h1", headers=ADM).json()["items"]
-    assert [(t["from"], t["to"], t["holder"], t["at"]) for t in trail] == [
-        ("pending", "baselined", "ctl-1", clock.t - 30), ("baselined", "cordoned", "ctl-2", clock.t)]
+    assert [(t["from"], t["to"], t["holder"], t["fence"], t["at"]) for t in trail] == [
+        ("pending", "baselined", "ctl-1", 1, clock.t - 30), ("baselined", "cordoned", "ctl-2", 2, clock.t)]
     assert api.get("/v1/rollouts/r/hosts/h1", headers=ADM).json()["state"] == "cordoned"
+
+
+def test_two_controllers_racing_for_the_lease_get_increasing_fences_and_the_losers_writes_are_refused(api, clock):
+    """Two controllers ask for a free lease at once: one gets fence 1, the other is
+    refused naming it. The winner dies (its lease lapses); the other takes fence 2; the
+    first one's writes, every kind, are refused naming who took the lease and when."""
+    create(api, "r", ["h1"], ["h2"])
+    for rnd in range(3):
+        start = threading.Barrier(2)
+        got: dict[str, object] = {}
+
+        def ask(holder: str) -> None:
+            start.wait()
+            got[holder] = take(api, "r", holder, 10)
+        threads = [threading.Thread(target=ask, args=(h,)) for h in ("ctl-a", "ctl-b")]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+        codes = {h: r.status_code for h, r in got.items()}  # type: ignore[attr-defined]
+        assert sorted(codes.values()) == [200, 409], codes
+        winner = next(h for h, c in codes.items() if c == 200)
+        loser = next(h for h, c in codes.items() if c == 409)
+        assert got[winner].json()["fence"] == 2 * rnd + 1  # type: ignore[attr-defined]
+        assert error(got[loser])[:2] == (409, "hyb.rollout.lease_held")
+        assert f"being run by adm's controller {winner} (fence {2 * rnd + 1}," in error(got[loser])[3]
+        clock.t += 10  # the winner dies: its lease lapses
+        assert take(api, "r", loser, 10).json()["fence"] == 2 * rnd + 2
+        stale = (409, "hyb.rollout.stale_fence", "fence",
+                 f"rollout r: fence {2 * rnd + 1} is stale: adm's controller {loser} took the lease at fence "
+                 f"{2 * rnd + 2} at {datetime.fromtimestamp(clock.t, timezone.utc).isoformat()}")
+        old = 2 * rnd + 1
+        h = f"h{rnd % 2 + 1}"
+        for r in (move(api, "r", h, state_of_host(api, h), "baselined", old),
+                  api.post(f"/v1/rollouts/r/hosts/{h}/note", json={"fence": old, "detail": {}}, headers=ADM),
+                  set_state(api, "r", "halted", old),
+                  api.put("/v1/rollouts/r/lease", json={"fence": old, "ttl_s": 10}, headers=ADM)):
+            assert error(r) == stale, r.text
+        assert api.delete(f"/v1/rollouts/r/lease?fence={old}", headers=ADM).status_code == 204  # not its lease
+        assert api.get("/v1/rollouts/r", headers=ADM).json()["lease"]["fence"] == 2 * rnd + 2
+        clock.t += 10
+    assert state_of(api, "r") == "running"
+    assert [t["to"] for t in api.get("/v1/rollouts/r/transitions", headers=ADM).json()["items"]] == ["running"]
+
+
+def state_of_host(api, host: str) -> str:  # type: ignore[no-untyped-def]
+    return api.get(f"/v1/rollouts/r/hosts/{host}", headers=ADM).json()["state"]
 
 
 def test_a_note_records_the_current_state_under_the_lease(api, clock):
     create(api, "r", ["h1"])
-    note = {"holder": "ctl-1", "detail": {"gate": "undecided", "psi": 0.3}}
-    assert error(api.post("/v1/rollouts/r/hosts/h1/note", json=note, headers=ADM))[:2] == (
-        409, "hyb.rollout.lease_lost")
+    note = {"fence": 1, "detail": {"gate": "undecided", "psi": 0.3}}
+    assert error(api.post("/v1/rollouts/r/hosts/h1/note", json=note, headers=ADM))[:3] == (
+        422, "hyb.request.invalid", "fence")
     assert take(api, "r").status_code == 200
     assert move(api, "r", "h1", "pending", "soaking").status_code == 200
     r = api.post("/v1/rollouts/r/hosts/h1/note", json=note, headers=ADM)
     assert r.status_code == 204 and r.content == b""
     assert api.get("/v1/rollouts/r/transitions?host=h1", headers=ADM).json()["items"][-1] == {
         "id": 3, "host": "h1", "from": "soaking", "to": "soaking", "at": clock.t, "holder": "ctl-1",
-        "detail": {"gate": "undecided", "psi": 0.3}}
+        "principal": "adm", "fence": 1, "detail": {"gate": "undecided", "psi": 0.3}}
     assert api.get("/v1/rollouts/r/hosts/h1", headers=ADM).json()["state"] == "soaking"
     assert error(api.post("/v1/rollouts/r/hosts/h9/note", json=note, headers=ADM))[:2] == (
         404, "hyb.rollout.host_not_found")
@@ -255,8 +346,7 @@ def test_a_note_records_the_current_state_under_the_lease(api, clock):
 
 def test_the_controllers_state_change_is_fenced(api, clock):
     create(api, "r", ["h1"], ["h2"])
-    assert error(set_state(api, "r", "running", wave=1)) == (
-        409, "hyb.rollout.lease_lost", "holder", "rollout r: ctl-1 does not hold the lease (nobody does)")
+    assert error(set_state(api, "r", "running", wave=1))[:3] == (422, "hyb.request.invalid", "fence")
     assert take(api, "r").status_code == 200
     clock.t += 5
     r = set_state(api, "r", "running", wave=1, detail={"wave_done": 0, "failed": 0})
@@ -265,24 +355,26 @@ def test_the_controllers_state_change_is_fenced(api, clock):
     assert (r.json()["state"], r.json()["wave"], r.json()["reason"]) == (
         "halted", 1, "wave 1: 1 failed hosts, over its budget of 0")
     trail = api.get("/v1/rollouts/r/transitions?host=-", headers=ADM).json()["items"]
-    assert [(t["from"], t["to"], t["holder"], t["detail"]) for t in trail[1:]] == [
-        ("running", "running", "ctl-1", {"reason": "", "wave": 1, "wave_done": 0, "failed": 0}),
-        ("running", "halted", "ctl-1", {"reason": "wave 1: 1 failed hosts, over its budget of 0", "wave": None,
-                                        "failed": ["h2"]})]
+    assert [(t["from"], t["to"], t["holder"], t["fence"], t["detail"]) for t in trail[1:]] == [
+        ("running", "running", "ctl-1", 1, {"reason": "", "wave": 1, "wave_done": 0, "failed": 0}),
+        ("running", "halted", "ctl-1", 1, {"reason": "wave 1: 1 failed hosts, over its budget of 0", "wave": None,
+                                           "failed": ["h2"]})]
     assert error(set_state(api, "r", "running", wave=2))[:3] == (422, "hyb.request.invalid", "wave")
     assert error(set_state(api, "r", "finished"))[:3] == (422, "hyb.request.invalid", "state")
-    assert error(set_state(api, "r", "done", "ctl-2"))[:2] == (409, "hyb.rollout.lease_lost")
+    assert error(set_state(api, "r", "done", 2))[:3] == (422, "hyb.request.invalid", "fence")
     assert api.get("/v1/rollouts/r", headers=ADM).json()["state"] == "halted"
 
 
 def test_the_controllers_next_wave_does_not_overwrite_an_operators_pause(api, clock):
     """The controller decided from "running"; the operator paused meanwhile: its
-    compare-and-set (``expect``) is refused and the pause stands."""
+    compare-and-set (``expect``) is refused, naming the pause, and the pause stands."""
     create(api, "r", ["h1"], ["h2"])
     assert take(api, "r").status_code == 200
-    assert api.post("/v1/rollouts/r/pause", json={}, headers=ADM).status_code == 200
+    clock.t += 5
+    assert verb(api, "r", "pause", "running").status_code == 200
     assert error(set_state(api, "r", "running", wave=1, expect="running")) == (
-        409, "hyb.rollout.stale_state", "expect", "rollout r: expected state running, found paused")
+        409, "hyb.rollout.stale_state", "expect", "rollout r: expected state running, found paused (pause by adm at "
+                                                  "1970-01-12T13:46:45+00:00)")
     got = api.get("/v1/rollouts/r", headers=ADM).json()
     assert (got["state"], got["wave"]) == ("paused", 0)
     assert set_state(api, "r", "paused", reason="gate undecided", expect="paused").status_code == 200
@@ -292,62 +384,75 @@ def test_operator_verbs_apply_to_their_states_only(api, clock):
     create(api, "r", ["h1"])
     assert take(api, "r", ttl_s=3600).status_code == 200  # a controller runs it; the operator needs no lease
     for state in STATES:
-        for verb, (to, allowed) in ALLOWED.items():
+        for v, (to, allowed) in ALLOWED.items():
             assert set_state(api, "r", state).status_code == 200
             clock.t += 1
-            r = api.post(f"/v1/rollouts/r/{verb}", headers=ADM)
+            other = next(x for x in STATES if x != state)
+            r = verb(api, "r", v, other)  # what the operator saw is not what it is now: refused, whatever the verb
+            assert error(r)[:3] == (409, "hyb.rollout.stale_state", "expect"), r.text
+            assert error(r)[3].startswith(f"rollout r: expected state {other}, found {state} (written by adm's "
+                                          "controller ctl-1 under fence 1 at "), r.text
+            r = verb(api, "r", v, state)
             if state not in allowed:
                 assert error(r) == (409, "hyb.rollout.bad_state", None,
-                                    f"rollout r is {state}: {verb} applies to {' or '.join(allowed)}"), r.text
+                                    f"rollout r is {state}: {v} applies to {' or '.join(allowed)}"), r.text
                 continue
-            assert r.status_code == 200, (state, verb, r.text)
-            assert (r.json()["state"], r.json()["reason"], r.json()["updated"]) == (to, f"{verb} by adm", clock.t)
+            assert r.status_code == 200, (state, v, r.text)
+            assert (r.json()["state"], r.json()["reason"], r.json()["updated"]) == (to, f"{v} by adm", clock.t)
             assert r.json()["lease"]["holder"] == "ctl-1"
             t = api.get("/v1/rollouts/r/transitions?host=-", headers=ADM).json()["items"][-1]
-            assert (t["from"], t["to"], t["holder"], t["detail"]) == (state, to, f"{verb} by adm",
-                                                                       {"reason": f"{verb} by adm", "wave": None})
-            assert audit(api, "r")[-1] == ("adm", f"rollout.{verb}", {"from": state, "to": to, "reason": ""})
+            assert (t["from"], t["to"], t["holder"], t["principal"], t["fence"], t["detail"]) == (
+                state, to, f"{v} by adm", "adm", None, {"reason": f"{v} by adm", "wave": None})
+            assert audit(api, "r")[-1] == ("adm", f"rollout.{v}", {"from": state, "to": to, "reason": ""})
     assert set_state(api, "r", "running").status_code == 200
-    r = api.post("/v1/rollouts/r/pause", json={"reason": "change freeze"}, headers=ADM)
+    r = verb(api, "r", "pause", "running", reason="change freeze")
     assert (r.json()["state"], r.json()["reason"]) == ("paused", "pause by adm: change freeze")
     assert audit(api, "r")[-1][2] == {"from": "running", "to": "paused", "reason": "change freeze"}
-    assert error(api.post("/v1/rollouts/r/resume", json={"reason": "x", "force": True}, headers=ADM))[:3] == (
-        422, "hyb.request.invalid", "force")
+    assert error(verb(api, "r", "resume", "paused", force=True))[:3] == (422, "hyb.request.invalid", "force")
+    assert error(api.post("/v1/rollouts/r/resume", json={"reason": "x"}, headers=ADM))[:3] == (
+        422, "hyb.request.invalid", "expect")
+    assert error(api.post("/v1/rollouts/r/resume", headers=ADM))[:2] == (422, "hyb.request.invalid")
 
 
-def test_the_lease_is_taken_renewed_released_and_replaced(api, clock):
+def test_the_lease_is_taken_renewed_released_and_replaced_by_its_fence(api, clock):
     create(api, "r", ["h1"])
-    assert take(api, "r", "ctl-1", 30).json() == {"holder": "ctl-1", "expires": clock.t + 30}
-    assert api.get("/v1/rollouts/r", headers=ADM).json()["lease"] == {"holder": "ctl-1", "expires": clock.t + 30}
+    assert take(api, "r", "ctl-1", 30).json() == {"holder": "ctl-1", "principal": "adm", "fence": 1,
+                                                  "taken": clock.t, "expires": clock.t + 30}
+    assert api.get("/v1/rollouts/r", headers=ADM).json()["lease"] == {
+        "holder": "ctl-1", "principal": "adm", "fence": 1, "taken": clock.t, "expires": clock.t + 30}
     assert error(take(api, "r", "ctl-2")) == (
         409, "hyb.rollout.lease_held", "holder",
-        "rollout r is being run by ctl-1 (lease until 1970-01-12T13:47:10+00:00; it lapses if that run dies)")
-    assert error(take(api, "r", "ctl-2", replace_holder="ctl-9"))[:2] == (409, "hyb.rollout.lease_held")
+        "rollout r is being run by adm's controller ctl-1 (fence 1, lease until 1970-01-12T13:47:10+00:00; it lapses "
+        "if that run dies, or send replace_fence 1 to take it from a controller found dead)")
+    assert error(take(api, "r", "ctl-2", replace_fence=0))[:2] == (409, "hyb.rollout.lease_held")
+    assert error(take(api, "r", "ctl-1"))[:2] == (409, "hyb.rollout.lease_held")  # its own too: by its fence
     clock.t += 10
-    assert take(api, "r", "ctl-1", 30).json() == {"holder": "ctl-1", "expires": clock.t + 30}  # its own: taken again
-    assert take(api, "r", "ctl-2", 30, replace_holder="ctl-1").json() == {"holder": "ctl-2", "expires": clock.t + 30}
-    renew = {"holder": "ctl-1", "ttl_s": 30}
+    assert take(api, "r", "ctl-1", 30, replace_fence=1).json()["fence"] == 2
+    assert take(api, "r", "ctl-2", 30, replace_fence=2).json() == {"holder": "ctl-2", "principal": "adm", "fence": 3,
+                                                                   "taken": clock.t, "expires": clock.t + 30}
+    renew = {"fence": 2, "ttl_s": 30}
     assert error(api.put("/v1/rollouts/r/lease", json=renew, headers=ADM)) == (
-        409, "hyb.rollout.lease_lost", "holder", "rollout r: ctl-1 does not hold the lease (ctl-2 does, until "
-                                                 "1970-01-12T13:47:20+00:00)")
+        409, "hyb.rollout.stale_fence", "fence", "rollout r: fence 2 is stale: adm's controller ctl-2 took the lease "
+                                                 "at fence 3 at 1970-01-12T13:46:50+00:00")
     clock.t += 20
-    r = api.put("/v1/rollouts/r/lease", json={"holder": "ctl-2", "ttl_s": 60}, headers=ADM)
-    assert r.json() == {"holder": "ctl-2", "expires": clock.t + 60}, r.text
-    assert api.delete("/v1/rollouts/r/lease?holder=ctl-1", headers=ADM).status_code == 204  # not its lease
+    r = api.put("/v1/rollouts/r/lease", json={"fence": 3, "ttl_s": 60}, headers=ADM)
+    assert r.json() == {"holder": "ctl-2", "principal": "adm", "fence": 3, "taken": clock.t - 20,
+                        "expires": clock.t + 60}, r.text
+    assert api.delete("/v1/rollouts/r/lease?fence=2", headers=ADM).status_code == 204  # not the live one
     assert api.get("/v1/rollouts/r", headers=ADM).json()["lease"]["holder"] == "ctl-2"
-    r = api.delete("/v1/rollouts/r/lease?holder=ctl-2", headers=ADM)
+    r = api.delete("/v1/rollouts/r/lease?fence=3", headers=ADM)
     assert r.status_code == 204 and r.content == b""
     assert api.get("/v1/rollouts/r", headers=ADM).json()["lease"] is None
-    assert error(api.put("/v1/rollouts/r/lease", json={"holder": "ctl-2", "ttl_s": 5}, headers=ADM))[:2] == (
+    assert error(api.put("/v1/rollouts/r/lease", json={"fence": 3, "ttl_s": 5}, headers=ADM))[:2] == (
         409, "hyb.rollout.lease_lost")
-    # a lapsed lease is shown as none, cannot be renewed, and is anyone's
-    assert take(api, "r", "ctl-3", 5).status_code == 200
+    # a released or lapsed lease is anyone's, and its fence is never handed out again
+    assert take(api, "r", "ctl-3", 5).json()["fence"] == 4
     clock.t += 5
     assert api.get("/v1/rollouts/r", headers=ADM).json()["lease"] is None
     assert api.get("/v1/rollouts", headers=ADM).json()["items"][0]["lease"] is None
-    assert error(api.put("/v1/rollouts/r/lease", json={"holder": "ctl-3", "ttl_s": 5}, headers=ADM))[3].endswith(
-        "(it lapsed at 1970-01-12T13:47:15+00:00)")
-    assert take(api, "r", "ctl-4").json()["holder"] == "ctl-4"
+    assert error(api.put("/v1/rollouts/r/lease", json={"fence": 4, "ttl_s": 5}, headers=ADM))[3].endswith(
+        "ended at 1970-01-12T13:47:15+00:00: it lapsed or was released")
+    assert take(api, "r", "ctl-4").json()["fence"] == 5
 
 
 def test_a_bad_request_names_the_field_and_changes_nothing(api):
@@ -355,6 +460,7 @@ def test_a_bad_request_names_the_field_and_changes_nothing(api):
     assert take(api, "r").status_code == 200
     good = rollout_body("n", ["x1"])
     dup = rollout_body("n", ["x1", "x2"], ["x3", "x1"])
+    move_to = {"fence": 1, "from": "pending", "to": "baselined"}
     cases = [
         ("post", "/v1/rollouts", {**good, "name": "-n"}, "name"),
         ("post", "/v1/rollouts", {**good, "name": "n" * 65}, "name"),
@@ -376,27 +482,34 @@ def test_a_bad_request_names_the_field_and_changes_nothing(api):
         ("post", "/v1/rollouts/r/lease", {"holder": "", "ttl_s": 5}, "holder"),
         ("post", "/v1/rollouts/r/lease", {"holder": "ctl\n2", "ttl_s": 5}, "holder"),
         ("post", "/v1/rollouts/r/lease", {"holder": "h" * 256, "ttl_s": 5}, "holder"),
-        ("put", "/v1/rollouts/r/lease", {"holder": "ctl-1", "ttl_s": 5, "replace_holder": "x"}, "replace_holder"),
-        ("post", "/v1/rollouts/r/hosts/h1/transition", {"holder": "ctl-1", "to": "baselined"}, "from"),
-        ("post", "/v1/rollouts/r/hosts/h1/transition", {"holder": "ctl-1", "from": "pending", "to": "Bad State"},
-         "to"),
-        ("post", "/v1/rollouts/r/hosts/h1/transition", {"holder": "ctl-1", "from_": "pending", "from": "pending",
-                                                        "to": "baselined"}, "from_"),
-        ("post", "/v1/rollouts/r/hosts/h1/transition", {"holder": "ctl-1", "from": "pending", "to": "baselined",
-                                                        "data": [1]}, "data"),
-        ("post", "/v1/rollouts/r/hosts/h1/note", {"holder": "ctl-1"}, "detail"),
-        ("post", "/v1/rollouts/r/state", {"holder": "ctl-1", "state": "running", "wave": -1}, "wave"),
-        ("post", "/v1/rollouts/r/pause", {"reason": 5}, "reason"),
+        ("post", "/v1/rollouts/r/lease", {"holder": "ctl-2", "ttl_s": 5, "replace_holder": "ctl-1"},
+         "replace_holder"),
+        ("post", "/v1/rollouts/r/lease", {"holder": "ctl-2", "ttl_s": 5, "replace_fence": -1}, "replace_fence"),
+        ("put", "/v1/rollouts/r/lease", {"fence": 1, "ttl_s": 5, "replace_fence": 1}, "replace_fence"),
+        ("put", "/v1/rollouts/r/lease", {"holder": "ctl-1", "ttl_s": 5}, "fence"),
+        ("post", "/v1/rollouts/r/hosts/h1/transition", {"fence": 1, "to": "baselined"}, "from"),
+        ("post", "/v1/rollouts/r/hosts/h1/transition", {**move_to, "to": "Bad State"}, "to"),
+        ("post", "/v1/rollouts/r/hosts/h1/transition", {**move_to, "from_": "pending"}, "from_"),
+        ("post", "/v1/rollouts/r/hosts/h1/transition", {**move_to, "data": [1]}, "data"),
+        ("post", "/v1/rollouts/r/hosts/h1/transition", {**move_to, "fence": 0}, "fence"),
+        ("post", "/v1/rollouts/r/hosts/h1/transition", {**move_to, "fence": "1"}, "fence"),
+        ("post", "/v1/rollouts/r/hosts/h1/transition", {**move_to, "holder": "ctl-1"}, "holder"),
+        ("post", "/v1/rollouts/r/hosts/h1/note", {"fence": 1}, "detail"),
+        ("post", "/v1/rollouts/r/state", {"fence": 1, "state": "running", "expect": "running", "wave": -1}, "wave"),
+        ("post", "/v1/rollouts/r/state", {"fence": 1, "state": "running"}, "expect"),
+        ("post", "/v1/rollouts/r/pause", {"expect": "running", "reason": 5}, "reason"),
+        ("post", "/v1/rollouts/r/pause", {"expect": "started"}, "expect"),
     ]
     for method, path, body, field in cases:
         r = getattr(api, method)(path, json=body, headers=ADM)
         assert error(r)[:3] == (422, "hyb.request.invalid", field), (path, body, r.text)
     # NaN, which Python's JSON reader takes and no JSON answer could carry back
-    raw = b'{"holder": "ctl-1", "from": "pending", "to": "baselined", "detail": {"psi": NaN}}'
+    raw = b'{"fence": 1, "from": "pending", "to": "baselined", "detail": {"psi": NaN}}'
     r = api.post("/v1/rollouts/r/hosts/h1/transition", content=raw, headers=ADM | {"Content-Type": "application/json"})
     assert error(r)[:3] == (422, "hyb.request.invalid", "detail"), r.text
-    for path, field in (("/v1/rollouts/r/lease", "holder"), ("/v1/rollouts/r/lease?holder=", "holder")):
-        assert error(api.delete(path, headers=ADM))[:3] == (422, "hyb.request.invalid", field)
+    for path in ("/v1/rollouts/r/lease", "/v1/rollouts/r/lease?fence=", "/v1/rollouts/r/lease?fence=0",
+                 "/v1/rollouts/r/lease?holder=ctl-1"):
+        assert error(api.delete(path, headers=ADM))[:3] == (422, "hyb.request.invalid", "fence"), path
     assert error(api.get("/v1/rollouts/r/hosts?wave=-1", headers=ADM))[:3] == (422, "hyb.request.invalid", "wave")
     assert [r["name"] for r in api.get("/v1/rollouts", headers=ADM).json()["items"]] == ["r"]
     assert api.get("/v1/rollouts/r/hosts/h1", headers=ADM).json()["state"] == "pending"
@@ -410,12 +523,12 @@ def routes(name: str = "r", host: str = "h1") -> list[tuple[str, str, dict | Non
     return [("post", "/v1/rollouts", rollout_body(name, [host])), ("get", "/v1/rollouts", None),
             ("get", base, None), ("get", f"{base}/hosts?brief=true", None), ("get", f"{base}/hosts/{host}", None),
             ("get", f"{base}/transitions", None),
-            ("post", f"{base}/hosts/{host}/transition", {"holder": "c", "from": "pending", "to": "baselined"}),
-            ("post", f"{base}/hosts/{host}/note", {"holder": "c", "detail": {}}),
-            ("post", f"{base}/state", {"holder": "c", "state": "paused"}),
-            *[("post", f"{base}/{verb}", None) for verb in ALLOWED],
+            ("post", f"{base}/hosts/{host}/transition", {"fence": 1, "from": "pending", "to": "baselined"}),
+            ("post", f"{base}/hosts/{host}/note", {"fence": 1, "detail": {}}),
+            ("post", f"{base}/state", {"fence": 1, "state": "paused", "expect": "running"}),
+            *[("post", f"{base}/{v}", {"expect": "running"}) for v in ALLOWED],
             ("post", f"{base}/lease", {"holder": "c", "ttl_s": 5}),
-            ("put", f"{base}/lease", {"holder": "c", "ttl_s": 5}), ("delete", f"{base}/lease?holder=c", None)]
+            ("put", f"{base}/lease", {"fence": 1, "ttl_s": 5}), ("delete", f"{base}/lease?fence=1", None)]
 
 
 def call(api, method: str, path: str, body: dict | None, headers: dict):  # type: ignore[no-untyped-def]

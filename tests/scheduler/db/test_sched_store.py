@@ -33,12 +33,19 @@ def test_migrations_up_down_up(db_url):
     store = Store.from_url(db_url)
     try:
         upgrade(store.engine)
-        assert current(store.engine) == "0015"
+        assert current(store.engine) == "0016"
         rollouts = {"rollouts", "rollout_hosts", "rollout_transitions", "rollout_leases"}
         assert {"hosts", "vms", "audit"} | rollouts <= set(inspect(store.engine).get_table_names())
         assert {"owner", "metrics_url", "hostd_version", "carved_policy", "admin_owner", "admin_reason",
                 "admin_since"} <= {c["name"] for c in inspect(store.engine).get_columns("hosts")}
         assert {"host_days", "console_sessions"} <= set(inspect(store.engine).get_table_names())
+        def columns(table: str) -> set[str]:
+            return {c["name"] for c in inspect(store.engine).get_columns(table)}
+        assert {"fence", "principal", "taken"} <= columns("rollout_leases")
+        assert {"fence", "principal"} <= columns("rollout_transitions")
+        downgrade(store.engine, "0015")
+        assert not {"fence", "principal", "taken"} & columns("rollout_leases")
+        assert not {"fence", "principal"} & columns("rollout_transitions")
         assert "peak_io_mcpu" in {c["name"] for c in inspect(store.engine).get_columns("host_days")}
         downgrade(store.engine, "0014")
         assert "peak_io" in {c["name"] for c in inspect(store.engine).get_columns("host_days")}
@@ -64,7 +71,7 @@ def test_migrations_up_down_up(db_url):
         assert "hosts" not in inspect(store.engine).get_table_names()
         out = subprocess.run([sys.executable, "-m", "scheduler.cli", "db", "upgrade", "--url", db_url],
                              capture_output=True, text=True, cwd=REPO, check=True)
-        assert out.stdout.strip() == "0015"
+        assert out.stdout.strip() == "0016"
     finally:
         store.dispose()
 

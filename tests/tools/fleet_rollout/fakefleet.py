@@ -40,6 +40,7 @@ class FakeFleet:
         self.hosts = {n: FakeHost() for n in names}
         self.admin = dict.fromkeys(names, "active")
         self.admin_owner = dict.fromkeys(names, "")
+        self.admin_log: list[tuple[str, str, str]] = []  # (host, state, owner) of every admin change taken
         self.crash_at: int | None = None  # crash the controller at the N-th side effect
         self.effects = 0
         self.dead = False
@@ -126,12 +127,16 @@ class FakeFleet:
         self._sched()
         return {"admin_state": self.admin[name], "admin_owner": self.admin_owner[name] or None}
 
-    def set_state(self, name: str, state: str, *, owner: str, reason: str = "") -> None:
-        """The scheduler's rule: another owner's hold is refused (scheduler/service/hosts.py)."""
+    def set_state(self, name: str, state: str, *, rollout: str, fence: int, reason: str = "") -> None:
+        """The scheduler's rule: the rollout's hold is rollout:<name> (the fence is the
+        scheduler's to check: tests/scheduler/api/); another owner's hold is refused
+        (scheduler/service/hosts.py)."""
         self._sched()
+        owner = f"rollout:{rollout}"
         if self.admin[name] != "active" and self.admin_owner[name] not in ("", owner):
             raise SchedulerError(f"{name} is {self.admin[name]} by {self.admin_owner[name]}",
                                  "hyb.host.admin_owned")
+        self.admin_log.append((name, state, owner))
         self.admin_owner[name] = "" if state == "active" else owner
         if self.admin[name] != state:
             self.admin[name] = state

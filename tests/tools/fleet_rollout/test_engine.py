@@ -11,9 +11,11 @@ import time
 import pytest
 from fakefleet import Crash, FakeFleet
 
+from tools.fleet_rollout import render
 from tools.fleet_rollout.engine import Engine, Options
 from tools.fleet_rollout.inventory import Host
 from tools.fleet_rollout.plan import make_plan
+from tools.fleet_rollout.render import status_dict
 from tools.fleet_rollout.spec import parse_spec, policy_digest
 from tools.fleet_rollout.store import Store, StoreError
 
@@ -106,7 +108,7 @@ def test_an_unreachable_host_pauses_the_rollout_where_it_is_and_resume_finishes(
     assert r.reason.startswith("no answer for 1 s: ") and h in r.reason
     assert states(store)[h] == "pending" and "failed" not in states(store).values()
     fleet.hosts[h].unreachable = False
-    store.set_rollout("r1", "running", "resumed", fenced=False)
+    store.set_rollout("r1", "running", "resumed", fenced=False, expect="paused")
     assert Engine(store, "r1", fleet, fleet, OPTS).run() == "done"  # type: ignore[arg-type]
     assert set(states(store).values()) == {"verified"}
 
@@ -130,7 +132,7 @@ def test_a_scheduler_outage_after_a_passed_gate_pauses_and_keeps_the_verdict(rol
     assert "scheduler" in store.rollout("r1").reason
     fleet.scheduler_down = False
     fleet.set_state = orig  # type: ignore[method-assign]
-    store.set_rollout("r1", "running", "resumed", fenced=False)
+    store.set_rollout("r1", "running", "resumed", fenced=False, expect="paused")
     assert Engine(store, "r1", fleet, fleet, OPTS).run() == "done"  # type: ignore[arg-type]
     assert set(states(store).values()) == {"verified"} and set(fleet.admin.values()) == {"active"}
     assert [t["to"] for t in store.transitions("r1", canary)].count("restoring") == 1  # one soak, one verdict
@@ -159,7 +161,7 @@ def test_a_rollback_leaves_a_carve_someone_else_made_and_says_who(rollouts) -> N
     assert eng.run() == "done"
     other = policy_digest("[io_service]\ncpus = \"0-3\"\n")
     fleet.carve("h3:7443", "other", other, expected=fleet.hosts["h3"].digest, operation="ticket-9")
-    store.set_rollout("r1", "rolling_back", "test", fenced=False)
+    store.set_rollout("r1", "rolling_back", "test", fenced=False, expect="done")
     assert Engine(store, "r1", fleet, fleet, OPTS).run() == "halted"  # type: ignore[arg-type]
     row = store.host("r1", "h3")
     assert row.state == "failed" and "(operation ticket-9), not this rollout's carve" in row.data["rollback_failed"]
@@ -183,7 +185,7 @@ def test_rollback_undoes_every_host_last_wave_first(rollouts) -> None:  # type: 
     fleet = FakeFleet(NAMES)
     store, eng = rollout(rollouts, fleet)
     assert eng.run() == "done"
-    store.set_rollout("r1", "rolling_back", "test", fenced=False)
+    store.set_rollout("r1", "rolling_back", "test", fenced=False, expect="done")
     assert Engine(store, "r1", fleet, fleet, OPTS).run() == "rolled_back"  # type: ignore[arg-type]
     assert all(h.digest == "" and h.uncarves == 1 for h in fleet.hosts.values())
     order = [t["host"] for t in store.transitions("r1") if t["to"] == "rolled_back" and t["host"] != "-"]
@@ -234,7 +236,7 @@ def _run_until(store: Store, eng: Engine, cond, then_state: str) -> str:  # type
         fut = ex.submit(eng.run)
         while not fut.done():
             if cond(states(store)):
-                store.set_rollout("r1", then_state, "operator", fenced=False)
+                store.set_rollout("r1", then_state, "operator", fenced=False, expect="running")
                 break
             time.sleep(0.01)
         return fut.result(timeout=60)
@@ -249,7 +251,7 @@ def test_pause_stops_at_a_step_boundary_and_resume_finishes(rollouts) -> None:  
     # stopped before the end (on a loaded machine the last wave may have started every
     # host before the pause was seen: none is still pending, but none goes further)
     assert set(mid.values()) != {"verified"}, mid
-    store.set_rollout("r1", "running", "resumed", fenced=False)
+    store.set_rollout("r1", "running", "resumed", fenced=False, expect="paused")
     assert Engine(store, "r1", fleet, fleet, OPTS).run() == "done"  # type: ignore[arg-type]
     assert set(states(store).values()) == {"verified"}
     assert all(h.carves == 1 for h in fleet.hosts.values())
@@ -278,3 +280,51 @@ def test_a_host_converted_by_someone_else_after_the_plan_is_skipped(rollouts) ->
     assert states(store)["h4"] == "skipped" and fleet.hosts["h4"].digest == other
     why = next(t for t in store.transitions("r1", "h4") if t["to"] == "skipped")["detail"]["reason"]
     assert why.startswith("converted since the plan: the host is carved with ") and "rollout/b/h4/carve" in why
+
+
+def test_a_rollback_drains_no_host_another_rollout_carved_since(rollouts) -> None:  # type: ignore[no-untyped-def]
+    """Rollout r1 (one operator) done, then r2 (another operator, another policy) done
+    over the same hosts: rolling r1 back finds every carve r2's. Whose carve it is is
+    read before any drain, so no host is drained (a drain would move its VMs away for
+    nothing) and none is touched at all; each is reported with the carve it carries."""
+    fleet = FakeFleet(NAMES)
+    store, eng = rollout(rollouts, fleet)
+    assert eng.run() == "done"
+    other = rollouts(holder="c2")
+    spec2 = parse_spec({**SPEC, "name": "r2", "kind": "policy", "policy_text": "[hugepages]\nio_floor_percent = 9\n"})
+    other.create(spec2, make_plan([Host(n, f"{n}:7443", f"r{i % 3}") for i, n in enumerate(NAMES)], spec2))
+    assert Engine(other, "r2", fleet, fleet, OPTS).run() == "done"  # type: ignore[arg-type]
+    carved = {n: (h.digest, h.operation, h.carves, h.uncarves) for n, h in fleet.hosts.items()}
+    assert {op for _, op, _, _ in carved.values()} == {f"rollout/r2/{n}/carve" for n in NAMES}
+    changes = len(fleet.admin_log)
+    store.set_rollout("r1", "rolling_back", "test", fenced=False, expect="done")
+    assert Engine(store, "r1", fleet, fleet, OPTS).run() == "halted"  # type: ignore[arg-type]
+    assert fleet.admin_log[changes:] == []  # no drain, no cordon, no uncordon: left alone
+    assert {n: (h.digest, h.operation, h.carves, h.uncarves) for n, h in fleet.hosts.items()} == carved
+    for n in NAMES:
+        row = store.host("r1", n)
+        assert row.state == "failed" and row.data["rollback_failed"].startswith("not rolled back: the host is carved "
+                                                                               "with "), row.data
+        assert f"(operation rollout/r2/{n}/carve), not this rollout's carve" in row.data["rollback_failed"]
+        tried = [t for t in store.transitions("r1", n) if t["to"] == "rolling_back"]
+        assert len(tried) == 1, tried  # tried once in the run, not again at once
+
+
+def test_status_lists_hosts_skipped_at_plan_time_and_at_run_time(rollouts) -> None:  # type: ignore[no-untyped-def]
+    """`status --json`: ``skipped`` holds every host left out, whether the plan left it
+    out or it was skipped when its turn came (another owner's hold); the latter are under
+    ``problems`` too, with their state."""
+    fleet = FakeFleet(NAMES)
+    fleet.admin["h5"], fleet.admin_owner["h5"] = "cordoned", "alice"
+    store = rollouts()
+    spec = parse_spec(SPEC)
+    hosts = [Host(n, f"{n}:7443", f"r{i % 3}") for i, n in enumerate(NAMES + ["h9"])]
+    store.create(spec, make_plan(hosts, spec, {"h9": "PlanCarve refused: no IO cores"}))
+    assert Engine(store, "r1", fleet, fleet, OPTS).run() == "done"  # type: ignore[arg-type]
+    st = status_dict(store, "r1")
+    wave = store.host("r1", "h5").wave
+    assert st["skipped"] == [{"host": "h9", "reason": "PlanCarve refused: no IO cores", "at": "plan"},
+                             {"host": "h5", "reason": "the host is cordoned by alice", "at": "run", "wave": wave}]
+    assert [(p["host"], p["state"], p["reason"]) for p in st["problems"]] == [
+        ("h5", "skipped", "the host is cordoned by alice")]
+    assert st["lease"] is None and "skipped" in render.HOST_STATES and "draining" in render.HOST_STATES

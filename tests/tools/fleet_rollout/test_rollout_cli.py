@@ -70,7 +70,7 @@ def test_operator_commands_and_a_held_lease(work: Path, capsys: pytest.CaptureFi
     other.create(s, make_plan([Host("s1", "127.0.0.1:1", "r1")], s))
     other.acquire("r1", 60)  # another controller runs it
     assert run(work, "run", str(work / "r.toml")) == 1
-    assert "rollout r1 is being run by ops@ctl-7:4242" in capsys.readouterr().err
+    assert "rollout r1 is being run by rollout-admi's controller ops@ctl-7:4242 (fence 1," in capsys.readouterr().err
     assert run(work, "pause", "r1") == 0  # pause reaches a running controller through the store
     assert other.rollout("r1").state == "paused"
     assert run(work, "pause", "r1") == 1
@@ -84,3 +84,26 @@ def test_operator_commands_and_a_held_lease(work: Path, capsys: pytest.CaptureFi
     assert run(work, "run", str(work / "r.toml")) == 1
     assert "exists with a different spec" in capsys.readouterr().err
     other.api.close()
+
+
+def test_a_rollback_refused_by_a_halted_rollout_says_how_to_free_its_hosts(work: Path,
+                                                                         capsys: pytest.CaptureFixture) -> None:
+    """x is done; y, over the same host, halted: `fleet-rollout rollback x` is refused
+    (exit 1, x stays done), naming y as halted and the command that frees the host."""
+    base = load_spec(spec(work))
+    ops = store(work, holder="ops@ctl-8:1")
+    for name in ("x", "y"):
+        s = base.model_copy(update={"name": name})
+        ops.create(s, make_plan([Host("s9", "127.0.0.1:1", "r1")], s))
+        ops.acquire(name, 60)
+        ops.set_rollout(name, "done" if name == "x" else "halted", "test", expect="running")
+        ops.release(name)
+    assert run(work, "rollback", "x") == 1
+    err = capsys.readouterr().err
+    assert err.strip() == (
+        "fleet-rollout: scheduler POST /v1/rollouts/x/rollback: hyb.rollout.overlap: rollout x shares hosts with "
+        "another active rollout (a host belongs to at most one): y (halted) holds s9 (a halted rollout keeps its "
+        "hosts until it is aborted: `fleet-rollout abort y` frees them, or `hybctl rollout abort y` for its "
+        "controller to act on)"), err
+    assert ops.rollout("x").state == "done"
+    ops.api.close()

@@ -9,6 +9,7 @@ from __future__ import annotations
 import os
 import socket
 import subprocess
+import threading
 import time
 
 import pytest
@@ -17,7 +18,8 @@ from tools.fleet_rollout.clients import Scheduler
 from tools.fleet_rollout.inventory import Host
 from tools.fleet_rollout.plan import make_plan
 from tools.fleet_rollout.spec import parse_spec
-from tools.fleet_rollout.store import LeaseHeld, LeaseLost, StaleState, Store, StoreError, StoreUnavailable
+from tools.fleet_rollout.store import (LeaseHeld, LeaseLost, StaleFence, StaleState, Store, StoreError,
+                                      StoreUnavailable)
 
 
 def created(store: Store) -> Store:
@@ -44,17 +46,60 @@ def test_transitions_are_compare_and_set_and_recorded(rollouts) -> None:  # type
 def test_a_second_controller_is_refused_with_the_holder_until_the_lease_lapses(rollouts) -> None:  # type: ignore[no-untyped-def]
     a = created(rollouts("alice@host1:11"))
     b = rollouts("bob@host2:22")
-    a.acquire("r1", 0.5)
+    assert a.acquire("r1", 0.5) == 1
     with pytest.raises(LeaseHeld) as e:
         b.acquire("r1", 10)
-    assert "is being run by alice@host1:11" in str(e.value)
+    assert "is being run by rollout-admin-token's controller alice@host1:11 (fence 1," in str(e.value)
     time.sleep(0.6)
-    b.acquire("r1", 10)  # a dead holder's lease lapsed
-    with pytest.raises(LeaseLost):  # and the old holder can no longer write: fenced
+    assert b.acquire("r1", 10) == 2  # a dead holder's lease lapsed: the next fence
+    with pytest.raises(StaleFence) as e:  # and the old holder can no longer write: fenced
         a.move("r1", "h0", "pending", "baselined")
+    assert "fence 1 is stale: rollout-admin-token's controller bob@host2:22 took the lease at fence 2 at " \
+        in str(e.value)
     with pytest.raises(LeaseLost):
         a.renew("r1", 10)
     b.move("r1", "h0", "pending", "baselined")
+    assert [(t["holder"], t["fence"]) for t in b.transitions("r1", "h0")] == [("bob@host2:22", 2)]
+
+
+def test_two_controllers_racing_for_the_lease_get_increasing_fences_and_the_losers_writes_are_refused(
+        rollouts) -> None:  # type: ignore[no-untyped-def]
+    """Both ask at once: one gets the lease, the other LeaseHeld. Each later take (a
+    lapsed lease, a holder found dead) gets a greater fence, and every write under an
+    older one is refused, whatever it is, naming who took the lease."""
+    created(rollouts())
+    ctl = [rollouts(f"ctl-{i}") for i in range(2)]
+    start = threading.Barrier(2)
+    got: dict[int, object] = {}
+
+    def take(i: int) -> None:
+        start.wait()
+        try:
+            got[i] = ctl[i].acquire("r1", 0.5)
+        except LeaseHeld as e:
+            got[i] = e
+    threads = [threading.Thread(target=take, args=(i,)) for i in range(2)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=30)
+    (winner,) = [i for i, g in got.items() if g == 1]
+    loser = 1 - winner
+    assert isinstance(got[loser], LeaseHeld), got
+    fences = [1]
+    for rnd in range(2):
+        time.sleep(0.6)  # the winner's lease lapses
+        fences.append(ctl[loser].acquire("r1", 0.5))
+        for write in (lambda: ctl[winner].move("r1", "h0", "pending", "baselined"),
+                      lambda: ctl[winner].note("r1", "h0", {"x": 1}),
+                      lambda: ctl[winner].set_rollout("r1", "halted", expect="running"),
+                      lambda: ctl[winner].renew("r1", 5)):
+            with pytest.raises(StaleFence, match=f"took the lease at fence {fences[-1]} at "):
+                write()
+        winner, loser = loser, winner
+    assert fences == [1, 2, 3]
+    assert ctl[winner].state("r1") == ("running", 0)
+    assert [h.state for h in ctl[winner].brief("r1")] == ["pending"] * 4
 
 
 def test_a_lease_of_a_process_gone_from_this_machine_is_not_live(rollouts) -> None:  # type: ignore[no-untyped-def]
@@ -69,10 +114,11 @@ def test_a_lease_of_a_process_gone_from_this_machine_is_not_live(rollouts) -> No
     bob.release("r1")
     # a live process of this machine, or a holder elsewhere, still holds its lease
     for live in (f"alice@{here}:{os.getpid()}", f"alice@elsewhere:{gone.pid}"):
-        rollouts(live).acquire("r1", 3600)
+        holder = rollouts(live)
+        holder.acquire("r1", 3600)
         with pytest.raises(LeaseHeld):
             rollouts(f"carol@{here}:1").acquire("r1", 10)
-        rollouts(live).release("r1")
+        holder.release("r1")
 
 
 def test_a_scheduler_that_does_not_answer_is_one_line_after_the_retries() -> None:
