@@ -15,7 +15,10 @@ other, and a scheduler that goes away in the middle of a rollout.
   the scheduler is back, `resume` finishes with every host active.
 - A conversion that would strand running VMs: hostd refuses the carve, the rollout
   drains the host, the scheduler's drain replaces the VMs (on_maintenance = replace,
-  a disruption budget of 1) one at a time on the other host, and the carve goes on."""
+  a disruption budget of 1) one at a time on the other host, and the carve goes on.
+- Rollout X done, then rollout Y (another operator, another policy) done over the same
+  hosts, a VM that a drain would replace on one of them: X's rollback names Y's carve
+  on every host and drains none (the VM stays, the same VM)."""
 
 from __future__ import annotations
 
@@ -33,7 +36,7 @@ from api import hostd_pb2 as pb
 from tools.fleet_rollout.spec import policy_digest
 
 pytestmark = pytest.mark.slow
-SETS = {"a": 2, "b": 2, "c": 1, "d": 2}  # hosts per test, by the label `set`
+SETS = {"a": 2, "b": 2, "c": 1, "d": 2, "e": 2}  # hosts per test, by the label `set`
 OTHER = POLICY.replace("count_per_node = 2048", "count_per_node = 1024")
 STRAND = POLICY.replace('cpus = "1"', 'cpus = "1-2"', 1)  # the host OS takes VM CPU 2
 SPEC = """name = "{name}"
@@ -77,9 +80,11 @@ def fleet(sched):  # type: ignore[no-untyped-def]
         f.stop()
 
 
-def spec(work: Path, name: str, policy: str, hosts: str, steps: str = "", soak_s: int = 4) -> str:
+def spec(work: Path, name: str, policy: str, hosts: str, steps: str = "", soak_s: int = 4,
+         kind: str = "convert") -> str:
     work.mkdir(exist_ok=True)
     text = SPEC.format(name=name, policy=work.parent / policy, set=hosts).replace("[steps]\n", f"[steps]\n{steps}")
+    text = text.replace('kind = "convert"', f'kind = "{kind}"')
     text = text.replace("soak_s = 4\n", f"soak_s = {soak_s}\n")
     (work / f"{name}.toml").write_text(text)
     return f"{name}.toml"
@@ -245,6 +250,42 @@ def test_a_conversion_that_would_strand_vms_drains_the_host_and_moves_them_one_a
     for h in drained:
         steps = [a["action"] for a in sorted(audit, key=lambda a: a["id"]) if a["principal"] == f"drain:{h}"]
         assert steps == ["vm.create", "vm.delete"] * 2, (h, steps)
+    assert set(admin(fleet).values()) == {("active", None)}
+
+
+def test_a_rollback_drains_no_host_that_a_later_rollout_carved(fleet, sched) -> None:  # type: ignore[no-untyped-def]
+    w = sched["dir"]
+    e = sorted(names(fleet, "e"))
+    web = {"name": "keep-1", "vcpus": 1, "memory_mib": 128, "image": "smoke", "host_labels": {"set": "e"},
+           "on_maintenance": "replace"}
+    with fleet.api() as api:
+        r = api.post("/v1/vms", json=web, headers={"Idempotency-Key": "keep-1"})
+        assert r.status_code == 202, r.text
+        vm = _wait_running(api, r.json()["id"])
+    x, y = w / "op-x", w / "op-y"
+    r = cli(sched, x, "run", spec(x, "conv-x", "policy.toml", "e"), "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    r = cli(sched, y, "run", spec(y, "conv-y", "other.toml", "e", kind="policy"), "--json")
+    assert r.returncode == 0, r.stderr[-3000:]
+    for h in e:
+        assert fleet.info(h).carve_operation == f"rollout/conv-y/{h}/carve"
+    with fleet.api() as api:
+        seen = max(a["id"] for a in api.get("/v1/audit", params={"limit": 1}).json()["items"])
+    r = cli(sched, x, "rollback", "conv-x", "--json")
+    assert r.returncode == 3, r.stderr[-3000:]
+    st = json.loads(r.stdout)
+    assert st["state"] == "halted", st
+    for h in e:
+        why = next(p for p in st["problems"] if p["host"] == h)["rollback"]
+        assert why.startswith("not rolled back: the host is carved with ") and f"rollout/conv-y/{h}/carve" in why, why
+        assert fleet.info(h).carve_operation == f"rollout/conv-y/{h}/carve"  # left alone
+    with fleet.api() as api:
+        since = [a for a in api.get("/v1/audit", params={"limit": 1000}).json()["items"] if a["id"] > seen]
+        after = api.get(f"/v1/vms/{vm['id']}").json()
+    changes = [(a["principal"], a["action"], a["target"]) for a in since if a["action"].startswith(("host.", "vm."))
+               and a["action"] not in ("host.register", "host.update")]
+    assert changes == [], changes  # no drain, no cordon, no uncordon, no VM moved
+    assert (after["status"], after["host"]) == ("running", vm["host"]), after  # the same VM, where it was
     assert set(admin(fleet).values()) == {("active", None)}
 
 

@@ -10,7 +10,9 @@ import time
 
 import pytest
 from fakefleet import Crash, FakeFleet
+from rich.console import Console
 
+from api.states import RolloutHostState
 from tools.fleet_rollout import render
 from tools.fleet_rollout.engine import Engine, Options
 from tools.fleet_rollout.inventory import Host
@@ -327,4 +329,10 @@ def test_status_lists_hosts_skipped_at_plan_time_and_at_run_time(rollouts) -> No
                              {"host": "h5", "reason": "the host is cordoned by alice", "at": "run", "wave": wave}]
     assert [(p["host"], p["state"], p["reason"]) for p in st["problems"]] == [
         ("h5", "skipped", "the host is cordoned by alice")]
-    assert st["lease"] is None and "skipped" in render.HOST_STATES and "draining" in render.HOST_STATES
+    assert st["lease"] is None
+    console = Console(record=True, width=300)
+    render.render_status(st, console)
+    text = console.export_text()
+    header = next(ln for ln in text.splitlines() if "wave" in ln and "pending" in ln)
+    assert all(str(x).replace("_", " ") in header for x in RolloutHostState), header  # draining too
+    assert "1 hosts skipped at plan time" in text, text
