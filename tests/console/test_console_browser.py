@@ -165,7 +165,8 @@ def test_why_not_shows_the_dry_runs_counts(env) -> None:  # type: ignore[no-unty
     rows = [tr.text.split() for tr in b.driver.find_elements(By.CSS_SELECTOR, "#rollout-hosts tbody tr")]
     assert [(r[0], r[1]) for r in rows] == [("0", "oss-00000"), ("1", "oss-00001")]
     # the page follows the rollout (htmx, every 5 s): paused through the API, shown without a reload
-    assert env["api"].post("/v1/rollouts/conv-1/pause", json={"expect": "running", "reason": "browser test"}).status_code == 200
+    r = env["api"].post("/v1/rollouts/conv-1/pause", json={"expect": "running", "reason": "browser test"})
+    assert r.status_code == 200, r.text
     wait_for(lambda: text(env, "#rollout-state").startswith("paused"), timeout_s=15)
 
 
