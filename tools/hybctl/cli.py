@@ -38,7 +38,7 @@ from tools.hybctl.output import (Column, Format, age, cell, console, disks, dump
                                  vfs, visible, visible_data, when)
 
 # piped into grep or awk, a table keeps one line per row (rich would wrap at 80 columns)
-out = console(width=None if sys.stdout.isatty() or "COLUMNS" in os.environ else 1000)
+out = console()
 
 app = typer.Typer(no_args_is_help=True, add_completion=True, pretty_exceptions_enable=False,
                   rich_markup_mode="markdown",

@@ -18,7 +18,7 @@ from enum import Enum
 from typing import Any
 
 import yaml
-from rich.console import Console, Group, RenderableType
+from rich.console import Console, ConsoleDimensions, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
 
@@ -78,10 +78,28 @@ def visible_data(v: Any) -> Any:
     return v
 
 
+class _Console(Console):
+    """Written to a pipe or a file (whatever the file is when it prints), a table is as
+    wide as its values, as kubectl's: the 80 columns rich assumes there would cut cells
+    short ("…"), and what a script reads would not be the API's data. ``COLUMNS`` is a
+    terminal's width and is not read there; a width given by the caller is kept."""
+
+    def __init__(self, *, width: int | None = None, **kw: Any) -> None:
+        super().__init__(width=width, **kw)
+        self._given_width = width
+
+    @property
+    def size(self) -> ConsoleDimensions:
+        size = super().size
+        if self.is_terminal or self._given_width is not None:
+            return size
+        return ConsoleDimensions(1 << 16, size.height)
+
+
 def console(*, stderr: bool = False, width: int | None = None) -> Console:
     """A console that prints strings as they are: no markup, no emoji codes, no
     highlighting of numbers or URLs in the API's text."""
-    return Console(stderr=stderr, width=width, soft_wrap=False, markup=False, emoji=False, highlight=False)
+    return _Console(stderr=stderr, width=width, soft_wrap=False, markup=False, emoji=False, highlight=False)
 
 
 def pages(v: list[dict]) -> str:
