@@ -96,13 +96,14 @@ def auth(token: str, **extra: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}", **extra}
 
 
-def config(tmp: Path, url: str, *, timeout_s: float, write_s: float, check_s: float) -> Path:
+def config(tmp: Path, url: str, *, timeout_s: float, write_s: float, check_s: float, period_s: float) -> Path:
     toks = "".join(f'[[auth.tokens]]\nname = "{k}"\nsha256 = "{hashlib.sha256(k.encode()).hexdigest()}"\n'
                    f'scopes = {json.dumps(v)}\n' for k, v in TOKENS.items())
     cfg = tmp / "pulse.toml"
     cfg.write_text(f'log_level = "WARNING"\n[server]\nplaintext = true\n[db]\nurl = "{url}"\npool_size = 24\n'
                    f'upgrade_on_start = true\n[dispatch]\nenabled = false\n[reconcile]\ninterval_s = 0\n'
                    f'[placement]\nheartbeat_timeout_s = {timeout_s}\nheartbeat_write_s = {write_s}\n'
+                   f'heartbeat_period_s = {period_s}\n'
                    f'[liveness]\ncheck_s = {check_s}\ngrace_s = {timeout_s}\n{toks}')
     return cfg
 
@@ -312,7 +313,7 @@ def run_store(label: str, url: str, sqlite_path: Path | None, a: argparse.Namesp
     db = Db(url, sqlite_path)
     out: dict = {"store": label, "hosts": a.hosts, "beat_interval_s": a.interval_s}
     # Phases 1-3 and 5: liveness out of play (a timeout no pause reaches), as bench/placement.py
-    reps = Replicas(config(tmp, url, timeout_s=1e6, write_s=a.write_s, check_s=0), tmp, 2)
+    reps = Replicas(config(tmp, url, timeout_s=1e6, write_s=a.write_s, check_s=0, period_s=a.period_s), tmp, 2)
     try:
         reps.start(0)  # the first migrates the store
         reps.start(1)
@@ -415,7 +416,8 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
     the others beat on, and one replica is restarted in the middle. How long after its
     last beat each silent host was marked down (the audit's host.down rows), and how
     many hosts that kept beating were marked (false downs)."""
-    reps = Replicas(config(tmp, url, timeout_s=a.timeout_s, write_s=a.write_s, check_s=a.check_s), tmp, 2)
+    reps = Replicas(config(tmp, url, timeout_s=a.timeout_s, write_s=a.write_s, check_s=a.check_s,
+                          period_s=a.period_s), tmp, 2)
     silent = set(names[::100])
     last: dict[str, float] = {}
     seen: list[str] = []  # every 5 s: how many hosts' liveness the database holds from this phase
@@ -496,7 +498,8 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
             "liveness_events": [f"{time.strftime('%H:%M:%S', time.gmtime(e['at']))} {e['detail'].get('event')}"
                                 for e in sorted(events, key=lambda e: e["at"])],
             "liveness_in_db": seen,
-            "liveness": {"timeout_s": a.timeout_s, "write_s": a.write_s, "check_s": a.check_s}}
+            "liveness": {"timeout_s": a.timeout_s, "write_s": a.write_s, "check_s": a.check_s,
+                         "period_s": a.period_s}}
 
 
 def keep_beating_wrk(reps: Replicas, talking: list[str], silent: list[str], timed_beat, rate: float,  # type: ignore[no-untyped-def]
@@ -541,11 +544,11 @@ def main() -> int:
                    help=f"who sends the heartbeats (default: wrk from {WRK_FROM_HOSTS:,} hosts when {WRK} exists, "
                         f"else python; --short: python)")
     a = p.parse_args()
-    a.interval_s, a.timeout_s, a.write_s, a.check_s = 10.0, 25.0, 5.0, 4.0
+    a.interval_s, a.timeout_s, a.write_s, a.check_s, a.period_s = 10.0, 25.0, 300.0, 4.0, 5.0
     if a.short:
         a.hosts, a.rate, a.seconds = 500, 80.0, 4.0  # 640 VMs: the fleet holds them
         a.stores = "sqlite" if a.stores == STORES else a.stores
-        a.interval_s, a.timeout_s, a.write_s, a.check_s = 2.0, 6.0, 1.0, 1.0
+        a.interval_s, a.timeout_s, a.write_s, a.check_s, a.period_s = 2.0, 6.0, 300.0, 1.0, 1.0
     if a.generator is None:
         a.generator = "wrk" if not a.short and a.hosts >= WRK_FROM_HOSTS and WRK.exists() else "python"
     if a.generator == "wrk" and not WRK.exists():

@@ -77,10 +77,17 @@ class PlacementConfig(BaseModel):
     # A host silent this long is "down" (no new VMs; marked down and its VMs flagged at
     # the next [liveness] check): with hostd's 10 s beats, marked within 30 s of its last.
     heartbeat_timeout_s: float = 25.0
-    # A host's liveness is written at most once per this many seconds per replica (its
-    # heartbeats are answered from memory): the recorded time lags the last beat by at
-    # most this, whatever the beat rate. 0: every flushed beat is written.
-    heartbeat_write_s: float = Field(5.0, ge=0, le=3600)
+    # Each replica writes one row per this many seconds naming the hosts it heard from
+    # (scheduler/service/pulse.py): the liveness every replica judges "down" by, shared
+    # without a write per beat. A live host may look up to 3 periods + a liveness check
+    # stale to a replica (liveness_rule.silent_allowance): keep the timeout above that
+    # plus a beat interval.
+    heartbeat_period_s: float = Field(5.0, gt=0, le=60)
+    # A host's ``last_heartbeat`` row is written when it comes back from down and else at
+    # most once per this many seconds per replica: a floor under the shared liveness
+    # (what tools reading the table see), not what "down" is judged by. 0: every flushed
+    # beat is written.
+    heartbeat_write_s: float = Field(300.0, ge=0, le=3600)
     # A host beating again sooner than this after its last beat gets 429
     # hyb.heartbeat.too_soon (nothing recorded): hostd beats every 10 s. 0 = no limit.
     heartbeat_min_interval_s: float = Field(1.0, ge=0, le=3600)
@@ -122,6 +129,9 @@ class LivenessConfig(BaseModel):
     rack_share: float = Field(0.5, gt=0, le=1)  # a rack newly silent above this share: one event, nobody marked
     fleet_share: float = Field(0.2, gt=0, le=1)  # the fleet newly silent above this share: likewise
     min_hosts: int = Field(3, ge=1)  # a rack (or fleet) smaller than this makes no event
+    # A replica whose event loop or heartbeat flush ran later than this (the worst of the
+    # last 30 s) marks nothing down and is not ready: the silences may be its own doing.
+    lag_bound_s: float = Field(2.0, gt=0)
 
 
 class DrainConfig(BaseModel):

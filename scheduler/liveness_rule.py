@@ -10,7 +10,9 @@ Hosts already marked do not count towards an event (it is about what went silent
 
 from __future__ import annotations
 
+import zlib
 from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 
@@ -49,3 +51,74 @@ def judge(silent: dict[str, str], marked: set[str], sizes: dict[str, int], rules
                 events.append(why)
                 held.update({h: why for h, r in new.items() if r == rack})
     return Judgement(sorted(h for h in new if h not in held), held, events)
+
+
+# ------------------------------------------------------------------ shared liveness
+#
+# Each replica writes, once per period, one row naming the hosts it heard from in that
+# period (``scheduler.service.pulse``): a set over the hosts' integer ids (``beat_id``).
+# Encoded as the smaller of a zlib'd bitmap (dense: most of the fleet beats every period)
+# and a zlib'd list of varint gaps between sorted ids (sparse: a replica that took a few
+# beats). A tag byte says which: b"B" or b"D".
+
+
+def encode_ids(ids: Iterable[int]) -> bytes:
+    got = sorted(set(ids))
+    if got and got[0] < 0:
+        raise ValueError("host ids are >= 0")
+    bitmap = bytearray((got[-1] >> 3) + 1 if got else 0)
+    for i in got:
+        bitmap[i >> 3] |= 1 << (i & 7)
+    gaps = bytearray()
+    prev = -1
+    for i in got:
+        d = i - prev - 1
+        prev = i
+        while d >= 0x80:
+            gaps.append((d & 0x7F) | 0x80)
+            d >>= 7
+        gaps.append(d)
+    dense, sparse = zlib.compress(bytes(bitmap), 6), zlib.compress(bytes(gaps), 6)
+    return b"B" + dense if len(dense) <= len(sparse) else b"D" + sparse
+
+
+def decode_ids(blob: bytes) -> list[int]:
+    """The sorted ids ``encode_ids`` wrote."""
+    tag, raw = blob[:1], zlib.decompress(blob[1:])
+    if tag == b"B":
+        return [(n << 3) + b for n, byte in enumerate(raw) if byte for b in range(8) if byte >> b & 1]
+    if tag != b"D":
+        raise ValueError(f"unknown host set encoding {tag!r}")
+    out: list[int] = []
+    prev, d, shift = -1, 0, 0
+    for byte in raw:
+        d |= (byte & 0x7F) << shift
+        if byte & 0x80:
+            shift += 7
+            continue
+        prev += d + 1
+        out.append(prev)
+        d, shift = 0, 0
+    return out
+
+
+def silent_allowance(*, period_s: float, flush_s: float) -> float:
+    """How much older than its last beat a live host's last beat may look to a replica,
+    when the beat went to another replica: that replica's row for the period is written
+    at the period's end (plus up to a flush) and read by this one up to a period later.
+    (A peer row says "heard by the period's end", at most a period after the beat.) A
+    replica that dies takes its unwritten period with it, but the host's next beat goes
+    to a live replica: it looks at most a beat interval plus a period old meanwhile.
+    So the heartbeat timeout must exceed the beat interval plus this."""
+    return 2 * period_s + flush_s
+
+
+def lag_reason(*, loop_lag_s: float, flush_late_s: float, bound_s: float) -> str | None:
+    """Why this replica must not judge silences now (None: it may): behind on its own
+    beats by more than ``bound_s`` (its event loop late to run a timer, or its flush late),
+    a host's silence may be this replica's own doing."""
+    if loop_lag_s > bound_s:
+        return f"event loop {loop_lag_s:.2f} s late (bound {bound_s:g} s)"
+    if flush_late_s > bound_s:
+        return f"heartbeat flush {flush_late_s:.2f} s late (bound {bound_s:g} s)"
+    return None

@@ -30,8 +30,12 @@ class Metrics:
         self.reconcile_repairs = Counter("hyb_sched_reconcile_repairs_total",
                                          "Drift repaired by reconcile, by kind", ["kind"], registry=r)
         self.liveness_rows = Counter("hyb_sched_liveness_rows_written_total",
-                                     "Hosts' liveness (last_heartbeat) rows written by the heartbeat flusher",
-                                     registry=r)
+                                     "Liveness rows written by the heartbeat flusher: hosts' last_heartbeat "
+                                     "and this replica's period rows (host_beats)", registry=r)
+        self.lag = Gauge("hyb_sched_lag_seconds", "How late this replica ran its own work, the worst of the "
+                         "last 30 s: the event loop's timer, the heartbeat flush", ["of"], registry=r)
+        self.lagging = Gauge("hyb_sched_lagging", "1 while this replica lags past [liveness] lag_bound_s "
+                             "(it marks no host down and is not ready)", registry=r)
         self.heartbeats = Counter("hyb_sched_heartbeats_total", "Heartbeats taken (answered 200)", registry=r)
         self.hosts = Gauge("hyb_sched_hosts", "Hosts by state", ["state"], registry=r)
         self.vms = Gauge("hyb_sched_vms", "VMs by status", ["status"], registry=r)

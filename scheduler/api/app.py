@@ -5,6 +5,9 @@ from __future__ import annotations
 import asyncio
 import inspect
 import logging
+import os
+import secrets
+import socket
 import time
 from collections.abc import Callable
 from contextlib import asynccontextmanager
@@ -31,7 +34,8 @@ from scheduler.service.claims import Placer
 from scheduler.service.drains import DrainLoop, DrainService
 from scheduler.service.fleet import FleetService
 from scheduler.service.hostcache import HostCache
-from scheduler.service.liveness import LivenessWatch
+from scheduler.service.liveness import Lag, LivenessWatch
+from scheduler.service.pulse import Pulse
 from scheduler.service.hosts import HostService
 from scheduler.service.rollouts import RolloutService
 from scheduler.service.tokens import TokenBook
@@ -64,9 +68,11 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
         drains = DrainLoop(app.state.drains, settings.drain.interval_s) \
             if app.state.dispatch_enabled and settings.drain.interval_s > 0 else None
         watch = app.state.liveness.start() if settings.liveness.check_s > 0 else None
+        lag = asyncio.get_running_loop().create_task(app.state.liveness.lag.watch_loop())
         try:
             yield
         finally:
+            lag.cancel()
             if drains is not None:
                 drains.stop()
             if watch is not None:
@@ -86,7 +92,13 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
                   description="Placement of pinned, hugepage-backed KVM VMs on storage hosts "
                               "(NUMA-aware fit, claims with host generations, dispatch to hostd).")
     metrics = Metrics()
-    cache = HostCache(heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,
+    # Beats answered from memory (a flush period) share the fleet's liveness through one
+    # row per replica and period (scheduler/service/pulse.py); written through, the rows are it.
+    pulse = Pulse(replica=f"{socket.gethostname()[:40]}-{os.getpid()}-{secrets.token_hex(4)}",
+                  period_s=settings.placement.heartbeat_period_s, clock=clock,
+                  keep_s=max(2 * settings.placement.heartbeat_timeout_s, 4 * settings.placement.heartbeat_period_s)) \
+        if settings.stats.heartbeat_flush_s > 0 else None
+    cache = HostCache(heartbeat_timeout_s=settings.placement.heartbeat_timeout_s, pulse=pulse,
                       refresh_interval_s=settings.placement.index_refresh_ms / 1000,
                       full_refresh_s=settings.placement.index_full_refresh_s or None,
                       down_check_s=settings.placement.index_down_check_s or None)
@@ -112,8 +124,9 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
                               claim_batch=settings.placement.claim_batch)
     app.state.rollouts = RolloutService(store=store, clock=clock)
     app.state.fleet = FleetService(store=store, heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,
-                                   clock=clock)
-    app.state.liveness = LivenessWatch(store=store, cfg=settings.liveness, clock=clock,
+                                   clock=clock, pulse=pulse)
+    app.state.hosts.lag = lag = Lag()
+    app.state.liveness = LivenessWatch(store=store, cfg=settings.liveness, clock=clock, pulse=pulse, lag=lag,
                                        heartbeat_timeout_s=settings.placement.heartbeat_timeout_s)
     app.state.drains = DrainService(store=store, vms=app.state.vms, clock=clock, workers=settings.drain.workers,
                                     stop_grace_s=settings.drain.stop_grace_s)
@@ -152,20 +165,29 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
             if refused is not None:
                 since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(refused[0]))
                 return _not_ready(f"database refuses writes since {since}: {refused[1]}")
+        lagging = app.state.liveness.lag.reason(settings.liveness.lag_bound_s)
+        if lagging is not None:
+            metrics.lagging.set(1)
+            return _not_ready(f"behind on its own work, marking no host down: {lagging}")
+        metrics.lagging.set(0)
         return Response('{"status":"ready"}', media_type="application/json")
 
     @app.get("/metrics", tags=["ops"], response_class=Response)
     def prometheus() -> Response:
         now = clock()
         with store.read() as s:
-            hosts_rows = s.execute(select(Host.admin_state, Host.last_heartbeat)).all()
+            hosts_rows = s.execute(select(Host.name, Host.admin_state, Host.last_heartbeat)).all()
             by_status = dict(s.execute(select(Vm.status, func.count()).group_by(Vm.status)).all())
         states = dict.fromkeys(HostState, 0)
         timeout = settings.placement.heartbeat_timeout_s
         for r in hosts_rows:
-            states[host_repo.effective_state(r, now=now, heartbeat_timeout_s=timeout)] += 1
+            states[host_repo.effective_state(r, now=now, heartbeat_timeout_s=timeout, pulse=pulse)] += 1
         for k, v in states.items():
             metrics.hosts.labels(k).set(v)
+        loop_late, flush_late = app.state.liveness.lag.worst()
+        metrics.lag.labels("event_loop").set(loop_late)
+        metrics.lag.labels("flush").set(flush_late)
+        metrics.lagging.set(int(app.state.liveness.lag.reason(settings.liveness.lag_bound_s) is not None))
         for k in VmStatus:
             metrics.vms.labels(k).set(by_status.get(k, 0))
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

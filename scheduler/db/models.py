@@ -43,6 +43,9 @@ class Host(Base):
     # When a liveness check marked it down (silent past the timeout; its VMs flagged);
     # NULL while up. Set once (a conditional update), cleared when it beats again.
     down_since: Mapped[float | None] = mapped_column(Float, nullable=True)
+    # A small integer of its own, given at registration: the replicas' shared liveness
+    # rows (``HostBeat``) name the hosts heard from as a set over these.
+    beat_id: Mapped[int | None] = mapped_column(Integer, nullable=True, unique=True, index=True)
     # Fleet-wide change feed: stamped from one counter on every change the placement index
     # must see (usage, layout, admin state, back from down); readers ask "seq > last seen".
     seq: Mapped[int] = mapped_column(BigInteger, default=0, index=True)
@@ -53,6 +56,19 @@ class Host(Base):
     carved_policy: Mapped[str | None] = mapped_column(String(64), nullable=True)  # sha256; "" = not carved
     created: Mapped[float] = mapped_column(Float)
     updated: Mapped[float] = mapped_column(Float)
+
+
+class HostBeat(Base):
+    """One replica's liveness for one period (``scheduler.service.pulse``): the hosts it
+    heard from between ``period_start`` and ``period_end``, as a set over their
+    ``beat_id`` (``scheduler.liveness_rule.encode_ids``). One row per replica and period,
+    whatever the beat rate; rows older than the heartbeat timeout are deleted."""
+    __tablename__ = "host_beats"
+
+    replica: Mapped[str] = mapped_column(String(64), primary_key=True)
+    period_start: Mapped[float] = mapped_column(Float, primary_key=True)
+    period_end: Mapped[float] = mapped_column(Float, index=True)
+    hosts: Mapped[bytes] = mapped_column(LargeBinary)
 
 
 class Fleet(Base):

@@ -16,6 +16,7 @@ from api.states import AdminState, HostState, VmStatus
 from scheduler.db.models import Host, Vm
 from scheduler.errors import BadLayout, HostNotFound, LayoutShrink
 from scheduler.repo import lite, pg
+from scheduler.repo import pulse as pulse_repo
 from scheduler.resources import HostRes, Usage, host_from_layout, usage_lost
 
 
@@ -58,9 +59,12 @@ def is_down(last_heartbeat: float, *, now: float, heartbeat_timeout_s: float) ->
     return last_heartbeat < down_before(now=now, heartbeat_timeout_s=heartbeat_timeout_s)
 
 
-def effective_state(h: Host | Any, *, now: float, heartbeat_timeout_s: float) -> str:
-    """``h``: a Host or a row with its ``last_heartbeat`` and ``admin_state``."""
-    if is_down(h.last_heartbeat, now=now, heartbeat_timeout_s=heartbeat_timeout_s):
+def effective_state(h: Host | Any, *, now: float, heartbeat_timeout_s: float, pulse: Any = None) -> str:
+    """``h``: a Host or a row with its ``name``, ``last_heartbeat`` and ``admin_state``.
+    ``pulse`` (``service.pulse.Pulse``): the replicas' shared liveness, newer than the
+    recorded ``last_heartbeat`` (written rarely): the host's last beat is the newer."""
+    last = h.last_heartbeat if pulse is None else pulse.seen(h.name, h.last_heartbeat)
+    if is_down(last, now=now, heartbeat_timeout_s=heartbeat_timeout_s):
         return HostState.DOWN
     return h.admin_state
 
@@ -121,7 +125,7 @@ def upsert_host(*, session: Session, name: str, address: str, rack: str, labels:
                   pf_min_rate=pf_min_rate, disk_classes=disk_classes)
     scrape = {k: (scrape or {}).get(k) for k in SCRAPE_FIELDS}
     if h is None:
-        h = Host(name=name, layout_rev=1, usage=Usage().to_dict(), generation=1, admin_state=AdminState.ACTIVE,
+        h = Host(name=name, beat_id=pulse_repo.next_beat_id(session=session), layout_rev=1, usage=Usage().to_dict(), generation=1, admin_state=AdminState.ACTIVE,
                  last_heartbeat=now, created=now, updated=now, seq=next_seq(session), owner=owner, **fields,
                  **scrape)
         session.add(h)
@@ -178,15 +182,18 @@ DOWN_FLAG = "host {host} silent since {since}: marked down"  # a flagged VM's re
 _DOWN_FLAG_LIKE = "host % silent since %"  # any host's flag (queries filter by host too)
 
 
-def mark_down(*, session: Session, name: str, silent_since: float, now: float) -> int | None:
+def mark_down(*, session: Session, name: str, silent_since: float, now: float,
+              last_heard: float | None = None) -> int | None:
     """Mark ``name`` down unless some replica did (or it beat meanwhile): None when not
-    marked now, else how many of its running VMs were flagged in their ``reason``."""
+    marked now, else how many of its running VMs were flagged in their ``reason``.
+    ``silent_since``: its row's ``last_heartbeat`` as read (the condition); ``last_heard``:
+    its last beat as the shared liveness had it (the flag's time; default the row's)."""
     t = Host.__table__
     hit = session.connection().execute(t.update().where(t.c.name == name, t.c.down_since.is_(None),
                                                         t.c.last_heartbeat == silent_since).values(down_since=now))
     if hit.rowcount != 1:
         return None
-    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(silent_since))
+    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(silent_since if last_heard is None else last_heard))
     return session.execute(update(Vm).where(Vm.host == name, Vm.status == VmStatus.RUNNING, Vm.reason == "")
                            .values(reason=DOWN_FLAG.format(host=name, since=since))).rowcount
 
@@ -217,13 +224,16 @@ def rack_sizes(*, session: Session) -> dict[str, int]:
     return dict(session.execute(select(Host.rack, func.count()).group_by(Host.rack)).all())
 
 
-def heartbeat_many(*, session: Session, beats: dict[str, float], heartbeat_timeout_s: float) -> list[str]:
+def heartbeat_many(*, session: Session, beats: dict[str, float], heartbeat_timeout_s: float,
+                   was_down: set[str] | None = None) -> list[str]:
     """Many hosts' heartbeats in a few statements, however many there are: one read of
     their last heartbeats, the hosts back from down in one executemany (one change stamp
     for the batch, their marks cleared, their VMs' flags in one more statement), the
     rest in another. After a scheduler outage every host is "back" at once: row by row,
     10,000 of them took a PostgreSQL flush past the heartbeat timeout (measured: 953
-    false downs in bench/fleet_pulse.py). Returns the names of hosts that no longer exist."""
+    false downs in bench/fleet_pulse.py). ``was_down``: the hosts that were down when
+    they beat, as the caller's shared liveness had it (the recorded ``last_heartbeat`` is
+    only a floor under it); None: judged by the recorded one. Returns the names of hosts that no longer exist."""
     names = list(beats)
     last: dict[str, tuple[float, float | None]] = {}
     for i in range(0, len(names), 500):
@@ -231,7 +241,10 @@ def heartbeat_many(*, session: Session, beats: dict[str, float], heartbeat_timeo
         last.update((n, (hb, down)) for n, hb, down in session.execute(
             select(Host.name, Host.last_heartbeat, Host.down_since).where(Host.name.in_(part))).all())
     gone = [n for n in names if n not in last]
-    back = [n for n in last if is_down(last[n][0], now=beats[n], heartbeat_timeout_s=heartbeat_timeout_s)]
+    if was_down is None:
+        back = [n for n in last if is_down(last[n][0], now=beats[n], heartbeat_timeout_s=heartbeat_timeout_s)]
+    else:  # the caller judged each beat against the shared liveness (``service.pulse``)
+        back = [n for n in last if n in was_down or last[n][1] is not None]
     t = Host.__table__
     if back:
         session.connection().execute(

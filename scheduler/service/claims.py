@@ -340,7 +340,8 @@ class Placer:
         got = getattr(row, "state", None)
         if got is not None:
             return got
-        return host_repo.effective_state(row, now=now, heartbeat_timeout_s=self.cache.timeout)
+        return host_repo.effective_state(row, now=now, heartbeat_timeout_s=self.cache.timeout,
+                                                pulse=self.cache.pulse)
 
     def _allocation_on(self, s: Session, row: Any, usage: Usage, cand: Candidate, want: VmWant) -> Allocation | None:
         """The candidate's allocation if it still fits the host's fresh ``usage``, else a
@@ -403,7 +404,8 @@ class Placer:
                 row = host_repo.claim_row(session=s, name=cand.host, lock=True)
                 usage = Usage.from_dict(row.usage)
                 seen = (row, usage, row.generation)
-                if host_repo.effective_state(row, now=now, heartbeat_timeout_s=self.cache.timeout) != HostState.ACTIVE:
+                if host_repo.effective_state(row, now=now, heartbeat_timeout_s=self.cache.timeout,
+                                             pulse=self.cache.pulse) != HostState.ACTIVE:
                     raise _Lost()
                 if aff.group:
                     avoid_h, avoid_r = self._avoid(s, aff)

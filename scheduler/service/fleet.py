@@ -5,6 +5,7 @@ from __future__ import annotations
 import datetime as dt
 import re
 import time
+from typing import Any
 from collections.abc import Callable
 from urllib.parse import urlencode
 
@@ -56,8 +57,10 @@ def check_day(day: dt.date, *, now: float, field: str) -> None:
 
 
 class FleetService:
-    def __init__(self, *, store: Store, heartbeat_timeout_s: float, clock: Callable[[], float] = time.time):
+    def __init__(self, *, store: Store, heartbeat_timeout_s: float, clock: Callable[[], float] = time.time,
+                 pulse: Any = None):
         self.store = store
+        self.pulse = pulse  # service.pulse.Pulse: the shared liveness (None: the rows' alone)
         self.timeout = heartbeat_timeout_s
         self.clock = clock
 
@@ -74,7 +77,7 @@ class FleetService:
             d = r.HostDay
             if d is None:
                 continue
-            state = host_repo.effective_state(r, now=now, heartbeat_timeout_s=self.timeout)
+            state = host_repo.effective_state(r, now=now, heartbeat_timeout_s=self.timeout, pulse=self.pulse)
             out.append(Day(r.name, r.rack, state, r.carved_policy or "", d.cpus,
                            {"io": d.peak_io_mcpu, "vms": d.peak_vms_mcpu, "other": d.peak_other_mcpu}, d.peak_samples,
                            days_repo.unpack_hours(d.hours)))

@@ -41,6 +41,7 @@ from scheduler.osthread import name_this_thread
 from scheduler.repo import hosts as host_repo
 from scheduler.resources import HostRes, Usage
 from scheduler.service.index import FleetIndex
+from scheduler.service.pulse import Pulse
 
 log = logging.getLogger(__name__)
 
@@ -48,8 +49,11 @@ log = logging.getLogger(__name__)
 class HostCache:
     def __init__(self, *, heartbeat_timeout_s: float, refresh_interval_s: float = 0.0,
                  full_refresh_s: float | None = None, down_check_s: float | None = None,
-                 monotonic: Callable[[], float] = time.monotonic):
+                 monotonic: Callable[[], float] = time.monotonic, pulse: Pulse | None = None):
         self.timeout = heartbeat_timeout_s
+        # The replicas' shared liveness: a host's last beat is the newer of its row's
+        # ``last_heartbeat`` (written rarely) and the pulse's (None: the row's alone).
+        self.pulse = pulse
         self.refresh_interval_s = refresh_interval_s
         self.full_refresh_s = full_refresh_s if full_refresh_s is not None else 300.0
         self.down_check_s = down_check_s if down_check_s is not None else min(10.0, heartbeat_timeout_s / 4)
@@ -184,8 +188,11 @@ class HostCache:
                          and ((e := entries.get(r.name)) is None or e.generation == r.generation)]
                 owners = host_repo.owners(session=s, names=other) if other else {}
             if quiet:
+                if self.pulse is not None:
+                    self.pulse.read(s)
                 down = host_repo.down_before(now=now, heartbeat_timeout_s=self.timeout)
-                silent = {r.name for r in host_repo.quiet(session=s, before=down)}
+                silent = {r.name for r in host_repo.quiet(session=s, before=down)
+                          if self._seen(r.name, r.last_heartbeat) < down}
         with self._lock:
             if rows:
                 self._owner.update(owners)
@@ -208,6 +215,8 @@ class HostCache:
         with self._lock:
             known = {n: e.generation for n, e in entries.items()}
         with store.snapshot() as s:
+            if self.pulse is not None:
+                self.pulse.read(s)
             rows = host_repo.fleet_state(session=s)
             position = host_repo.feed_position(session=s)
             stale = [r.name for r in rows if known.get(r.name) != r.generation]
@@ -259,7 +268,7 @@ class HostCache:
         ``heartbeat``: the host's as just read from its row (None: not read, the host
         stays as up or down as the cache had it)."""
         if heartbeat is not None:
-            if host_repo.is_down(heartbeat, now=now, heartbeat_timeout_s=self.timeout):
+            if host_repo.is_down(self._seen(name, heartbeat), now=now, heartbeat_timeout_s=self.timeout):
                 self._down.add(name)
             else:
                 self._down.discard(name)
@@ -277,6 +286,14 @@ class HostCache:
             usage = Usage.from_dict(usage)
         self.index.put(HostView(res[1], usage, state == HostState.ACTIVE, state), generation=generation, layout_rev=rev)
         self._logged(name)
+
+    def _seen(self, name: str, recorded: float) -> float:
+        return recorded if self.pulse is None else self.pulse.seen(name, recorded)
+
+    def is_down(self, name: str) -> bool:
+        """Down as the index last judged it (the down check, every ``down_check_s``)."""
+        with self._lock:
+            return name in self._down
 
     def skip_own(self, seq: int) -> None:
         """SQLite: a batch that read the feed under the writer lock and then committed

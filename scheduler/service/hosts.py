@@ -7,6 +7,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from typing import Any
 from datetime import datetime, timezone
 from urllib.parse import urlsplit
 
@@ -60,11 +61,13 @@ class HostService:
         self.metrics = metrics
         self._days_expired = 0.0
         self._written: dict[str, float] = {}  # host -> the beat time this replica last wrote
+        self._was_down: set[str] = set()  # beaten since the last flush while down (``cache.pulse``)
         self._beats: dict[str, tuple[float, list[HostStatsIn]]] = {}
         self._beats_lock = threading.Lock()
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
         self._expired = 0.0
+        self.lag: Any = None  # service.liveness.Lag: told how late each flush ran
 
     def register(self, body: HostRegister, *, actor: str, admin: bool,
                  bound_host: str | None) -> tuple[HostPublic, bool]:
@@ -165,6 +168,14 @@ class HostService:
             self._last_beat[name] = now
             if self.metrics is not None:
                 self.metrics.heartbeats.inc()
+            pulse = self.cache.pulse
+            if pulse is not None:
+                prev = pulse.beat(name, now)
+                if prev is None or host_repo.is_down(prev, now=now, heartbeat_timeout_s=self.timeout) \
+                        or self.cache.is_down(name):
+                    self._was_down.add(name)
+                else:
+                    self._written.setdefault(name, now)  # up: its row is due ``write_s`` from now
             _, pending = self._beats.get(name, (now, []))
             self._beats[name] = (now, pending + ([stats] if stats else []))
             self._start_flusher()
@@ -200,22 +211,32 @@ class HostService:
         with self._beats_lock:
             beats, self._beats = self._beats, {}
             days, self._days = self._days, {}
+            was_down, self._was_down = self._was_down, set()
+        pulse = self.cache.pulse
         if days:
             with self.store.write() as s:
                 days_repo.upsert_many(session=s, rows=list(days.values()))
                 self._expire_days(s)
+        if pulse is not None and pulse.due(self.clock()):
+            with self.store.write() as s:
+                if pulse.write(s, self.clock()) and self.metrics is not None:
+                    self.metrics.liveness_rows.inc()
+                pulse.read(s)
         if not beats:
             return 0
         buckets: dict[tuple[str, int], dict] = {}
         for name, (_at, stats) in beats.items():
             for st in stats:
                 stats_repo.fold(buckets, name, st, self.bucket_s)
-        due = {n: at for n, (at, _) in beats.items() if at - self._written.get(n, float("-inf")) >= self.write_s}
+        # without the shared liveness (written through) the rows are all there is: each beat's
+        write_s = self.write_s if pulse is not None else 0.0
+        due = {n: at for n, (at, _) in beats.items()
+               if n in was_down or at - self._written.get(n, float("-inf")) >= write_s}
         if not due and not buckets:
             return len(beats)
         with self.store.write() as s:
-            gone = set(host_repo.heartbeat_many(session=s, beats=due, heartbeat_timeout_s=self.timeout)) \
-                if due else set()
+            gone = set(host_repo.heartbeat_many(session=s, beats=due, heartbeat_timeout_s=self.timeout,
+                                                was_down=None if pulse is None else was_down)) if due else set()
             stats_repo.add_many(session=s, rows={k: v for k, v in buckets.items() if k[0] not in gone})
             self._expire(s)
         self._written.update(due)
@@ -224,7 +245,11 @@ class HostService:
         return len(beats)
 
     def _flush_loop(self) -> None:
+        began = time.monotonic()
         while not self._stop.wait(self.flush_s):
+            if self.lag is not None:  # late: the wait, and the previous flush's own time
+                self.lag.flush_late(max(0.0, time.monotonic() - began - self.flush_s))
+            began = time.monotonic()
             try:
                 # keeps the index, which ``heartbeat_now`` answers from, current with no placements
                 self.cache.refresh(self.store, now=self.clock())
@@ -283,7 +308,8 @@ class HostService:
         for r in rows:
             u = urlsplit(r.metrics_url)
             labels = {"__scheme__": u.scheme, "__metrics_path__": u.path, "host": r.name, "rack": r.rack,
-                      "state": host_repo.effective_state(r, now=now, heartbeat_timeout_s=self.timeout)}
+                      "state": host_repo.effective_state(r, now=now, heartbeat_timeout_s=self.timeout,
+                                                         pulse=self.cache.pulse)}
             if r.carved_policy is not None:
                 labels["carved_policy"] = r.carved_policy
             if r.hostd_version is not None:
@@ -368,7 +394,8 @@ class HostService:
         with self.store.read() as s:
             in_rollout = rollout_repo.active_host_states(session=s)
             for h in host_repo.summary_rows(session=s):
-                state = host_repo.effective_state(h, now=now, heartbeat_timeout_s=self.timeout)
+                state = host_repo.effective_state(h, now=now, heartbeat_timeout_s=self.timeout,
+                                                  pulse=self.cache.pulse)
                 acc.add(state, host_class(state, h.admin_state, bool(h.carved_policy), in_rollout.get(h.name, "")),
                         live=state == HostState.ACTIVE and h.admin_state == AdminState.ACTIVE, res=self.cache.res(s, h),
                         u=Usage.from_dict(h.usage))
@@ -392,10 +419,13 @@ class HostService:
                              bytes_sec=d.bytes_sec, iops=d.iops, used=d.name in u.disks) for d in res.disks]
         held = h.admin_state != AdminState.ACTIVE
         return HostPublic(name=h.name, address=h.address, rack=h.rack, labels=h.labels,
-                          state=host_repo.effective_state(h, now=now, heartbeat_timeout_s=self.timeout),
+                          state=host_repo.effective_state(h, now=now, heartbeat_timeout_s=self.timeout,
+                                                          pulse=self.cache.pulse),
                           admin_state=h.admin_state, admin_owner=h.admin_owner if held else None,
                           admin_reason=h.admin_reason if held else None, admin_since=h.admin_since if held else None,
-                          down_since=h.down_since, generation=h.generation, last_heartbeat=h.last_heartbeat,
+                          down_since=h.down_since, generation=h.generation,
+                          last_heartbeat=h.last_heartbeat if self.cache.pulse is None
+                          else self.cache.pulse.seen(h.name, h.last_heartbeat),
                           vms=vms, nodes=nodes, pfs=pfs, disks=disks, metrics_url=h.metrics_url,
                           hostd_version=h.hostd_version, carved_policy=h.carved_policy)
 

@@ -12,6 +12,13 @@ once) is logged and audited once while it lasts, and its hosts are left unmarked
 No false alarms after a restart: nothing is marked until ``grace_s`` after this
 replica started (hosts whose beats went to a scheduler that was down or paused beat
 again meanwhile; their liveness is in the database).
+
+A host's last beat is the newer of its row's ``last_heartbeat`` and the replicas' shared
+liveness (``service.pulse``, read at each check). No false alarms from this replica's own
+lag: a replica behind on its own work (its event loop late to run a timer, its
+heartbeat flush late: CPU starved or stolen) may have left beats unanswered or
+unshared, so while its lag (``lag``) exceeds ``lag_bound_s`` it marks nothing, logs why
+and ``/readyz`` answers 503 with the reason.
 """
 
 from __future__ import annotations
@@ -23,20 +30,69 @@ from collections.abc import Callable
 
 from scheduler.config import LivenessConfig
 from scheduler.db.engine import Store
-from scheduler.liveness_rule import Judgement, Rules, judge
+from scheduler.liveness_rule import Judgement, Rules, judge, lag_reason
 from scheduler.repo import audit as audit_repo
 from scheduler.repo import hosts as host_repo
+from scheduler.service.pulse import Pulse
 
 log = logging.getLogger(__name__)
 
 
+class Lag:
+    """How far behind this replica is on its own work: the event loop's lateness (a
+    periodic asyncio timer, ``watch_loop``) and the heartbeat flush's (``flushed``), each
+    the worst seen over the last ``window_s``."""
+
+    def __init__(self, *, window_s: float = 30.0, monotonic: Callable[[], float] = time.monotonic):
+        self.window_s = window_s
+        self.monotonic = monotonic
+        self._loop: list[tuple[float, float]] = []  # (when, how late)
+        self._flush: list[tuple[float, float]] = []
+        self._lock = threading.Lock()
+
+    def _note(self, into: list[tuple[float, float]], late: float) -> None:
+        now = self.monotonic()
+        with self._lock:
+            into.append((now, late))
+            while into and into[0][0] < now - self.window_s:
+                into.pop(0)
+
+    def loop_late(self, late: float) -> None:
+        self._note(self._loop, late)
+
+    def flush_late(self, late: float) -> None:
+        self._note(self._flush, late)
+
+    def worst(self) -> tuple[float, float]:
+        """(event loop, flush) lateness, the worst within the window (s)."""
+        now = self.monotonic()
+        with self._lock:
+            return (max((x for t, x in self._loop if t >= now - self.window_s), default=0.0),
+                    max((x for t, x in self._flush if t >= now - self.window_s), default=0.0))
+
+    def reason(self, bound_s: float) -> str | None:
+        loop, flush = self.worst()
+        return lag_reason(loop_lag_s=loop, flush_late_s=flush, bound_s=bound_s)
+
+    async def watch_loop(self, every_s: float = 0.5) -> None:
+        """Runs on the server's event loop until cancelled: how late each timer fires."""
+        import asyncio
+        while True:
+            t = self.monotonic()
+            await asyncio.sleep(every_s)
+            self.loop_late(max(0.0, self.monotonic() - t - every_s))
+
+
 class LivenessWatch:
     def __init__(self, *, store: Store, cfg: LivenessConfig, heartbeat_timeout_s: float,
-                 clock: Callable[[], float] = time.time):
+                 clock: Callable[[], float] = time.time, pulse: Pulse | None = None, lag: Lag | None = None):
         self.store = store
         self.cfg = cfg
         self.timeout = heartbeat_timeout_s
         self.clock = clock
+        self.pulse = pulse
+        self.lag = lag if lag is not None else Lag()
+        self.held_for_lag = 0  # checks that marked nothing because this replica lagged
         self.started = clock()
         self.rules = Rules(cfg.rack_share, cfg.fleet_share, cfg.min_hosts)
         self._events: set[str] = set()  # the events reported, while they last
@@ -49,16 +105,29 @@ class LivenessWatch:
         grace = self.cfg.grace_s if self.cfg.grace_s > 0 else self.timeout
         if now - self.started < grace:
             return None
+        why = self.lag.reason(self.cfg.lag_bound_s)
+        if why is not None:
+            self.held_for_lag += 1
+            log.warning("liveness check skipped: this replica lags (%s); no host marked down", why)
+            return None
         with self.store.read() as s:
+            if self.pulse is not None:
+                self.pulse.read(s)
             down = host_repo.down_before(now=now, heartbeat_timeout_s=self.timeout)
-            rows = host_repo.silent(session=s, before=down)
+            rows = [r for r in host_repo.silent(session=s, before=down)
+                    if self.pulse is None or self.pulse.seen(r.name, r.last_heartbeat) < down]
             sizes = host_repo.rack_sizes(session=s) if rows else {}
         got = judge({r.name: r.rack for r in rows}, {r.name for r in rows if r.down_since is not None}, sizes,
                     self.rules)
-        last = {r.name: r.last_heartbeat for r in rows}
+        recorded = {r.name: r.last_heartbeat for r in rows}
+        last = {r.name: r.last_heartbeat if self.pulse is None else self.pulse.seen(r.name, r.last_heartbeat)
+                for r in rows}
         for name in got.mark:
+            if self.pulse is not None and self.pulse.seen(name, recorded[name]) >= down:
+                continue  # beat to this replica since the read
             with self.store.write() as s:
-                flagged = host_repo.mark_down(session=s, name=name, silent_since=last[name], now=now)
+                flagged = host_repo.mark_down(session=s, name=name, silent_since=recorded[name], now=now,
+                                              last_heard=last[name])
                 if flagged is None:
                     continue  # another replica did, or it beat meanwhile
                 audit_repo.record(session=s, principal="scheduler", action="host.down", target=name, now=now,

@@ -35,8 +35,8 @@ def test_migrations_up_down_up(db_url):
         upgrade(store.engine)
         assert current(store.engine) == "0016"
         rollouts = {"rollouts", "rollout_hosts", "rollout_transitions", "rollout_leases"}
-        assert {"hosts", "vms", "audit"} | rollouts <= set(inspect(store.engine).get_table_names())
-        assert {"owner", "metrics_url", "hostd_version", "carved_policy", "admin_owner", "admin_reason",
+        assert {"hosts", "vms", "audit", "host_beats"} | rollouts <= set(inspect(store.engine).get_table_names())
+        assert {"owner", "beat_id", "metrics_url", "hostd_version", "carved_policy", "admin_owner", "admin_reason",
                 "admin_since"} <= {c["name"] for c in inspect(store.engine).get_columns("hosts")}
         assert {"host_days", "console_sessions"} <= set(inspect(store.engine).get_table_names())
         def columns(table: str) -> set[str]:
@@ -47,6 +47,9 @@ def test_migrations_up_down_up(db_url):
         assert not {"fence", "principal", "taken"} & columns("rollout_leases")
         assert not {"fence", "principal"} & columns("rollout_transitions")
         assert "peak_io_mcpu" in {c["name"] for c in inspect(store.engine).get_columns("host_days")}
+        downgrade(store.engine, "0015")
+        assert "host_beats" not in inspect(store.engine).get_table_names()
+        assert "beat_id" not in {c["name"] for c in inspect(store.engine).get_columns("hosts")}
         downgrade(store.engine, "0014")
         assert "peak_io" in {c["name"] for c in inspect(store.engine).get_columns("host_days")}
         downgrade(store.engine, "0013")

@@ -1,0 +1,136 @@
+"""The fleet's liveness shared between replicas without a write per beat.
+
+Each replica keeps, in memory, the time of the last beat it answered for each host
+(``beat``). Once per ``period_s`` it writes ONE row (``repo.pulse.write_period``) naming
+the hosts it heard from in that period, as a compressed set over their ``beat_id``
+(``liveness_rule.encode_ids``: a few kB for 100,000 hosts), and reads the rows the other
+replicas wrote since its last read. So the database's cost is one row per replica and
+period whatever the beat rate, and every replica knows within about two periods what
+every other heard.
+
+``last(name)``: when ``name`` was last heard by any replica as this one knows it: its
+own last beat, or the end of the newest peer period naming it (at most one period
+after the beat: ``last_heartbeat`` as the API shows it is right to within one period). ``hosts.last_heartbeat`` is only a floor under this (written at
+registration, when a host comes back from down, and on the slow ``heartbeat_write_s``
+cadence): every judgement of "down" takes the newer of the two (``seen``).
+
+A replica that dies loses the beats of its unwritten period; the hosts that beat to it
+beat to another replica within one beat interval, and ``liveness_rule.silent_allowance``
+bounds how stale a live host can look (the heartbeat timeout must exceed a beat
+interval plus that). Rows are deleted ``keep_s`` after their period ended (a dead replica's too).
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+
+from sqlalchemy.orm import Session
+
+from scheduler.liveness_rule import decode_ids, encode_ids
+from scheduler.repo import pulse as pulse_repo
+
+log = logging.getLogger(__name__)
+
+
+class Pulse:
+    def __init__(self, *, replica: str, period_s: float, keep_s: float, clock: Callable[[], float] = time.time):
+        self.replica = replica
+        self.period_s = period_s
+        self.keep_s = keep_s
+        self.clock = clock
+        self._lock = threading.Lock()
+        self._own: dict[str, float] = {}  # host -> the last beat this replica answered
+        self._period: set[str] = set()  # heard in the period being collected
+        self._start = clock()
+        self._peers: dict[int, float] = {}  # beat_id -> the newest peer period end naming it
+        self._decoded: set[tuple[str, float]] = set()  # (replica, period_start) of the rows applied
+        self._ids: dict[str, int] = {}
+        self._names: dict[int, str] = {}
+        self._read_to = float("-inf")  # newest period end read
+        self.read_at: float | None = None  # when the rows were last read (None: never)
+        self.rows_written = 0
+
+    def beat(self, name: str, now: float) -> float | None:
+        """Record a beat; returns when the host was last heard before it (None: unknown)."""
+        with self._lock:
+            prev = self._last(name)
+            self._own[name] = now
+            self._period.add(name)
+            return prev
+
+    def last(self, name: str) -> float | None:
+        with self._lock:
+            return self._last(name)
+
+    def _last(self, name: str) -> float | None:
+        own = self._own.get(name)
+        i = self._ids.get(name)
+        peer = self._peers.get(i) if i is not None else None
+        if own is None:
+            return peer
+        return own if peer is None or own >= peer else peer
+
+    def seen(self, name: str, recorded: float) -> float:
+        """The newer of a host's recorded ``last_heartbeat`` and what the pulse knows."""
+        got = self.last(name)
+        return recorded if got is None or got < recorded else got
+
+    def forget(self, name: str) -> None:
+        with self._lock:
+            self._own.pop(name, None)
+
+    def due(self, now: float) -> bool:
+        return now - self._start >= self.period_s
+
+    def write(self, session: Session, now: float) -> bool:
+        """In the caller's write transaction: this replica's row for the period now over
+        (nothing while it is not over, or when nothing was heard), then the expired rows.
+        Hosts without a ``beat_id`` yet (registered on another replica a moment ago) are
+        looked up first."""
+        if not self.due(now):
+            return False
+        with self._lock:
+            heard, self._period = self._period, set()
+            start, self._start = self._start, now
+        if not heard:
+            return False
+        if any(n not in self._ids for n in heard):
+            self._load_ids(session)
+        ids = [self._ids[n] for n in heard if n in self._ids]
+        pulse_repo.write_period(session=session, replica=self.replica, start=start, end=now, hosts=encode_ids(ids))
+        pulse_repo.expire_periods(session=session, before=now - self.keep_s)
+        self.rows_written += 1
+        return True
+
+    def read(self, session: Session) -> int:
+        """The other replicas' rows since the last read (overlapping it by two periods: a
+        row committed late with an older end is not missed); how many rows."""
+        now = self.clock()
+        rows = pulse_repo.periods_since(session=session, after=max(self._read_to - 2 * self.period_s,
+                                                                  now - self.keep_s))
+        peers = [r for r in rows if r.replica != self.replica and (r.replica, r.period_start) not in self._decoded]
+        if peers:
+            decoded = [(r.period_end, decode_ids(r.hosts)) for r in peers]
+            if any(i not in self._names for _, ids in decoded for i in ids):
+                self._load_ids(session)
+            with self._lock:
+                got = self._peers
+                for end, ids in decoded:
+                    for i in ids:
+                        if got.get(i, float("-inf")) < end:
+                            got[i] = end
+            self._decoded = {k for k in self._decoded if k[1] > now - self.keep_s - self.period_s} \
+                | {(r.replica, r.period_start) for r in peers}
+        if rows:
+            self._read_to = max(self._read_to, rows[-1].period_end)
+        self.read_at = now
+        return len(peers)
+
+    def _load_ids(self, session: Session) -> None:
+        ids = pulse_repo.beat_ids(session=session)
+        with self._lock:
+            self._ids = ids
+            self._names = {i: n for n, i in ids.items()}
