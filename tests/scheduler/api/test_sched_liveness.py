@@ -245,3 +245,68 @@ def test_a_flood_from_one_host_and_a_huge_beat_are_refused_and_record_nothing(db
         assert r.status_code == 413 and r.json()["error"]["field"] == "body", r.text
         assert svc.flush() == 2  # oss-1 once (its last), oss-2 once: the refused beats kept nothing
         assert api.get("/v1/hosts/oss-1", headers=ADM).json()["last_heartbeat"] == T0 + 11
+
+
+SHARED = {"stats": {"heartbeat_flush_s": 30},  # flushed by the test, on its clock
+          "placement": {"heartbeat_timeout_s": 25, "heartbeat_period_s": 5},
+          "liveness": {"check_s": 0, "grace_s": 1}}
+
+
+def _host_rows(api) -> dict[str, float]:  # type: ignore[no-untyped-def]
+    from scheduler.db.models import Host
+    with api.app.state.store.read() as s:
+        return {h.name: h.last_heartbeat for h in s.query(Host)}
+
+
+def test_two_replicas_share_liveness_without_a_write_per_beat(db_url) -> None:
+    """Ten hosts beat every 10 s, r1-9 only ever to replica b, the others to a until t=30,
+    to b at t=30, and to a again from t=40: b is killed at t=32 (it never writes the period
+    holding their beats). a, checking every second, marks none of them, but does mark r1-8,
+    silent since t=10; the API on a shows each host's last beat to within one period; after
+    each host's first beat on a replica, no host row is written: one row per replica and
+    period."""
+    clock = Clock(T0)
+    with make_client(db_url, clock=clock, **SHARED) as a, make_client(db_url, clock=clock, **SHARED) as b:
+        _rig(a, clock, 10)
+        warm(a, clock)
+        warm(b, clock)
+        marked: dict[str, float] = {}
+        beats: dict[str, float] = {}
+        rows_at_20: dict[str, float] = {}
+        b_alive = True
+        for t in range(1, 71):
+            clock.t = T0 + t
+            if t % 10 == 0:
+                for i in range(10):
+                    name = f"r1-{i}"
+                    if name == "r1-8" and t > 10:
+                        continue  # dead after its first beat
+                    to = b if name == "r1-9" or t == 30 else a
+                    if to is b and not b_alive:
+                        to = a  # the load balancer's next try
+                    assert to.post(f"/v1/hosts/{name}/heartbeat", headers=HOST).status_code == 200
+                    beats[name] = clock.t
+            if t == 32:  # killed mid-period: its beats of t=30 are never written
+                b.app.state.hosts._stop.set()
+                b_alive = False
+            a.app.state.hosts.flush()
+            if b_alive:
+                b.app.state.hosts.flush()
+            if t == 20:
+                rows_at_20 = _host_rows(a)
+            got = a.app.state.liveness.check()
+            for name in got.mark if got else []:
+                marked[name] = clock.t
+            for i in (0, 9):
+                shown = a.get(f"/v1/hosts/r1-{i}", headers=ADM).json()
+                assert shown["state"] == "active", (t, shown)
+                assert 0 <= clock.t - shown["last_heartbeat"] <= 10 + 5 + 1, (t, i, shown["last_heartbeat"])
+                if t % 10 == 1 and t > 10 and (i == 0 or t < 30):  # beat to a, or to b and a period since
+                    assert 0 <= shown["last_heartbeat"] - beats[f"r1-{i}"] <= 5, (t, i)
+        assert list(marked) == ["r1-8"] and T0 + 10 + 25 < marked["r1-8"] <= T0 + 10 + 25 + 2, marked
+        # the hosts' rows were written at their first beat on each replica, not since
+        after = _host_rows(a)
+        assert {n: after[n] for n in after if n != "r1-8"} == {n: rows_at_20[n] for n in rows_at_20 if n != "r1-8"}
+        assert after["r1-8"] == T0 + 10  # marked down: its row says since when
+        written = a.app.state.hosts.cache.pulse.rows_written + b.app.state.hosts.cache.pulse.rows_written
+        assert written <= 70 // 5 + 32 // 5 + 2, written  # a period row each 5 s a replica heard a beat
