@@ -54,9 +54,10 @@ Both report their own CPU per beat sent (generator_cpu_us_per_beat; python: phas
 as in phase 3 this process also sends the placements).
 
 The defaults are the issue's; `--short` is what the test runs: 500 hosts beating every
-2 s with the liveness timings shortened to match (timeout 6 s, liveness written at most
-every 1 s, checked every 1 s); the full run uses the shipped defaults (beats every 10 s;
-25 s, 5 s, 4 s).
+2 s with the liveness timings shortened to match (timeout 6 s, a shared liveness row per
+replica every 1 s, checked every 1 s); the full run uses the shipped defaults (beats every
+10 s; timeout 25 s, a row per replica every 5 s, checks every 4 s). A host's own row is
+written every 300 s (never within a run) and when it comes back from down.
 """
 
 from __future__ import annotations

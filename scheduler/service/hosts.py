@@ -170,8 +170,10 @@ class HostService:
                 self.metrics.heartbeats.inc()
             pulse = self.cache.pulse
             if pulse is not None:
+                # down as the shared liveness has it, or as the index last judged (a host no
+                # replica heard from within the rows kept, ``prev`` None, is there if down)
                 prev = pulse.beat(name, now)
-                if prev is None or host_repo.is_down(prev, now=now, heartbeat_timeout_s=self.timeout) \
+                if (prev is not None and host_repo.is_down(prev, now=now, heartbeat_timeout_s=self.timeout)) \
                         or self.cache.is_down(name):
                     self._was_down.add(name)
                 else:
@@ -263,6 +265,9 @@ class HostService:
             self._flusher.join(timeout=5)
         try:
             self.flush()
+            if self.cache.pulse is not None:  # a replica stopped, not dead: its last period too
+                with self.store.write() as s:
+                    self.cache.pulse.write(s, self.clock(), force=True)
         except Exception:  # noqa: BLE001 - shutting down
             log.exception("last heartbeat flush failed")
 

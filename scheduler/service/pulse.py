@@ -85,12 +85,12 @@ class Pulse:
     def due(self, now: float) -> bool:
         return now - self._start >= self.period_s
 
-    def write(self, session: Session, now: float) -> bool:
+    def write(self, session: Session, now: float, *, force: bool = False) -> bool:
         """In the caller's write transaction: this replica's row for the period now over
         (nothing while it is not over, or when nothing was heard), then the expired rows.
         Hosts without a ``beat_id`` yet (registered on another replica a moment ago) are
-        looked up first."""
-        if not self.due(now):
+        looked up first. ``force``: the period so far, over or not (a replica stopping)."""
+        if not force and not self.due(now):
             return False
         with self._lock:
             heard, self._period = self._period, set()

@@ -4,14 +4,12 @@ answered at the fleet's rate, placements beside them, the silent hosts all marke
 after their last beat and no host that kept beating marked (one replica restarted in the
 middle), the history under 256 bytes a host and day, and no scheduler left running.
 
-Database writes per beat (SQLite: the liveness rows the replicas wrote): in phase 2 every
-host beats twice, 2 s apart, always to the same replica, which writes a host's liveness
-at most once per second (``heartbeat_write_s``) and only for a host that beat since its
-last flush. So a beat is at most one row (at most 1.0; 5 % over for a beat a replica kept
-whose answer the generator did not count), and every host's first beat of the phase is
-one (at least 0.5: a second beat that came less than a second after the first, or that
-the replicas had not flushed when the bench read their counters, is not). The bench
-measures 1.0 (docs/measurements.md)."""
+Database writes per beat (SQLite: the liveness rows the replicas wrote, their
+``hyb_sched_liveness_rows_written_total``): a replica writes one row per period
+(``heartbeat_period_s``, 1 s here) naming the hosts it heard from, and a host's own row
+only when it comes back from down or every ``heartbeat_write_s`` (300 s: never within the
+run). At 250 beats/s and two replicas that is 2 rows a second: 0.008 a beat, under the
+issue's bound of 0.01 (issue 39)."""
 
 from __future__ import annotations
 
@@ -41,7 +39,7 @@ def test_short_pulse_prints_the_numbers_as_json(tmp_path: Path) -> None:
                 "placement_p99_ms_with_beats", "history_bytes_per_host_day"):
         assert isinstance(got[key], (int, float)), (key, got)
     assert got["hosts"] == 500 and got["beats_per_s"] > 100 and got["cpu_us_per_beat"] > 0
-    assert 0.5 <= got["db_writes_per_beat"] <= 1.05, got  # liveness rows per beat (the docstring)
+    assert got["db_writes_per_beat"] <= 0.01, got  # liveness rows per beat (the docstring)
     assert got["db_writes_from"] == "scheduler metrics", got
     assert got["marked_down"] == got["silent_hosts"] == 5 and got["false_downs"] == 0, got
     assert 6 <= got["mark_down_s_p50"] <= got["mark_down_s_p99"] < 6 + 2 + 4, got  # timeout, lag, checks

@@ -116,7 +116,7 @@ def test_liveness_is_written_at_most_once_per_write_interval(db_url) -> None:
             last = _row_heartbeat(api, "oss-1")
             if not written or written[-1] != last:
                 written.append(last)
-        assert written == [T0 + 1, T0 + 6, T0 + 11, T0 + 16]  # every 5 s, not 20 times
+        assert written == [T0, T0 + 6, T0 + 11, T0 + 16]  # registered, then every 5 s from the first beat
         assert T0 + 20 - written[-1] <= 5  # the recorded liveness lags the last beat by at most 5 s
 
 
@@ -262,9 +262,8 @@ def test_two_replicas_share_liveness_without_a_write_per_beat(db_url) -> None:
     """Ten hosts beat every 10 s, r1-9 only ever to replica b, the others to a until t=30,
     to b at t=30, and to a again from t=40: b is killed at t=32 (it never writes the period
     holding their beats). a, checking every second, marks none of them, but does mark r1-8,
-    silent since t=10; the API on a shows each host's last beat to within one period; after
-    each host's first beat on a replica, no host row is written: one row per replica and
-    period."""
+    silent since t=10; the API on a shows each host's last beat to within one period; no
+    host's row is written (``heartbeat_write_s`` 300): one row per replica and period."""
     clock = Clock(T0)
     with make_client(db_url, clock=clock, **SHARED) as a, make_client(db_url, clock=clock, **SHARED) as b:
         _rig(a, clock, 10)
@@ -304,9 +303,16 @@ def test_two_replicas_share_liveness_without_a_write_per_beat(db_url) -> None:
                 if t % 10 == 1 and t > 10 and (i == 0 or t < 30):  # beat to a, or to b and a period since
                     assert 0 <= shown["last_heartbeat"] - beats[f"r1-{i}"] <= 5, (t, i)
         assert list(marked) == ["r1-8"] and T0 + 10 + 25 < marked["r1-8"] <= T0 + 10 + 25 + 2, marked
-        # the hosts' rows were written at their first beat on each replica, not since
+        # no host's row was written since t=20 (nor before: 300 s between a host's writes)
         after = _host_rows(a)
         assert {n: after[n] for n in after if n != "r1-8"} == {n: rows_at_20[n] for n in rows_at_20 if n != "r1-8"}
-        assert after["r1-8"] == T0 + 10  # marked down: its row says since when
+        assert after["r1-8"] == T0  # as registered: the row is a floor
         written = a.app.state.hosts.cache.pulse.rows_written + b.app.state.hosts.cache.pulse.rows_written
         assert written <= 70 // 5 + 32 // 5 + 2, written  # a period row each 5 s a replica heard a beat
+        # r1-8 comes back: its beat is written (the mark goes), whatever heartbeat_write_s says
+        clock.t = T0 + 75
+        warm(a, clock)
+        assert a.post("/v1/hosts/r1-8/heartbeat", headers=HOST).status_code == 200
+        a.app.state.hosts.flush()
+        shown = a.get("/v1/hosts/r1-8", headers=ADM).json()
+        assert shown["state"] == "active" and shown["down_since"] is None and _host_rows(a)["r1-8"] == T0 + 75
