@@ -11,7 +11,12 @@ once) is logged and audited once while it lasts, and its hosts are left unmarked
 
 No false alarms after a restart: nothing is marked until ``grace_s`` after this
 replica started (hosts whose beats went to a scheduler that was down or paused beat
-again meanwhile; their liveness is in the database).
+again meanwhile; their liveness is in the database); with the shared liveness, until
+``grace_s`` after beats began to reach the replicas again since it started (its first
+beat, or a peer's first period since: ``Pulse.flowing_since``). A replica's start
+(migrations, the index's first pass: a minute at 100,000 hosts) does not eat into the
+time the fleet has to beat again (a host's first beat since may sit in another
+replica's unwritten period for up to one period: the grace counts from the beats).
 
 A host's last beat is the newer of its row's ``last_heartbeat`` and the replicas' shared
 liveness (``service.pulse``, read at each check). No false alarms from this replica's own
@@ -103,7 +108,12 @@ class LivenessWatch:
         """One check; None while in the grace period after start."""
         now = self.clock()
         grace = self.cfg.grace_s if self.cfg.grace_s > 0 else self.timeout
-        if now - self.started < grace:
+        since = self.started
+        if self.pulse is not None:
+            if self.pulse.flowing_since is None:
+                return None
+            since = max(since, self.pulse.flowing_since)
+        if now - since < grace:
             return None
         why = self.lag.reason(self.cfg.lag_bound_s)
         if why is not None:

@@ -51,12 +51,18 @@ class Pulse:
         self._names: dict[int, str] = {}
         self._read_to = float("-inf")  # newest period end read
         self.read_at: float | None = None  # when the rows were last read (None: never)
+        self.created = clock()
+        # When beats first reached this replica after it started: its first own beat, or the
+        # first peer period begun since (None: not yet). The liveness grace counts from here.
+        self.flowing_since: float | None = None
         self.rows_written = 0
 
     def beat(self, name: str, now: float) -> float | None:
         """Record a beat; returns when the host was last heard before it (None: unknown)."""
         with self._lock:
             prev = self._last(name)
+            if self.flowing_since is None:
+                self.flowing_since = now
             self._own[name] = now
             self._period.add(name)
             return prev
@@ -114,6 +120,9 @@ class Pulse:
         peers = [r for r in rows if r.replica != self.replica and (r.replica, r.period_start) not in self._decoded]
         if peers:
             decoded = [(r.period_end, decode_ids(r.hosts)) for r in peers]
+            fresh = [r.period_start for r in peers if r.period_start >= self.created]
+            if fresh and self.flowing_since is None:
+                self.flowing_since = min(fresh)
             if any(i not in self._names for _, ids in decoded for i in ids):
                 self._load_ids(session)
             with self._lock:
