@@ -316,3 +316,30 @@ def test_two_replicas_share_liveness_without_a_write_per_beat(db_url) -> None:
         a.app.state.hosts.flush()
         shown = a.get("/v1/hosts/r1-8", headers=ADM).json()
         assert shown["state"] == "active" and shown["down_since"] is None and _host_rows(a)["r1-8"] == T0 + 75
+
+
+def test_a_replica_that_lags_marks_nothing_and_is_not_ready(db_url) -> None:
+    """Its event loop or its flush late past ``liveness.lag_bound_s``: a silent host is not
+    marked (the silence may be this replica's own doing), the check says why, /readyz is
+    503 naming it and the metric says so; once the lag is out of the window, it marks."""
+    clock = Clock(T0)
+    cfg = {**SHARED, "liveness": {"check_s": 0, "grace_s": 1, "lag_bound_s": 2}}
+    with make_client(db_url, clock=clock, **cfg) as a:
+        _rig(a, clock, 10)
+        warm(a, clock)
+        for t in (1, 11, 21, 31):  # all but r1-0 beat every 10 s
+            clock.t = T0 + t
+            for i in range(1, 10):
+                assert a.post(f"/v1/hosts/r1-{i}/heartbeat", headers=HOST).status_code == 200
+            a.app.state.hosts.flush()
+        watch = a.app.state.liveness
+        watch.lag.loop_late(3.5)  # a timer on the event loop fired 3.5 s late
+        assert watch.check() is None and watch.held_for_lag == 1
+        r = a.get("/readyz")
+        assert r.status_code == 503 and "event loop 3.50 s late" in r.json()["error"]["message"], r.text
+        assert "hyb_sched_lagging 1.0" in a.get("/metrics", headers=ADM).text
+        assert a.get("/v1/hosts/r1-0", headers=ADM).json()["down_since"] is None
+        watch.lag.window_s = 0  # the lag is out of the window
+        got = watch.check()
+        assert got is not None and got.mark == ["r1-0"]
+        assert a.get("/readyz").status_code == 200
