@@ -13,7 +13,7 @@ from sqlalchemy.orm import Session
 from scheduler.db.models import Host, HostBeat
 from scheduler.repo import lite
 
-BEAT_IDS = DbSequence("host_beat_ids")  # PostgreSQL (migration 0016); SQLite: max + 1 under its writer lock
+BEAT_IDS = DbSequence("host_beat_ids")  # PostgreSQL (migration 0017); SQLite: max + 1 under its writer lock
 
 
 def next_beat_id(*, session: Session) -> int:

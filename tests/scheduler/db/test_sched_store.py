@@ -33,7 +33,7 @@ def test_migrations_up_down_up(db_url):
     store = Store.from_url(db_url)
     try:
         upgrade(store.engine)
-        assert current(store.engine) == "0016"
+        assert current(store.engine) == "0017"
         rollouts = {"rollouts", "rollout_hosts", "rollout_transitions", "rollout_leases"}
         assert {"hosts", "vms", "audit", "host_beats"} | rollouts <= set(inspect(store.engine).get_table_names())
         assert {"owner", "beat_id", "metrics_url", "hostd_version", "carved_policy", "admin_owner", "admin_reason",
@@ -43,13 +43,13 @@ def test_migrations_up_down_up(db_url):
             return {c["name"] for c in inspect(store.engine).get_columns(table)}
         assert {"fence", "principal", "taken"} <= columns("rollout_leases")
         assert {"fence", "principal"} <= columns("rollout_transitions")
+        downgrade(store.engine, "0016")
+        assert "host_beats" not in inspect(store.engine).get_table_names()
+        assert "beat_id" not in columns("hosts")
         downgrade(store.engine, "0015")
         assert not {"fence", "principal", "taken"} & columns("rollout_leases")
         assert not {"fence", "principal"} & columns("rollout_transitions")
         assert "peak_io_mcpu" in {c["name"] for c in inspect(store.engine).get_columns("host_days")}
-        downgrade(store.engine, "0015")
-        assert "host_beats" not in inspect(store.engine).get_table_names()
-        assert "beat_id" not in {c["name"] for c in inspect(store.engine).get_columns("hosts")}
         downgrade(store.engine, "0014")
         assert "peak_io" in {c["name"] for c in inspect(store.engine).get_columns("host_days")}
         downgrade(store.engine, "0013")
@@ -74,7 +74,7 @@ def test_migrations_up_down_up(db_url):
         assert "hosts" not in inspect(store.engine).get_table_names()
         out = subprocess.run([sys.executable, "-m", "scheduler.cli", "db", "upgrade", "--url", db_url],
                              capture_output=True, text=True, cwd=REPO, check=True)
-        assert out.stdout.strip() == "0016"
+        assert out.stdout.strip() == "0017"
     finally:
         store.dispose()
 

@@ -3,8 +3,8 @@ from (a compressed set over ``hosts.beat_id``), instead of a ``last_heartbeat`` 
 per beat (scheduler/README.md, Heartbeats and liveness). ``hosts.beat_id``: the small
 integer each host is named by there, given to the hosts registered so far in name order.
 
-Revision ID: 0016
-Revises: 0015
+Revision ID: 0017
+Revises: 0016
 """
 
 from __future__ import annotations
@@ -12,8 +12,8 @@ from __future__ import annotations
 import sqlalchemy as sa
 from alembic import op
 
-revision = "0016"
-down_revision = "0015"
+revision = "0017"
+down_revision = "0016"
 branch_labels = None
 depends_on = None
 
