@@ -10,8 +10,8 @@ every other heard.
 
 ``last(name)``: when ``name`` was last heard by any replica as this one knows it: its
 own last beat, or the end of the newest peer period naming it (at most one period
-after the beat: ``last_heartbeat`` as the API shows it is right to within one period). ``hosts.last_heartbeat`` is only a floor under this (written at
-registration, when a host comes back from down, and on the slow ``heartbeat_write_s``
+after the beat, known here once the row is read). ``hosts.last_heartbeat`` is only a
+floor under this (written at registration, when a host comes back from down, and on the slow ``heartbeat_write_s``
 cadence): every judgement of "down" takes the newer of the two (``seen``).
 
 A replica that dies loses the beats of its unwritten period; the hosts that beat to it

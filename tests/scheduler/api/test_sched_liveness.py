@@ -249,7 +249,7 @@ def test_a_flood_from_one_host_and_a_huge_beat_are_refused_and_record_nothing(db
 
 SHARED = {"stats": {"heartbeat_flush_s": 30},  # flushed by the test, on its clock
           "placement": {"heartbeat_timeout_s": 25, "heartbeat_period_s": 5},
-          "liveness": {"check_s": 0, "grace_s": 1}}
+          "liveness": {"check_s": 0, "grace_s": 1, "lag_bound_s": 1000}}  # the lag gate: its own test
 
 
 def _host_rows(api) -> dict[str, float]:  # type: ignore[no-untyped-def]
