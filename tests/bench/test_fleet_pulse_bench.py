@@ -6,9 +6,9 @@ middle), the history under 256 bytes a host and day, and no scheduler left runni
 
 Database writes per beat (SQLite: the liveness rows the replicas wrote, their
 ``hyb_sched_liveness_rows_written_total``): a replica writes one row per period
-(``heartbeat_period_s``, 1 s here) naming the hosts it heard from, and a host's own row
+(``heartbeat_period_s``, 1.5 s here) naming the hosts it heard from, and a host's own row
 only when it comes back from down or every ``heartbeat_write_s`` (300 s: never within the
-run). At 250 beats/s and two replicas that is 2 rows a second: 0.008 a beat, under the
+run). At ~250 beats/s and two replicas that is 1.3 rows a second: ~0.005 a beat, under the
 issue's bound of 0.01 (issue 39)."""
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-# quiet: it times mark-downs with the short timings (a 6 s timeout), which the CPU taken
+# quiet: it times mark-downs with the short timings (a 7 s timeout), which the CPU taken
 # by other workers' tests would stretch into false downs.
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("fleet-pulse"), pytest.mark.quiet]
 REPO = Path(__file__).resolve().parents[2]
@@ -42,7 +42,7 @@ def test_short_pulse_prints_the_numbers_as_json(tmp_path: Path) -> None:
     assert got["db_writes_per_beat"] <= 0.01, got  # liveness rows per beat (the docstring)
     assert got["db_writes_from"] == "scheduler metrics", got
     assert got["marked_down"] == got["silent_hosts"] == 5 and got["false_downs"] == 0, got
-    assert 6 <= got["mark_down_s_p50"] <= got["mark_down_s_p99"] < 6 + 2 + 4, got  # timeout, lag, checks
+    assert 7 <= got["mark_down_s_p50"] <= got["mark_down_s_p99"] < 7 + 2 + 4, got  # timeout, lag, checks
     assert 0 < got["history_bytes_per_host_day"] < 256
     left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and p.name != str(os.getpid())
             and str(tmp_path).encode() in _cmdline(p)]
