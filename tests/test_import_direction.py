@@ -7,7 +7,10 @@ of the product packages (module level and inside functions alike):
 - ``tools.dev`` (development scripts, the library the tests and benches share) may import
   anything, and no product module imports it;
 - inside ``hostd`` the layers only look down:
-  helpers -> discover -> health -> carve -> domain -> apply -> rpc -> the command line.
+  helpers -> discover -> health -> carve -> domain -> apply -> rpc -> the command line;
+- inside ``scheduler``, the web console is a client beside the API: it imports nothing of
+  ``scheduler.api`` (it calls the services, after the rules of ``scheduler.policies``),
+  and of the API only the app factory, which composes both, imports the console.
 
 The walk reads source files (``ast``), so it also sees imports that a test run never
 executes, and it fails on a module it cannot place in a layer.
@@ -34,6 +37,8 @@ HOSTD_LAYERS: tuple[tuple[str, ...], ...] = (
     ("hostd.rpc", "hostd.config"),  # the config is read by the wiring (the daemon, the CLI)
     ("hostd.commands", "hostd.cli"),
 )
+# The console and the API: siblings that the app factory composes.
+CONSOLE, API, FACTORY = "scheduler.console", "scheduler.api", "scheduler.api.app"
 # What each top-level part may import of ours (besides itself).
 ALLOWED = {
     "api": (),
@@ -103,6 +108,10 @@ def product_files() -> list[Path]:
     return sorted(files)
 
 
+def within(module: str, package: str) -> bool:
+    return module == package or module.startswith(package + ".")
+
+
 def violations() -> list[str]:
     bad = []
     for path in product_files():
@@ -115,6 +124,10 @@ def violations() -> list[str]:
                 bad.append(f"{where} ({mine} may import {list(ALLOWED.get(mine, ())) or 'nothing of ours'})")
             elif mine == theirs == "hostd" and hostd_layer(target) > hostd_layer(me):
                 bad.append(f"{where} (a lower layer importing a higher one)")
+            elif within(me, CONSOLE) and within(target, API):
+                bad.append(f"{where} (the console calls services, never the API's modules)")
+            elif within(me, API) and me != FACTORY and within(target, CONSOLE):
+                bad.append(f"{where} (only the app factory, {FACTORY}, composes the console)")
     return bad
 
 
@@ -139,6 +152,10 @@ def test_imports_follow_the_dependency_direction() -> None:
     ("def f():\n    from hostd.rpc.daemon import start\n", "hostd/carve/fake.py", "hostd.rpc.daemon"),
     ("from ..apply import vms\n", "hostd/domain/fake.py", "hostd.apply"),
     ("from tools.dev.procs import Hostd\n", "tools/fleet_rollout/fake.py", "tools.dev.procs"),
+    ("from scheduler.api.routes import hosts\n", "scheduler/console/fake.py", "scheduler.api.routes"),
+    ("def f():\n    from scheduler.api.deps import Principal\n", "scheduler/console/fake.py", "scheduler.api.deps"),
+    ("from ..api import app\n", "scheduler/console/fake.py", "scheduler.api"),
+    ("from scheduler.console import routes\n", "scheduler/api/routes/fake.py", "scheduler.console"),
 ])
 def test_the_walk_sees_what_it_must_refuse(tmp_path: Path, monkeypatch, source, part, target) -> None:
     """The checker itself: a forbidden import, also lazy or relative, is found."""
@@ -148,3 +165,11 @@ def test_the_walk_sees_what_it_must_refuse(tmp_path: Path, monkeypatch, source, 
     monkeypatch.setattr(__import__(__name__), "REPO", tmp_path)
     assert [t for _, t in imports_of(f)] == [target]
     assert len(violations()) == 1
+
+
+def test_the_app_factory_may_compose_the_console(tmp_path: Path, monkeypatch) -> None:
+    f = tmp_path / "scheduler/api/app.py"
+    f.parent.mkdir(parents=True)
+    f.write_text("from scheduler.console import routes as console_routes\n")
+    monkeypatch.setattr(__import__(__name__), "REPO", tmp_path)
+    assert violations() == []

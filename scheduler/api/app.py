@@ -16,20 +16,17 @@ from typing import Any
 from fastapi import FastAPI, Response
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
-from sqlalchemy import func, select
 
-from api.states import HostState, VmStatus
+from api.states import VmStatus
 from scheduler.api import errors, fastpath, gate, wire
-from scheduler.console import routes as console_routes
-from scheduler.console.sessions import SessionBook
 from scheduler.api.routes import audit, fleet, hosts, rollouts, vms
 from scheduler.api.routes import prometheus as prometheus_sd
 from scheduler.config import Settings
+from scheduler.console import routes as console_routes
 from scheduler.db.engine import Store
 from scheduler.db.migrate import HERE, current
-from scheduler.db.models import Host, Vm
 from scheduler.metrics import Metrics
-from scheduler.repo import hosts as host_repo
+from scheduler.service.audit import AuditService
 from scheduler.service.claims import Placer
 from scheduler.service.drains import DrainLoop, DrainService
 from scheduler.service.fleet import FleetService
@@ -38,6 +35,7 @@ from scheduler.service.liveness import Lag, LivenessWatch
 from scheduler.service.pulse import Pulse
 from scheduler.service.hosts import HostService
 from scheduler.service.rollouts import RolloutService
+from scheduler.service.sessions import SessionBook
 from scheduler.service.tokens import TokenBook
 from scheduler.service.vms import Hostd, VmService
 
@@ -111,25 +109,27 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
     app.state.metrics = metrics
     app.state.placer = placer
     app.state.dispatch_enabled = settings.dispatch.enabled and hostd is not None
+    app.state.vms = VmService(store=store, placer=placer, hostd=hostd if app.state.dispatch_enabled else None,
+                              default_policy=settings.placement.default_policy,
+                              max_attempts=settings.dispatch.max_attempts, metrics=metrics, clock=clock,
+                              claim_batch=settings.placement.claim_batch)
+    app.state.drains = DrainService(store=store, vms=app.state.vms, clock=clock, workers=settings.drain.workers,
+                                    stop_grace_s=settings.drain.stop_grace_s)
     app.state.hosts = HostService(store=store, cache=cache, heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,
                                   clock=clock, stats_bucket_s=settings.stats.bucket_s,
                                   stats_retention_days=settings.stats.retention_days,
                                   heartbeat_flush_s=settings.stats.heartbeat_flush_s,
                                   heartbeat_write_s=settings.placement.heartbeat_write_s,
                                   heartbeat_min_interval_s=settings.placement.heartbeat_min_interval_s,
-                                  history_days=settings.stats.history_days, metrics=metrics)
-    app.state.vms = VmService(store=store, placer=placer, hostd=hostd if app.state.dispatch_enabled else None,
-                              default_policy=settings.placement.default_policy,
-                              max_attempts=settings.dispatch.max_attempts, metrics=metrics, clock=clock,
-                              claim_batch=settings.placement.claim_batch)
+                                  history_days=settings.stats.history_days, metrics=metrics,
+                                  on_draining=app.state.drains.wake.set)
     app.state.rollouts = RolloutService(store=store, clock=clock)
+    app.state.audit = AuditService(store=store, clock=clock)
     app.state.fleet = FleetService(store=store, heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,
                                    clock=clock, pulse=pulse)
     app.state.hosts.lag = lag = Lag()
     app.state.liveness = LivenessWatch(store=store, cfg=settings.liveness, clock=clock, pulse=pulse, lag=lag,
                                        heartbeat_timeout_s=settings.placement.heartbeat_timeout_s)
-    app.state.drains = DrainService(store=store, vms=app.state.vms, clock=clock, workers=settings.drain.workers,
-                                    stop_grace_s=settings.drain.stop_grace_s)
     errors.install(app)
     if settings.console.enabled:
         app.state.console = SessionBook(store, app.state.tokens, ttl_s=settings.console.session_ttl_s, clock=clock)
@@ -174,20 +174,13 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
 
     @app.get("/metrics", tags=["ops"], response_class=Response)
     def prometheus() -> Response:
-        now = clock()
-        with store.read() as s:
-            hosts_rows = s.execute(select(Host.name, Host.admin_state, Host.last_heartbeat)).all()
-            by_status = dict(s.execute(select(Vm.status, func.count()).group_by(Vm.status)).all())
-        states = dict.fromkeys(HostState, 0)
-        timeout = settings.placement.heartbeat_timeout_s
-        for r in hosts_rows:
-            states[host_repo.effective_state(r, now=now, heartbeat_timeout_s=timeout, pulse=pulse)] += 1
-        for k, v in states.items():
+        for k, v in app.state.hosts.state_counts().items():
             metrics.hosts.labels(k).set(v)
         loop_late, flush_late = app.state.liveness.lag.worst()
         metrics.lag.labels("event_loop").set(loop_late)
         metrics.lag.labels("flush").set(flush_late)
         metrics.lagging.set(int(app.state.liveness.lag.reason(settings.liveness.lag_bound_s) is not None))
+        by_status = app.state.vms.status_counts()
         for k in VmStatus:
             metrics.vms.labels(k).set(by_status.get(k, 0))
         return Response(generate_latest(metrics.registry), media_type=CONTENT_TYPE_LATEST)

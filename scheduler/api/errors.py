@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import time
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -14,7 +13,6 @@ from sqlalchemy.exc import OperationalError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from scheduler.errors import Forbidden, SchedulerError, StoreUnavailable
-from scheduler.repo import audit as audit_repo
 
 log = logging.getLogger(__name__)
 
@@ -78,9 +76,7 @@ def audit_refusal(req: Request, e: SchedulerError) -> None:
         return
     detail = {"method": req.method, "reason": e.message, **({"tenant": p.tenant} if p.tenant else {})}
     try:
-        with req.app.state.store.write() as s:
-            audit_repo.record(session=s, principal=p.name, action="auth.denied", target=req.url.path[:128],
-                              now=time.time(), detail=detail)
+        req.app.state.audit.denied(principal=p.name, target=req.url.path[:128], detail=detail)
     except Exception:  # noqa: BLE001 - the refusal is answered even if the audit write fails
         log.exception("cannot audit a refused call principal=%s path=%s", p.name, req.url.path)
 

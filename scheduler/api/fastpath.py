@@ -40,9 +40,10 @@ from starlette.concurrency import run_in_threadpool
 
 from api.states import VmStatus
 from scheduler.api import wire
-from scheduler.api.deps import Principal, principal_for
+from scheduler.api.deps import principal_for
 from scheduler.api.errors import domain_body, failure
 from scheduler.errors import SchedulerError
+from scheduler.policies import Principal
 
 log = logging.getLogger(__name__)
 

@@ -15,7 +15,6 @@ reason: both paths send it.
 from __future__ import annotations
 
 import re
-from collections.abc import Sequence
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -26,13 +25,14 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from pydantic import TypeAdapter, ValidationError
 
-from scheduler.api.deps import Principal, tenant_scope
+from scheduler import policies
 from scheduler.api.gate import BodyTooLarge
 from scheduler.db.models import Vm
-from scheduler.errors import Forbidden, InvalidRequest
-from scheduler.resources import split_cells
+from scheduler.errors import InvalidRequest
+from scheduler.policies import Principal
 from scheduler.schemas.hosts import HeartbeatIn, HeartbeatOut
 from scheduler.schemas.vms import VmCreate
+from scheduler.service.vms import cells_json
 
 KEY = r"^[A-Za-z0-9_.:-]{1,128}$"
 KEY_RE = re.compile(KEY)
@@ -73,15 +73,6 @@ def _model(kind: Any, body: bytes) -> Any:
         raise RequestValidationError([{**err, "loc": ("body", *err["loc"])} for err in e.errors()]) from None
 
 
-def owner(scope: str | None, body: VmCreate) -> str | None:
-    """The tenant a new VM belongs to, for a principal limited to tenant ``scope`` (None:
-    an admin, who may name any tenant in the body); None when the body names another
-    tenant than the principal's (403)."""
-    if scope is not None and body.tenant not in (None, scope):
-        return None
-    return scope or body.tenant or "default"
-
-
 def read_create(p: Principal, *, dry_run: str | None, key: str | None, ctype: str,
                 body: bytes) -> CreateRequest:
     """``POST /v1/vms`` from its ``dry_run`` query value, ``Idempotency-Key`` and
@@ -96,10 +87,7 @@ def read_create(p: Principal, *, dry_run: str | None, key: str | None, ctype: st
     if not json_content(ctype):
         raise invalid(("body",), f"send the VM as JSON (Content-Type: application/json), not {ctype}")
     vm = _model(VmCreate, body)
-    scope = tenant_scope(p)
-    tenant = owner(scope, vm)
-    if tenant is None:
-        raise Forbidden(f"{p.name} may only create VMs for tenant {scope}", field="tenant")
+    tenant = policies.create_tenant(p, vm.tenant)
     if not key:
         raise InvalidRequest("required: a retry with the same key returns the same VM", field="Idempotency-Key")
     return CreateRequest(body=vm, tenant=tenant, key=key, dry_run=dry, actor=p.name)
@@ -110,8 +98,8 @@ MAX_BEAT_BYTES = 64 << 10
 
 def read_heartbeat(p: Principal, *, ctype: str, body: bytes) -> HeartbeatIn | None:
     """A heartbeat's body: none (blank) or ``null`` is a beat without stats; else JSON
-    ``HeartbeatIn``. The principal needs the host scope first."""
-    p.require("host")
+    ``HeartbeatIn``. The principal may act as a host first."""
+    policies.act_as_host(p)
     if len(body) > MAX_BEAT_BYTES:
         raise BodyTooLarge(f"{len(body)} bytes; a heartbeat's body is at most {MAX_BEAT_BYTES} "
                            "(its stats are a few hundred)", field="body")
@@ -147,16 +135,8 @@ def body_schemas() -> dict[str, dict]:
     return get_openapi(title="bodies", version="0", routes=r.routes)["components"]["schemas"]
 
 
-def cells_json(nodes: Sequence[int], cpus: Sequence[int], pages: Sequence[Sequence[int]],
-               cell_vcpus: Sequence[int]) -> list[dict]:
-    """The guest NUMA cells of an allocation (its fields, or its stored dict's), as JSON."""
-    size = pages[0][1] if pages else 0  # one page size per VM
-    return [{"node": node, "cpus": list(c), "memory_mib": n * size // 1024}
-            for node, c, n in split_cells(nodes, cpus, pages, cell_vcpus)]
-
-
 def vm_json(vm: Vm) -> dict:
-    """``routes/vms.vm_out(vm)`` as JSON, built directly: the create answer (re-validating
+    """``service/vms.vm_public(vm)`` as JSON, built directly: the create answer (re-validating
     the stored request through the models cost as much as the claim). A test keeps the
     two equal."""
     a = vm.allocation
@@ -168,7 +148,7 @@ def vm_json(vm: Vm) -> dict:
     return {"id": vm.id, "name": vm.name, "tenant": vm.tenant, "status": vm.status, "reason": vm.reason,
             "host": vm.host, "replaces": vm.replaces, "placement": placement, "hostd_vm_id": vm.hostd_vm_id,
             "attempts": vm.attempts,
-            # as vm_out: the stored request carries the effective tenant, the public one None
+            # as vm_public: the stored request carries the effective tenant, the public one None
             "request": {k: (None if k == "tenant" else v) for k, v in vm.request.items()},
             "created": vm.created, "updated": vm.updated}
 

@@ -2,12 +2,17 @@
 with htmx, charts drawn by ECharts in the browser from numbers the server put in the
 page.
 
-Every number comes from the API's own handlers (``scheduler/api/routes``), called with
-the session's principal: the console can show nothing the API would not answer to the
-same token, and scopes are the API's (a tenant sees its VMs and nothing of hosts or
-the audit). A state-changing request must carry the session's CSRF token (a form's
-hidden ``csrf`` field, or htmx's ``X-CSRF-Token`` header) and, when the browser sends
-one, an ``Origin`` of this server."""
+The console is a client beside the API, composed with it by the app factory
+(``scheduler/api/app.py``): it calls the same services the API's routes call, after the
+same rules (``scheduler/policies.py``) with the session's principal, so it can show
+nothing the API would not answer to the same token and refuses what the API refuses
+(a tenant sees its VMs and its audit, nothing of hosts). It imports nothing of
+``scheduler.api``. Every page is a plain ``def``: FastAPI runs it in its thread pool,
+never on the event loop that answers heartbeats and claims; a POST's body is read on the
+loop by a dependency first. A state-changing request must carry the session's CSRF
+token (a form's hidden ``csrf`` field, or htmx's ``X-CSRF-Token`` header) and, when the
+browser sends one, an ``Origin`` of this server. Lists come a page at a time, with a
+link to the next: nothing is cut off silently."""
 
 from __future__ import annotations
 
@@ -17,36 +22,38 @@ import io
 import json
 import logging
 import time
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any
-from urllib.parse import parse_qs, quote, urlsplit
+from typing import Annotated, Any
+from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
-from fastapi import APIRouter, Request
+from fastapi import APIRouter, Depends, Request
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
 
 from api.states import AdminState, HostState, VmStatus
-from scheduler.api.deps import Principal
-from scheduler.api.routes import audit as audit_routes
-from scheduler.api.routes import fleet as fleet_routes
-from scheduler.api.routes import hosts as host_routes
-from scheduler.api.routes import rollouts as rollout_routes
-from scheduler.api.routes import vms as vm_routes
-from scheduler.api.wire import read_create
-from scheduler.console.sessions import COOKIE, Session
+from scheduler import policies
 from scheduler.errors import Forbidden, InvalidRequest, SchedulerError
+from scheduler.policies import Principal
 from scheduler.schemas.fleet import FleetHostsPublic
 from scheduler.schemas.hosts import AdminChange
+from scheduler.schemas.vms import VmCreate
 from scheduler.service.fleet import ALERT_LIMITS
+from scheduler.service.sessions import Session
 
 log = logging.getLogger(__name__)
 HERE = Path(__file__).parent
 STATIC = HERE / "static"
 VENDOR = STATIC / "vendor"  # fetched by `make console-assets` (tools/dev/fetch-console-assets.sh), never committed
+COOKIE = "hyb_session"
 router = APIRouter(prefix="/ui", include_in_schema=False)
 templates = Jinja2Templates(directory=str(HERE / "templates"))  # autoescape on: names are shown as text
 GROUPS = ("class", "rack", "state", "policy")
+BINS = 20  # the charts' bins: 5 % each
+PAGE = 500  # rows of a list page (hosts, VMs)
+AUDIT_PAGE = 200
+HOST_HISTORY = 50  # a host page's newest audit records; the audit page has the rest
 
 
 class LoginNeeded(Exception):
@@ -69,20 +76,40 @@ def session(request: Request) -> Session:
     return s
 
 
+def may(p: Principal) -> dict[str, bool]:
+    """What the rules let ``p`` do, for the links and forms a page offers (the pages
+    themselves ask the rules again)."""
+    def tenants(q: Principal) -> None:
+        if policies.vm_tenant(q) is not None:
+            raise Forbidden("one tenant")
+    return {"fleet": policies.allowed(policies.read_fleet, p), "hosts": policies.allowed(policies.read_hosts, p),
+            "hold": policies.allowed(policies.hold_host, p), "rollouts": policies.allowed(policies.rollouts, p),
+            "audit": policies.allowed(policies.audit_tenant, p), "vms": policies.allowed(policies.vm_tenant, p),
+            "all_tenants": policies.allowed(tenants, p)}
+
+
 def page(request: Request, name: str, s: Session | None, http_status: int = 200, **ctx: Any) -> HTMLResponse:
     return templates.TemplateResponse(request, name, {"me": s.principal if s else None, "csrf": s.csrf if s else "",
+                                                      "may": may(s.principal) if s else {},
                                                       "vendor": VENDOR.joinpath("echarts.min.js").exists(),
                                                       **ctx}, status_code=http_status)
 
 
-async def form_of(request: Request, s: Session | None) -> dict[str, str]:
+async def body_of(request: Request) -> bytes:
+    """A POST's body, read on the event loop before the page runs in the thread pool."""
+    return await request.body()
+
+
+RawBody = Annotated[bytes, Depends(body_of)]
+
+
+def form_of(request: Request, raw: bytes, s: Session | None) -> dict[str, str]:
     """The urlencoded form of a POST, after its origin and (with a session) its CSRF
     token were checked; Forbidden names what is wrong."""
     origin = request.headers.get("origin")
     if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host"):
         raise Forbidden(f"a request from another origin ({origin})", field="Origin")
-    raw = (await request.body()).decode("utf-8", "replace")
-    form = {k: v[-1] for k, v in parse_qs(raw, keep_blank_values=True).items()}
+    form = {k: v[-1] for k, v in parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True).items()}
     if s is not None and not s.csrf_ok(request.headers.get("x-csrf-token") or form.get("csrf")):
         raise Forbidden("missing or wrong CSRF token: reload the page and try again", field="csrf")
     return form
@@ -101,14 +128,29 @@ def install(app) -> None:  # type: ignore[no-untyped-def]
         return RedirectResponse(f"/ui/login?next={quote(request.url.path)}", status_code=303)
 
 
-async def guarded(request: Request, s: Session, name: str, build) -> Response:  # type: ignore[no-untyped-def]
-    """``build()`` -> the page's context; the API's refusals as an error page with the
-    API's status, code and message (a tenant asking for a host: 403)."""
+def guarded(request: Request, s: Session, name: str, build: Callable[[], dict]) -> Response:
+    """``build()`` -> the page's context; a refusal as an error page with the API's
+    status, code and message (a tenant asking for a host: 403)."""
     try:
-        ctx = await build() if callable(build) else build
+        ctx = build()
     except SchedulerError as e:
         return page(request, "error.html", s, http_status=e.status, error=e)
     return page(request, name, s, **ctx)
+
+
+def invalid(e: ValidationError) -> InvalidRequest:
+    """A model's first error as the API words it: the message, and the field as a path
+    (``vfs[0].min_tx_rate_mbps``)."""
+    err = e.errors()[0]
+    field = ""
+    for x in err["loc"]:
+        field += f"[{x}]" if isinstance(x, int) else (f".{x}" if field else str(x))
+    return InvalidRequest(err["msg"], field=field or "body")
+
+
+def next_link(path: str, **query: Any) -> str:
+    """``path`` with the non-empty ``query`` values: a filtered list's next page."""
+    return f"{path}?{urlencode({k: v for k, v in query.items() if v not in (None, '')})}"
 
 
 # ---------------------------------------------------------------------- login
@@ -118,7 +160,7 @@ async def guarded(request: Request, s: Session, name: str, build) -> Response:  
 @router.get("/", response_class=HTMLResponse)
 def home(request: Request) -> Response:
     s = session(request)
-    return RedirectResponse("/ui/fleet" if s.principal.admin else "/ui/vms", status_code=303)
+    return RedirectResponse("/ui/fleet" if may(s.principal)["fleet"] else "/ui/vms", status_code=303)
 
 
 @router.get("/login", response_class=HTMLResponse)
@@ -132,29 +174,29 @@ def safe_next(n: str) -> str:
 
 
 @router.post("/login", response_class=HTMLResponse)
-async def login(request: Request) -> Response:
+def login(request: Request, raw: RawBody) -> Response:
     try:
-        form = await form_of(request, None)
+        form = form_of(request, raw, None)
     except SchedulerError as e:
         return page(request, "login.html", None, http_status=e.status, error=e, next="/ui")
     nxt = safe_next(form.get("next", "/ui"))
+    book = request.app.state.console
     try:
-        cookie, s = request.app.state.console.open(form.get("token", "").strip())
+        cookie, s = book.open(form.get("token", "").strip())
     except SchedulerError as e:
         log.info("console login refused from %s: %s", request.client.host if request.client else "?", e.message)
         return page(request, "login.html", None, http_status=401, error=e, next=nxt)
     r = RedirectResponse(nxt, status_code=303)
-    book = request.app.state.console
     r.set_cookie(COOKIE, cookie, max_age=int(s.expires - book.clock()), path="/ui", secure=True, httponly=True,
                  samesite="strict")
     return r
 
 
 @router.post("/logout", response_class=HTMLResponse)
-async def logout(request: Request) -> Response:
+def logout(request: Request, raw: RawBody) -> Response:
     s = session(request)
     try:
-        await form_of(request, s)
+        form_of(request, raw, s)
     except SchedulerError as e:
         return page(request, "error.html", s, http_status=e.status, error=e)
     request.app.state.console.close(request.cookies.get(COOKIE))
@@ -193,34 +235,34 @@ def free_capacity(f: FleetHostsPublic) -> list[tuple[str, str, str]]:
 
 
 @router.get("/fleet", response_class=HTMLResponse)
-async def fleet(request: Request, day: str | None = None, compare: str | None = None, group: str = "class",
-                window: str = "peak") -> Response:
+def fleet(request: Request, day: str | None = None, compare: str | None = None, group: str = "class",
+          window: str = "peak") -> Response:
     s = session(request)
+    state = request.app.state
 
-    async def build() -> dict:
-        p = s.principal
-        p.require()
+    def build() -> dict:
+        policies.read_fleet(s.principal)
+        policies.read_hosts(s.principal)
         a = fleet_args(day, compare, group, window)
-        u = fleet_routes.utilization(request, p, day=a["day"], compare=a["compare"], window=a["window"],
-                                     group=a["group"], bins=20)
-        hosts = fleet_routes.hosts_summary(request, p)
-        hm = fleet_routes.utilization_heatmap(request, p, day=a["day"], window=a["window"], bins=20,
-                                              days=request.app.state.settings.console.heatmap_days)
+        u = state.fleet.utilization(day=a["day"], compare=a["compare"], window=a["window"], group=a["group"],
+                                    bins=BINS)
+        hosts = state.hosts.summary()
+        hm = state.fleet.heatmap(day=a["day"], days=state.settings.console.heatmap_days, window=a["window"],
+                                 bins=BINS)
         heat = [{"day": d.day.isoformat(), "counts": d.counts, "hosts": d.hosts} for d in hm.days]
-        ioh = fleet_routes.io_health(request, p, day=a["day"], **ALERT_LIMITS.model_dump())
+        ioh = state.fleet.io_health(day=a["day"], limits=ALERT_LIMITS)
         return {"u": u.model_dump(mode="json"), "args": a, "groups": GROUPS, "heat": heat, "ioh": ioh,
                 "classes": hosts.classes, "capacity": free_capacity(hosts), "hosts_total": hosts.hosts}
-    return await guarded(request, s, "fleet.html", build)
+    return guarded(request, s, "fleet.html", build)
 
 
 @router.get("/fleet/bin", response_class=HTMLResponse)
 def fleet_bin(request: Request, day: str, bin: int, window: str = "peak", cls: str = "all") -> Response:
     s = session(request)
     try:
-        s.principal.require()
+        policies.read_fleet(s.principal)
         a = fleet_args(day, None, "class", window)
-        got = fleet_routes.utilization_hosts(request, s.principal, day=a["day"], bin=bin, window=a["window"],
-                                             bins=20, cls=cls)
+        got = request.app.state.fleet.bin_hosts(day=a["day"], window=a["window"], bins=BINS, index=bin, cls=cls)
     except SchedulerError as e:
         return page(request, "error_fragment.html", s, http_status=e.status, error=e)
     return page(request, "bin_hosts.html", s, b=got.model_dump(mode="json"), cls=cls)
@@ -230,10 +272,10 @@ def fleet_bin(request: Request, day: str, bin: int, window: str = "peak", cls: s
 def fleet_csv(request: Request, day: str | None = None, compare: str | None = None, group: str = "class",
               window: str = "peak") -> Response:
     s = session(request)
-    s.principal.require()
+    policies.read_fleet(s.principal)
     a = fleet_args(day, compare, group, window)
-    u = fleet_routes.utilization(request, s.principal, day=a["day"], compare=a["compare"], window=a["window"],
-                                 group=a["group"], bins=20)
+    u = request.app.state.fleet.utilization(day=a["day"], compare=a["compare"], window=a["window"],
+                                            group=a["group"], bins=BINS)
     buf = io.StringIO()
     w = csv.writer(buf)
     w.writerow(["day", "lo", "hi", "group", "hosts"])
@@ -248,50 +290,55 @@ def fleet_csv(request: Request, day: str | None = None, compare: str | None = No
 # ---------------------------------------------------------------------- hosts
 
 
+HOLDS = {"cordon": AdminState.CORDONED, "uncordon": AdminState.ACTIVE, "drain": AdminState.DRAINING}
+
+
 @router.get("/hosts", response_class=HTMLResponse)
-async def hosts(request: Request, rack: str | None = None, state: str | None = None) -> Response:
+def hosts(request: Request, rack: str | None = None, state: str | None = None, after: str = "") -> Response:
     s = session(request)
 
-    async def build() -> dict:
-        s.principal.require()
+    def build() -> dict:
+        policies.read_hosts(s.principal)
         st = state if state in set(HostState) else None
-        return {"hosts": host_routes.list_hosts(request, s.principal, rack=rack or None, state=st).items,
-                "rack": rack or "", "state": st or "", "states": list(HostState)}
-    return await guarded(request, s, "hosts.html", build)
+        got = request.app.state.hosts.list(rack=rack or None, state=st, limit=PAGE, after=after)
+        return {"hosts": got.items, "rack": rack or "", "state": st or "", "states": list(HostState), "after": after,
+                "next": got.next and next_link("/ui/hosts", rack=rack, state=st, after=got.next)}
+    return guarded(request, s, "hosts.html", build)
 
 
 @router.get("/hosts/{name}", response_class=HTMLResponse)
-async def host(request: Request, name: str) -> Response:
+def host(request: Request, name: str) -> Response:
     s = session(request)
+    state = request.app.state
 
-    async def build() -> dict:
+    def build() -> dict:
         p = s.principal
-        p.require()  # a host page is an operator's: the API lets a host token read it, the console does not
-        h = host_routes.get_host(name, request, p)
-        vms = vm_routes.list_vms(request, p, host=name, status=None, name=None, tenant=None, limit=1000, after="")
-        stats = host_routes.host_stats(name, request, p, since=time.time() - 86400, until=None)
-        hist = await audit_routes.list_audit(request, p, since=None, until=None, principal=None, action=None,
-                                             target=name, before=None, limit=50)
-        drain = host_routes.drain_status(name, request, p) if h.admin_state == AdminState.DRAINING else None
+        policies.read_hosts(p)
+        h = state.hosts.get(name)
+        vms = state.vms.list(scope=policies.vm_tenant(p), host=name, limit=PAGE)
+        stats = state.hosts.stats(name, since=time.time() - 86400, until=None)
+        hist = state.audit.list(tenant=policies.audit_tenant(p), target=name, limit=HOST_HISTORY)
+        drain = state.drains.status(name) if h.admin_state == AdminState.DRAINING else None
         return {"h": h.model_dump(mode="json", by_alias=True), "vms": vms.items, "stats": stats.model_dump(mode="json"),
-                "history": hist.items, "drain": drain}
-    return await guarded(request, s, "host.html", build)
+                "history": hist.items, "drain": drain,
+                "vms_next": vms.next and next_link("/ui/vms", host=name, after=vms.next),
+                "history_next": hist.next and next_link("/ui/audit", target=name, before=hist.next)}
+    return guarded(request, s, "host.html", build)
 
 
 @router.post("/hosts/{name}/{verb}", response_class=HTMLResponse)
-async def host_admin(request: Request, name: str, verb: str) -> Response:
+def host_admin(request: Request, name: str, verb: str, raw: RawBody) -> Response:
     s = session(request)
     try:
-        form = await form_of(request, s)
-        if verb not in ("cordon", "uncordon", "drain"):
+        form = form_of(request, raw, s)
+        if verb not in HOLDS:
             raise InvalidRequest(f"{verb!r}: cordon, uncordon or drain", field="verb")
         body = AdminChange(reason=form.get("reason", ""), force=form.get("force") == "on",
                            expect_owner=form.get("expect_owner"))  # the owner: the API's, the session's principal
-        getattr(host_routes, verb)(name, request, s.principal, body)
+        policies.hold_host(s.principal)
+        request.app.state.hosts.set_state(name, HOLDS[verb], actor=s.principal.name, change=body)
     except ValidationError as e:
-        err = e.errors()[0]
-        return page(request, "error.html", s, http_status=422,
-                    error=InvalidRequest(err["msg"], field=".".join(str(x) for x in err["loc"])))
+        return page(request, "error.html", s, http_status=422, error=invalid(e))
     except SchedulerError as e:
         return page(request, "error.html", s, http_status=e.status, error=e)
     return RedirectResponse(f"/ui/hosts/{quote(name)}", status_code=303)
@@ -301,25 +348,28 @@ async def host_admin(request: Request, name: str, verb: str) -> Response:
 
 
 @router.get("/vms", response_class=HTMLResponse)
-async def vms(request: Request, tenant: str | None = None, host: str | None = None, status: str | None = None) -> Response:
+def vms(request: Request, tenant: str | None = None, host: str | None = None, status: str | None = None,
+        after: str = "") -> Response:
     s = session(request)
 
-    async def build() -> dict:
+    def build() -> dict:
         st = status if status in set(VmStatus) else None
-        got = vm_routes.list_vms(request, s.principal, host=host or None, status=st, name=None, tenant=tenant or None,
-                                 limit=1000, after="")
-        return {"vms": got.items, "tenant": tenant or "", "host": host or "", "status": st or "",
-                "statuses": list(VmStatus)}
-    return await guarded(request, s, "vms.html", build)
+        got = request.app.state.vms.list(scope=policies.vm_tenant(s.principal), tenant=tenant or None,
+                                         host=host or None, status=st, limit=PAGE, after=after)
+        return {"vms": got.items, "tenant": tenant or "", "host": host or "", "status": st or "", "statuses": list(VmStatus),
+                "after": after,
+                "next": got.next and next_link("/ui/vms", tenant=tenant, host=host, status=st, after=got.next)}
+    return guarded(request, s, "vms.html", build)
 
 
 @router.get("/vms/{vm_id}", response_class=HTMLResponse)
-async def vm(request: Request, vm_id: str) -> Response:
+def vm(request: Request, vm_id: str) -> Response:
     s = session(request)
 
-    async def build() -> dict:
-        return {"v": vm_routes.get_vm(vm_id, request, s.principal).model_dump(mode="json", by_alias=True)}
-    return await guarded(request, s, "vm.html", build)
+    def build() -> dict:
+        got = request.app.state.vms.get(vm_id, scope=policies.vm_tenant(s.principal))
+        return {"v": got.model_dump(mode="json", by_alias=True)}
+    return guarded(request, s, "vm.html", build)
 
 
 # ---------------------------------------------------------------------- why not
@@ -335,17 +385,22 @@ def why_form(request: Request) -> Response:
 
 
 @router.post("/why", response_class=HTMLResponse)
-async def why(request: Request) -> Response:
+def why(request: Request, raw: RawBody) -> Response:
+    """The dry run of ``POST /v1/vms``: the request as the API reads it, who may create it
+    as the API decides, then where it would go."""
     s = session(request)
     try:
-        form = await form_of(request, s)
+        form = form_of(request, raw, s)
     except SchedulerError as e:
         return page(request, "error.html", s, http_status=e.status, error=e)
     text = form.get("body", "")
     try:
-        req = read_create(s.principal, dry_run="true", key="console-why", ctype="application/json",
-                          body=text.encode())
-        preview = vm_routes.preview_out(request.app.state.vms.preview(req.body)).model_dump(mode="json")
+        try:
+            body = VmCreate.model_validate_json(text)
+        except ValidationError as e:
+            raise invalid(e) from None
+        policies.create_tenant(s.principal, body.tenant)
+        preview = request.app.state.vms.preview(body).model_dump(mode="json")
     except SchedulerError as e:
         return page(request, "why.html", s, http_status=e.status, body=text, preview=None, error=e)
     return page(request, "why.html", s, body=text, preview=preview)
@@ -355,39 +410,43 @@ async def why(request: Request) -> Response:
 
 
 @router.get("/rollouts", response_class=HTMLResponse)
-async def rollouts(request: Request) -> Response:
+def rollouts(request: Request) -> Response:
     s = session(request)
 
-    async def build() -> dict:
-        return {"rollouts": rollout_routes.list_rollouts(request, s.principal).items}
-    return await guarded(request, s, "rollouts.html", build)
+    def build() -> dict:
+        policies.rollouts(s.principal)
+        return {"rollouts": request.app.state.rollouts.list().items}
+    return guarded(request, s, "rollouts.html", build)
 
 
 @router.get("/rollouts/{name}", response_class=HTMLResponse)
-async def rollout(request: Request, name: str) -> Response:
+def rollout(request: Request, name: str) -> Response:
     s = session(request)
+    svc = request.app.state.rollouts
 
-    async def build() -> dict:
-        p = s.principal
-        r = rollout_routes.get_rollout(name, request, p)
-        hosts = rollout_routes.rollout_hosts(name, request, p, wave=None, brief=True).items
-        trans = rollout_routes.transitions(name, request, p, host=None).items
+    def build() -> dict:
+        policies.rollouts(s.principal)
+        r = svc.get(name)
+        hosts = svc.hosts(name, wave=None, brief=True).items
+        trans = svc.transitions(name, host=None).items
         return {"r": r.model_dump(mode="json", by_alias=True), "hosts": hosts,
                 "transitions": [t.model_dump(mode="json", by_alias=True) for t in trans]}
-    return await guarded(request, s, "rollout.html", build)
+    return guarded(request, s, "rollout.html", build)
 
 
 @router.get("/audit", response_class=HTMLResponse)
-async def audit(request: Request, principal: str | None = None, action: str | None = None,
-                target: str | None = None) -> Response:
+def audit(request: Request, principal: str | None = None, action: str | None = None, target: str | None = None,
+          before: int | None = None) -> Response:
     s = session(request)
 
-    async def build() -> dict:
-        s.principal.require()
-        got = await audit_routes.list_audit(request, s.principal, since=None, until=None, principal=principal or None,
-                                            action=action or None, target=target or None, before=None, limit=200)
-        return {"items": got.items, "principal": principal or "", "action": action or "", "target": target or ""}
-    return await guarded(request, s, "audit.html", build)
+    def build() -> dict:
+        got = request.app.state.audit.list(tenant=policies.audit_tenant(s.principal), principal=principal or None,
+                                           action=action or None, target=target or None, before=before,
+                                           limit=AUDIT_PAGE)
+        return {"items": got.items, "principal": principal or "", "action": action or "", "target": target or "",
+                "before": before, "next": got.next and next_link("/ui/audit", principal=principal, action=action,
+                                                                  target=target, before=got.next)}
+    return guarded(request, s, "audit.html", build)
 
 
 def principal_label(p: Principal) -> str:

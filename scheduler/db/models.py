@@ -199,7 +199,7 @@ class HostDay(Base):
 
 
 class ConsoleSession(Base):
-    """A web console login (``scheduler/console/sessions.py``): the cookie's secret is
+    """A web console login (``scheduler/service/sessions.py``): the cookie's secret is
     never stored, only its sha256; the token it was opened with is kept as its sha256
     too, so a revoked or expired token ends the session. Logout deletes the row."""
 

@@ -108,6 +108,11 @@ def summary_rows(*, session: Session) -> Sequence[Any]:
                                   Host.last_heartbeat)).all()
 
 
+def state_rows(*, session: Session) -> Sequence[Any]:
+    """Every host's (name, admin_state, last_heartbeat): what its state is counted from."""
+    return session.execute(select(Host.name, Host.admin_state, Host.last_heartbeat)).all()
+
+
 def upsert_host(*, session: Session, name: str, address: str, rack: str, labels: dict[str, str],
                 layout: dict[str, Any], siblings: dict[str, list[int]], pf_min_rate: dict[str, bool],
                 disk_classes: dict[str, str], now: float, owner: str = "",

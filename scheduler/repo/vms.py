@@ -131,6 +131,10 @@ def count_live_by_host(*, session: Session) -> dict[str, int]:
     return {h: n for h, n in rows}
 
 
+def count_by_status(*, session: Session) -> dict[str, int]:
+    return {st: n for st, n in session.execute(select(Vm.status, func.count()).group_by(Vm.status))}
+
+
 def group_members(*, session: Session, group: str) -> tuple[frozenset[str], frozenset[str]]:
     """Hosts and racks holding live members of anti-affinity ``group``."""
     if not group:

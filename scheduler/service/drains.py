@@ -47,6 +47,7 @@ from scheduler.errors import SchedulerError
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import pg
 from scheduler.repo import vms as vm_repo
+from scheduler.schemas.hosts import DrainPublic, DrainStepOut
 from scheduler.schemas.vms import VmCreate
 from scheduler.service.vms import VmService
 
@@ -108,6 +109,14 @@ class DrainService:
         with self.store.read() as s:
             h = host_repo.get_host(session=s, name=host)
             return h, plan({host}, load(s, [host]))
+
+    def status(self, host: str) -> DrainPublic:
+        """``plan_for`` as the API answers it: per VM, what the drain does or waits for."""
+        h, steps = self.plan_for(host)
+        left = sum(st.action != DrainAction.DONE for st in steps)
+        return DrainPublic(host=h.name, admin_state=h.admin_state,
+                           drained=h.admin_state == AdminState.DRAINING and not left, left=left,
+                           steps=[DrainStepOut(**st.__dict__) for st in steps])
 
     # ------------------------------------------------------------ act
 

@@ -42,8 +42,12 @@ class HostService:
                  clock: Callable[[], float] = time.time, stats_bucket_s: int = 300,
                  stats_retention_days: float = 14.0, heartbeat_flush_s: float = 0.0,
                  heartbeat_write_s: float = 0.0, heartbeat_min_interval_s: float = 0.0,
-                 history_days: float = 400.0, metrics: Metrics | None = None):
+                 history_days: float = 400.0, metrics: Metrics | None = None,
+                 on_draining: Callable[[], None] | None = None):
+        """``on_draining``: called after a host is set draining (the drain loop's wake-up,
+        so a drain starts now rather than at the loop's next interval)."""
         self.store = store
+        self.on_draining = on_draining
         self.bucket_s = stats_bucket_s
         self.retention_s = stats_retention_days * 86400
         self.cache = cache
@@ -371,6 +375,8 @@ class HostService:
         log.log(logging.WARNING if overrides else logging.INFO,
                 "host state name=%s %s -> %s owner=%s by=%s previous_owner=%s forced=%s reason=%r",
                 name, before, state, owner, actor, held_by, overrides, change.reason)
+        if state == AdminState.DRAINING and self.on_draining is not None:
+            self.on_draining()
         return out
 
     def get(self, name: str) -> HostPublic:
@@ -405,6 +411,16 @@ class HostService:
                         live=state == HostState.ACTIVE and h.admin_state == AdminState.ACTIVE, res=self.cache.res(s, h),
                         u=Usage.from_dict(h.usage))
         return acc.public()
+
+    def state_counts(self) -> dict[str, int]:
+        """Hosts by state as the views say it (down after ``heartbeat_timeout_s`` of silence)."""
+        now = self.clock()
+        with self.store.read() as s:
+            rows = host_repo.state_rows(session=s)
+        out = dict.fromkeys(HostState, 0)
+        for r in rows:
+            out[host_repo.effective_state(r, now=now, heartbeat_timeout_s=self.timeout, pulse=self.cache.pulse)] += 1
+        return out
 
     def _public(self, s: Session, h: Host, now: float, vms: int | None = None) -> HostPublic:
         res = self.cache.res(s, h)

@@ -11,7 +11,7 @@ import logging
 import os
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
@@ -26,13 +26,14 @@ from scheduler.db.engine import Store
 from scheduler.db.models import Vm
 from scheduler.errors import (ConcurrentUpdate, HostdFailed, IdempotencyMismatch, InvalidRequest, NoValidHost,
                               VmBusy)
-from scheduler.fit import DiskWant, VfWant, VmWant, validate
+from scheduler.fit import DiskWant, FitResult, VfWant, VmWant, validate
 from scheduler.metrics import Metrics
 from scheduler.repo import audit as audit_repo
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import vms as vm_repo
-from scheduler.resources import Allocation, DiskAlloc, Usage, VfAlloc
-from scheduler.schemas.vms import IoTuneIn, VmCreate
+from scheduler.resources import Allocation, DiskAlloc, Usage, VfAlloc, split_cells
+from scheduler.schemas.vms import (CandidateOut, IoTuneIn, PlacementOut, PreviewPublic, RejectionOut, VmCreate,
+                                   VmPublic, VmsPublic)
 from scheduler.service.claimq import ClaimQueue
 from scheduler.service.claims import Affinity, ClaimJob, Placer
 
@@ -129,6 +130,41 @@ def create_request(vm: Vm, alloc: Allocation) -> pb.CreateVMRequest:
         request_id=vm.id, name=f"{vm.name}-{vm.id[:8]}", vcpus=body.vcpus, memory_mib=body.memory_mib,
         hugepage_size_kb=body.page_size_kb, image=body.image, profile=body.profile, disks=disks, vfs=vfs,
         placement=placement, guest_numa=body.guest_numa, labels=labels)
+
+
+def cells_json(nodes: Sequence[int], cpus: Sequence[int], pages: Sequence[Sequence[int]],
+               cell_vcpus: Sequence[int]) -> list[dict]:
+    """The guest NUMA cells of an allocation (its fields, or its stored dict's), as JSON."""
+    size = pages[0][1] if pages else 0  # one page size per VM
+    return [{"node": node, "cpus": list(c), "memory_mib": n * size // 1024}
+            for node, c, n in split_cells(nodes, cpus, pages, cell_vcpus)]
+
+
+def placement_public(a: Allocation) -> PlacementOut:
+    return PlacementOut(nodes=list(a.nodes), cpus=list(a.cpus),
+                        hugepages=[{"node": n, "size_kb": s, "count": c} for n, s, c in a.pages],
+                        vfs=[v.__dict__ for v in a.vfs], disks=[d.__dict__ for d in a.disks],
+                        cells=cells_json(a.nodes, a.cpus, a.pages, a.cell_vcpus))
+
+
+def vm_public(vm: Vm) -> VmPublic:
+    req = {k: v for k, v in vm.request.items() if k != "tenant"}
+    return VmPublic(id=vm.id, name=vm.name, tenant=vm.tenant, status=vm.status, reason=vm.reason, host=vm.host,
+                    replaces=vm.replaces,
+                    placement=placement_public(Allocation.from_dict(vm.allocation)) if vm.allocation else None,
+                    hostd_vm_id=vm.hostd_vm_id, attempts=vm.attempts, request=VmCreate.model_validate(req),
+                    created=vm.created, updated=vm.updated)
+
+
+def preview_public(res: FitResult) -> PreviewPublic:
+    best = res.candidates[0] if res.candidates else None
+    return PreviewPublic(
+        fits=best is not None, host=best.host if best else None,
+        placement=placement_public(best.alloc) if best else None,
+        candidates=[CandidateOut(host=c.host, placement=placement_public(c.alloc)) for c in res.candidates],
+        rejections=res.counts, examined=res.examined,
+        rejected_hosts=[RejectionOut(host=r.host, resource=r.resource, reason=r.reason)
+                        for r in sorted(res.rejections, key=lambda r: r.host)[:100]])
 
 
 @dataclass(frozen=True)
@@ -257,8 +293,32 @@ class VmService:
                                       field="Idempotency-Key")
         return prior
 
-    def preview(self, body: VmCreate):  # type: ignore[no-untyped-def]
-        return self.placer.preview(want_of(body, self.default_policy), affinity_of(body))
+    def preview(self, body: VmCreate) -> PreviewPublic:
+        """Where ``body`` would go and why the other hosts were rejected; nothing claimed."""
+        return preview_public(self.placer.preview(want_of(body, self.default_policy), affinity_of(body)))
+
+    # ------------------------------------------------------------ reads
+
+    def get(self, vm_id: str, *, scope: str | None) -> VmPublic:
+        """``scope``: the tenant the reader is limited to (None: every tenant); another
+        tenant's VM is not found."""
+        with self.store.read() as s:
+            return vm_public(vm_repo.get_vm(session=s, vm_id=vm_id, tenant=scope))
+
+    def list(self, *, scope: str | None, tenant: str | None = None, host: str | None = None,
+             status: str | None = None, name: str | None = None, limit: int = 100, after: str = "") -> VmsPublic:
+        """By id, ``limit`` after ``after``; ``next`` is the ``after`` of the next page, None
+        on the last. A reader limited to a tenant (``scope``) sees only its VMs, whatever
+        ``tenant`` it names."""
+        with self.store.read() as s:
+            rows = vm_repo.list_vms(session=s, tenant=scope if scope is not None else tenant, host=host,
+                                    status=status, name=name, limit=limit, after=after)
+            items = [vm_public(v) for v in rows]
+        return VmsPublic(items=items, next=items[-1].id if len(items) == limit else None)
+
+    def status_counts(self) -> dict[str, int]:
+        with self.store.read() as s:
+            return vm_repo.count_by_status(session=s)
 
     # ------------------------------------------------------------ dispatch
 

@@ -2,7 +2,8 @@
 migrated) through its HTTP interface (Starlette's TestClient over https://testserver, so
 the Secure cookie is kept): login and logout, a cookie replayed after logout, a revoked
 token, a form without its CSRF token or from another origin, a tenant asking for a
-host page or the audit, and script in what a page shows."""
+host page, each page refused exactly when the API refuses its calls to the same token,
+and script in what a page shows."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ from fastapi.testclient import TestClient
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "scheduler"))
 from sched_helpers import ADM, HOST, TA, Clock, host_body, make_client, vm_body  # noqa: E402
 
-from scheduler.console.sessions import COOKIE  # noqa: E402
+from scheduler.console.routes import COOKIE  # noqa: E402
 
 T0 = 1_764_100_000.0
 
@@ -79,21 +80,59 @@ def test_a_form_without_its_csrf_token_or_from_elsewhere_changes_nothing(app) ->
     assert r.status_code == 303 and app.get("/v1/hosts/h1", headers=ADM).json()["admin_state"] == "active"
 
 
-def test_a_tenant_sees_its_vms_and_no_host_or_audit(app) -> None:  # type: ignore[no-untyped-def]
+def test_a_tenant_sees_its_vms_and_audit_and_no_host(app) -> None:  # type: ignore[no-untyped-def]
     for tenant, name, key in ((TA, "mine-1", "k1"), (ADM, "theirs-1", "k2")):
         body = vm_body(name=name) | ({"tenant": "b"} if tenant is ADM else {})
         r = app.post("/v1/vms", json=body, headers={**tenant, "Idempotency-Key": key})
         assert r.status_code == 202, r.text
     b, csrf = login(app, "ta")
-    for path in ("/ui/hosts", "/ui/hosts/h1", "/ui/audit", "/ui/fleet", "/ui/rollouts"):
+    for path in ("/ui/hosts", "/ui/hosts/h1", "/ui/fleet", "/ui/rollouts"):
         r = b.get(path)
         assert r.status_code == 403 and "hyb.auth.forbidden" in r.text, (path, r.status_code)
     vms = b.get("/ui/vms").text
     assert "mine-1" in vms and "theirs-1" not in vms
     theirs = app.get("/v1/vms", params={"name": "theirs-1"}, headers=ADM).json()["items"][0]["id"]
+    mine = app.get("/v1/vms", params={"name": "mine-1"}, headers=TA).json()["items"][0]["id"]
     assert b.get(f"/ui/vms/{theirs}").status_code == 404
+    audit = b.get("/ui/audit").text  # as GET /v1/audit answers the tenant: its own records
+    assert mine in audit and theirs not in audit
+    assert [a["target"] for a in app.get("/v1/audit", headers=TA).json()["items"]] == [mine]
     r = b.post("/ui/why", data={"csrf": csrf, "body": '{"name": "w", "vcpus": 1, "memory_mib": 128, "image": "smoke"}'})
     assert r.status_code == 200 and "Fits: h1" in r.text
+    r = b.post("/ui/why", data={"csrf": csrf, "body": '{"name": "w", "vcpus": 1, "memory_mib": 128, "image": "smoke", '
+                                                      '"tenant": "b"}'})
+    assert r.status_code == 403 and "[tenant]" in r.text  # another tenant's VM: refused as the API refuses it
+    r = b.post("/ui/why", data={"csrf": csrf, "body": '{"name": "w", "vcpus": "many"}'})
+    assert r.status_code == 422 and "[vcpus]" in r.text
+
+
+@pytest.mark.parametrize("token", ["adm", "ta", "hst", "oss1"])
+def test_each_page_answers_as_the_api_does(app, token) -> None:  # type: ignore[no-untyped-def]
+    """The console adds no rule and skips none: for every kind of token, a page is
+    refused exactly when the API call it shows is."""
+    vm = app.post("/v1/vms", json=vm_body(name="web-1"), headers={**TA, "Idempotency-Key": "k9"}).json()["id"]
+    assert app.post("/v1/hosts/h1/cordon", json={"reason": "x"}, headers=ADM).status_code == 200
+    assert app.post("/v1/hosts/h1/drain", json={"reason": "x"}, headers=ADM).status_code == 200
+    day = "2025-11-25"
+    pages = {"/ui/hosts": ["/v1/hosts"], "/ui/vms": ["/v1/vms"], f"/ui/vms/{vm}": [f"/v1/vms/{vm}"],
+             "/ui/audit": ["/v1/audit"], "/ui/rollouts": ["/v1/rollouts"],
+             f"/ui/fleet?day={day}": [f"/v1/fleet/utilization?day={day}", "/v1/fleet/hosts",
+                                      f"/v1/fleet/utilization/heatmap?day={day}", f"/v1/fleet/io-health?day={day}"],
+             f"/ui/fleet/bin?day={day}&bin=0": [f"/v1/fleet/utilization/hosts?day={day}&bin=0"],
+             "/ui/hosts/h1": ["/v1/hosts/h1", "/v1/vms?host=h1", "/v1/hosts/h1/stats", "/v1/audit?target=h1",
+                              "/v1/hosts/h1/drain"]}
+    b, _ = login(app, token)
+    for ui, calls in pages.items():
+        api = [app.get(c, headers={"Authorization": f"Bearer {token}"}).status_code for c in calls]
+        want = 200 if all(st == 200 for st in api) else next(st for st in api if st != 200)
+        assert b.get(ui).status_code == want, (token, ui, api)
+    r = b.post("/ui/hosts/h1/uncordon", headers={"X-CSRF-Token": _csrf(b)}, data={"reason": "done"})
+    api = app.post("/v1/hosts/h1/uncordon", json={"reason": "done"}, headers={"Authorization": f"Bearer {token}"})
+    assert r.status_code == (303 if api.status_code == 200 else api.status_code), (token, r.text[:500], api.text)
+
+
+def _csrf(b: TestClient) -> str:
+    return re.search(r'name="csrf" value="([^"]+)"', b.get("/ui/why").text).group(1)
 
 
 def test_script_in_what_a_page_shows_is_text(app) -> None:  # type: ignore[no-untyped-def]

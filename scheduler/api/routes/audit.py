@@ -7,10 +7,10 @@ from __future__ import annotations
 from fastapi import APIRouter, Query, Request
 from fastapi.concurrency import run_in_threadpool
 
-from scheduler.api.deps import CurrentPrincipal, tenant_scope
+from scheduler import policies
+from scheduler.api.deps import CurrentPrincipal
 from scheduler.api.errors import ERRORS
-from scheduler.repo import audit as audit_repo
-from scheduler.schemas.audit import AuditOut, AuditPublic
+from scheduler.schemas.audit import AuditPublic
 
 router = APIRouter(prefix="/v1/audit", tags=["audit"], responses=ERRORS)
 
@@ -24,15 +24,6 @@ async def list_audit(request: Request, p: CurrentPrincipal,
                      target: str | None = Query(None, max_length=128, description="a VM id or host name"),
                      before: int | None = Query(None, ge=1, description="the page after this id (`next`)"),
                      limit: int = Query(100, ge=1, le=1000)) -> AuditPublic:
-    tenant = tenant_scope(p)  # admin: None (everything); others: their tenant, or 403
-
-    def read() -> list[AuditOut]:
-        with request.app.state.store.read() as s:
-            rows = audit_repo.list_audit(session=s, limit=limit + 1, before_id=before, since=since, until=until,
-                                      principal=principal, action=action, target=target, tenant=tenant)
-            return [AuditOut(id=a.id, at=a.at, principal=a.principal, action=a.action, target=a.target,
-                             detail=a.detail or {}) for a in rows]
-    items = await run_in_threadpool(read)
-    more = len(items) > limit
-    items = items[:limit]
-    return AuditPublic(items=items, next=str(items[-1].id) if more else None)
+    tenant = policies.audit_tenant(p)  # admin: None (everything); others: their tenant, or 403
+    return await run_in_threadpool(request.app.state.audit.list, tenant=tenant, since=since, until=until,
+                                   principal=principal, action=action, target=target, before=before, limit=limit)

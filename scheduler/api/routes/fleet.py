@@ -7,6 +7,7 @@ from typing import Annotated, Literal
 
 from fastapi import APIRouter, Query, Request
 
+from scheduler import policies
 from scheduler.api.deps import CurrentPrincipal
 from scheduler.api.errors import ERRORS
 from scheduler.schemas.fleet import (BinHostsPublic, FleetHostsPublic, HeatmapPublic, IoHealthLimits, IoHealthPublic,
@@ -30,7 +31,7 @@ def utilization(request: Request, p: CurrentPrincipal, day: dt.date, compare: dt
     service, the VMs and the rest) or host-local hours `HH-HH` (whole-host use). Hosts
     registered but without data for the day are counted as missing. `compare`: a second
     day, answered alike (before/after). Each bin names the request that lists its hosts."""
-    p.require()
+    policies.read_fleet(p)
     return request.app.state.fleet.utilization(day=day, compare=compare, window=window, group=group, bins=bins)
 
 
@@ -42,7 +43,7 @@ def utilization_heatmap(request: Request, p: CurrentPrincipal, day: dt.date, day
     """Hosts per bin of CPU use for each of `days` days ending with the host-local `day`
     (oldest first): for every day what `GET /v1/fleet/utilization` counts per bin, all
     groups together, in one query over the history. `window` as there."""
-    p.require()
+    policies.read_fleet(p)
     return request.app.state.fleet.heatmap(day=day, days=days, window=window, bins=bins)
 
 
@@ -51,7 +52,7 @@ def utilization_hosts(request: Request, p: CurrentPrincipal, day: dt.date, bin: 
                       bins: int = 20, cls: Annotated[str, Query(alias="class")] = "all") -> BinHostsPublic:
     """The hosts in one bin of `GET /v1/fleet/utilization` with their value (`class`:
     `all`, or `io`, `vms`, `other` with `window=peak`)."""
-    p.require()
+    policies.read_fleet(p)
     return request.app.state.fleet.bin_hosts(day=day, window=window, bins=bins, index=bin, cls=cls)
 
 
@@ -69,7 +70,7 @@ def io_health(request: Request, p: CurrentPrincipal, day: dt.date,
     failed probes. The defaults are the alert rules' (deploy/prometheus/io-health.rules.yml:
     probe p99 over 50 ms, PSI over 10 %; foreign CPU over a minute a day; any failed
     probe)."""
-    p.require()
+    policies.read_fleet(p)
     return request.app.state.fleet.io_health(day=day, limits=IoHealthLimits(
         probe_p99_ms=probe_p99_ms, psi_some_avg10=psi_some_avg10, foreign_cpu_s=foreign_cpu_s,
         probe_failed=probe_failed))
@@ -81,5 +82,5 @@ def hosts_summary(request: Request, p: CurrentPrincipal) -> FleetHostsPublic:
     cordoned, down, failed: the hosts of active rollouts by their step there), and the
     free capacity on the hosts that take VMs, against every host's: one read, where
     counting from `GET /v1/hosts` costs a full host view each (scope `host`)."""
-    p.require("host")
+    policies.read_hosts(p)
     return request.app.state.hosts.summary()

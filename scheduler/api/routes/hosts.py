@@ -6,13 +6,14 @@ from typing import Annotated
 
 from fastapi import APIRouter, Query, Request, Response
 
-from api.states import AdminState, DrainAction, HostState
+from api.states import AdminState, HostState
+from scheduler import policies
 from scheduler.api import wire
 from scheduler.api.deps import CurrentPrincipal
 from scheduler.api.errors import ERRORS
 from scheduler.schemas.fleet import DaysAccepted, HostDaysIn
-from scheduler.schemas.hosts import (AdminChange, DrainPublic, DrainStepOut, HeartbeatOut, HostPublic,
-                                     HostRegister, HostsPublic, HostStatsPublic)
+from scheduler.schemas.hosts import (AdminChange, DrainPublic, HeartbeatOut, HostPublic, HostRegister, HostsPublic,
+                                     HostStatsPublic)
 from scheduler.service.hosts import HostService
 
 router = APIRouter(prefix="/v1/hosts", tags=["hosts"], responses=ERRORS)
@@ -25,7 +26,7 @@ def _svc(request: Request) -> HostService:
 @router.post("", response_model=HostPublic, status_code=201,
              responses={200: {"model": HostPublic, "description": "re-registered"}})
 def register_host(body: HostRegister, request: Request, response: Response, p: CurrentPrincipal) -> HostPublic:
-    p.require("host")
+    policies.act_as_host(p)
     out, created = _svc(request).register(body, actor=p.name, admin=p.admin, bound_host=p.host)
     if not created:
         response.status_code = 200
@@ -53,7 +54,7 @@ def host_days(name: str, body: HostDaysIn, request: Request, p: CurrentPrincipal
     last): kept for `stats.history_days`, read by `GET /v1/fleet/utilization`. The latest
     of a day replaces the earlier; written with the next heartbeat flush. Who may send
     them is who may beat for the host."""
-    p.require("host")
+    policies.act_as_host(p)
     n = _svc(request).record_days(name, body, actor=p.name, admin=p.admin, bound_host=p.host)
     return DaysAccepted(days=n)
 
@@ -62,7 +63,7 @@ def host_days(name: str, body: HostDaysIn, request: Request, p: CurrentPrincipal
 def host_stats(name: str, request: Request, p: CurrentPrincipal, since: float | None = None,
                until: float | None = None) -> HostStatsPublic:
     """The host's IO-health history, oldest first, one item per ``stats.bucket_s`` window."""
-    p.require("host")
+    policies.read_hosts(p)
     return _svc(request).stats(name, since=since, until=until)
 
 
@@ -73,18 +74,18 @@ def list_hosts(request: Request, p: CurrentPrincipal, rack: str | None = None,
     """By name. Without `limit`, every host (about 1.4 kB each); with it, one page, and
     `next` names where the next one starts (`after`), as `/v1/vms` does. `state` filters
     each page, so a page may hold fewer than `limit`: follow `next`, not the count."""
-    p.require("host")
+    policies.read_hosts(p)
     return _svc(request).list(rack=rack, state=state, limit=limit, after=after)
 
 
 @router.get("/{name}", response_model=HostPublic)
 def get_host(name: str, request: Request, p: CurrentPrincipal) -> HostPublic:
-    p.require("host")
+    policies.read_hosts(p)
     return _svc(request).get(name)
 
 
 def _state(name: str, state: AdminState, request: Request, p: CurrentPrincipal, body: AdminChange | None) -> HostPublic:
-    p.require()
+    policies.hold_host(p)
     return _svc(request).set_state(name, state, actor=p.name, change=body or AdminChange())
 
 
@@ -112,9 +113,7 @@ def drain(name: str, request: Request, p: CurrentPrincipal, body: AdminChange | 
     drained when `vms` reaches 0; `GET /v1/hosts/{name}/drain` says per VM what the drain
     does or waits for. 409 `hyb.host.admin_owned` when another owner holds it (`force`
     with `expect_owner` overrides)."""
-    out = _state(name, AdminState.DRAINING, request, p, body)
-    request.app.state.drains.wake.set()
-    return out
+    return _state(name, AdminState.DRAINING, request, p, body)
 
 
 @router.get("/{name}/drain", response_model=DrainPublic)
@@ -122,9 +121,5 @@ def drain_status(name: str, request: Request, p: CurrentPrincipal) -> DrainPubli
     """Per VM on the host: what its drain does now (`replace`, `stop`, `delete_old`),
     or what it waits for (`wait`, with why: its owner, its group's budget, its
     replacement), or `done`."""
-    p.require("host")
-    h, steps = request.app.state.drains.plan_for(name)
-    left = sum(st.action != DrainAction.DONE for st in steps)
-    return DrainPublic(host=h.name, admin_state=h.admin_state,
-                       drained=h.admin_state == AdminState.DRAINING and not left, left=left,
-                       steps=[DrainStepOut(**st.__dict__) for st in steps])
+    policies.read_hosts(p)
+    return request.app.state.drains.status(name)

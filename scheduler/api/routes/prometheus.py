@@ -4,6 +4,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Request
 
+from scheduler import policies
 from scheduler.api.deps import CurrentPrincipal
 from scheduler.api.errors import ERRORS
 from scheduler.schemas.hosts import TargetGroup
@@ -20,5 +21,5 @@ def scrape_targets(request: Request, p: CurrentPrincipal) -> list[TargetGroup]:
     with `__scheme__` and `__metrics_path__` from the address. Hosts registered by a hostd
     that sends no metrics address are not listed. Prometheus authenticates with a bearer
     token of scope `prometheus` (or `admin`); see deploy/prometheus/prometheus.yml."""
-    p.require("prometheus")
+    policies.scrape_targets(p)
     return request.app.state.hosts.scrape_targets()

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from fastapi import APIRouter, Query, Request, Response
 
+from scheduler import policies
 from scheduler.api.deps import CurrentPrincipal
 from scheduler.api.errors import ERRORS
 from scheduler.schemas.rollouts import (MAX_HOSTS, LeaseOut, LeaseRenew, LeaseTake, RolloutCreate,
@@ -25,20 +26,20 @@ def _svc(request: Request) -> RolloutService:
 def create_rollout(body: RolloutCreate, request: Request, p: CurrentPrincipal) -> RolloutOut:
     """Running at wave 0. 409 `hyb.rollout.exists`, or `hyb.rollout.overlap` when another
     active rollout holds one of its hosts (nothing is created)."""
-    p.require()
+    policies.rollouts(p)
     return _svc(request).create(body, actor=p.name)
 
 
 @router.get("", response_model=RolloutsOut)
 def list_rollouts(request: Request, p: CurrentPrincipal) -> RolloutsOut:
     """Oldest first."""
-    p.require()
+    policies.rollouts(p)
     return _svc(request).list()
 
 
 @router.get("/{name}", response_model=RolloutOut)
 def get_rollout(name: str, request: Request, p: CurrentPrincipal) -> RolloutOut:
-    p.require()
+    policies.rollouts(p)
     return _svc(request).get(name)
 
 
@@ -48,13 +49,13 @@ def rollout_hosts(name: str, request: Request, p: CurrentPrincipal, wave: int | 
                                                          "rollback_failed of its data): what a controller polls")
                   ) -> RolloutHostsOut:
     """In rollout order."""
-    p.require()
+    policies.rollouts(p)
     return _svc(request).hosts(name, wave=wave, brief=brief)
 
 
 @router.get("/{name}/hosts/{host}", response_model=RolloutHostOut)
 def rollout_host(name: str, host: str, request: Request, p: CurrentPrincipal) -> RolloutHostOut:
-    p.require()
+    policies.rollouts(p)
     return _svc(request).host(name, host)
 
 
@@ -63,7 +64,7 @@ def transitions(name: str, request: Request, p: CurrentPrincipal,
                 host: str | None = Query(None, description='one host\'s, or "-" for the rollout\'s own')
                 ) -> TransitionsOut:
     """Oldest first."""
-    p.require()
+    policies.rollouts(p)
     return _svc(request).transitions(name, host=host)
 
 
@@ -74,14 +75,14 @@ def move_host(name: str, host: str, body: RolloutHostTransition, request: Reques
     (naming who took the lease since) or `hyb.rollout.lease_lost` unless `fence` is the
     live lease's, 403 `hyb.rollout.not_yours` unless the caller took it,
     `hyb.rollout.stale_state` (naming who moved the host) unless the host is in `from`."""
-    p.require()
+    policies.rollouts(p)
     return _svc(request).move(name, host, body, actor=p.name)
 
 
 @router.post("/{name}/hosts/{host}/note", status_code=204, response_class=Response)
 def note_host(name: str, host: str, body: RolloutHostNote, request: Request, p: CurrentPrincipal) -> Response:
     """A record without a state change, under the lease."""
-    p.require()
+    policies.rollouts(p)
     _svc(request).note(name, host, body, actor=p.name)
     return Response(status_code=204)
 
@@ -90,14 +91,14 @@ def note_host(name: str, host: str, body: RolloutHostNote, request: Request, p: 
 def set_state(name: str, body: RolloutStateChange, request: Request, p: CurrentPrincipal) -> RolloutOut:
     """The controller's rollout-level transition, under the lease, from the state it
     `expect`s (409 `hyb.rollout.stale_state` naming who changed it)."""
-    p.require()
+    policies.rollouts(p)
     return _svc(request).set_state(name, body, actor=p.name)
 
 
 def _operate(name: str, verb: str, request: Request, p: CurrentPrincipal, body: RolloutVerb) -> RolloutOut:
     """Every verb replaces the state the operator saw (`expect`): 409
     `hyb.rollout.stale_state`, naming who changed it since and when, otherwise."""
-    p.require()
+    policies.rollouts(p)
     return _svc(request).operate(name, verb, actor=p.name, expect=body.expect, reason=body.reason)
 
 
@@ -134,14 +135,14 @@ def take_lease(name: str, body: LeaseTake, request: Request, p: CurrentPrincipal
     """The lease, with the next fence (one more than any handed out before). 409
     `hyb.rollout.lease_held` while another controller's lease is live, unless
     `replace_fence` names its fence."""
-    p.require()
+    policies.rollouts(p)
     return _svc(request).acquire(name, body, actor=p.name)
 
 
 @router.put("/{name}/lease", response_model=LeaseOut)
 def renew_lease(name: str, body: LeaseRenew, request: Request, p: CurrentPrincipal) -> LeaseOut:
     """Refused as a controller's write is, unless `fence` is the caller's live lease."""
-    p.require()
+    policies.rollouts(p)
     return _svc(request).renew(name, body, actor=p.name)
 
 
@@ -149,6 +150,6 @@ def renew_lease(name: str, body: LeaseRenew, request: Request, p: CurrentPrincip
 def release_lease(name: str, request: Request, p: CurrentPrincipal, fence: int = Query(ge=1)) -> Response:
     """Ends the lease at `fence` (403 `hyb.rollout.not_yours` if another principal took
     it); a lease taken since, or already ended, stays as it is."""
-    p.require()
+    policies.rollouts(p)
     _svc(request).release(name, fence, actor=p.name)
     return Response(status_code=204)

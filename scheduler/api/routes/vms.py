@@ -12,48 +12,18 @@ from fastapi.responses import JSONResponse
 from starlette.background import BackgroundTask
 
 from api.states import VmStatus
-from scheduler.api.deps import CurrentPrincipal, principal_of, tenant_scope
+from scheduler import policies
+from scheduler.api.deps import CurrentPrincipal, principal_of
 from scheduler.api.errors import ERRORS, ErrorBody
-from scheduler.api.wire import KEY, CreateRequest, cells_json, created_headers, read_create, vm_json
-from scheduler.db.models import Vm
-from scheduler.fit import FitResult
-from scheduler.resources import Allocation
-from scheduler.schemas.vms import (CandidateOut, IoLimitsUpdate, PlacementOut, PreviewPublic, RejectionOut,
-                                   VmCreate, VmPublic, VmsPublic)
-from scheduler.service.vms import VmService
+from scheduler.api.wire import KEY, CreateRequest, created_headers, read_create, vm_json
+from scheduler.schemas.vms import IoLimitsUpdate, PreviewPublic, VmPublic, VmsPublic
+from scheduler.service.vms import VmService, vm_public
 
 router = APIRouter(prefix="/v1/vms", tags=["vms"], responses=ERRORS)
 
 
 def _svc(request: Request) -> VmService:
     return request.app.state.vms
-
-
-def placement_out(a: Allocation) -> PlacementOut:
-    return PlacementOut(nodes=list(a.nodes), cpus=list(a.cpus),
-                        hugepages=[{"node": n, "size_kb": s, "count": c} for n, s, c in a.pages],
-                        vfs=[v.__dict__ for v in a.vfs], disks=[d.__dict__ for d in a.disks],
-                        cells=cells_json(a.nodes, a.cpus, a.pages, a.cell_vcpus))
-
-
-def vm_out(vm: Vm) -> VmPublic:
-    req = {k: v for k, v in vm.request.items() if k != "tenant"}
-    return VmPublic(id=vm.id, name=vm.name, tenant=vm.tenant, status=vm.status, reason=vm.reason, host=vm.host,
-                    replaces=vm.replaces,
-                    placement=placement_out(Allocation.from_dict(vm.allocation)) if vm.allocation else None,
-                    hostd_vm_id=vm.hostd_vm_id, attempts=vm.attempts, request=VmCreate.model_validate(req),
-                    created=vm.created, updated=vm.updated)
-
-
-def preview_out(res: FitResult) -> PreviewPublic:
-    best = res.candidates[0] if res.candidates else None
-    return PreviewPublic(
-        fits=best is not None, host=best.host if best else None,
-        placement=placement_out(best.alloc) if best else None,
-        candidates=[CandidateOut(host=c.host, placement=placement_out(c.alloc)) for c in res.candidates],
-        rejections=res.counts, examined=res.examined,
-        rejected_hosts=[RejectionOut(host=r.host, resource=r.resource, reason=r.reason)
-                        for r in sorted(res.rejections, key=lambda r: r.host)[:100]])
 
 
 # The create route reads its own inputs (``create_vm``): FastAPI's generic parameter
@@ -99,7 +69,7 @@ async def create_vm(request: Request) -> Response:
     req = await create_inputs(request)
     svc = _svc(request)
     if req.dry_run:
-        preview = preview_out(await run_in_threadpool(svc.preview, req.body))
+        preview = await run_in_threadpool(svc.preview, req.body)
         return JSONResponse(preview.model_dump(mode="json"), status_code=200)
     t = time.perf_counter()
     vm, replay = await svc.create_async(req.body, tenant=req.tenant, key=req.key, actor=req.actor)
@@ -115,26 +85,18 @@ def list_vms(request: Request, p: CurrentPrincipal, host: str | None = None,
              name: str | None = None, tenant: str | None = None,
              limit: Annotated[int, Query(ge=1, le=1000)] = 100, after: str = "") -> VmsPublic:
     """Tenants see only their own VMs; `after` + `next` page through by id."""
-    mine = tenant_scope(p)
-    if mine is not None:
-        tenant = mine
-    with request.app.state.store.read() as s:
-        from scheduler.repo.vms import list_vms as q
-        rows = q(session=s, tenant=tenant, host=host, status=status, name=name, limit=limit, after=after)
-        items = [vm_out(v) for v in rows]
-    return VmsPublic(items=items, next=items[-1].id if len(items) == limit else None)
+    return _svc(request).list(scope=policies.vm_tenant(p), tenant=tenant, host=host, status=status, name=name,
+                              limit=limit, after=after)
 
 
 @router.get("/{vm_id}", response_model=VmPublic)
 def get_vm(vm_id: str, request: Request, p: CurrentPrincipal) -> VmPublic:
-    with request.app.state.store.read() as s:
-        from scheduler.repo.vms import get_vm as q
-        return vm_out(q(session=s, vm_id=vm_id, tenant=tenant_scope(p)))
+    return _svc(request).get(vm_id, scope=policies.vm_tenant(p))
 
 
 @router.delete("/{vm_id}", status_code=204, response_class=Response)
 def delete_vm(vm_id: str, request: Request, p: CurrentPrincipal) -> Response:
-    _svc(request).delete(vm_id, tenant=tenant_scope(p), actor=p.name)
+    _svc(request).delete(vm_id, tenant=policies.vm_tenant(p), actor=p.name)
     return Response(status_code=204)
 
 
@@ -142,7 +104,7 @@ def delete_vm(vm_id: str, request: Request, p: CurrentPrincipal) -> Response:
 def update_io_limits(vm_id: str, body: IoLimitsUpdate, request: Request, p: CurrentPrincipal) -> VmPublic:
     """Live change of disk throttles (within each disk's IO budget) and VF tx rates (a
     higher min rate is reserved from the PF's tx budget first; hostd applies both)."""
-    vm = _svc(request).update_io(vm_id, [(d.disk, d.iotune) for d in body.disks], tenant=tenant_scope(p),
+    vm = _svc(request).update_io(vm_id, [(d.disk, d.iotune) for d in body.disks], tenant=policies.vm_tenant(p),
                                  vfs=[(v.vf, v.max_tx_rate_mbps, v.min_tx_rate_mbps) for v in body.vfs],
                                  actor=p.name)
-    return vm_out(vm)
+    return vm_public(vm)

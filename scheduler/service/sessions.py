@@ -1,4 +1,4 @@
-"""The console's logins: server-side sessions in the database.
+"""The web console's logins: server-side sessions in the database.
 
 A login with a bearer token (the API's own tokens: config or ``scheduler token
 create``) makes a session: a random cookie value whose sha256 is the row's key, the
@@ -16,15 +16,11 @@ import secrets
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from sqlalchemy import delete, select
-
-from scheduler.api.deps import Principal
 from scheduler.db.engine import Store
-from scheduler.db.models import ConsoleSession
 from scheduler.errors import SchedulerError
+from scheduler.policies import Principal
+from scheduler.repo import sessions as session_repo
 from scheduler.service.tokens import TokenBook, digest
-
-COOKIE = "hyb_session"
 
 
 def _h(value: str) -> str:
@@ -51,9 +47,9 @@ class SessionBook:
         cookie, csrf, now = secrets.token_urlsafe(32), secrets.token_urlsafe(32), self.clock()
         expires = now + self.ttl_s if e.expires is None else min(now + self.ttl_s, e.expires)
         with self.store.write() as s:
-            s.execute(delete(ConsoleSession).where(ConsoleSession.expires <= now))  # the expired ones go
-            s.add(ConsoleSession(id=_h(cookie), token_sha256=digest(token), csrf=csrf, created=now,
-                                 expires=expires))
+            session_repo.delete_expired(session=s, now=now)  # the expired ones go
+            session_repo.insert_session(session=s, key=_h(cookie), token_sha256=digest(token), csrf=csrf,
+                                        created=now, expires=expires)
         return cookie, Session(Principal(e.name, e.scopes), csrf, expires)
 
     def find(self, cookie: str | None) -> Session | None:
@@ -62,10 +58,10 @@ class SessionBook:
         if not cookie or len(cookie) > 128:
             return None
         with self.store.read() as s:
-            row = s.scalars(select(ConsoleSession).where(ConsoleSession.id == _h(cookie))).first()
-            if row is None:
-                return None
-            token_sha, csrf, expires = row.token_sha256, row.csrf, row.expires
+            row = session_repo.find_session(session=s, key=_h(cookie))
+        if row is None:
+            return None
+        token_sha, csrf, expires = row
         if expires <= self.clock():
             return None
         try:
@@ -77,4 +73,4 @@ class SessionBook:
     def close(self, cookie: str | None) -> None:
         if cookie:
             with self.store.write() as s:
-                s.execute(delete(ConsoleSession).where(ConsoleSession.id == _h(cookie)))
+                session_repo.delete_session(session=s, key=_h(cookie))
