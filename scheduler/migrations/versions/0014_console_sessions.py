@@ -1,4 +1,4 @@
-"""console_sessions: the web console's logins (scheduler/console/sessions.py), one row
+"""console_sessions: the web console's logins (scheduler/service/sessions.py), one row
 each, kept in the database so every replica knows a session and a logout ends it
 everywhere. Only hashes are stored: the cookie's and the bearer token's.
 
