@@ -2,11 +2,11 @@
 
 A real ``scheduler serve`` (SQLite, HTTPS) with 500 registered hosts, so the hosts page
 takes a noticeable time to build; heartbeats are sent at a steady rate and timed, first
-alone and then while a logged-in browser stand-in loads the hosts and fleet pages back to
-back. The beats are answered from memory on the event loop
+alone and then while a logged-in operator (a browser stand-in) loads the hosts and fleet
+pages back to back. The beats are answered from memory on the event loop
 (``api/fastpath.py``), so their p99 is the loop's availability: a page built on the loop
-delays every beat that arrives meanwhile by the page's time, a page built on the thread
-pool delays them by little more than the GIL's switch interval."""
+delays every beat that arrives meanwhile by the page's time, a page built in the thread
+pool by the GIL's hand-overs."""
 
 from __future__ import annotations
 
@@ -82,13 +82,10 @@ def test_a_page_load_leaves_the_beats_p99_unchanged(tmp_path: Path) -> None:
         url, verify = s["sched"].url, s["sched"].verify
         names = register(url, verify, N)
         b = login(url, verify)
-        page_s: list[float] = []
-        for path in PAGES:  # each once: the hosts page shows every host
-            t = time.perf_counter()
+        for path in PAGES * 3:  # the first loads compile the templates and fill the host cache
             r = b.get(path)
-            page_s.append(time.perf_counter() - t)
             assert r.status_code == 200, r.text[:2000]
-        assert len(re.findall(r'<a href="/ui/hosts/oss-', b.get("/ui/hosts").text)) == N
+        assert len(re.findall(r'<a href="/ui/hosts/oss-', b.get(PAGES[0]).text)) == N  # every host on one page
 
         alone = beats(url, verify, names[:N // 2], MEASURE_S)
         stop = threading.Event()
@@ -113,14 +110,14 @@ def test_a_page_load_leaves_the_beats_p99_unchanged(tmp_path: Path) -> None:
             loader.join()
             b.close()
     assert not failed, failed
-    a, d = p99(alone), p99(during)
-    page = statistics.median(loads[PAGES[0]])
+    a, d, page = p99(alone), p99(during), statistics.median(loads[PAGES[0]])
     print(f"\nbeats p99 alone {a * 1e3:.1f} ms, during page loads {d * 1e3:.1f} ms; /ui/hosts "
-          f"{len(loads[PAGES[0]])} times, median {page * 1e3:.0f} ms (first {page_s[0] * 1e3:.0f} ms)")
+          f"{len(loads[PAGES[0]])} times, median {page * 1e3:.0f} ms")
     # Built on the loop, a page holds every beat that arrives meanwhile until it is done:
-    # the beats' p99 becomes a page's time or more (0.33-0.47 s beside 0.2 s pages, 16-30 ms
-    # alone, on a 2-CPU machine under load).
-    # Built in the thread pool, it costs them the GIL's hand-overs: a few ms, tens on a
-    # loaded machine. Half a page over the p99 alone tells the two apart on either.
+    # the beats' p99 over their p99 alone was 1.4-2.2 pages' time (89-470 ms beside 5-30
+    # ms alone and 0.05-0.22 s pages, on a 2-CPU machine under load). Built in the thread
+    # pool, a page costs the beats the GIL's hand-overs and the CPU it takes: 0-0.6 of a
+    # page's time over their p99 alone (19-137 ms beside 4-78 ms). A page's time (50 ms at
+    # least) tells the two apart.
     assert page > 0.05, f"/ui/hosts takes {page * 1e3:.0f} ms: too quick to tell"
-    assert d <= a + page / 2, f"beats p99 {d * 1e3:.1f} ms during page loads, {a * 1e3:.1f} ms alone"
+    assert d <= a + page, f"beats p99 {d * 1e3:.1f} ms during page loads, {a * 1e3:.1f} ms alone"
