@@ -13,8 +13,8 @@ certificate of the same CA) may only read. Two images: ``smoke`` (a kernel) and 
 What ``observe`` records, for "nothing changed": the ledger's rows (read-only SQLite), every
 file of the state dir (its bytes; the ledger's own files are compared as rows, and the carve
 lock only as present, since every carve writes its holder note into it), every file of
-the host tree, and hostd's own answers: ListVMs, GetInventory (its generation too: it bumps
-on every claim and release), GetHostInfo. The test driver's domains live inside the hostd
+the host tree, and hostd's own answers: ListVMs, GetInventory (but its generation, which
+counts claims and releases, a refused call's undone claim too), GetHostInfo. The test driver's domains live inside the hostd
 process, so no other process can list them: the ledger's view over RPC stands for them,
 and test_rpc_fuzz.py proves with a canary create that a refused CreateVM left no domain
 under its name.
@@ -23,6 +23,7 @@ under its name.
 from __future__ import annotations
 
 import dataclasses
+import json
 import os
 import re
 import shutil
@@ -158,8 +159,7 @@ class Observed:
     state: dict[str, bytes | str]
     tree: dict[str, bytes | str]
     vms: str
-    inventory: str
-    generation: int
+    inventory: str  # without its generation
     info: str
 
     def differences(self, other: Observed, *, ignore: tuple[str, ...] = ()) -> list[str]:
@@ -375,14 +375,30 @@ class LiveHostd:
 
     def observe(self) -> Observed:
         inv = self.must("GetInventory", pb.GetInventoryRequest(), who=READER)
-        generation = inv.generation
         inv.generation = 0
         info = self.must("GetHostInfo", pb.GetHostInfoRequest(), who=READER)
         vms = self.must("ListVMs", pb.ListVMsRequest(), who=READER)
         return Observed(ledger=ledger_rows(self.state / "ledger.db"), state=state_files(self.state),
                         tree=snapshot(self.root), vms=text_format.MessageToString(vms, as_one_line=True),
-                        inventory=text_format.MessageToString(inv, as_one_line=True), generation=generation,
+                        inventory=text_format.MessageToString(inv, as_one_line=True),
                         info=text_format.MessageToString(info, as_one_line=True))
+
+    def domain_xml(self, vm_id: str, uuid: str | None = None) -> str:
+        """A domain XML of the VM carrying hostd's metadata, as a target's PrepareMigration
+        answers it (what MigrateVM checks before it calls libvirt); ``uuid``: another."""
+        from hostd.carve.vmclaim import Claim
+        from hostd.carve.vmspec import VmSpec
+        from hostd.domain.metadata import VmMetadata
+
+        db = sqlite3.connect(f"file:{self.state / 'ledger.db'}?mode=ro", uri=True, timeout=10)
+        try:
+            name, rid, claim, spec, created = db.execute(
+                "SELECT name, request_id, claim_json, spec_json, created FROM vms WHERE vm_id = ?", (vm_id,)).fetchone()
+        finally:
+            db.close()
+        md = VmMetadata(vm_id, rid, int(created), Claim.from_dict(json.loads(claim)), VmSpec.from_dict(json.loads(spec)))
+        return (f"<domain type='kvm'><name>{name}</name><uuid>{uuid or vm_id}</uuid><metadata>{md.to_xml()}</metadata>"
+                f"<memory unit='MiB'>{md.spec.memory_mib}</memory><vcpu>{md.spec.vcpus}</vcpu></domain>")
 
     def clean_up(self) -> None:
         """Back to the host every example starts from (``baseline``: no VM, not carved),
@@ -399,7 +415,7 @@ class LiveHostd:
                 self.must("Uncarve", pb.UncarveRequest(drained=True, expected_digest=info.carved_policy_digest,
                                                        operation_id="fuzz/clean-up"))
             self.forget_leftovers()
-            left = self.baseline.differences(self.observe(), ignore=("generation",))
+            left = self.baseline.differences(self.observe())
         except AssertionError as e:
             left = [f"clean-up failed: {e}"]
         if left and not self.suspect:

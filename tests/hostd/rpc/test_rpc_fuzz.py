@@ -16,7 +16,7 @@ the case needs first), and after it:
   the code where README names one;
 - a refused call, and a call that asks for no change, changed nothing: the ledger's rows,
   the state dir's files (carve journal and state included), the host tree, and what
-  ListVMs, GetInventory (generation included) and GetHostInfo answer;
+  ListVMs, GetInventory and GetHostInfo answer;
 - a call that succeeded did what it says: a created VM runs, and deleting it leaves the
   ledger and the state dir as they were before it; a carve then an uncarve leave the
   host tree byte for byte as it was; and after every CreateVM case a VM of the same name
@@ -40,6 +40,7 @@ import grpc
 import pytest
 from fuzzcases import (
     KNOWN,
+    MOVED_ID,
     NAME_RE,
     U32,
     VM_IDS,
@@ -50,8 +51,11 @@ from fuzzcases import (
     fail,
     get_vm_cases,
     list_vms_cases,
+    migrate_cases,
+    migration_ref_cases,
     plan_cases,
     policy,
+    prepare_cases,
     prior_request,
     reader_or,
     sha,
@@ -81,6 +85,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from api import hostd_pb2 as pb
+from hostd.domain.metadata import NS
 
 DEEP = int(os.environ.get("HYB_FUZZ_EXAMPLES", "0") or 0)
 EXAMPLES = DEEP or 25  # per RPC with request fields
@@ -92,6 +97,7 @@ STATUSES = readme_statuses()
 # "a status message is at most 1,024 characters", where hostd/README.md promises one
 _LIMIT = re.search(r"status message is at most ([\d,]+) characters", (REPO / "hostd/README.md").read_text())
 MESSAGE_LIMIT = int(_LIMIT.group(1).replace(",", "")) if _LIMIT else None
+NO_VM = "00000000-0000-4000-8000-000000000000"  # a well-formed VM id no VM has
 
 
 def fuzz(examples: int):  # type: ignore[no-untyped-def]
@@ -117,31 +123,42 @@ def live() -> Iterator[LiveHostd]:
 
 
 def set_up(live: LiveHostd, setup: str) -> dict[str, str]:
-    """What the case's placeholders stand for, after making what it needs."""
+    """What the case's placeholders stand for, after making what the case needs: a VM
+    ("vm", "stopped", "prior"), a VM incoming by migration, or a carve."""
     inv = live.must("GetInventory", pb.GetInventoryRequest(), who=READER)
     values = {f"<disk{i}>": d.name for i, d in enumerate(inv.disks)} | \
-             {f"<disk{i}:id>": d.id for i, d in enumerate(inv.disks)} | {"<carved>": ""}
+             {f"<disk{i}:id>": d.id for i, d in enumerate(inv.disks)} | \
+             {"<carved>": "", "<vm>": NO_VM, "<name>": "fz-none", "<xml>": "", "<xml-other>": "", "<ns>": NS}
+    vm = None
     if setup in ("vm", "stopped"):
         vm = live.must("CreateVM", pb.CreateVMRequest(request_id="req-fz-target", name="fz-target", vcpus=1,
                                                       memory_mib=128, image="disky", labels={"tenant": "fz"}))
-        values["<vm>"] = vm.vm_id
         if setup == "stopped":
             live.must("StopVM", pb.StopVMRequest(vm_id=vm.vm_id))
     elif setup == "prior":
-        values["<vm>"] = live.must("CreateVM", prior_request()).vm_id
+        vm = live.must("CreateVM", prior_request())
+    elif setup == "incoming":
+        vm = live.must("PrepareMigration", pb.PrepareMigrationRequest(
+            request_id="mig-fz-in", vm_id=MOVED_ID, source_host="fz-source",
+            vm=pb.CreateVMRequest(request_id="req-fz-in", name="fz-incoming", vcpus=1, memory_mib=128,
+                                  image="disky"))).vm
     elif setup == "carved":
         text = policy(2, 512)
         live.must("Carve", pb.CarveRequest(policy_toml=text, policy_digest=sha(text), expected_digest="",
                                            operation_id="fuzz/set-up"))
         values["<carved>"] = sha(text)
+    if vm is not None:
+        values |= {"<vm>": vm.vm_id, "<name>": vm.name, "<xml>": live.domain_xml(vm.vm_id),
+                   "<xml-other>": live.domain_xml(vm.vm_id, uuid=NO_VM)}
     return values
 
 
 def bind(msg: Message, values: dict[str, str]) -> Message:
-    """A copy of ``msg`` with every string field that is a placeholder, or starts with
-    one, filled in."""
+    """A copy of ``msg`` with the placeholders in its string fields filled in (in one
+    pass: a value filled in is not scanned again)."""
     out = type(msg)()
     out.CopyFrom(msg)
+    holes = re.compile("|".join(re.escape(k) for k in values))
 
     def fill(m: Message) -> None:
         for f, v in m.ListFields():
@@ -151,10 +168,7 @@ def bind(msg: Message, values: dict[str, str]) -> Message:
                 for sub in (v if f.is_repeated else [v]):
                     fill(sub)
             elif isinstance(v, str):
-                for k, real in values.items():
-                    if v.startswith(k):
-                        setattr(m, f.name, real + v[len(k):])
-                        break
+                setattr(m, f.name, holes.sub(lambda h: values[h.group(0)], v))
     fill(out)
     return out
 
@@ -221,8 +235,7 @@ def judge(live: LiveHostd, case: Case, req: Message, out: Outcome, seen: list[in
     if case.code and not out.ok and error_code(out.details)[0] != case.code:
         raise fail(case, "code", f"expected {case.code}; {said}")
     if not out.ok or case.no_op:
-        # A no-op may count as a change in Inventory.generation; nothing else may change.
-        changed = before.differences(after, ignore=("generation",) if out.ok else ())
+        changed = before.differences(after)
         if changed:
             raise fail(case, "changed", f"{'refused' if not out.ok else 'a no-op'}, yet changed: "
                                         f"{'; '.join(changed)}; {said}")
@@ -240,11 +253,11 @@ def done(live: LiveHostd, case: Case, req: Message, out: Outcome, values: dict[s
         if (vm.state, vm.name, dict(vm.labels)) != (pb.VM_STATE_RUNNING, req.name, dict(req.labels)):
             raise fail(case, "created", f"got {short(vm)}")
         live.must("DeleteVM", pb.DeleteVMRequest(vm_id=vm.vm_id))
-        left = start.differences(live.observe(), ignore=("generation",))
+        left = start.differences(live.observe())
         if left:
             raise fail(case, "deleted", f"create then delete left: {'; '.join(left)}")
     elif case.rpc == "DeleteVM":
-        left = start.differences(live.observe(), ignore=("generation",))
+        left = start.differences(live.observe())
         if left:
             raise fail(case, "deleted", f"the delete left: {'; '.join(left)}")
     elif case.rpc in ("StopVM", "StartVM"):
@@ -253,13 +266,24 @@ def done(live: LiveHostd, case: Case, req: Message, out: Outcome, values: dict[s
             raise fail(case, "state", f"got {short(out.response)}")
     elif case.rpc == "Carve":
         live.must("Uncarve", pb.UncarveRequest(expected_digest=req.policy_digest, operation_id="fuzz/undo"))
-        left = start.differences(live.observe(), ignore=("generation", "info"))
+        left = start.differences(live.observe(), ignore=("info",))
         if left:
             raise fail(case, "uncarved", f"carve then uncarve left: {'; '.join(left)}")
     elif case.rpc == "Uncarve" and case.setup == "carved":
-        left = start.differences(live.observe(), ignore=("generation", "info"))
+        left = start.differences(live.observe(), ignore=("info",))
         if left:
             raise fail(case, "uncarved", f"carve then uncarve left: {'; '.join(left)}")
+    elif case.rpc == "PrepareMigration":
+        if out.response.vm.state != pb.VM_STATE_INCOMING or not out.response.domain_xml:
+            raise fail(case, "prepared", f"got {short(out.response)}")
+        live.must("AbortMigration", pb.MigrationRef(name=req.vm.name))
+        left = start.differences(live.observe())
+        if left:
+            raise fail(case, "aborted", f"prepare then abort left: {'; '.join(left)}")
+    elif case.rpc == "AbortMigration" and case.setup == "incoming" and case.fault == "valid":
+        left = start.differences(live.observe())
+        if left:
+            raise fail(case, "aborted", f"prepare then abort left: {'; '.join(left)}")
 
 
 def canary(live: LiveHostd, case: Case) -> None:
@@ -370,3 +394,32 @@ def test_watch_events(live: LiveHostd, vm_id: str, setup: str, unknown: bytes) -
     run(live, Case("WatchEvents", pb.WatchEventsRequest(vm_id=vm_id), who=READER, setup=setup, no_op=True,
                    expect=frozenset({"OK", "INVALID_ARGUMENT"}), unknown=unknown))
 
+
+@fuzz(EXAMPLES)
+@given(case=with_unknown(reader_or(prepare_cases())))
+def test_prepare_migration(live: LiveHostd, case: Case) -> None:
+    run(live, case)
+
+
+@fuzz(EXAMPLES)
+@given(case=with_unknown(reader_or(migrate_cases())))
+def test_migrate_vm(live: LiveHostd, case: Case) -> None:
+    run(live, case)
+
+
+@fuzz(EXAMPLES)
+@given(case=with_unknown(reader_or(migration_ref_cases("CompleteMigration"))))
+def test_complete_migration(live: LiveHostd, case: Case) -> None:
+    run(live, case)
+
+
+@fuzz(EXAMPLES)
+@given(case=with_unknown(reader_or(migration_ref_cases("AbortMigration"))))
+def test_abort_migration(live: LiveHostd, case: Case) -> None:
+    run(live, case)
+
+
+@fuzz(FEW)
+@given(case=with_unknown(migration_ref_cases("GetMigration")))
+def test_get_migration(live: LiveHostd, case: Case) -> None:
+    run(live, case)
