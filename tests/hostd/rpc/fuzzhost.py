@@ -24,6 +24,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import os
 import re
 import shutil
@@ -45,6 +46,7 @@ from treehost import host_tree, snapshot
 
 from api import hostd_pb2 as pb
 
+log = logging.getLogger(__name__)
 REPO = Path(__file__).resolve().parents[3]
 ADMIN, READER = "scheduler", "storage-7"  # rpc_mutating_callers has the first only
 CALL_TIMEOUT_S = 30.0  # per call: a hung hostd fails the example instead of hanging the test
@@ -293,6 +295,7 @@ class LiveHostd:
     def ensure_up(self) -> None:
         if self.alive() and not self.suspect:
             return
+        log.warning("starting a fresh hostd: %s", self.suspect or "not running")
         self.stop()
         self.start()
 
@@ -409,7 +412,10 @@ class LiveHostd:
             return
         try:
             for vm in self.must("ListVMs", pb.ListVMsRequest()).vms:
-                self.must("DeleteVM", pb.DeleteVMRequest(vm_id=vm.vm_id))
+                if vm.state == pb.VM_STATE_INCOMING:  # a prepared migration: hostd refuses its delete
+                    self.must("AbortMigration", pb.MigrationRef(name=vm.name))
+                else:
+                    self.must("DeleteVM", pb.DeleteVMRequest(vm_id=vm.vm_id))
             info = self.must("GetHostInfo", pb.GetHostInfoRequest())
             if info.carved_policy_digest or info.journal_steps:
                 self.must("Uncarve", pb.UncarveRequest(drained=True, expected_digest=info.carved_policy_digest,
