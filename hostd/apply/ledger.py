@@ -158,10 +158,16 @@ class Ledger:
         with _conflicts():
             _insert_rates(db, vm_id, claim)
 
-    def set_state(self, vm_id: str, state: str, reason: str = "") -> None:
+    def set_state(self, vm_id: str, state: str, reason: str = "", *, updated: float | None = None) -> None:
+        """``updated``: the row's time of change, when a change is undone (default: now)."""
         with self.tx() as db:
             db.execute("UPDATE vms SET state=?, reason=?, updated=? WHERE vm_id=?",
-                       (state, reason, time.time(), vm_id))
+                       (state, reason, time.time() if updated is None else updated, vm_id))
+
+    def updated(self, vm_id: str) -> float | None:
+        with self._lock:
+            row = self._db.execute("SELECT updated FROM vms WHERE vm_id=?", (vm_id,)).fetchone()
+        return None if row is None else float(row[0])
 
     def release(self, db: sqlite3.Connection, vm_id: str) -> None:
         db.execute("DELETE FROM vms WHERE vm_id=?", (vm_id,))

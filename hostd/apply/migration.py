@@ -39,12 +39,14 @@ from dataclasses import dataclass
 
 import libvirt
 
+from api.bounds import check_request_id
 from hostd.apply.ledger import VmRecord
 from hostd.apply.vms import VmManager
 from hostd.carve.vmclaim import claim
 from hostd.carve.vmspec import DiskSpec, VmSpec, spec_problem
 from hostd.domain.metadata import NS, VmMetadata
 from hostd.errors import (
+    BadMetadata,
     Conflict,
     HostdError,
     MigrationArrived,
@@ -149,6 +151,10 @@ class Migrations:
     def prepare(self, *, request_id: str, vm_id: str, spec: VmSpec, source_disks: tuple[SourceDisk, ...],
                 source_host: str) -> Prepared:
         try:
+            check_request_id(request_id)
+        except ValueError as e:
+            raise SpecInvalid(str(e), field="request_id") from None
+        try:
             vm_id = str(uuid.UUID(vm_id))
         except ValueError:
             raise SpecInvalid(f"{vm_id!r} is not a UUID (the source's vm_id)", field="vm_id") from None
@@ -162,7 +168,7 @@ class Migrations:
         with m._changing("prepare a migration"):
             prior = m.ledger.get(vm_id=vm_id)
             if prior is not None:
-                if prior.state == "incoming" and prior.name == spec.name and request_id in prior.reason:
+                if prior.state == "incoming" and prior.name == spec.name and prior.reason.endswith(f"(migration {request_id})"):
                     return self._answer(prior, m.images.get(spec.image))
                 raise Conflict(f"VM {vm_id} is here already ({prior.name}, {prior.state})", field="vm_id")
             spec = dataclasses.replace(spec, disks=self._pick_disks(spec, source_disks))
@@ -320,6 +326,7 @@ class Migrations:
                 raise MigrationInProgress(f"{req.name} is being migrated already", field="name")
             if rec.state != "running":
                 raise MigrationNotRunning(f"{req.name} is {rec.state}: only a running VM moves live", field="name")
+            was = m.ledger.updated(rec.vm_id)
             m.ledger.set_state(rec.vm_id, "migrating", f"to {req.target_uri}")
             self._moving.add(req.name)
         m.emit(rec.vm_id, "migrating", f"to {req.target_uri}")
@@ -330,10 +337,10 @@ class Migrations:
             figures = self._run(rec, req)
             m._crash("migrated")
         except HostdError as e:
-            self._failed(rec, e)
+            self._failed(rec, e, was)
             raise
         except Exception as e:
-            self._failed(rec, e)
+            self._failed(rec, e, was)
             raise MigrationFailed(f"{type(e).__name__}: {e}") from e
         finally:
             self._moving.discard(req.name)
@@ -345,7 +352,7 @@ class Migrations:
                  figures.downtime_ms)
         return figures
 
-    def _failed(self, rec: VmRecord, e: BaseException) -> None:
+    def _failed(self, rec: VmRecord, e: BaseException, updated: float | None) -> None:
         """The VM stays here: its row back to what the domain is (gone: released)."""
         m = self.m
         with m._changing("undo a failed migration"):
@@ -355,8 +362,10 @@ class Migrations:
                 m.emit(rec.vm_id, "deleted", f"migration reported failure but the domain left: {e}")
                 log.error("migration of %s failed (%s) yet its domain left this host; released", rec.name, e)
                 return
+            # back to the row as it was: the failure is the caller's answer (the scheduler
+            # names it on the VM), and a refused move leaves this host's ledger unchanged
             m.ledger.set_state(rec.vm_id, "running" if state != libvirt.VIR_DOMAIN_SHUTOFF else "stopped",
-                               f"migration failed: {e}")
+                               rec.reason, updated=updated)
         m.emit(rec.vm_id, "running", f"migration failed: {e}")
         log.error("migration of %s failed, it runs here still: %s", rec.name, e)
 
@@ -454,7 +463,10 @@ def _check_target_xml(xml: str, rec: VmRecord) -> None:
     md = root.find(f"./metadata/{{{NS}}}vm")
     if md is None:
         raise SpecInvalid("no hostd metadata: not a PrepareMigration answer", field="domain_xml")
-    got = VmMetadata.from_xml(ET.tostring(md, encoding="unicode"))
+    try:
+        got = VmMetadata.from_xml(ET.tostring(md, encoding="unicode"))
+    except BadMetadata as e:  # the caller's XML, not this host's record: the caller's fault
+        raise SpecInvalid(f"hostd metadata does not parse: {e}", field="domain_xml") from None
     if got.vm_id != rec.vm_id or root.findtext("uuid") != rec.vm_id:
         raise SpecInvalid(f"prepared for VM {got.vm_id}, not {rec.name} ({rec.vm_id})", field="domain_xml")
 

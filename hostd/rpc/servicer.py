@@ -327,6 +327,8 @@ class HostdService(pb_grpc.HostdServicer):
 
     def MigrateVM(self, request, context):
         def migrate() -> pb.MigrateVMResponse:
+            if request.on_timeout not in pb.OnTimeout.values():
+                raise SpecInvalid(f"{request.on_timeout} is not an OnTimeout value", field="on_timeout")
             f = self.migrations.migrate(MigrateRequest(
                 name=request.name, target_uri=request.target_uri, domain_xml=request.domain_xml,
                 migrate_uri=request.migrate_uri, migrate_disks=tuple(request.migrate_disks),
