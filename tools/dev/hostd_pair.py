@@ -33,22 +33,6 @@ from tools.dev.procs import Hostd, grpc_stub, hostd_workdir, write_hostd_config
 TICK = re.compile(r"^HYB-TICK (\S+) (\d+)\r?$", re.MULTILINE)
 IMAGE = "smoke-tick"
 
-POLICY = """
-[io_service]
-cpus = "{io}"
-[host]
-cpus_per_node = 0
-[[hugepages.pools]]
-size = "2M"
-count_per_node = {pages}
-[hugepages]
-io_floor_percent = 5
-[disks]
-allow = ["{disk}"]
-default_bytes_sec = 104857600
-default_iops = 5000
-"""
-
 
 class HostdSide:
     """One host: its libvirtd (of the pair), its hostd, its disk and state dir. ``cfg``:
@@ -58,8 +42,8 @@ class HostdSide:
                  name: str, **cfg: object):
         tmp.mkdir(parents=True)
         self.host, self.disk, self.name = host, disk, name
-        self.certs = hostd_workdir(tmp, smoke_guest, pages=pool_pages, disk=disk.name)
-        (tmp / "policy.toml").write_text(POLICY.format(io=io_cpu, pages=pool_pages, disk=disk.name))
+        self.certs = hostd_workdir(tmp, smoke_guest, pages=pool_pages, disk=disk.name, host_cpus_per_node=0,
+                                   io_cpus=str(io_cpu))
         from hostd.apply.images import ImageStore
         ImageStore(tmp / "images").add(IMAGE, "1", "kernel",
                                        {"kernel": smoke_guest["kernel"], "initrd": smoke_guest["initrd"]},

@@ -37,7 +37,7 @@ def grpc_stub(port: int, certs: Path) -> tuple[pb_grpc.HostdStub, grpc.Channel]:
 
 POLICY = """
 [io_service]
-cpus = "0"
+cpus = "{io}"
 {host}[[hugepages.pools]]
 size = "2M"
 count_per_node = {pages}
@@ -51,9 +51,9 @@ default_iops = 5000
 
 
 def hostd_workdir(tmp: Path, smoke_guest: dict, *, pages: int, disk: str,
-                  host_cpus_per_node: int | None = None) -> Path:
+                  host_cpus_per_node: int | None = None, io_cpus: str = "0") -> Path:
     """What a live hostd needs under ``tmp``: a dev CA and certificates (returned: the
-    ``tls`` dir), the smoke guest in ``images``, and ``policy.toml``: CPU 0 for the IO
+    ``tls`` dir), the smoke guest in ``images``, and ``policy.toml``: ``io_cpus`` (CPU 0) for the IO
     service, ``pages`` 2 MiB pages, ``disk`` as the only allow-listed disk (100 MiB/s,
     5000 IOPS by default)."""
     certs = tmp / "tls"
@@ -63,7 +63,7 @@ def hostd_workdir(tmp: Path, smoke_guest: dict, *, pages: int, disk: str,
                                    {"kernel": smoke_guest["kernel"], "initrd": smoke_guest["initrd"]},
                                    cmdline="console=ttyS0 panic=-1")
     host = "" if host_cpus_per_node is None else f"[host]\ncpus_per_node = {host_cpus_per_node}\n"
-    (tmp / "policy.toml").write_text(POLICY.format(host=host, pages=pages, disk=disk))
+    (tmp / "policy.toml").write_text(POLICY.format(io=io_cpus, host=host, pages=pages, disk=disk))
     return certs
 
 
