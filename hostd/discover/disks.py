@@ -22,6 +22,7 @@ import os
 from dataclasses import dataclass
 from fnmatch import fnmatchcase
 
+from hostd.discover.atomic import read_atomic
 from hostd.discover.blockdevs import (
     BLOCK_DIR,
     BlockIndex,
@@ -36,6 +37,7 @@ from hostd.discover.blockdevs import (
 )
 from hostd.discover.diskuse import Holder, NsMount, namespace_mounts, open_holders, signature
 from hostd.discover.fs import HostFs
+from hostd.discover.host import probe_file
 from hostd.discover.model import Disk
 from hostd.discover.nics import numa_node
 from hostd.discover.udev import UdevInfo, UdevSource
@@ -134,9 +136,11 @@ def read_disks(fs: HostFs, udev: UdevSource, allow: tuple[str, ...], only: str |
     members = {m: n for n in names for m in _members(idx, n)}
     in_use = Use(holders=open_holders(fs, members, skip_pids={os.getpid()}),
                  ns_mounts=namespace_mounts(fs, idx, members), member_of=members)
+    probe = {} if fs.live else probe_file(fs)
     out = []
     for name in names:
         disk = _disk(fs, idx, name, udev, by_id.get(name, []), mounts, swaps, name in root_disks, allow)
+        disk = dataclasses.replace(disk, atomic=read_atomic(fs, name, probe))
         out.append(_with_use(fs, disk, in_use, wipe_ok))
     return tuple(out)
 

@@ -83,7 +83,7 @@ def cgroup_version(fs: HostFs) -> int:
     return 2
 
 
-def _probe_file(fs: HostFs) -> dict:
+def probe_file(fs: HostFs) -> dict:
     text = fs.text(PROBE_FILE, optional=True)
     if text is None:
         return {}
@@ -116,7 +116,7 @@ def kvm_info(fs: HostFs, flags: frozenset[str]) -> KvmInfo:
     if fs.live:
         present, version, why = _kvm_api_version()
     else:
-        rec = _probe_file(fs).get("kvm") or {}
+        rec = probe_file(fs).get("kvm") or {}
         present = bool(rec.get("present"))
         version = rec.get("api_version") if isinstance(rec.get("api_version"), int) else None
         why = "" if rec else f"recorded tree without {PROBE_FILE}: /dev/kvm not probed"
@@ -166,6 +166,6 @@ def versions(fs: HostFs, arch: str, probe: bool) -> tuple[str | None, str | None
         return _run_version(["virsh", "--version"]), _run_version([f"qemu-system-{arch}", "--version"])
     if fs.live:
         return None, None
-    rec = _probe_file(fs)
+    rec = probe_file(fs)
     lv, qv = rec.get("libvirt_version"), rec.get("qemu_version")
     return (lv if isinstance(lv, str) else None), (qv if isinstance(qv, str) else None)

@@ -117,6 +117,20 @@ class Nic:
 
 
 @dataclass(frozen=True)
+class AtomicWrite:
+    """What a disk writes whole even when power fails (hostd/discover/atomic.py says
+    where each number comes from). ``unit_max_bytes`` 0: no atomic writes."""
+
+    source: str  # "sysfs" (Linux 6.11+ queue limits) | "nvme-id" (identify data, older kernels)
+    unit_min_bytes: int
+    unit_max_bytes: int  # a power of two, or 0
+    max_bytes: int
+    boundary_bytes: int  # an atomic write may not cross a multiple of this; 0 = no boundary
+    statx_unit_max_bytes: int | None = None  # statx(STATX_WRITE_ATOMIC) on /dev/NAME; None = not reported
+    detail: str = ""  # one line for humans: which fields gave the unit, or why there is none
+
+
+@dataclass(frozen=True)
 class Disk:
     name: str  # kernel name, "sda", "nvme0n1", "loop3"
     id: str | None  # stable id: a /dev/disk/by-id name (api/topology.md); None for loop devices
@@ -140,6 +154,8 @@ class Disk:
     # RAID / LVM / partition-table signature (unless the policy's disks.wipe_ok
     # names it). Not part of ``assignable``: a VM's own use makes both true.
     handover: tuple[str, ...] = ()
+    # Atomic-write limits; None when neither the kernel nor NVMe identify data tells.
+    atomic: AtomicWrite | None = None
 
 
 @dataclass(frozen=True)

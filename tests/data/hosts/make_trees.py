@@ -239,7 +239,95 @@ def _atom_1s() -> HostDesc:
         swaps=("/dev/dm-1",), udev=True, probe=PROBE_FULL)
 
 
-HOSTS = (_intel_2s(), _epyc_nps4(), _atom_1s())
+# ---------------------------------------------------------------- atomic-write disks (issue #41)
+#
+# Two small hosts for the atomic-write unit (hostd/discover/atomic.py). The numbers
+# are constructed, not captured from a device: the sysfs files and values follow
+# Linux 6.12's block queue limits (block/blk-sysfs.c, the NVMe driver's
+# nvme_update_atomic_write_disk_info), and the `nvme id-ns|id-ctrl -o json` records
+# use nvme-cli 2.x's field names and number formats (0's based AWUPF/NAWUPF/NABSPF in
+# logical blocks, NSFEAT bit 1 for the namespace fields, lbafs[].ds as log2 bytes),
+# set to the values the NVMe Base Specification 2.0 defines for such a device.
+
+def _nvme_ctrl_json(sn: str, mn: str, awupf: int, awun: int = 0) -> dict:
+    """An `nvme id-ctrl -o json` record (nvme-cli 2.x field names, a subset of them)."""
+    return {"vid": 5197, "ssvid": 5197, "sn": sn.ljust(20), "mn": mn.ljust(40), "fr": "GDC7302Q",
+            "rab": 2, "ieee": 9528, "cmic": 0, "mdts": 9, "cntlid": 65, "ver": 131072, "rtd3r": 8000000,
+            "rtd3e": 8000000, "oaes": 768, "ctratt": 128, "oacs": 95, "acl": 7, "aerl": 3, "frmw": 23,
+            "lpa": 14, "elpe": 63, "npss": 0, "avscc": 1, "apsta": 0, "wctemp": 353, "cctemp": 356,
+            "sqes": 102, "cqes": 68, "maxcmd": 0, "nn": 32, "oncs": 95, "fuses": 0, "fna": 4, "vwc": 6,
+            "awun": awun, "awupf": awupf, "icsvscc": 1, "nwpc": 0, "acwu": 0, "ocfs": 0, "sgls": 0,
+            "mnan": 0, "subnqn": f"nqn.1994-11.com.samsung:nvme:{mn.split()[0]}:U.2:{sn}"}
+
+
+def _nvme_ns_json(nsze: int, lba_ds: int, nsfeat: int = 0, nawupf: int = 0, nawun: int = 0,
+                  nabspf: int = 0, nabsn: int = 0, nabo: int = 0) -> dict:
+    """An `nvme id-ns -o json` record: LBA format 0 is 512 B, format 1 is 4 KiB; ``flbas``
+    selects the one whose ``ds`` is ``lba_ds``."""
+    lbafs = [{"ms": 0, "ds": 9, "rp": 2}, {"ms": 0, "ds": 12, "rp": 0}]
+    flbas = next(i for i, f in enumerate(lbafs) if f["ds"] == lba_ds)
+    return {"nsze": nsze, "ncap": nsze, "nuse": nsze // 3, "nsfeat": nsfeat, "nlbaf": len(lbafs) - 1,
+            "flbas": flbas, "mc": 0, "dpc": 0, "dps": 0, "nmic": 0, "rescap": 0, "fpi": 0, "dlfeat": 9,
+            "nawun": nawun, "nawupf": nawupf, "nacwu": 0, "nabsn": nabsn, "nabo": nabo,
+            "nabspf": nabspf, "noiob": 0, "nvmcap": nsze << lba_ds, "mssrl": 0, "mcl": 0, "msrc": 0,
+            "nulbaf": 0, "anagrpid": 0, "nsattr": 0, "nvmsetid": 0, "endgid": 0,
+            "nguid": "36344730530000010025384500000001", "eui64": "0025384500000001", "lbafs": lbafs}
+
+
+def _small_host(name: str, kernel: str, disks: list[DiskDesc], **kw) -> HostDesc:
+    return HostDesc(
+        name=name, hostname=name.replace(".", "-"), kernel=kernel,
+        cpu=CpuDesc("GenuineIntel", "Intel(R) Xeon(R) Silver 4310 CPU @ 2.10GHz", 6, 106, INTEL_FLAGS,
+                    sockets=1, cores=(0, 1, 2, 3), threads=2),
+        nodes=(NodeDesc(65536000, 60000000, {M2: (2048, 2048, 0)}, (10,)),),
+        sizes=(M2, G1), resv={}, hugepagesize_kb=M2, disks=tuple(disks),
+        mounts=(MountDesc("8:2", "/", "ext4", "/dev/sda2"),),
+        probe=PROBE_FULL | kw.pop("probe", {}), **kw)
+
+
+def _sata_root(atomic: tuple[int, int, int, int] | None) -> DiskDesc:
+    ahci = "pci0000:00/0000:00:17.0"
+    return DiskDesc("sda", "8:0", 937703088, f"{ahci}/ata1/host0/target0:0:0/0:0:0:0", model="INTEL SSDSC2KB48",
+                    wwid="naa.55cd2e414f1a2b4d", numa_node=0, pci=ahci, atomic=atomic,
+                    parts=(PartDesc("sda1", "8:1", 2097152), PartDesc("sda2", "8:2", 935603887)))
+
+
+def _nvme(i: int, atomic: tuple[int, int, int, int] | None, sectors: int = 7501476528) -> DiskDesc:
+    pci = f"pci0000:00/0000:00:{0x1a + i:02x}.0/0000:{0x31 + i:02x}:00.0"
+    return DiskDesc(f"nvme{i}n1", f"259:{i}", sectors, f"{pci}/nvme/nvme{i}", model="SAMSUNG MZQL23T8HCLS-00A07",
+                    wwid=f"eui.36344730530000{i:02d}0025384500000001", serial=f"S64HNE0T10000{i}", numa_node=0,
+                    pci=pci, atomic=atomic)
+
+
+def _atomic_612() -> HostDesc:
+    """Linux 6.12: the kernel's queue limits. nvme0n1 writes 16 KiB whole (NAWUPF 3 on
+    4 KiB blocks), nvme1n1 reports none (6.12 leaves the limits 0 for AWUPF 0), the SATA
+    root disk none. statx on /dev/nvme0n1 agrees with sysfs."""
+    return _small_host(
+        "1s-4c-nvme-atomic-6.12", "6.12.12+bpo-amd64",
+        [_sata_root((0, 0, 0, 0)), _nvme(0, (4096, 16384, 0, 16384)), _nvme(1, (0, 0, 0, 0))],
+        probe={"statx": {"nvme0n1": {"atomic_write_unit_min": 4096, "atomic_write_unit_max": 16384,
+                                     "atomic_write_segments_max": 1}}})
+
+
+def _identify_61() -> HostDesc:
+    """Linux 6.1 (no atomic_write_* files): the units come from recorded identify data.
+    nvme0n1: NSFEAT bit 1, NAWUPF 3 on 4 KiB blocks -> 16 KiB, no boundary;
+    nvme1n1: NSFEAT bit 1 clear -> the controller's AWUPF 0 -> one 4 KiB block;
+    nvme2n1: NAWUPF 15 on 512 B blocks with NABSPF 7 -> unit 8 KiB, capped by a 4 KiB boundary;
+    nvme3n1: NABO 8 (an atomic boundary offset) -> none;
+    nvme4n1: nothing recorded -> unknown."""
+    disks = [_sata_root(None)] + [_nvme(i, None) for i in range(5)]
+    ctrl = {f"nvme{i}.id-ctrl.json": _nvme_ctrl_json(f"S64HNE0T10000{i}", "SAMSUNG MZQL23T8HCLS-00A07",
+                                                     awupf=0, awun=0) for i in range(4)}
+    ns = {"nvme0n1.id-ns.json": _nvme_ns_json(937684566, 12, nsfeat=0x1a, nawupf=3, nawun=3),
+          "nvme1n1.id-ns.json": _nvme_ns_json(937684566, 12, nsfeat=0x18, nawupf=3),
+          "nvme2n1.id-ns.json": _nvme_ns_json(7501476528, 9, nsfeat=0x1a, nawupf=15, nabspf=7),
+          "nvme3n1.id-ns.json": _nvme_ns_json(937684566, 12, nsfeat=0x1a, nawupf=3, nabspf=7, nabo=8)}
+    return _small_host("1s-4c-nvme-identify-6.1", "6.1.0-18-amd64", disks, nvme_json=ctrl | ns)
+
+
+HOSTS = (_intel_2s(), _epyc_nps4(), _atom_1s(), _atomic_612(), _identify_61())
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -88,6 +88,9 @@ class DiskDesc:
     udev: dict[str, str] = field(default_factory=dict)  # E: properties (with udev)
     backing_file: str | None = None  # loop
     virtual: bool = False  # lives under /sys/devices/virtual/block
+    # Linux 6.11+ queue limits (unit_min, unit_max, boundary, max) in bytes; None: a
+    # kernel without the atomic_write_* files
+    atomic: tuple[int, int, int, int] | None = None
 
 
 @dataclass
@@ -134,6 +137,8 @@ class HostDesc:
     udev: bool = False  # /run/udev/data files
     by_id_dir: bool = False  # /dev/disk/by-id links
     probe: dict = field(default_factory=dict)
+    # Recorded `nvme id-ns|id-ctrl -o json` output: file name under .hostd-probe/nvme -> JSON
+    nvme_json: dict[str, dict] = field(default_factory=dict)
 
 
 # ---------------------------------------------------------------- derived topology
@@ -208,6 +213,8 @@ def write_host(h: HostDesc, out: Path) -> None:
     _mounts(t, h)
     if h.probe:
         t.write(".hostd-probe.json", json.dumps(h.probe, indent=2, sort_keys=True))
+    for fname, data in sorted(h.nvme_json.items()):
+        t.write(f".hostd-probe/nvme/{fname}", json.dumps(data, indent=2))
 
 
 def _kernel(t: Tree, h: HostDesc) -> None:
@@ -319,6 +326,10 @@ def _disk(t: Tree, h: HostDesc, d: DiskDesc) -> None:
     t.write(f"{b}/ro", str(d.ro))
     t.write(f"{b}/removable", str(d.removable))
     t.write(f"{b}/queue/rotational", str(d.rotational))
+    if d.atomic is not None:
+        for key, v in zip(("atomic_write_unit_min_bytes", "atomic_write_unit_max_bytes",
+                           "atomic_write_boundary_bytes", "atomic_write_max_bytes"), d.atomic):
+            t.write(f"{b}/queue/{key}", str(v))
     if d.backing_file:
         t.write(f"{b}/loop/backing_file", d.backing_file)
     if not d.virtual:
