@@ -12,6 +12,7 @@ import json
 from dataclasses import dataclass
 from typing import Any
 
+from api.bounds import check_atomic_write_bytes
 from api.jsonmodel import from_jsonable, to_jsonable
 
 
@@ -59,6 +60,12 @@ class DiskBudget:
     size_bytes: int
     bytes_sec: int  # IO budget VMs may consume in total, 0 = unlimited
     iops: int
+    # Atomic writes (issue #41; hostd/carve/atomic.py decides): the device's power-fail
+    # unit as discovered, and the unit a VM on this disk is guaranteed through a path
+    # that carries it to the guest (0: never offered as atomic), with the reason.
+    atomic_unit_bytes: int = 0
+    atomic_write_bytes: int = 0
+    atomic_note: str = ""
 
 
 @dataclass(frozen=True)
@@ -141,7 +148,13 @@ def layout_problems(layout: Layout) -> list[tuple[str, str]]:
     _unique("layout.disks", [d.name for d in layout.disks], "disk", out)
     for i, d in enumerate(layout.disks):
         out += [(f"layout.disks[{i}].{k}", "must not be negative")
-                for k in ("size_bytes", "bytes_sec", "iops") if getattr(d, k) < 0]
+                for k in ("size_bytes", "bytes_sec", "iops", "atomic_unit_bytes") if getattr(d, k) < 0]
+        try:
+            check_atomic_write_bytes(d.atomic_write_bytes)
+            if d.atomic_write_bytes > d.atomic_unit_bytes:
+                raise ValueError(f"{d.atomic_write_bytes} offered above the device's unit {d.atomic_unit_bytes}")
+        except ValueError as e:
+            out.append((f"layout.disks[{i}].atomic_write_bytes", str(e)))
     return out
 
 

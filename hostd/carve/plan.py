@@ -17,7 +17,8 @@ The rules, in the order they are applied (``api/layout.md`` has the contract):
 5. SR-IOV: each named PF must exist, be SR-IOV capable, have enough VFs and a
    tx budget (``bandwidth_mbps`` or link speed) that covers the VF guarantees.
 6. Disks: those discover found usable, filtered by the policy allow-list, each
-   with its IO budget.
+   with its IO budget and the atomic-write unit a VM is guaranteed on it
+   (``hostd/carve/atomic.py``: only through a path that carries it to the guest).
 7. What only a reboot can do (``isolcpus``, ``irqaffinity``, boot-time 1 GiB
    pages) is listed separately in ``reboot_required``; nothing here needs it to
    be applied before the live part works.
@@ -45,6 +46,7 @@ from api.layout import (
 )
 from hostd.carve.policy import CpuReservation, Policy
 from hostd.cpulist import format_cpu_list
+from hostd.carve.atomic import offer as atomic_offer
 from hostd.discover.model import Disk, Topology
 from hostd.errors import NoFit
 
@@ -271,6 +273,7 @@ class _Planner:
         pol = self.policy.disks
         out: list[DiskBudget] = []
         matched: set[str] = set()
+        paths = frozenset({"virtio-blk"} | ({"emulated-nvme"} if pol.atomic.nvme_emulator else set()))
         for d in sorted(self.topo.disks, key=lambda d: d.name):
             pats = [p for p in pol.allow if allow_matches(p, d)]
             if not pats:
@@ -285,9 +288,10 @@ class _Planner:
                 self.warnings.append(f"disks.allow: {d.name} is in the layout, but a VM would be refused "
                                      f"it now: {'; '.join(d.handover)}")
             b = pol.budget.get(d.name) or (pol.budget.get(d.id) if d.id else None)
+            unit, offered, note = atomic_offer(d, paths)
             out.append(DiskBudget(d.name, d.id, d.node, d.size_bytes,
                                   b.bytes_sec if b else pol.default_bytes_sec,
-                                  b.iops if b else pol.default_iops))
+                                  b.iops if b else pol.default_iops, unit, offered, note))
         for p in pol.allow:
             if p not in matched:
                 self.warnings.append(f"disks.allow: {p!r} matches no disk on this host")

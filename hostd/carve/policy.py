@@ -141,6 +141,31 @@ class DiskBudgetPolicy(_Strict):
     iops: Annotated[int, Field(ge=0)]
 
 
+class AtomicPaths(_Strict):
+    # Paths that could carry a disk's atomic-write unit to a guest (hostd/carve/atomic.py).
+    # A QEMU whose emulated NVMe has the atomic.* properties (9.2+, e.g. from
+    # bookworm-backports), named in the domain's <emulator>: its path. The carve then
+    # lists the path, and refuses it for atomic writes with the reason (it can split them).
+    nvme_emulator: str = ""
+    # NVMe functions passed through with VFIO: not built by hostd yet; refused when set.
+    vfio_nvme: bool = False
+
+    @field_validator("vfio_nvme")
+    @classmethod
+    def _no_vfio_yet(cls, v: bool) -> bool:
+        if v:
+            raise ValueError("hostd cannot pass NVMe functions through with VFIO yet "
+                             "(raw disks go to guests as virtio-blk)")
+        return v
+
+    @field_validator("nvme_emulator")
+    @classmethod
+    def _absolute(cls, v: str) -> str:
+        if v and (not v.startswith("/") or len(v) > 4096 or any(c in v for c in "\0\n")):
+            raise ValueError("must be an absolute path to a QEMU binary")
+        return v
+
+
 class Disks(_Strict):
     # Disk allow-list: kernel names, stable ids, or /dev paths; fnmatch globs allowed.
     allow: tuple[str, ...] = ()
@@ -150,6 +175,7 @@ class Disks(_Strict):
     default_bytes_sec: Annotated[int, Field(ge=0)] = 0  # 0 = unlimited budget
     default_iops: Annotated[int, Field(ge=0)] = 0
     budget: dict[str, DiskBudgetPolicy] = {}  # per disk (name or id)
+    atomic: AtomicPaths = AtomicPaths()
 
 
 class Policy(_Strict):
