@@ -60,6 +60,7 @@ class DiskWant:
     min_size_bytes: int = 0
     bytes_sec: int = 0  # the VM's throttle (total_bytes_sec); must fit the disk's budget
     iops: int = 0
+    atomic_write_bytes: int = 0  # the guest must write this many bytes whole (0 = no need)
 
 
 @dataclass(frozen=True)
@@ -444,6 +445,11 @@ def _disk_ok(d: DiskRes, w: DiskWant) -> str:
         return f"{w.iops} IOPS above {d.name}'s budget {d.iops}"
     if d.size_bytes < w.min_size_bytes:
         return f"{d.name} has {d.size_bytes} bytes, {w.min_size_bytes} needed"
+    if w.atomic_write_bytes > d.atomic_write_bytes:
+        if d.atomic_write_bytes:
+            return (f"{d.name} guarantees {d.atomic_write_bytes} B atomic writes, "
+                    f"{w.atomic_write_bytes} B wanted")
+        return f"{d.name} is not offered as atomic ({d.atomic_note or 'no atomic-write unit'})"
     return ""
 
 

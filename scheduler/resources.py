@@ -54,6 +54,8 @@ class DiskRes:
     size_bytes: int
     bytes_sec: int  # 0 = unlimited
     iops: int  # 0 = unlimited
+    atomic_write_bytes: int = 0  # the unit a VM is guaranteed here (layout); 0 = not atomic
+    atomic_note: str = ""  # hostd's reason, quoted when a request wants more
 
 
 @dataclass(frozen=True)
@@ -219,7 +221,7 @@ def host_from_layout(name: str, layout: Layout, *, siblings: Mapping[int, Sequen
     pfs = tuple(PfRes(p.name, p.node, p.bandwidth_mbps, tuple(sorted(s.index for s in p.slots)),
                       min_rate.get(p.name, True)) for p in sorted(layout.pfs, key=lambda p: p.name))
     disks = tuple(DiskRes(d.name, d.id or "", d.node, disk_classes.get(d.name) or disk_class(d.name),
-                          d.size_bytes, d.bytes_sec, d.iops)
+                          d.size_bytes, d.bytes_sec, d.iops, d.atomic_write_bytes, d.atomic_note)
                   for d in sorted(layout.disks, key=lambda d: d.name))
     return HostRes(name, nodes, pfs, disks, rack, tuple(sorted((labels or {}).items())))
 

@@ -205,20 +205,23 @@ class Migrations:
 
     def _pick_disks(self, spec: VmSpec, source_disks: tuple[SourceDisk, ...]) -> tuple[DiskSpec, ...]:
         """A free allow-listed disk of exactly each source disk's size (the NBD copy needs
-        equal sizes), first by name; the same usability checks as CreateVM's."""
+        equal sizes) that offers the atomic unit the VM's disk asked for, first by name;
+        the same usability checks as CreateVM's."""
         lay, used = self.m.layout, self.m.ledger.usage()
         taken: set[str] = set(used.disks)
         out = []
         for i, (d, src) in enumerate(zip(spec.disks, source_disks)):
             free = [b for b in lay.disks if b.name not in taken]
-            fits = [b for b in free if b.size_bytes == src.size_bytes and not self.m.disk_check(b.name)]
+            fits = [b for b in free if b.size_bytes == src.size_bytes and b.atomic_write_bytes >= d.atomic_write_bytes
+                    and not self.m.disk_check(b.name)]
             if not fits:
                 have = ", ".join(f"{b.name} ({b.size_bytes} bytes)" for b in free) or "none"
                 raise MigrationNoDisk(f"no free allow-listed disk of {src.size_bytes} bytes for {src.disk} "
                                       f"(free here: {have})", field=f"disks[{i}].disk")
             best = sorted(fits, key=lambda b: b.name)[0]
             taken.add(best.name)
-            out.append(DiskSpec(best.name, d.iotune, serial=src.serial or src.disk))
+            out.append(DiskSpec(best.name, d.iotune, serial=src.serial or src.disk,
+                                atomic_write_bytes=d.atomic_write_bytes))
         return tuple(out)
 
     def _answer(self, rec: VmRecord, image) -> Prepared:

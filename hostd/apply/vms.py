@@ -584,7 +584,9 @@ class VmManager:
         disks = [{"name": d.name, "id": d.id or "", "node": -1 if d.node is None else d.node,
                   "size_bytes": d.size_bytes, "bytes_sec_budget": d.bytes_sec, "iops_budget": d.iops,
                   "bytes_sec_used": used.disks.get(d.name, (0, 0))[0],
-                  "iops_used": used.disks.get(d.name, (0, 0))[1], "vm_id": owner.get(d.name, "")}
+                  "iops_used": used.disks.get(d.name, (0, 0))[1], "vm_id": owner.get(d.name, ""),
+                  "atomic_unit_bytes": d.atomic_unit_bytes, "atomic_write_bytes": d.atomic_write_bytes,
+                  "atomic_note": d.atomic_note}
                  for d in lay.disks]
         return {"generation": self.generation, "nodes": nodes, "pfs": pfs, "disks": disks}
 

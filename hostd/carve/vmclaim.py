@@ -25,6 +25,7 @@ class DiskReq:
     disk: str  # kernel name or stable id
     bytes_sec: int = 0  # total_bytes_sec the VM gets (0 = no throttle, takes no budget)
     iops: int = 0
+    atomic_write_bytes: int = 0  # the atomic unit the guest needs (0 = none)
 
 
 @dataclass(frozen=True)
@@ -311,5 +312,10 @@ def _claim_disks(layout: Layout, used: Usage, req: VmRequest) -> tuple[ClaimedDi
             return NoFit(f"disks[{i}].iops", f"above {budget.name}'s budget {budget.iops}")
         if budget.bytes_sec and not d.bytes_sec:
             return NoFit(f"disks[{i}].bytes_sec", f"{budget.name} has an IO budget: set a limit")
+        if d.atomic_write_bytes > budget.atomic_write_bytes:
+            why = (f"guarantees {budget.atomic_write_bytes} B" if budget.atomic_write_bytes else
+                   f"is not offered as atomic ({budget.atomic_note or 'no atomic-write unit'})")
+            return NoFit(f"disks[{i}].atomic_write_bytes",
+                         f"{budget.name} {why}, {d.atomic_write_bytes} B wanted")
         out.append(ClaimedDisk(budget.name, d.bytes_sec, d.iops))
     return tuple(out)

@@ -67,6 +67,9 @@ class DiskSpec:
     # The guest's name of the disk (its virtio serial); "" = the host disk's kernel name.
     # A migration target sets it: the guest keeps the name it has known the disk by.
     serial: str = ""
+    # The guest must write this many bytes whole (0 = no need): only a disk whose layout
+    # offers that atomic unit (DiskBudget.atomic_write_bytes) is claimed.
+    atomic_write_bytes: int = 0
 
 
 @dataclass(frozen=True)
@@ -91,7 +94,8 @@ class VmSpec:
         """The resource part, for the claim."""
         return VmRequest(self.request_id, self.name, self.vcpus, self.memory_mib,
                          self.hugepage_size_kb, self.node,
-                         tuple(DiskReq(d.disk, d.iotune.bytes_sec, d.iotune.iops) for d in self.disks),
+                         tuple(DiskReq(d.disk, d.iotune.bytes_sec, d.iotune.iops, d.atomic_write_bytes)
+                               for d in self.disks),
                          self.vfs, self.emulator_policy, self.cpus, self.cells)
 
     def to_dict(self) -> dict[str, Any]:
@@ -126,6 +130,8 @@ def spec_problem(spec: VmSpec) -> NoFit | None:
     ]
     for i, d in enumerate(spec.disks):
         checks.append((f"disks[{i}].disk", lambda d=d: bounds.check_disk_ref(d.disk)))
+        checks.append((f"disks[{i}].atomic_write_bytes",
+                       lambda d=d: bounds.check_atomic_write_bytes(d.atomic_write_bytes)))
     for i, v in enumerate(spec.vfs):
         checks.append((f"vfs[{i}].pf", lambda v=v: bounds.check_pf(v.pf)))
     for i, c in enumerate(spec.cells):

@@ -75,7 +75,7 @@ def spec_from_proto(r: pb.CreateVMRequest) -> VmSpec:
     return VmSpec(
         request_id=r.request_id, name=r.name, vcpus=r.vcpus, memory_mib=r.memory_mib,
         image=r.image, hugepage_size_kb=r.hugepage_size_kb or 2048, profile=r.profile, node=node,
-        disks=tuple(DiskSpec(d.disk, _iotune(d.iotune)) for d in r.disks),
+        disks=tuple(DiskSpec(d.disk, _iotune(d.iotune), atomic_write_bytes=d.atomic_write_bytes) for d in r.disks),
         vfs=tuple(VfReq(v.pf, v.mac.lower(), v.vlan, v.max_tx_rate_mbps, v.min_tx_rate_mbps) for v in r.vfs),
         guest_numa=r.guest_numa, labels=dict(r.labels), cpus=cpus, cells=cells)
 

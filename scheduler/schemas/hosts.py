@@ -123,6 +123,9 @@ class HostDiskOut(BaseModel):
     bytes_sec: int
     iops: int
     used: bool
+    atomic_write_bytes: int = Field(0, description="atomic-write unit a VM is guaranteed on this disk "
+                                                    "(0 = not offered as atomic)")
+    atomic_note: str = Field("", description="hostd's reason for the atomic unit offered, or why none")
 
 
 class HostPublic(BaseModel):

@@ -40,6 +40,10 @@ class DiskIn(BaseModel):
     cls: str = Field("", alias="class", max_length=32, description="disk class: nvme, ssd, hdd, ...")
     min_size_bytes: StrictInt = Field(0, ge=0, le=2**63 - 1)
     iotune: IoTuneIn = Field(default_factory=IoTuneIn)
+    atomic_write_bytes: StrictInt = Field(
+        0, ge=0, le=2**31, description="the guest must be able to write this many bytes whole, "
+        "across a power failure (a power of two, 512 B to 1 MiB; api/bounds.py); 0 = no need. "
+        "Only disks whose unit covers it, on a path that carries it to the guest, fit.")
 
 
 class VfIn(BaseModel):

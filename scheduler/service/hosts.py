@@ -437,7 +437,8 @@ class HostService:
                      reserved_mbps=u.reserved_mbps.get(p.name, 0), min_tx_rate_supported=p.min_rate_supported)
                for p in res.pfs]
         disks = [HostDiskOut(name=d.name, id=d.id, node=d.node, cls=d.cls, size_bytes=d.size_bytes,
-                             bytes_sec=d.bytes_sec, iops=d.iops, used=d.name in u.disks) for d in res.disks]
+                             bytes_sec=d.bytes_sec, iops=d.iops, used=d.name in u.disks,
+                             atomic_write_bytes=d.atomic_write_bytes, atomic_note=d.atomic_note) for d in res.disks]
         held = h.admin_state != AdminState.ACTIVE
         return HostPublic(name=h.name, address=h.address, rack=h.rack, labels=h.labels,
                           state=host_repo.effective_state(h, now=now, heartbeat_timeout_s=self.timeout,

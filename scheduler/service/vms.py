@@ -51,8 +51,8 @@ def want_of(body: VmCreate, default_policy: str) -> VmWant:
     want = VmWant(
         vcpus=body.vcpus, memory_mib=body.memory_mib, page_size_kb=body.page_size_kb,
         vfs=tuple(VfWant(v.pf, v.max_tx_rate_mbps, v.min_tx_rate_mbps) for v in body.vfs),
-        disks=tuple(DiskWant(d.disk, d.cls, d.min_size_bytes, d.iotune.bytes_sec(), d.iotune.iops())
-                    for d in body.disks),
+        disks=tuple(DiskWant(d.disk, d.cls, d.min_size_bytes, d.iotune.bytes_sec(), d.iotune.iops(),
+                             d.atomic_write_bytes) for d in body.disks),
         allow_span_nodes=body.allow_span_nodes, policy=body.policy or default_policy,
         labels=tuple(sorted(body.host_labels.items())))
     bad = validate(want)
@@ -83,6 +83,10 @@ def bounds_problem(body: VmCreate) -> tuple[str, str] | None:
         bad = bounds.iotune_problem(d.iotune.model_dump())
         if bad:
             return f"disks[{i}].iotune.{bad[0]}", bad[1]
+        try:
+            bounds.check_atomic_write_bytes(d.atomic_write_bytes)
+        except ValueError as e:
+            return f"disks[{i}].atomic_write_bytes", str(e)
     return None
 
 
@@ -96,9 +100,17 @@ def affinity_of(body: VmCreate) -> Affinity:
 LATER_DEFAULTS: dict[str, Any] = {"on_maintenance": "block", "disruption_budget": None}
 
 
+# The same for fields added to each disk.
+LATER_DISK_DEFAULTS: dict[str, Any] = {"atomic_write_bytes": 0}
+
+
 def hashed(req: dict[str, Any]) -> dict[str, Any]:
     """``req`` as its hash sees it: the later fields left out where they are default."""
-    return {k: v for k, v in req.items() if k not in LATER_DEFAULTS or v != LATER_DEFAULTS[k]}
+    out = {k: v for k, v in req.items() if k not in LATER_DEFAULTS or v != LATER_DEFAULTS[k]}
+    if isinstance(out.get("disks"), list):
+        out["disks"] = [{k: v for k, v in d.items() if k not in LATER_DISK_DEFAULTS or v != LATER_DISK_DEFAULTS[k]}
+                        if isinstance(d, dict) else d for d in out["disks"]]
+    return out
 
 
 def request_hash(req: dict[str, Any]) -> str:
@@ -115,7 +127,8 @@ def request_hash_v1(req: dict[str, Any]) -> str:
 
 def create_request(vm: Vm, alloc: Allocation) -> pb.CreateVMRequest:
     body = VmCreate.model_validate(vm.request)
-    disks = [pb.DiskRequest(disk=a.name, iotune=pb.IoTune(**d.iotune.model_dump()))
+    disks = [pb.DiskRequest(disk=a.name, iotune=pb.IoTune(**d.iotune.model_dump()),
+                            atomic_write_bytes=d.atomic_write_bytes)
              for a, d in zip(alloc.disks, body.disks)]
     vfs = [pb.VfRequest(pf=a.pf, mac=v.mac, vlan=v.vlan, max_tx_rate_mbps=v.max_tx_rate_mbps,
                         min_tx_rate_mbps=v.min_tx_rate_mbps) for a, v in zip(alloc.vfs, body.vfs)]

@@ -80,3 +80,39 @@ def test_layout_problems_check_the_offered_unit(offered: int, unit: int, ok: boo
     assert (probs == []) == ok, probs
     if not ok:
         assert probs[0][0] == "layout.disks[0].atomic_write_bytes"
+
+
+# ---------------------------------------------------------------- the claim re-checks it
+
+def _claim_layout() -> tuple[Layout, dict]:
+    from tests.hostd.carve.test_vmclaim import LAYOUT, SIBLINGS
+    atomic = dataclasses.replace(LAYOUT.disks[0], atomic_unit_bytes=16384, atomic_write_bytes=16384,
+                                 atomic_note="16384 B through vfio-nvme")
+    plain = dataclasses.replace(LAYOUT.disks[1], atomic_note="virtio-blk does not tell the guest an atomic unit")
+    return dataclasses.replace(LAYOUT, disks=(atomic, plain)), SIBLINGS
+
+
+@pytest.mark.parametrize("disk, want, why", [
+    ("nvme0n1", 16384, None), ("nvme0n1", 0, None),
+    ("nvme0n1", 32768, "nvme0n1 guarantees 16384 B, 32768 B wanted"),
+    ("sdf", 4096, "sdf is not offered as atomic (virtio-blk does not tell the guest an atomic unit), 4096 B wanted"),
+])
+def test_hostd_claim_refuses_a_disk_without_the_unit(disk: str, want: int, why: str | None) -> None:
+    from hostd.carve.vmclaim import Claim, DiskReq, Usage, VmRequest, claim
+    from hostd.errors import NoFit
+    lay, sib = _claim_layout()
+    node = 0 if disk == "nvme0n1" else 1
+    got = claim(lay, sib, Usage(), VmRequest("r1", "vm1", 2, 512, node=node,
+                                             disks=(DiskReq(disk, 500 * 2**20 if disk == "nvme0n1" else 0, 0, want),)))
+    if why is None:
+        assert isinstance(got, Claim), got
+    else:
+        assert isinstance(got, NoFit) and got.field == "disks[0].atomic_write_bytes" and why in str(got), got
+
+
+def test_hostd_spec_bounds_the_unit() -> None:
+    from hostd.carve.vmspec import DiskSpec, VmSpec, spec_problem
+    spec = VmSpec(request_id="r1", name="vm1", vcpus=1, memory_mib=512, image="smoke",
+                  disks=(DiskSpec("nvme0n1", atomic_write_bytes=12288),))
+    bad = spec_problem(spec)
+    assert bad is not None and bad.field == "disks[0].atomic_write_bytes" and "power of two" in str(bad)
