@@ -99,7 +99,14 @@ class VmSpec:
                          self.vfs, self.emulator_policy, self.cpus, self.cells)
 
     def to_dict(self) -> dict[str, Any]:
-        return to_jsonable(self)
+        """JSON form (ledger, domain metadata). A disk's ``atomic_write_bytes`` is left out
+        when 0, so specs without the ask read as they did before it existed (golden
+        domain XML, older hostds reading a migration peer's metadata)."""
+        d = to_jsonable(self)
+        for disk in d["disks"]:
+            if not disk.get("atomic_write_bytes"):
+                disk.pop("atomic_write_bytes", None)
+        return d
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> "VmSpec":

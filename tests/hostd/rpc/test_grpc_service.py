@@ -74,6 +74,13 @@ def test_create_get_list_delete(api):
     ({"request_id": ""}, grpc.StatusCode.INVALID_ARGUMENT, "hyb.spec.invalid [request_id]"),
     ({"disks": [pb.DiskRequest(disk="sda")]}, grpc.StatusCode.FAILED_PRECONDITION,
      "hyb.vm.refused [disks[0].disk]"),
+    # issue 41: the layout offers no atomic unit on a virtio-blk disk; a bad unit is invalid
+    ({"disks": [pb.DiskRequest(disk="nvme0n1", atomic_write_bytes=16384,
+                               iotune=pb.IoTune(total_bytes_sec=10**8, total_iops_sec=1000))]},
+     grpc.StatusCode.FAILED_PRECONDITION,
+     "hyb.vm.refused [disks[0].atomic_write_bytes]: nvme0n1 is not offered as atomic"),
+    ({"disks": [pb.DiskRequest(disk="nvme0n1", atomic_write_bytes=12288)]}, grpc.StatusCode.INVALID_ARGUMENT,
+     "hyb.spec.invalid [disks[0].atomic_write_bytes]: 12288 is not 0 or a power of two"),
 ])
 def test_errors_carry_code_and_field(api, kw, code, prefix):
     stub, _, m = api

@@ -116,3 +116,13 @@ def test_hostd_spec_bounds_the_unit() -> None:
                   disks=(DiskSpec("nvme0n1", atomic_write_bytes=12288),))
     bad = spec_problem(spec)
     assert bad is not None and bad.field == "disks[0].atomic_write_bytes" and "power of two" in str(bad)
+
+
+def test_spec_keeps_the_ask_and_old_specs_read_the_same() -> None:
+    from hostd.carve.vmspec import DiskSpec, VmSpec
+    spec = VmSpec(request_id="r1", name="vm1", vcpus=1, memory_mib=512, image="smoke",
+                  disks=(DiskSpec("nvme0n1", atomic_write_bytes=16384), DiskSpec("sdf")))
+    d = spec.to_dict()
+    assert d["disks"][0]["atomic_write_bytes"] == 16384 and "atomic_write_bytes" not in d["disks"][1]
+    assert VmSpec.from_dict(d) == spec
+    assert spec.request().disks[0].atomic_write_bytes == 16384
