@@ -92,3 +92,11 @@ def test_fit_named_disk_without_the_unit() -> None:
     res = fit_vm([h], VmWant(1, 1024, disks=(DiskWant(disk="nvme0n1", bytes_sec=10**8, atomic_write_bytes=4096),)), explain=True)
     assert not res.candidates
     assert res.rejections[0].reason == "node 0: disks[0]: nvme0n1 is not offered as atomic (no atomic-write unit)"
+
+
+def test_a_layout_offering_more_than_its_unit_is_refused_at_registration(api):
+    body = _body("h-liar", 32768, unit=16384)
+    r = api.post("/v1/hosts", json=body, headers=HOST)
+    assert r.status_code == 422, r.text
+    assert "layout.disks[0].atomic_write_bytes" in r.text
+    assert api.get("/v1/hosts", headers=ADM).json()["items"] == []
