@@ -143,7 +143,7 @@ def _disk_table(disks: tuple[Disk, ...], console: Console) -> None:
         return
     free = sum(d.assignable for d in disks)
     t = Table(title=f"disks: {len(disks)} ({free} assignable to VMs)", title_justify="left")
-    for col in ("disk", "id", "size", "type", "node", "partitions", "holders", "mounts", "assignable"):
+    for col in ("disk", "id", "size", "type", "node", "partitions", "holders", "mounts", "atomic", "assignable"):
         t.add_column(col, overflow="fold")
     for d in disks:
         kind = ("loop" if d.backing_file else "zram" if d.name.startswith("zram")
@@ -152,8 +152,21 @@ def _disk_table(disks: tuple[Disk, ...], console: Console) -> None:
         verdict = "[green]yes[/green]" if d.assignable else "[red]no[/red]: " + "; ".join(d.reasons)
         t.add_row(d.name, _dash(d.id or d.backing_file), human_bytes(d.size_bytes),
                   " ".join([kind, *flags]), _dash(d.node), ",".join(d.partitions) or "-",
-                  ",".join(d.holders) or "-", ",".join(d.mountpoints) or "-", verdict)
+                  ",".join(d.holders) or "-", ",".join(d.mountpoints) or "-", _atomic(d), verdict)
     console.print(t)
+
+
+def _atomic(d: Disk) -> str:
+    """The device's atomic-write unit ("16K" or "16K/b4K" with a boundary), "0" for none,
+    "?" when unknown; what a VM is offered is the plan's (hostd plan)."""
+    a = d.atomic
+    if a is None:
+        return "?"
+    if not a.unit_max_bytes:
+        return "0"
+    def k(n: int) -> str:
+        return f"{n // 1024}K" if n >= 1024 and n % 1024 == 0 else f"{n}B"
+    return f"{k(a.unit_max_bytes)}/b{k(a.boundary_bytes)}" if a.boundary_bytes else k(a.unit_max_bytes)
 
 
 def render_topology(topo: Topology, console: Console) -> None:

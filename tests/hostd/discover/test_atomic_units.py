@@ -49,6 +49,16 @@ def test_61_identify_data_by_the_kernels_rules() -> None:
     assert got["nvme4n1"] is None and got["sda"] is None
 
 
+def test_render_shows_the_unit() -> None:
+    from rich.console import Console
+    from hostd.discover.render import render_topology
+    console = Console(width=240, record=True)
+    render_topology(discover_host(HOSTS / OLD), console)
+    rows = {line.split()[1]: line for line in console.export_text().splitlines() if line.startswith("│ nvme")}
+    assert " 16K " in rows["nvme0n1"] and " 4K/b4K " in rows["nvme2n1"]
+    assert " 0 " in rows["nvme3n1"] and " ? " in rows["nvme4n1"]
+
+
 def test_older_trees_report_unknown_not_zero() -> None:
     assert set(disks(HOSTS / "amd-epyc-nps4").values()) == {None}
 
