@@ -36,6 +36,9 @@
  *   tscdeadline        WRMSR 0x6e0 = now + --deadline-cycles (default 3000, as kvm-unit-tests)
  *                      with LVTT (0x832) in TSC-deadline mode; wait for the timer interrupt
  *   tscdeadline_immed  the same with a deadline of now (already past when armed)
+ *   tscdeadline_halt   arm the deadline with interrupts off, then `sti; hlt`: exactly one HLT exit
+ *                      per operation, the vCPU woken by the timer (with a deadline longer than
+ *                      the host's halt polling, every one a wake-up of a blocked vCPU)
  *   ipi                WRMSR 0x830 (x2APIC ICR, fixed, physical) to vCPU 1, which spins with
  *                      interrupts on; wait for its handler to have run
  *   ipi_halt           the same to vCPU 1 sitting in HLT: the sender waits until vCPU 1 said it
@@ -117,7 +120,7 @@ GUEST(wrmsr, "mov $0x6e0, %ecx\nxor %eax, %eax\nxor %edx, %edx\nwrmsr") /* TSC_D
 #define TIMER_VECTOR 0xef   /* kvm-unit-tests' TSC_DEADLINE_TIMER_VECTOR */
 #define STR_(x) #x
 #define STR(x) STR_(x)
-extern const unsigned char g_apic[], g_apic_end[], g_tscdl[], g_ipi[], g_ipi_halt[], g_icr_self[],
+extern const unsigned char g_apic[], g_apic_end[], g_tscdl[], g_tscdl_halt[], g_ipi[], g_ipi_halt[], g_icr_self[],
     g_ap_spin[], g_ap_halt[], g_isr[], g_iret[], g_exc[];
 asm(".pushsection .rodata\n.code16\n"
     "g_apic:\n"
@@ -134,6 +137,15 @@ asm(".pushsection .rodata\n.code16\n"
     "sti\n"
     "1:\nmovb $0, " STR(FLAG) "\n"
     "rdtsc\nmov %eax, %ebp\nadd %ebx, %eax\nadc $0, %edx\nmov $0x6e0, %ecx\nwrmsr\n"
+    "2:\ncmpb $0, " STR(FLAG) "\nje 2b\n"
+    "call op_done\ndec %esi\njnz 1b\n"
+    "cli\nout %al, $0xf1\nhlt\n"
+    "g_tscdl_halt:\n"                        /* arm the deadline, then sleep in HLT until it fires */
+    "mov $0x8000, %sp\ncall seg_setup\ncall apic_on\n"
+    "mov $0x832, %ecx\nmov $(0x40000 | " STR(TIMER_VECTOR) "), %eax\nxor %edx, %edx\nwrmsr\n"
+    "1:\ncli\nmovb $0, " STR(FLAG) "\n"
+    "rdtsc\nmov %eax, %ebp\nadd %ebx, %eax\nadc $0, %edx\nmov $0x6e0, %ecx\nwrmsr\n"
+    "sti\nhlt\n"                              /* STI's shadow: the interrupt waits for HLT */
     "2:\ncmpb $0, " STR(FLAG) "\nje 2b\n"
     "call op_done\ndec %esi\njnz 1b\n"
     "cli\nout %al, $0xf1\nhlt\n"
@@ -201,6 +213,7 @@ static const struct mode modes[] = {
     MODE(rdmsr, 0), MODE(wrmsr, 1),
     APIC_MODE(tscdeadline, APIC_TIMER, g_tscdl, NULL, 3000),
     APIC_MODE(tscdeadline_immed, APIC_TIMER, g_tscdl, NULL, 0),
+    APIC_MODE(tscdeadline_halt, APIC_TIMER, g_tscdl_halt, NULL, 3000),
     APIC_MODE(ipi, APIC_IPI, g_ipi, g_ap_spin, 0),
     APIC_MODE(ipi_halt, APIC_IPI, g_ipi_halt, g_ap_halt, 0),
     APIC_MODE(icr_self, APIC_SELF, g_icr_self, NULL, 0),
