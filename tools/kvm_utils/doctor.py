@@ -214,6 +214,10 @@ def _symbol_checks(tracefs: Path | None, release: str, vmlinux: symbols.Btf | No
                         f"kprobe engine could serve: {', '.join(res.servable()) or 'none'}; "
                         f"found {' '.join(ok)}", required=False))
     checks.extend(Check("kprobe symbol", False, p.message, required=False) for p in res.missing())
+    from tools.kvm_utils.sources.kprobe import view_coverage
+    waking = tracefs is not None and (tracefs / "events/sched/sched_waking").is_dir()
+    checks.extend(Check(f"kprobe view {view}", ok, detail, required=False)
+                  for view, ok, detail in view_coverage(res, waking))
     return checks
 
 

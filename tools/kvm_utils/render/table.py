@@ -73,8 +73,9 @@ def render_view(doc: dict) -> str:
     out = [f"kprobe {doc['view']}: {doc['duration_s']:.1f} s; probes: "
            + (", ".join(f"{s}" for s in doc["symbols"].values()) or "-")]
     out += [f"  not shown: {x}" for x in doc["lost"]]
+    out += [f"  blind: {x}" for x in doc.get("blind", ())]
     for key, rows in doc.items():
-        if key == "lost" or not isinstance(rows, (list, tuple)) or not rows:
+        if key in ("lost", "blind") or not isinstance(rows, (list, tuple)) or not rows:
             continue
         out += ["", key]
         if is_hist(rows):

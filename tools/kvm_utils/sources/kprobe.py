@@ -8,8 +8,11 @@ start (never a kernel module):
   every exit is "ALL". Fastpath exits that re-enter the guest without the handler are not
   in it (the tracepoint engines count them). Maps use bpf.py's names and log-linear
   buckets, so bpf.to_summary reads them: `latency --engine kprobe` prints the same document.
-- `wakeups`: `kvm_vcpu_wake_up` (who woke which vCPU, and how long it had been halted),
-  `kvm_vcpu_kick`, `pi_wakeup_handler` (posted-interrupt wake-ups, per host CPU).
+- `wakeups`: who woke which halted vCPU and how long it had slept (the halt probe, then the
+  scheduler's `sched_waking` of that vCPU thread: immune to `kvm_vcpu_wake_up` being inlined,
+  as it is into `kvm_vcpu_kick` on Debian's 6.1), `kvm_vcpu_wake_up`'s own calls (a symbol
+  that never fired while its work was seen is named in `blind`), `kvm_vcpu_kick`,
+  `pi_wakeup_handler` (posted-interrupt wake-ups, per host CPU).
 - `timers`: `apic_timer_fn` (per host CPU: it runs in hrtimer interrupt context, not on
   the vCPU thread), `kvm_lapic_expired_hv_timer` per vCPU thread, next to the TSC_DEADLINE
   writes the kvm_msr tracepoint sees.
@@ -41,6 +44,8 @@ READY = "kvm-utils-ready"
 VIEWS = ("handling", "wakeups", "timers", "halts")
 #: the label of exits whose reason no tracepoint gave (kvm_exit silent, e.g. PVM)
 NO_REASON = "ALL (no kvm_exit: reason unknown)"
+#: the scheduler's wake-up of a task, in the waker's context: who woke a halted vCPU thread
+WAKING = "tracepoint:sched:sched_waking"
 
 
 @dataclass(frozen=True)
@@ -100,6 +105,7 @@ class Plan:
     style: Style
     symbols: dict[str, str]                       # role -> symbol to attach
     lost: tuple[str, ...] = ()                    # secondary probes missing: what the output lacks
+    vendor: str = ""                              # vmx/svm: kvm_exit names each exit; pvm: it never fires
 
 
 def make_plan(view: str, res: kprobe_table.Resolution, style: Style) -> Plan:
@@ -115,7 +121,36 @@ def make_plan(view: str, res: kprobe_table.Resolution, style: Style) -> Plan:
         raise KprobeUnavailable(f"kprobe view {view!r} cannot run ({where}): "
                                 + "; ".join(p.message for p in missing))
     lost = tuple(by_role[r].message for r in spec.secondary if by_role[r].status == "missing")
-    return Plan(view, style, symbols, lost)
+    return Plan(view, style, symbols, lost, res.vendor)
+
+
+def view_coverage(res: kprobe_table.Resolution, has_waking: bool) -> list[tuple[str, bool, str]]:
+    """Per view, for `doctor`: (view, usable?, what it attaches and what it is blind to here).
+    Pure: from the table's resolution and whether sched:sched_waking exists."""
+    by_role = {p.probe.role: p for p in res.probes}
+    out: list[tuple[str, bool, str]] = []
+    for view, spec in VIEW_SPECS.items():
+        missing = [by_role[r].message for r in spec.primary if by_role[r].status != "found"]
+        if missing:
+            out.append((view, False, "blind: " + "; ".join(missing)))
+            continue
+        found = [by_role[r].symbol for r in spec.primary + spec.secondary if by_role[r].status == "found"]
+        blind = [by_role[r].message for r in spec.secondary if by_role[r].status != "found"]
+        extra = ""
+        if view == "wakeups":
+            if "halt duration" not in {r for r in spec.secondary if by_role[r].status == "found"}:
+                blind.append("no halt probe: wakers only, not which vCPU nor how long it slept")
+            elif has_waking:
+                found.append("sched:sched_waking")
+                extra = ("; who woke a halted vCPU comes from sched_waking, whichever function woke it "
+                         f"({by_role['vCPU wake-up'].symbol} may be inlined into its callers, as on Debian's 6.1: "
+                         "a run names it under `blind` when it never fired)")
+            else:
+                blind.append("no sched:sched_waking tracepoint: who woke a halted vCPU only where "
+                             f"{by_role['vCPU wake-up'].symbol} is called out of line")
+        detail = "probes " + ", ".join(found) + extra
+        out.append((view, True, detail + ("; blind: " + "; ".join(blind) if blind else "")))
+    return out
 
 
 def _guard(pids: tuple[int, ...]) -> str:
@@ -124,9 +159,14 @@ def _guard(pids: tuple[int, ...]) -> str:
 
 def _handling(plan: Plan, pids: tuple[int, ...]) -> list[str]:
     s, sym = plan.style, plan.symbols["exit handler entry to return"]
+    # Attach order (issue 42): bpftrace attaches the probes one by one, so while a guest runs
+    # the handler probe may be in place before the tracepoint that names the reason; on
+    # VMX/SVM an exit whose kvm_exit was not seen (@isa is 1 or 2 once it was) is dropped,
+    # not counted as "reason unknown". Where kvm_exit never fires (PVM) every exit counts.
+    seen = " /@isa[tid]/" if plan.vendor in ("vmx", "svm") else ""
     return [
         "tracepoint:kvm:kvm_exit { @reason[tid] = args->exit_reason; @isa[tid] = args->isa; }",
-        f"{s.entry}:{sym} {{ {_guard(pids)}@hs[tid] = nsecs; }}",
+        f"{s.entry}:{sym}{seen} {{ {_guard(pids)}@hs[tid] = nsecs; }}",
         f"{s.ret}:{sym} /@hs[tid]/ {{\n  $d = nsecs - @hs[tid]; $r = @reason[tid]; $i = @isa[tid];\n{_BUCKET}"
         "  @e_n[$i, $r] = count(); @e_sum[$i, $r] = sum($d); @e_min[$i, $r] = min($d); @e_max[$i, $r] = max($d);\n"
         "  @e_ll[$i, $r, $k] = count(); @t_n[tid] = count(); @x[tid, $i, $r] = count();\n"
@@ -139,14 +179,21 @@ def _wakeups(plan: Plan, pids: tuple[int, ...]) -> list[str]:
     wake, halt = sy["vCPU wake-up"], sy.get("halt duration")
     out: list[str] = []
     if halt:
-        # a halted vCPU is known by its struct kvm_vcpu pointer: the waker passes the same one
+        # A halted vCPU is known by its struct kvm_vcpu pointer (what the wake-up and kick
+        # functions take) and by its thread. Who woke it is the scheduler's wake-up of that
+        # thread (sched_waking runs in the waker's context), whichever KVM function did it:
+        # kvm_vcpu_wake_up is inlined into kvm_vcpu_kick and kvm_make_vcpu_request on
+        # Debian's 6.1, so its probe never fires for the timer and IPI wake-ups (issue 42).
+        # Its own probe still counts its out-of-line calls, so a never-hit symbol is named.
         out += [f"{s.entry}:{halt} {{ {_guard(pids)}$v = {s.arg0(halt)}; @hstart[$v] = nsecs; @vtid[$v] = tid; "
-                "@vof[tid] = $v; }",
-                f"{s.ret}:{halt} /@vof[tid]/ {{ delete(@hstart[@vof[tid]]); delete(@vof[tid]); }}"]
+                "@vof[tid] = $v; @halted[tid] = nsecs; }",
+                f"{s.ret}:{halt} /@vof[tid]/ {{ if (@halted[tid]) {{ @unslept[tid] = count(); }} "
+                "delete(@hstart[@vof[tid]]); delete(@vof[tid]); delete(@halted[tid]); }",
+                f"{WAKING} /@halted[args->pid]/ {{ @woke[tid, args->pid] = count(); "
+                "@slept_ns = hist(nsecs - @halted[args->pid]); delete(@halted[args->pid]); }"]
         only_seen = "if (@vtid[$v] == 0) { return; } " if pids else ""
-        out.append(f"{s.entry}:{wake} {{ $v = {s.arg0(wake)}; {only_seen}$h = @hstart[$v];\n"
-                   "  if ($h) { @woke[tid, @vtid[$v]] = count(); @slept_ns = hist(nsecs - $h); delete(@hstart[$v]); }\n"
-                   "  else { @wake_running[tid, @vtid[$v]] = count(); }\n}")
+        out.append(f"{s.entry}:{wake} {{ $v = {s.arg0(wake)}; {only_seen}@wake_call[tid, @vtid[$v]] = count();\n"
+                   "  if (@hstart[$v] == 0) { @wake_running[tid, @vtid[$v]] = count(); }\n}")
         if "vCPU kick" in sy:
             out.append(f"{s.entry}:{sy['vCPU kick']} {{ $v = {s.arg0(sy['vCPU kick'])}; {only_seen}"
                        "@kick[tid, @vtid[$v]] = count(); }")
@@ -184,7 +231,7 @@ def _halts(plan: Plan, pids: tuple[int, ...]) -> list[str]:
 _BUILD: dict[str, Callable[[Plan, tuple[int, ...]], list[str]]] = {
     "handling": _handling, "wakeups": _wakeups, "timers": _timers, "halts": _halts}
 #: per-thread scratch maps, cleared in END so bpftrace does not print them
-_SCRATCH = {"handling": ("hs", "reason", "isa"), "wakeups": ("hstart", "vtid", "vof"), "timers": (),
+_SCRATCH = {"handling": ("hs", "reason", "isa"), "wakeups": ("hstart", "vtid", "vof", "halted"), "timers": (),
             "halts": ("hs",)}
 
 
@@ -231,6 +278,26 @@ def handling_counts(parsed: Output, target_of: Callable[[int], object],
     return out
 
 
+def wake_up_blindness(maps: dict, plan: Plan | None) -> list[str]:
+    """A wake-up symbol that never fired although its work was seen: inlined into its callers
+    on this kernel (its out-of-line copy, which kallsyms and BTF list, serves other callers).
+    kvm_vcpu_kick always calls kvm_vcpu_wake_up first, and a halted vCPU that the scheduler
+    woke was woken through it, so either count with none of its own gives it away."""
+    sym = (plan.symbols.get("vCPU wake-up") if plan else None) or "kvm_vcpu_wake_up"
+    calls = sum(maps.get("wake_call", {}).values()) + sum(maps.get("wake_by", {}).values())
+    if calls:
+        return []
+    woken = sum(maps.get("woke", {}).values())
+    kicks = sum(maps.get("kick", {}).values()) + sum(maps.get("kick_by", {}).values())
+    seen = [f"{woken} halted vCPUs were woken (sched_waking)"] if woken else []
+    seen += [f"kvm_vcpu_kick, which calls it first, fired {kicks} times"] if kicks else []
+    if not seen:
+        return []
+    return [f"{sym} never fired while {' and '.join(seen)}: it is inlined into its callers on this kernel "
+            "(Debian's 6.1 inlines it into kvm_vcpu_kick and kvm_make_vcpu_request); woke_halted comes from "
+            "sched:sched_waking, woke_running and wake_up_calls see only its out-of-line calls"]
+
+
 def view_summary(view: str, parsed: Output, duration_s: float, plan: Plan | None = None,
                  name: Callable[[int], str] = str) -> dict:
     """Pure: a wakeups/timers/halts run -> its document: lists of rows (dicts) and
@@ -248,12 +315,15 @@ def view_summary(view: str, parsed: Output, duration_s: float, plan: Plan | None
         return [{a: label(k[0]), "count": n, "rate": rate(n)} for k, n in rows]
 
     doc: dict = {"view": view, "duration_s": round(duration_s, 3),
-                 "symbols": dict(plan.symbols) if plan else {}, "lost": list(plan.lost) if plan else []}
+                 "symbols": dict(plan.symbols) if plan else {}, "lost": list(plan.lost) if plan else [],
+                 "blind": []}
     if view == "wakeups":
         doc.update(woke_halted=pairs("woke", "waker", "vcpu"), woke_running=pairs("wake_running", "waker", "vcpu"),
+                   wake_up_calls=pairs("wake_call", "waker", "vcpu"), halts_unslept=singles("unslept", "vcpu"),
                    kicks=pairs("kick", "kicker", "vcpu"), wakes_by=singles("wake_by", "waker"),
                    kicks_by=singles("kick_by", "kicker"), pi_wakeups=singles("pi_wake", "cpu", int),
-                   halted_ns_hist=tuple(parsed.hists.get("slept_ns", {}).get((), ())))
+                   halted_ns_hist=tuple(parsed.hists.get("slept_ns", {}).get((), ())),
+                   blind=wake_up_blindness(m, plan))
     elif view == "timers":
         doc.update(apic_timer_fn=singles("apic_timer", "cpu", int), hv_timer=singles("hv_timer", "vcpu"),
                    tsc_deadline_wrmsr=singles("tscdeadline_wrmsr", "vcpu"))
