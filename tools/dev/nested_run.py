@@ -1,11 +1,13 @@
 """Inside the nested-SVM guest: one kvm-utils command around one known workload.
 
-    python3 run.py --helper "MODE N [helper options]" -- KVM-UTILS-ARGS...
+    python3 run.py --helper "MODE N [helper options]" [--background "MODE N"] -- KVM-UTILS-ARGS...
 
 Starts the bench helper (its tiny KVM guest, created and waiting on stdin), then
 `kvm-utils KVM-UTILS-ARGS` ("{pid}" replaced by the helper's PID) with no duration; once
 kvm-utils says it traces ("Hit Ctrl-C"), lets the helper run its loop, reads its result,
 stops kvm-utils with SIGINT (as Ctrl-C: it prints its summary) and prints one JSON line:
+With --background, a second helper (named guest=busy) loops before kvm-utils starts and
+until it has stopped: exits while the probes attach and detach.
 {"helper": the helper's result, "rc", "stdout", "stderr", "attach_s", "stop_s"}.
 Stdlib only (the guest's carried Python).
 """
@@ -40,10 +42,23 @@ def _wait_line(stream, text: str, timeout: float, proc: subprocess.Popen, acc: l
 
 def main(argv: list[str]) -> int:
     if "--" not in argv or argv[:1] != ["--helper"]:
-        print("usage: run.py --helper 'MODE N [opts]' -- KVM-UTILS-ARGS...", file=sys.stderr)
+        print("usage: run.py --helper 'MODE N [opts]' [--background 'MODE N'] -- KVM-UTILS-ARGS...", file=sys.stderr)
         return 2
     sep = argv.index("--")
-    helper = subprocess.Popen([HELPER, "--wait-stdin", *shlex.split(argv[1])], stdin=subprocess.PIPE,
+    busy = None
+    if argv[2:3] == ["--background"]:
+        busy = subprocess.Popen([HELPER, "-name", "guest=busy", *shlex.split(argv[3])], stdout=subprocess.DEVNULL,
+                                stderr=subprocess.DEVNULL)
+    try:
+        return _main(argv, sep)
+    finally:
+        if busy is not None:
+            busy.kill()
+            busy.wait()
+
+
+def _main(argv: list[str], sep: int) -> int:
+    helper = subprocess.Popen([HELPER, "-name", "guest=quiet", "--wait-stdin", *shlex.split(argv[1])], stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     herr: list[str] = []
     _wait_line(helper.stderr, "ready pid", 30, helper, herr)

@@ -244,8 +244,9 @@ class NestedGuest:
                 "-chardev", f"socket,id=agent,path={sock_path},server=on,wait=off",
                 "-serial", f"file:{self.console}", "-serial", "chardev:agent"]
         t0 = time.monotonic()
-        self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                     stderr=open(self.workdir / "qemu.err", "w"), start_new_session=True)
+        with open(self.workdir / "qemu.err", "w") as err:   # QEMU keeps its own descriptor
+            self.proc = subprocess.Popen(argv, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=err,
+                                         start_new_session=True)
         deadline = t0 + timeout
         while not sock_path.exists():
             self._check_alive("starting QEMU")

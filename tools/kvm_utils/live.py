@@ -140,26 +140,29 @@ class BpfCounters:
         import threading
 
         from tools.kvm_utils.sources import bpf, bpfcount
+        # mounted until bpftrace has attached: it resolves the tracepoints through tracefs
+        # (a host without systemd, such as the nested-SVM guest's init, has it unmounted)
         with tracefs_mounted(tracefs) as root:
             have = set(available_kvm_events(root))
-        if "kvm_exit" not in have:
-            raise NotAvailable("tracepoint kvm:kvm_exit missing: load kvm")
-        self.events = [e for e in events if e in have]
-        self.targets: list[Target] = []
-        self.fds: dict = {}                  # no perf counters: for the callers' log lines
-        self._target_of = bpfcount.thread_targets(Path("/proc"), lambda tid, vm, vcpu, pid: Target(tid, -1, vm, vcpu, pid))
-        self._specs: dict[tuple[str, str], Spec] = {}
-        self._pending: Counter = Counter()
-        self._lock = threading.Lock()
-        self._ready = threading.Event()
-        self._proc = bpf.spawn(bpfcount.count_script(self.events, flush_s, pids))
-        self._reader = threading.Thread(target=self._read, name="kvmu-bpf-reader", daemon=True)
-        self._reader.start()
-        while not self._ready.wait(0.1):
-            if self._proc.poll() is not None:
-                self._reader.join(timeout=5)
-                raise NotAvailable(f"bpftrace failed (exit {self._proc.returncode}): "
-                                   f"{self._proc.stderr.read().strip()[-400:]}")
+            if "kvm_exit" not in have:
+                raise NotAvailable("tracepoint kvm:kvm_exit missing: load kvm")
+            self.events = [e for e in events if e in have]
+            self.targets: list[Target] = []
+            self.fds: dict = {}                  # no perf counters: for the callers' log lines
+            self._target_of = bpfcount.thread_targets(Path("/proc"),
+                                                      lambda tid, vm, vcpu, pid: Target(tid, -1, vm, vcpu, pid))
+            self._specs: dict[tuple[str, str], Spec] = {}
+            self._pending: Counter = Counter()
+            self._lock = threading.Lock()
+            self._ready = threading.Event()
+            self._proc = bpf.spawn(bpfcount.count_script(self.events, flush_s, pids))
+            self._reader = threading.Thread(target=self._read, name="kvmu-bpf-reader", daemon=True)
+            self._reader.start()
+            while not self._ready.wait(0.1):
+                if self._proc.poll() is not None:
+                    self._reader.join(timeout=5)
+                    raise NotAvailable(f"bpftrace failed (exit {self._proc.returncode}): "
+                                       f"{self._proc.stderr.read().strip()[-400:]}")
 
     def _spec(self, kind: str, label: str) -> Spec:
         return self._specs.setdefault((kind, label), Spec(kind, label, 0, None))

@@ -62,3 +62,30 @@ def no_leftover_instances(tracefs_root: Path) -> Iterator[None]:
         from tools.kvm_utils.sources.tracefs import remove_instance
         remove_instance(p)
     assert not left, f"ftrace instances left behind: {left}"
+
+
+@pytest.fixture(scope="session")
+def nested_svm(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """The nested-SVM guest (tools/dev/nested_svm.py), booted once for the session's nested
+    tests, with kvm_amd loaded: a real KVM with kprobes, fentry and SVM exits. Needs root
+    (the online image's build and cache), QEMU and this host's bpftrace/Python 3.11, which
+    it carries in. Stopped by PID at the end, also when a test failed."""
+    import os
+    import shutil
+
+    from tools.dev import caches, nested_svm
+    if os.geteuid() != 0:
+        pytest.skip("the nested-SVM guest needs root (the online image is built and cached as root)")
+    for exe in ("qemu-system-x86_64", "qemu-img", "mke2fs", "cc"):
+        if shutil.which(exe) is None:
+            pytest.skip(f"{exe} not installed (tools/dev/install-deps.sh)")
+    caches.online_image()          # waits for a build already running (the warmer's), never a second one
+    guest = nested_svm.NestedGuest(tmp_path_factory.mktemp("nested-svm"))
+    try:
+        guest.boot()
+        r = guest.run("modprobe kvm_amd && test -c /dev/kvm && grep -qw svm /proc/cpuinfo", timeout=60)
+        if r.rc != 0:
+            raise nested_svm.NestedError(f"kvm_amd did not load (rc {r.rc}): {r.err}\n{guest.console_tail()}")
+        yield guest
+    finally:
+        guest.stop()

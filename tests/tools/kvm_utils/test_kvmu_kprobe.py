@@ -35,8 +35,8 @@ def test_handling_program_vmx_kprobe_exact() -> None:
     text = program(_plan("handling", "vmx", (6, 1)), 2.5, pids=[42])
     assert text.startswith('BEGIN { printf("kvm-utils-ready\\n"); }\n'
                            "tracepoint:kvm:kvm_exit { @reason[tid] = args->exit_reason; @isa[tid] = args->isa; }\n"
-                           "kprobe:vmx_handle_exit /@isa[tid]/ { if (pid != 42) { return; } @hs[tid] = nsecs; }\n"
-                           "kretprobe:vmx_handle_exit /@hs[tid]/ {\n")
+                           "kprobe:vmx_handle_exit { if (pid != 42) { return; } @hs[tid] = nsecs; }\n"
+                           "kretprobe:vmx_handle_exit /@hs[tid] && @isa[tid]/ {\n")
     assert "@e_ll[$i, $r, $k] = count(); @t_n[tid] = count(); @x[tid, $i, $r] = count();" in text
     assert text.endswith("interval:ms:2500 { exit(); }\nEND { clear(@hs); clear(@reason); clear(@isa); }\n")
 
@@ -45,7 +45,7 @@ def test_handling_program_vmx_kprobe_exact() -> None:
                                            ("pvm", "pvm_handle_exit")])
 def test_handling_attaches_the_vendors_handler(vendor, symbol) -> None:
     text = program(_plan("handling", vendor, (6, 18)), None)
-    assert f"kprobe:{symbol} " in text and f"kretprobe:{symbol} /@hs[tid]/" in text
+    assert f"kprobe:{symbol} {{" in text and f"kretprobe:{symbol} /@hs[tid]" in text
     assert [h for h in ("vmx_handle_exit", "svm_handle_exit", "pvm_handle_exit") if h in text] == [symbol]
     assert "interval" not in text
 
@@ -54,13 +54,16 @@ def test_handling_attaches_the_vendors_handler(vendor, symbol) -> None:
 def test_handling_counts_only_exits_whose_kvm_exit_was_seen(vendor, guard) -> None:
     """Attach order (issue 42): with a guest running while bpftrace attaches, the handler probe
     could be in place before kvm_exit's, and 3-5 % of exits came out "reason unknown" on
-    nested SVM. On VMX/SVM the handler's entry now needs this thread's kvm_exit (@isa is 1 or
-    2 once it fired); on PVM, where kvm_exit never fires, every exit still counts."""
+    nested SVM. On VMX/SVM the handler's return now needs this thread's kvm_exit (@isa is 1
+    or 2 once it fired); at the return, not the entry, because SVM on Debian's 6.1 fires
+    kvm_exit inside svm_handle_exit (an entry guard dropped every other exit there, measured
+    in the nested guest: 1,000 of 2,001). On PVM, where kvm_exit never fires, all count."""
     plan = _plan("handling", vendor, (6, 1))
     sym = plan.symbols["exit handler entry to return"]
     text = program(plan, None)
-    assert (f"kprobe:{sym} /@isa[tid]/ {{ @hs[tid] = nsecs; }}" in text) is guard
-    assert (f"kprobe:{sym} {{ @hs[tid] = nsecs; }}" in text) is not guard
+    assert f"kprobe:{sym} {{ @hs[tid] = nsecs; }}" in text
+    assert (f"kretprobe:{sym} /@hs[tid] && @isa[tid]/ {{" in text) is guard
+    assert (f"kretprobe:{sym} /@hs[tid]/ {{" in text) is not guard
     # the reason and isa are what the tracepoint set: deleted with the exit, never carried on
     assert "delete(@hs[tid]); delete(@reason[tid]); delete(@isa[tid]);" in text
 

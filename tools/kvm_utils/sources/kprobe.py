@@ -4,8 +4,9 @@ Four views, each one bpftrace program built from the symbols `kprobe_table.resol
 start (never a kernel module):
 - `handling`: time from the vendor exit handler's entry to its return (`vmx_handle_exit`,
   `svm_handle_exit`, `pvm_handle_exit`), per exit reason. The reason comes from the
-  kvm_exit tracepoint, which fires before the handler on VMX/SVM; where it never fires (PVM)
-  every exit is "ALL". Fastpath exits that re-enter the guest without the handler are not
+  kvm_exit tracepoint, read at the handler's return: it fires before the handler on VMX and
+  inside it on SVM before 6.4 (svm_handle_exit's first statement on Debian's 6.1); where it
+  never fires (PVM) every exit is "ALL". Fastpath exits that re-enter the guest without the handler are not
   in it (the tracepoint engines count them). Maps use bpf.py's names and log-linear
   buckets, so bpf.to_summary reads them: `latency --engine kprobe` prints the same document.
 - `wakeups`: who woke which halted vCPU and how long it had slept (the halt probe, then the
@@ -161,13 +162,15 @@ def _handling(plan: Plan, pids: tuple[int, ...]) -> list[str]:
     s, sym = plan.style, plan.symbols["exit handler entry to return"]
     # Attach order (issue 42): bpftrace attaches the probes one by one, so while a guest runs
     # the handler probe may be in place before the tracepoint that names the reason; on
-    # VMX/SVM an exit whose kvm_exit was not seen (@isa is 1 or 2 once it was) is dropped,
-    # not counted as "reason unknown". Where kvm_exit never fires (PVM) every exit counts.
-    seen = " /@isa[tid]/" if plan.vendor in ("vmx", "svm") else ""
+    # VMX/SVM an exit whose kvm_exit was not seen (@isa is 1 or 2 once it was) is dropped at
+    # the handler's return, not counted as "reason unknown". Checked at the return, not the
+    # entry: on SVM before 6.4 (Debian's 6.1) svm_handle_exit itself fires kvm_exit, after
+    # its entry (VMX fires it in vmx_vcpu_run, before). Where it never fires (PVM) all count.
+    seen = " && @isa[tid]" if plan.vendor in ("vmx", "svm") else ""
     return [
         "tracepoint:kvm:kvm_exit { @reason[tid] = args->exit_reason; @isa[tid] = args->isa; }",
-        f"{s.entry}:{sym}{seen} {{ {_guard(pids)}@hs[tid] = nsecs; }}",
-        f"{s.ret}:{sym} /@hs[tid]/ {{\n  $d = nsecs - @hs[tid]; $r = @reason[tid]; $i = @isa[tid];\n{_BUCKET}"
+        f"{s.entry}:{sym} {{ {_guard(pids)}@hs[tid] = nsecs; }}",
+        f"{s.ret}:{sym} /@hs[tid]{seen}/ {{\n  $d = nsecs - @hs[tid]; $r = @reason[tid]; $i = @isa[tid];\n{_BUCKET}"
         "  @e_n[$i, $r] = count(); @e_sum[$i, $r] = sum($d); @e_min[$i, $r] = min($d); @e_max[$i, $r] = max($d);\n"
         "  @e_ll[$i, $r, $k] = count(); @t_n[tid] = count(); @x[tid, $i, $r] = count();\n"
         "  delete(@hs[tid]); delete(@reason[tid]); delete(@isa[tid]);\n}",
