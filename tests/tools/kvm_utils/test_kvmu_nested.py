@@ -9,9 +9,10 @@ with counts the workload fixes (tools/dev/nested_run.py):
   200 us): M `hlt` exits, each a vCPU that blocks and is woken by the LAPIC timer; its MSR
   exits are the deadline write and the EOI per operation plus the LAPIC setup's four
   accesses (IA32_APIC_BASE read and write, SVR, LVTT), all intercepted (no AVIC under TCG).
-Short version (`make test`): doctor, `exits` (tracepoint engine), `exits --engine kprobe`
-with another VM looping while the probes attach, `kprobe wakeups`; HYB_NESTED_LONG=1 adds
-`latency --engine kprobe`, `kprobe halts|timers` and `exits` on the PIO loop.
+Short version (`make test`, ~75 s of one worker): doctor, `exits` (tracepoint engine),
+`exits --engine kprobe` with another VM looping while the probes attach, `latency --engine
+kprobe`, `kprobe wakeups`; HYB_NESTED_LONG=1 adds `kprobe halts|timers` and `exits` on the
+PIO loop (~35 s more).
 """
 
 from __future__ import annotations
@@ -92,9 +93,22 @@ def test_exits_kprobe_engine_exact_while_another_vm_loops_during_attach(nested_s
     got = reasons(d)
     assert NO_REASON not in got, got
     assert got["io"] > N_OUT, got
-    quiet = [v for v in d["vcpus"] if v["vm"] == "quiet"]
-    assert [v["count"] for v in quiet] == [N_OUT + 1], d["vcpus"]
+    # per thread the document has totals only: the quiet VM's N + 1 io exits plus the few
+    # interrupt exits of a vCPU that shares the CPU with a looping one (7 in one run); its
+    # exact io count is the next test's
+    quiet = [v["count"] for v in d["vcpus"] if v["vm"] == "quiet"]
+    assert len(quiet) == 1 and N_OUT + 1 <= quiet[0] <= N_OUT + 1 + 40, d["vcpus"]
     assert any(v["vm"] == "busy" and v["count"] > 0 for v in d["vcpus"]), d["vcpus"]
+
+
+def test_latency_kprobe_engine_times_every_io_exit(nested_svm) -> None:
+    """`latency --engine kprobe`: svm_handle_exit timed per reason; every one of the N + 1 io
+    exits (reason read at the handler's return: SVM on 6.1 fires kvm_exit inside it)."""
+    d = around(nested_svm, f"pio_out {N_OUT}", "latency", "--engine", "kprobe", "-p", "{pid}",
+               "--format", "json")["result"]
+    io = {r["reason"]: r for r in d["exits"]}["io"]
+    assert io["count"] == N_OUT + 1, d
+    assert 0 < io["min_ns"] <= io["p50_ns"] <= io["p99_ns"] <= io["max_ns"], io
 
 
 def test_kprobe_wakeups_sees_every_timer_wake_up_though_wake_up_is_inlined(nested_svm) -> None:
@@ -115,15 +129,6 @@ def test_kprobe_wakeups_sees_every_timer_wake_up_though_wake_up_is_inlined(neste
 def test_exits_tracepoint_engine_counts_svm_io_exits(nested_svm) -> None:
     d = around(nested_svm, f"pio_out {N_OUT}", "exits", "-p", "{pid}", "--format", "json")["result"]
     assert reasons(d)["io"] == N_OUT + 1, d
-
-
-@long_only
-def test_latency_kprobe_engine_times_every_io_exit(nested_svm) -> None:
-    d = around(nested_svm, f"pio_out {N_OUT}", "latency", "--engine", "kprobe", "-p", "{pid}",
-               "--format", "json")["result"]
-    io = {r["reason"]: r for r in d["exits"]}["io"]
-    assert io["count"] == N_OUT + 1, d
-    assert 0 < io["min_ns"] <= io["p50_ns"] <= io["p99_ns"] <= io["max_ns"], io
 
 
 @long_only
