@@ -135,10 +135,18 @@ def kernel_tree() -> None:
                    stdout=subprocess.DEVNULL)
 
 
+def nested_runtime() -> Path:
+    """The nested-SVM guest's runtime disk (tools/dev/nested_svm.py: Python + bpftrace)."""
+    from tools.dev import nested_svm
+    return nested_svm.runtime_disk()
+
+
 # In the order the suite's groups need them: the smoke guest at once (the machine group's
-# first guests), the online image for the guest-boot group, the rest for single long tests.
+# first guests), the online image for the guest-boot and nested groups, the rest for single
+# long tests.
 WARMERS: list[tuple[str, Callable[[], object]]] = [
-    ("smoke", smoke_image), ("online", online_image), ("bootstrap-tarball", debian_tarball),
+    ("smoke", smoke_image), ("online", online_image), ("nested-runtime", nested_runtime),
+    ("bootstrap-tarball", debian_tarball),
     ("release-wheels", release_wheels), ("placement-venv", placement_venv), ("kernel-tree", kernel_tree)]
 
 
