@@ -211,6 +211,10 @@ class NestedGuest:
     def boot(self, timeout: float = 180) -> None:
         """Boot and wait for the agent; once more if the console stalled. NestedError on failure
         (everything started is stopped)."""
+        missing = [f for f in ("vmlinuz", "initrd.img", "online.raw") if not (self.image_dir / f).is_file()]
+        if missing:
+            raise NestedError(f"{self.image_dir}: no {', '.join(missing)} (guestimages/online/build.sh builds them; "
+                              "tools/dev/caches.online_image waits for a build already running)")
         runtime = runtime_disk()
         self.workdir.mkdir(parents=True, exist_ok=True)
         work_disk(self.workdir / "work.ext4")
