@@ -19,7 +19,10 @@ def _record(args: argparse.Namespace) -> int:
     from tools.kvm_utils.record import record
     from tools.kvm_utils.sources.tracefs import tracefs_mounted
     with tracefs_mounted(args.tracefs) as root:
-        res = record(root, args.output, args.duration, args.buffer_kb)
+        res = record(root, args.output, args.duration, args.buffer_kb,
+                     on_ready=lambda: print(f"Recording kvm events to {args.output}..."
+                                            + ("" if args.duration else " Hit Ctrl-C to end."),
+                                            file=sys.stderr, flush=True))
     print(f"recorded {res.lines} lines in {res.duration_s:.1f} s to {res.path}"
           + (f" ({res.lost_events} events lost: raise --buffer-kb)" if res.lost_events else ""),
           file=sys.stderr)

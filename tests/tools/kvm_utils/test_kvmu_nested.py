@@ -46,7 +46,7 @@ def around(guest, helper: str, *args: str, background: str | None = None, timeou
     assert "error" not in doc, doc
     assert doc["rc"] == 0, (doc["stderr"][-3000:], doc["stdout"][-3000:])
     assert "error" not in doc["helper"], doc["helper"]
-    doc["result"] = json.loads(doc["stdout"])
+    doc["result"] = json.loads(doc["stdout"]) if doc["stdout"].strip() else None
     return doc
 
 
@@ -179,3 +179,16 @@ def test_kprobe_halts_and_timers_count_the_workload(nested_svm) -> None:
     t = around(nested_svm, HALT, "kprobe", "timers", "-p", "{pid}", "--format", "json")["result"]
     assert [r["count"] for r in t["tsc_deadline_wrmsr"]] == [M_HLT], t
     assert sum(r["count"] for r in t["apic_timer_fn"]) >= M_HLT, t
+
+
+@long_only
+def test_record_then_report_reads_the_svm_exits_back(nested_svm) -> None:
+    """`record` (raw kvm events from a private ftrace instance) around the halting workload,
+    then `report` on the file: the SVM table names the codes read back, exact counts."""
+    doc = around(nested_svm, HALT, "record", "-o", "/tmp/nested.rec")
+    assert "Recording kvm events to /tmp/nested.rec" in doc["stderr"], doc["stderr"][-2000:]
+    r = nested_svm.run("cd /srv && python3 -m tools.kvm_utils report -i /tmp/nested.rec --format json", timeout=90)
+    assert r.rc == 0, r.err[-3000:]
+    d = json.loads(r.out)
+    got = reasons(d)
+    assert got["hlt"] == M_HLT and got["msr"] == MSR_EXITS, got
