@@ -196,6 +196,17 @@ def test_bootstrap_installs_hostd_in_a_debian_root(debian_root: Path, release_di
     if not LIGHT:
         for tool in ("/usr/bin/qemu-img", "/usr/bin/virsh", "/usr/bin/qemu-system-x86_64"):
             assert (debian_root / tool.lstrip("/")).exists(), tool
+        # live migration's TLS streams with this host's own certificate, as QEMU names them
+        mig = etc / "tls/migration"
+        assert _mode(mig) == 0o750
+        for name, src, mode in [("ca-cert.pem", "ca.crt", 0o644), ("server-cert.pem", "hostd.crt", 0o644),
+                                ("server-key.pem", "hostd.key", 0o600), ("client-cert.pem", "hostd.crt", 0o644),
+                                ("client-key.pem", "hostd.key", 0o600)]:
+            assert (mig / name).read_bytes() == (secrets / HOST / src).read_bytes(), name
+            assert _mode(mig / name) == mode, name
+        qemu_conf = (debian_root / "etc/libvirt/qemu.conf").read_text()
+        assert re.search(r'^migrate_tls_x509_cert_dir = "/etc/hostd/tls/migration"$', qemu_conf, re.MULTILINE)
+        assert re.search(r"^migrate_tls_x509_verify = 1$", qemu_conf, re.MULTILINE)
 
     rc, out, recap = _playbook(tmp_path, inventory, *extra)
     assert rc == 0 and recap.get("changed") == 0, out[-6000:]
@@ -206,6 +217,23 @@ def test_bootstrap_installs_hostd_in_a_debian_root(debian_root: Path, release_di
     rc, out, _ = _playbook(tmp_path, inventory, *extra, "-e", f"hostd_policy_file={bad}")
     assert rc != 0 and "failed to validate" in out, out[-3000:]
     assert (etc / "policy.toml").read_bytes() == policy.read_bytes()
+
+    if not LIGHT:
+        # A hostd certificate that cannot be a migration stream's client is refused before
+        # anything is copied (the preflight), naming what it lacks.
+        srv_only = tmp_path / "secrets-server-only"
+        shutil.copytree(secrets, srv_only)
+        ca, ext = tmp_path / "ca", tmp_path / "server-only.ext"
+        ext.write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+                       f"extendedKeyUsage=serverAuth\nsubjectAltName=DNS:{HOST}\n")
+        subprocess.run(["openssl", "req", "-new", "-key", str(ca / "hostd.key"), "-subj", f"/CN={HOST}",
+                        "-out", str(tmp_path / "s.csr")], check=True, capture_output=True)
+        subprocess.run(["openssl", "x509", "-req", "-in", str(tmp_path / "s.csr"), "-CA", str(ca / "ca.crt"),
+                        "-CAkey", str(ca / "ca.key"), "-CAcreateserial", "-days", "2", "-extfile", str(ext),
+                        "-out", str(srv_only / HOST / "hostd.crt")], check=True, capture_output=True)
+        rc, out, _ = _playbook(tmp_path, inventory, *extra, "-e", f"hostd_secrets_root={srv_only}")
+        assert rc != 0 and "extendedKeyUsage must hold serverAuth and clientAuth" in out, out[-3000:]
+        assert (etc / "tls/hostd.crt").read_bytes() == (secrets / HOST / "hostd.crt").read_bytes()
 
 
 def test_hostd_toml_template_loads(tmp_path: Path) -> None:

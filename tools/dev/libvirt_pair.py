@@ -309,8 +309,11 @@ def _kill_pid(pid: int) -> None:
 
 def make_pki(d: Path, hosts: tuple[Host, ...]) -> Path:
     """A throwaway CA and, per host, the files QEMU's migration TLS reads from its
-    ``migrate_tls_x509_cert_dir``: ca-cert.pem, server-{cert,key}.pem (SAN: the host's
-    migration address, which the source checks) and client-{cert,key}.pem."""
+    ``migrate_tls_x509_cert_dir``, laid out as the bootstrap role lays them out from a
+    host's hostd certificate (deploy/ansible/roles/hostd/tasks/migration_tls.yml): one
+    certificate per host (extendedKeyUsage serverAuth and clientAuth; SAN: the host's
+    migration address, which the source checks) as server-cert.pem and client-cert.pem,
+    its key as both keys, the CA as ca-cert.pem."""
     d.mkdir(parents=True, exist_ok=True)
 
     def openssl(*args: str) -> None:
@@ -323,15 +326,16 @@ def make_pki(d: Path, hosts: tuple[Host, ...]) -> Path:
     for h in hosts:
         hd = d / h.name
         hd.mkdir(exist_ok=True)
-        shutil.copy(d / "ca.crt", hd / "ca-cert.pem")
-        for role, eku in (("server", "serverAuth"), ("client", "clientAuth")):
-            ext = d / f"{h.name}-{role}.ext"
-            ext.write_text(f"basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
-                           f"extendedKeyUsage={eku}\nsubjectAltName=IP:{h.addr},DNS:{h.name}\n")
-            openssl("req", *ec, "-keyout", f"{h.name}/{role}-key.pem", "-out", f"{h.name}-{role}.csr",
-                    "-subj", f"/CN={h.name}")
-            openssl("x509", "-req", "-in", f"{h.name}-{role}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
-                    "-CAcreateserial", "-out", f"{h.name}/{role}-cert.pem", "-days", "30", "-extfile", ext.name)
+        ext = d / f"{h.name}.ext"
+        ext.write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+                       f"extendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=IP:{h.addr},DNS:{h.name}\n")
+        openssl("req", *ec, "-keyout", f"{h.name}/hostd.key", "-out", f"{h.name}.csr", "-subj", f"/CN={h.name}")
+        openssl("x509", "-req", "-in", f"{h.name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
+                "-CAcreateserial", "-out", f"{h.name}/hostd.crt", "-days", "30", "-extfile", ext.name)
+        for dest, src in (("ca-cert.pem", d / "ca.crt"), ("server-cert.pem", hd / "hostd.crt"),
+                          ("client-cert.pem", hd / "hostd.crt"), ("server-key.pem", hd / "hostd.key"),
+                          ("client-key.pem", hd / "hostd.key")):
+            shutil.copy(src, hd / dest)
     return d
 
 

@@ -2,7 +2,8 @@
 # A development CA and certificates for mTLS between scheduler and hostd.
 #   tools/dev/make-dev-ca.sh DIR [HOSTNAME...]
 # writes DIR/ca.{crt,key}, DIR/hostd.{crt,key} and DIR/scheduler-api.{crt,key} (servers:
-# hostd's gRPC and the scheduler's HTTPS; SANs: the hostnames given, localhost, 127.0.0.1, ::1), DIR/scheduler.{crt,key} and DIR/fleet-rollout.{crt,key}
+# hostd's gRPC and the scheduler's HTTPS; SANs: the hostnames given, localhost, 127.0.0.1, ::1;
+# hostd's is a client too, for live migration's TLS streams), DIR/scheduler.{crt,key} and DIR/fleet-rollout.{crt,key}
 # (clients hostd lets change VMs), plus a client certificate for each name in
 # $DEV_CA_CLIENTS (space-separated; tests use it for a caller hostd must refuse).
 # Existing files are kept, so re-running is harmless. Not for production: keys are
@@ -35,7 +36,7 @@ issue() {  # name, extendedKeyUsage, SAN list
 
 san="DNS:localhost,IP:127.0.0.1,IP:::1"
 for h in "$@"; do san="$san,DNS:$h"; done
-issue hostd serverAuth "$san"
+issue hostd serverAuth,clientAuth "$san"  # also a client: live migration's TLS streams
 issue scheduler-api serverAuth "$san"
 issue scheduler clientAuth "DNS:scheduler"
 issue fleet-rollout clientAuth "DNS:fleet-rollout"
