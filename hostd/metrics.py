@@ -40,5 +40,15 @@ class Metrics:
                                            0.1, 0.25, 0.5, 1.0), registry=r)
         self.io_probe_failures = Counter("hostd_io_probe_failures_total", "failed probes of the IO service",
                                          registry=r)
+        # Live migration (apply/migration.py): the source counts its MigrateVM, the target
+        # its CompleteMigration and AbortMigration; times and downtimes are libvirt's.
+        self.migrations = Counter("hostd_migrations_total", "live migrations by this host's role and result",
+                                  ["role", "result"], registry=r)
+        self.migrating = Gauge("hostd_migrations_running", "MigrateVM jobs running on this host", registry=r)
+        self.migration_seconds = Histogram("hostd_migration_seconds", "a live migration's job time (libvirt's)",
+                                           buckets=(1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800), registry=r)
+        self.migration_downtime = Histogram("hostd_migration_downtime_seconds",
+                                            "a live migration's downtime (libvirt's: the guest paused)",
+                                            buckets=(0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5), registry=r)
         self.io_sample_seconds = Histogram("hostd_io_sample_seconds", "time one IO-health sample took",
                                            buckets=(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1), registry=r)

@@ -256,6 +256,7 @@ class Migrations:
             log.info("migration complete vm=%s name=%s", rec.vm_id, name)
             out = m.ledger.get(vm_id=rec.vm_id)
             assert out is not None
+            self._count("target", "done")
             return out, self._completed_job(rec.vm_id)
 
     def _completed_job(self, vm_id: str) -> JobFigures:
@@ -286,6 +287,7 @@ class Migrations:
             self._unhold(rec.vm_id)
             m.emit(rec.vm_id, "deleted", "migration aborted")
             log.info("migration aborted vm=%s name=%s", rec.vm_id, name)
+            self._count("target", "aborted")
             return [f"released incoming vm {rec.vm_id} ({name}): CPUs {list(rec.claim.vcpu_pins)}, "
                     f"disks {[d.name for d in rec.claim.disks]}"]
 
@@ -335,25 +337,41 @@ class Migrations:
         m.emit(rec.vm_id, "migrating", f"to {req.target_uri}")
         log.info("migrating vm=%s name=%s to=%s bandwidth=%d MiB/s tls=%s", rec.vm_id, req.name, req.target_uri,
                  req.bandwidth_mib_s, req.tls)
+        if m.metrics:
+            m.metrics.migrating.inc()
         try:
             m._crash("migrating")
             figures = self._run(rec, req)
             m._crash("migrated")
         except HostdError as e:
             self._failed(rec, e, was)
+            self._count("source", "failed")
             raise
         except Exception as e:
             self._failed(rec, e, was)
+            self._count("source", "failed")
             raise MigrationFailed(f"{type(e).__name__}: {e}") from e
         finally:
             self._moving.discard(req.name)
             self._last.pop(req.name, None)
+            if m.metrics:
+                m.metrics.migrating.dec()
+        self._count("source", "done", figures)
         with m._changing("release a migrated VM"):
             m.teardown(rec.vm_id, rec.claim, rec.name)
         m.emit(rec.vm_id, "deleted", f"migrated to {req.target_uri}")
         log.info("migrated vm=%s name=%s job_ms=%d downtime_ms=%d", rec.vm_id, req.name, figures.job_ms,
                  figures.downtime_ms)
         return figures
+
+    def _count(self, role: str, result: str, figures: JobFigures | None = None) -> None:
+        metrics = self.m.metrics
+        if metrics is None:
+            return
+        metrics.migrations.labels(role, result).inc()
+        if figures is not None and figures.job_ms:
+            metrics.migration_seconds.observe(figures.job_ms / 1000)
+            metrics.migration_downtime.observe(figures.downtime_ms / 1000)
 
     def _failed(self, rec: VmRecord, e: BaseException, updated: float | None) -> None:
         """The VM stays here: its row back to what the domain is (gone: released)."""

@@ -24,10 +24,12 @@ import xml.etree.ElementTree as ET
 from pathlib import Path
 
 import grpc
+import httpx
 import libvirt
 import pytest
 from tools.dev.hostd_pair import IMAGE, HostdSide, migrate, parse_ticks, prepare_request, size_of
 from tools.dev.libvirt_pair import LibvirtPair, job_ms, job_stats
+from tools.dev.procs import free_port
 
 from api import hostd_pb2 as pb
 
@@ -55,6 +57,13 @@ def second_loop(loop_disk: Path, tmp_path: Path):
         yield dev
     finally:
         subprocess.run(["losetup", "-d", str(dev)], check=False)
+
+
+def scrape(listen: str) -> dict[str, float]:
+    """hostd's /metrics as {"name{labels}": value} (labels as the exposition prints them)."""
+    text = httpx.get(f"http://{listen}/metrics", timeout=10).text
+    return {k: float(v) for line in text.splitlines() if line and not line.startswith("#")
+            for k, v in [line.rsplit(" ", 1)]}
 
 
 def claimed(inv: pb.Inventory) -> tuple:
@@ -85,11 +94,12 @@ def test_hostd_migrates_a_running_vm_live_and_refuses_cleanly(
         f.write(marker)
         os.fsync(f.fileno())
 
+    metrics_a, metrics_b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     with LibvirtPair(tmp_path / "pair", subnet="10.78.0", tls=True) as pair:
         a = HostdSide(tmp_path / "a", pair.a, loop_disk, io_cpu=0, smoke_guest=smoke_guest, pool_pages=POOL_PAGES,
-                      name=NAME)
+                      name=NAME, metrics_listen=metrics_a)
         b = HostdSide(tmp_path / "b", pair.b, second_loop, io_cpu=1, smoke_guest=smoke_guest,
-                      pool_pages=POOL_PAGES, name=NAME, migration_address=pair.b.addr)
+                      pool_pages=POOL_PAGES, name=NAME, migration_address=pair.b.addr, metrics_listen=metrics_b)
         try:
             a.start()
             b.start()
@@ -197,6 +207,15 @@ def test_hostd_migrates_a_running_vm_live_and_refuses_cleanly(
                   f"{moved.job_ms} ms, downtime {moved.downtime_ms} ms, record {moved.completed_record}); "
                   f"PrepareMigration {t_prep:.2f} s, CompleteMigration {t_done:.2f} s")
             assert 0 < done.job.downtime_ms < 10_000 and done.job.job_ms > 0 and done.job.data_bytes > 0
+            # what Prometheus sees: the source counted one move done and its job time and
+            # downtime (libvirt's, as answered), the target one completed arrival
+            got_a, got_b = scrape(metrics_a), scrape(metrics_b)
+            assert got_a['hostd_migrations_total{result="done",role="source"}'] == 1.0, got_a
+            assert got_a["hostd_migration_seconds_count"] == 1.0
+            assert got_a["hostd_migration_seconds_sum"] == pytest.approx(moved.job_ms / 1000)
+            assert got_a["hostd_migration_downtime_seconds_sum"] == pytest.approx(moved.downtime_ms / 1000)
+            assert got_a["hostd_migrations_running"] == 0.0
+            assert got_b['hostd_migrations_total{result="done",role="target"}'] == 1.0, got_b
 
             # The guest went on: same boot, its counter continued from where A left it.
             after = b.wait_ticks(after=last_a + 10, timeout=120)
