@@ -315,6 +315,15 @@ class MigrationNoDisk(HostdError):
     grpc_status = "FAILED_PRECONDITION"
 
 
+class MigrationVf(HostdError):
+    """A VM with an SR-IOV VF does not move live: a passed-through function cannot be
+    migrated (its state is in the device), and a failover pair is not offered yet;
+    nothing was changed on either host."""
+
+    code = "hyb.migration.vf"
+    grpc_status = "FAILED_PRECONDITION"
+
+
 class MigrationNotRunning(HostdError):
     """Only a running VM is moved live."""
 

@@ -52,6 +52,7 @@ from hostd.errors import (
     MigrationArrived,
     MigrationFailed,
     MigrationInProgress,
+    MigrationVf,
     MigrationNoDisk,
     MigrationNotRunning,
     MigrationTimeout,
@@ -65,6 +66,12 @@ from hostd.errors import (
 )
 
 log = logging.getLogger(__name__)
+# A VF is a passed-through PCI function: its state lives in the device, and libvirt
+# refuses to migrate a domain with one. What would move it (QEMU's virtio-net failover
+# with the VF as primary, or a VF unplugged for the move and plugged on the target) is not
+# offered yet (issue 38, item 3): refused up front instead of failing inside libvirt.
+VF_REASON = ("a VM with an SR-IOV VF does not move live (a passed-through function cannot be migrated; "
+             "a failover pair is not offered yet): replace or stop it for the maintenance")
 
 # virsh migrate --live --p2p --copy-storage-all --persistent --undefinesource --auto-converge
 BASE_FLAGS = (libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PEER2PEER | libvirt.VIR_MIGRATE_NON_SHARED_DISK
@@ -164,6 +171,8 @@ class Migrations:
         bad = spec_problem(spec)  # CreateVM's bounds, before anything is looked up or written
         if bad:
             raise SpecInvalid(bad.reason, field=f"vm.{bad.field}")
+        if spec.vfs:
+            raise MigrationVf(VF_REASON, field="vm.vfs[0]")
         m = self.m
         with m._changing("prepare a migration"):
             prior = m.ledger.get(vm_id=vm_id)
@@ -326,6 +335,8 @@ class Migrations:
         m = self.m
         with m._changing("migrate a VM"):
             rec = self._by_name(req.name)
+            if rec.claim.vfs:
+                raise MigrationVf(VF_REASON, field="vfs[0]")
             _check_target_xml(req.domain_xml, rec)
             if req.name in self._moving or rec.state == "migrating":
                 raise MigrationInProgress(f"{req.name} is being migrated already", field="name")

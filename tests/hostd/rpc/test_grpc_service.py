@@ -123,3 +123,26 @@ def test_watch_events_streams_state_changes(api):
     states = [s for v, s in got if v == vm.vm_id]
     assert states[:2] == [pb.VM_STATE_CREATING, pb.VM_STATE_RUNNING]
     assert pb.VM_STATE_DELETING in states
+
+
+def test_a_vm_with_a_vf_is_refused_a_live_move_and_nothing_changes(api):
+    """Issue 38, item 3 (recorded SR-IOV tree: this machine has none): a VF cannot move
+    live and no failover pair is offered yet, so MigrateVM on the source and
+    PrepareMigration on a target refuse it up front, naming the VF, and change nothing."""
+    stub, _, m = api
+    vfs = [pb.VfRequest(pf="ens1f0", vlan=42, max_tx_rate_mbps=1000)]
+    vm = stub.CreateVM(req(vfs=vfs), timeout=10)
+    before = [(r.vm_id, r.state, r.reason) for r in m.ledger.list()]
+    with pytest.raises(grpc.RpcError) as e:
+        stub.MigrateVM(pb.MigrateVMRequest(name="g-1", target_uri="qemu+tls://b/system", domain_xml="<domain/>",
+                                           tls=True), timeout=10)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert e.value.details().startswith("hyb.migration.vf [vfs[0]]: a VM with an SR-IOV VF does not move live")
+    with pytest.raises(grpc.RpcError) as e:
+        stub.PrepareMigration(pb.PrepareMigrationRequest(
+            request_id="mig-vf-1", vm_id="6f1c0a5e-7e57-4f00-8000-0000000000aa", source_host="a",
+            vm=req(name="g-2", rid="r-2", vfs=vfs)), timeout=10)
+    assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert e.value.details().startswith("hyb.migration.vf [vm.vfs[0]]")
+    assert [(r.vm_id, r.state, r.reason) for r in m.ledger.list()] == before
+    assert stub.GetVM(pb.GetVMRequest(vm_id=vm.vm_id)).state == pb.VM_STATE_RUNNING
