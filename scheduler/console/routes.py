@@ -11,7 +11,8 @@ nothing the API would not answer to the same token and refuses what the API refu
 never on the event loop that answers heartbeats and claims; a POST's body is read on the
 loop by a dependency first. A state-changing request must carry the session's CSRF
 token (a form's hidden ``csrf`` field, or htmx's ``X-CSRF-Token`` header) and, when the
-browser sends one, an ``Origin`` of this server. Lists come a page at a time, with a
+browser sends one, an ``Origin`` of exactly this server: scheme, host and port (``null``
+and an ``http://`` origin at an https console are refused, login included). Lists come a page at a time, with a
 link to the next: nothing is cut off silently."""
 
 from __future__ import annotations
@@ -107,12 +108,47 @@ def form_of(request: Request, raw: bytes, s: Session | None) -> dict[str, str]:
     """The urlencoded form of a POST, after its origin and (with a session) its CSRF
     token were checked; Forbidden names what is wrong."""
     origin = request.headers.get("origin")
-    if origin and origin != "null" and urlsplit(origin).netloc != request.headers.get("host"):
-        raise Forbidden(f"a request from another origin ({origin})", field="Origin")
+    if origin is not None and not same_origin(origin, request):
+        raise Forbidden(f"a request from another origin ({origin}); this console is {own_origin(request)}",
+                        field="Origin")
     form = {k: v[-1] for k, v in parse_qs(raw.decode("utf-8", "replace"), keep_blank_values=True).items()}
     if s is not None and not s.csrf_ok(request.headers.get("x-csrf-token") or form.get("csrf")):
         raise Forbidden("missing or wrong CSRF token: reload the page and try again", field="csrf")
     return form
+
+
+DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _origin_tuple(scheme: str, netloc: str) -> tuple[str, str, int | None] | None:
+    try:
+        u = urlsplit(f"{scheme}://{netloc}")
+        port = u.port
+    except ValueError:
+        return None
+    if not u.hostname:
+        return None
+    return scheme.lower(), u.hostname.lower(), port if port is not None else DEFAULT_PORTS.get(scheme.lower())
+
+
+def own_origin(request: Request) -> str:
+    """This server's origin as the browser sees it: the scheme it was reached by (the
+    scheduler serves its TLS itself) and the ``Host`` it was asked for."""
+    return f"{request.url.scheme}://{request.headers.get('host', '')}"
+
+
+def same_origin(origin: str, request: Request) -> bool:
+    """An ``Origin`` header names this server: same scheme, host and port (a default port
+    written or not). ``null`` (a sandboxed frame, a file, a redirect across sites) is
+    nobody's, and an ``http://`` origin is not an ``https://`` console's: both refused."""
+    if origin == "null" or "://" not in origin:
+        return False
+    scheme, _, rest = origin.partition("://")
+    if "/" in rest or "?" in rest or "#" in rest or "@" in rest:
+        return False  # an origin is scheme://host[:port], nothing more
+    theirs = _origin_tuple(scheme, rest)
+    ours = _origin_tuple(request.url.scheme, request.headers.get("host", ""))
+    return theirs is not None and theirs == ours
 
 
 def install(app) -> None:  # type: ignore[no-untyped-def]

@@ -156,3 +156,46 @@ def test_a_revoked_token_ends_its_sessions(app) -> None:  # type: ignore[no-unty
     app.app.state.tokens._config = [(sha, e) for sha, e in app.app.state.tokens._config if e.name != "ta"]
     r = b.get("/ui/vms")
     assert r.status_code == 303 and r.headers["location"].startswith("/ui/login")
+
+
+# Origins that are not this https console's: nobody's (null), its own name over plain
+# http, another port, another site, userinfo or a path smuggled in, no scheme at all.
+FOREIGN = ("null", "http://testserver", "http://testserver:443", "https://testserver:8443",
+           "https://evil.example", "https://testserver.evil.example", "https://user@testserver",
+           "https://testserver/ui", "testserver", "")
+
+
+@pytest.mark.parametrize("origin", FOREIGN)
+def test_login_from_a_foreign_origin_opens_no_session(app, origin) -> None:  # type: ignore[no-untyped-def]
+    r = browser(app).post("/ui/login", data={"token": "adm", "next": "/ui/hosts"}, headers={"Origin": origin})
+    assert r.status_code == 403 and "[Origin]" in r.text, (origin, r.status_code, r.text[:300])
+    assert COOKIE not in r.headers.get("set-cookie", "")
+
+
+@pytest.mark.parametrize("origin", FOREIGN)
+def test_a_form_from_a_foreign_origin_with_a_good_csrf_token_changes_nothing(app, origin) -> None:  # type: ignore[no-untyped-def]
+    b, csrf = login(app, "adm")
+    r = b.post("/ui/hosts/h1/cordon", data={"csrf": csrf, "reason": "x"}, headers={"Origin": origin})
+    assert r.status_code == 403 and "[Origin]" in r.text, (origin, r.status_code, r.text[:300])
+    assert app.get("/v1/hosts/h1", headers=ADM).json()["admin_state"] == "active"
+
+
+@pytest.mark.parametrize("origin", ["https://testserver", "https://TestServer", "https://testserver:443", None])
+def test_this_consoles_own_origin_is_taken(app, origin) -> None:  # type: ignore[no-untyped-def]
+    """Its own origin, with the default port written or not (or no Origin header: a
+    client that is not a browser, which still needs the token and the CSRF token)."""
+    headers = {"Origin": origin} if origin else {}
+    b = browser(app)
+    r = b.post("/ui/login", data={"token": "adm", "next": "/ui/hosts"}, headers=headers)
+    assert r.status_code == 303 and COOKIE in r.headers["set-cookie"], r.text
+    r = b.post("/ui/hosts/h1/cordon", data={"csrf": _csrf(b), "reason": "x"}, headers=headers)
+    assert r.status_code == 303 and app.get("/v1/hosts/h1", headers=ADM).json()["admin_state"] == "cordoned"
+
+
+def test_a_console_served_over_http_takes_its_http_origin_only(app) -> None:  # type: ignore[no-untyped-def]
+    """(Local development with server.plaintext: the scheme the request came by.)"""
+    plain = TestClient(app.app, base_url="http://testserver", follow_redirects=False)
+    r = plain.post("/ui/login", data={"token": "adm"}, headers={"Origin": "https://testserver"})
+    assert r.status_code == 403 and "[Origin]" in r.text
+    r = plain.post("/ui/login", data={"token": "adm"}, headers={"Origin": "http://testserver"})
+    assert r.status_code == 303
