@@ -22,6 +22,7 @@ from scheduler.api import errors, fastpath, gate, wire
 from scheduler.api.routes import audit, fleet, hosts, rollouts, vms
 from scheduler.api.routes import prometheus as prometheus_sd
 from scheduler.config import Settings
+from scheduler.console import headers as console_headers
 from scheduler.console import routes as console_routes
 from scheduler.db.engine import Store
 from scheduler.db.migrate import HERE, current
@@ -196,6 +197,8 @@ class SchedulerApp(FastAPI):
 
     async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
         if scope["type"] == "http":
+            if gate.is_console(scope["path"]):
+                send = console_headers.wrap(scope, send)
             srv = self.state.settings.server
             receive = await gate.admit(scope, receive, send, tokens=self.state.tokens,
                                        open_endpoints=srv.open_endpoints, max_body=srv.max_body_bytes,

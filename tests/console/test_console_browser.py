@@ -44,11 +44,23 @@ def env(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-de
                                           "tenant": tenant}, headers={"Idempotency-Key": key})
             assert r.status_code == 202, r.text
         b = Chromium(w)
+        # every page records what its Content-Security-Policy blocked (a script the CDP
+        # adds before the page's own: the policy does not apply to it)
+        b.driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": CSP_WATCH})
         try:
             yield {"url": url, "api": api, "b": b, "shots": w / "screenshots", "sched": s["sched"]}
         finally:
             b.quit()  # again after the last test's: a no-op then
             api.close()
+
+
+CSP_WATCH = """window.__csp = [];
+document.addEventListener('securitypolicyviolation',
+  e => window.__csp.push([e.effectiveDirective, e.blockedURI, e.sourceFile + ':' + e.lineNumber, e.sample]));"""
+
+
+def blocked(env: dict) -> list:
+    return env["b"].driver.execute_script("return window.__csp || ['no watch'];")
 
 
 def shot(env: dict, name: str) -> None:
@@ -199,6 +211,35 @@ def test_dot_segments_are_refused_before_any_route(env) -> None:  # type: ignore
                 chunks.append(chunk)
             head = b"".join(chunks).decode("latin-1")
         assert head.startswith("HTTP/1.1 400") and "hyb.request.bad_path" in head, (path, head[:300])
+
+
+def test_no_page_has_anything_blocked_by_its_policy(env) -> None:  # type: ignore[no-untyped-def]
+    """Each page under the Content-Security-Policy (no inline script): its charts drawn,
+    their tooltips shown, its htmx requests made, nothing blocked; the drain button still
+    asks first (data-confirm, wired by console.js)."""
+    from selenium.webdriver.common.by import By
+    b = env["b"]
+    login(b, env["url"], ADMIN, "/ui/hosts")
+    vm = env["api"].get("/v1/vms", params={"name": "web-a"}).json()["items"][0]["id"]
+    for path in ("/ui/fleet?day=" + AFTER + "&compare=" + BEFORE, "/ui/hosts", "/ui/hosts/oss-00005", "/ui/vms",
+                 f"/ui/vms/{vm}", "/ui/why", "/ui/rollouts", "/ui/rollouts/conv-1", "/ui/audit", "/ui/hosts/nope"):
+        b.driver.get(env["url"] + path)
+        wait_for(lambda: b.driver.execute_script("return document.readyState") == "complete")
+        charts = b.driver.execute_script(
+            "return [...document.querySelectorAll('.chart')].map(el => { const c = window.echarts &&"
+            " echarts.getInstanceByDom(el); if (c) { c.dispatchAction({type: 'showTip', seriesIndex: 0, dataIndex: 3}); }"
+            " return !!c; });")
+        if path.startswith("/ui/fleet"):
+            assert charts and all(charts), charts
+            b.driver.find_element(By.CSS_SELECTOR, 'tr[data-bin="0"] a').click()  # an htmx request
+            wait_for(lambda: b.driver.find_element(By.CSS_SELECTOR, "#bin-hosts table, #bin-hosts p"))
+        assert blocked(env) == [], (path, blocked(env))
+    b.driver.get(env["url"] + "/ui/hosts/oss-00005")
+    b.driver.execute_script("window.confirm = m => { window.__asked = m; return false; };")
+    b.driver.find_element(By.ID, "btn-drain").click()
+    assert "Drain oss-00005" in b.driver.execute_script("return window.__asked;")
+    assert env["api"].get("/v1/hosts/oss-00005").json()["admin_state"] == "active"  # declined: nothing sent
+    assert blocked(env) == []
 
 
 def test_no_browser_process_is_left(env) -> None:  # type: ignore[no-untyped-def]

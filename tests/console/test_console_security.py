@@ -199,3 +199,65 @@ def test_a_console_served_over_http_takes_its_http_origin_only(app) -> None:  # 
     assert r.status_code == 403 and "[Origin]" in r.text
     r = plain.post("/ui/login", data={"token": "adm"}, headers={"Origin": "http://testserver"})
     assert r.status_code == 303
+
+
+SECURE = {"content-security-policy", "x-frame-options", "x-content-type-options", "referrer-policy",
+          "strict-transport-security"}
+
+
+def _check_headers(r, *, https: bool = True, static: bool = False) -> None:  # type: ignore[no-untyped-def]
+    where = f"{r.request.method} {r.request.url} -> {r.status_code}"
+    csp = dict(d.strip().split(" ", 1) for d in r.headers.get("content-security-policy", "").split(";") if d.strip())
+    assert csp.get("default-src") == "'none'" and csp.get("script-src") == "'self'", (where, csp)
+    assert csp.get("frame-ancestors") == "'none'" and csp.get("form-action") == "'self'", (where, csp)
+    assert not any("unsafe-inline" in v or "unsafe-eval" in v for k, v in csp.items() if k.startswith("script")), csp
+    assert "unsafe-inline" not in csp.get("style-src", "") + csp.get("style-src-elem", ""), csp
+    assert r.headers.get("x-frame-options") == "DENY", where
+    assert r.headers.get("x-content-type-options") == "nosniff", where
+    assert r.headers.get("referrer-policy") == "same-origin", where  # never no-referrer: Origin would be null
+    hsts = r.headers.get("strict-transport-security", "")
+    assert (hsts.startswith("max-age=") and int(hsts.split("=")[1]) >= 180 * 86400) if https else not hsts, where
+    assert (r.headers.get("cache-control") == "no-store") != static, (where, r.headers.get("cache-control"))
+
+
+def test_every_console_response_carries_the_security_headers(app) -> None:  # type: ignore[no-untyped-def]
+    vm = app.post("/v1/vms", json=vm_body(name="web-1"), headers={**TA, "Idempotency-Key": "k9"}).json()["id"]
+    anon = browser(app)
+    for r in (anon.get("/ui/login"), anon.get("/ui/hosts"), anon.get("/ui"), anon.post("/ui/login", data={"token": "x"}),
+              anon.post("/ui/login", data={"token": "adm"}, headers={"Origin": "null"})):
+        _check_headers(r)
+    b, csrf = login(app, "adm")
+    day = "2025-11-25"
+    for path in ("/ui", "/ui/fleet", f"/ui/fleet?day={day}&compare=2025-11-24&group=rack", f"/ui/fleet/bin?day={day}&bin=0",
+                 f"/ui/fleet.csv?day={day}", "/ui/hosts", "/ui/hosts/h1", "/ui/vms", f"/ui/vms/{vm}", "/ui/why",
+                 "/ui/rollouts", "/ui/audit", "/ui/hosts/nope", "/ui/rollouts/nope", "/ui/nothing-here",
+                 "/ui/fleet?day=someday", "/ui/fleet/bin?day=2025-11-25&bin=abc"):
+        _check_headers(b.get(path))
+    for path in ("/ui/static/console.css", "/ui/static/console.js"):
+        r = b.get(path)
+        assert r.status_code == 200, path
+        _check_headers(r, static=True)
+    for path, data in (("/ui/why", {"csrf": csrf, "body": "{"}), ("/ui/hosts/h1/cordon", {"csrf": csrf, "reason": "x"}),
+                       ("/ui/hosts/h1/cordon", {"csrf": "forged"}), ("/ui/logout", {"csrf": csrf})):
+        _check_headers(b.post(path, data=data))
+    r = b.post("/ui/why", content=b"x" * (app.app.state.settings.server.max_body_bytes + 1),
+               headers={"Content-Type": "application/x-www-form-urlencoded"})
+    assert r.status_code == 413  # refused before any route: the headers still
+    _check_headers(r)
+    plain = TestClient(app.app, base_url="http://testserver", follow_redirects=False)
+    _check_headers(plain.get("/ui/login"), https=False)  # HSTS only over https
+    api = app.get("/v1/hosts", headers=ADM)  # the API is not a page: none of the page headers
+    assert not SECURE & set(api.headers), api.headers
+
+
+def test_the_templates_hold_no_inline_script() -> None:
+    """What the policy would block: inline handlers, javascript: URLs, script elements
+    with code (a JSON data block is not run)."""
+    root = Path(__file__).resolve().parents[2] / "scheduler" / "console" / "templates"
+    for t in sorted(root.glob("*.html")):
+        src = t.read_text()
+        assert not re.search(r"\son[a-z]+\s*=", src), t.name
+        assert "javascript:" not in src, t.name
+        assert "<style" not in src, t.name
+        for m in re.finditer(r"<script([^>]*)>(.*?)</script>", src, re.S):
+            assert "src=" in m.group(1) or 'type="application/json"' in m.group(1), (t.name, m.group(0)[:80])

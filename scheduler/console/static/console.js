@@ -105,4 +105,16 @@ function drawHealth() {
                          { name: "PSI some avg10 max (%)", type: "line", yAxisIndex: 1, data: pick("psi_some_avg10_max") }] });
 }
 
-document.addEventListener("DOMContentLoaded", () => { drawFleet(); drawHealth(); });
+// What the pages once did inline (the Content-Security-Policy allows no inline script):
+// a button with data-confirm asks first; a link with data-back goes back when there is
+// somewhere to go back to (else it is a plain link to the console's start).
+function wireActions() {
+  document.querySelectorAll("button[data-confirm]").forEach(b => b.addEventListener("click", e => {
+    if (!window.confirm(b.dataset.confirm)) e.preventDefault();
+  }));
+  document.querySelectorAll("a[data-back]").forEach(a => a.addEventListener("click", e => {
+    if (window.history.length > 1) { e.preventDefault(); window.history.back(); }
+  }));
+}
+
+document.addEventListener("DOMContentLoaded", () => { wireActions(); drawFleet(); drawHealth(); });
