@@ -197,12 +197,14 @@ class SchedulerApp(FastAPI):
 
     async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
         if scope["type"] == "http":
+            page = None
             if gate.is_console(scope["path"]):
                 send = console_headers.wrap(scope, send)
+                page = console_routes.refusal_page if hasattr(self.state, "console") else None
             srv = self.state.settings.server
             receive = await gate.admit(scope, receive, send, tokens=self.state.tokens,
                                        open_endpoints=srv.open_endpoints, max_body=srv.max_body_bytes,
-                                       max_admin_body=srv.max_admin_body_bytes)
+                                       max_admin_body=srv.max_admin_body_bytes, page=page)
             if receive is None:
                 return
         if fastpath.claims(scope):

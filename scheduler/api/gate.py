@@ -63,12 +63,14 @@ def is_open(path: str, open_endpoints: Sequence[str]) -> bool:
 
 
 async def admit(scope: Scope, receive: Receive, send: Send, *, tokens: TokenBook,
-                open_endpoints: Sequence[str], max_body: int, max_admin_body: int) -> Receive | None:
-    """None: the request was answered here (401/413). Else the ``receive`` to go on with."""
+                open_endpoints: Sequence[str], max_body: int, max_admin_body: int,
+                page: Callable[[SchedulerError], bytes] | None = None) -> Receive | None:
+    """None: the request was answered here (400/401/413). Else the ``receive`` to go on
+    with. ``page``: the refusal as an HTML page (the console's URLs), else JSON."""
     headers = dict(scope.get("headers") or ())
     setting = "server.max_body_bytes"
     if has_dot_segment(scope["path"]):
-        await _answer(send, BadPath("a path with . or .. segments", field="path"))
+        await _answer(send, page, BadPath("a path with . or .. segments", field="path"))
         return None
     if not is_open(scope["path"], open_endpoints) and not is_console(scope["path"]):
         try:
@@ -76,7 +78,7 @@ async def admit(scope: Scope, receive: Receive, send: Send, *, tokens: TokenBook
         except SchedulerError as e:
             log.info("unauthenticated %s %s from %s: %s", scope["method"], scope["path"],
                      (scope.get("client") or ("?",))[0], e.message)
-            await _answer(send, e)
+            await _answer(send, page, e)
             return None
         scope.setdefault("state", {})[PRINCIPAL] = p
         if p.admin:
@@ -88,16 +90,17 @@ async def admit(scope: Scope, receive: Receive, send: Send, *, tokens: TokenBook
         except ValueError:
             n = max_body + 1
         if n > max_body:
-            await _answer(send, BodyTooLarge(f"the body is {length.decode('latin-1')} bytes; this server "
+            await _answer(send, page, BodyTooLarge(f"the body is {length.decode('latin-1')} bytes; this server "
                                              f"takes at most {max_body} ({setting})", field="body"))
             return None
         return receive
     if scope["method"] in ("GET", "HEAD", "DELETE", "OPTIONS"):
         return receive
-    return await _bounded(receive, send, max_body, setting)
+    return await _bounded(receive, send, max_body, setting, page)
 
 
-async def _bounded(receive: Receive, send: Send, max_body: int, setting: str) -> Receive | None:
+async def _bounded(receive: Receive, send: Send, max_body: int, setting: str,
+                   page: Callable[[SchedulerError], bytes] | None = None) -> Receive | None:
     """A body without a length (chunked): read it here, up to the limit, then replay it."""
     msgs: list[dict[str, Any]] = []
     size = 0
@@ -108,7 +111,7 @@ async def _bounded(receive: Receive, send: Send, max_body: int, setting: str) ->
             break
         size += len(msg.get("body", b""))
         if size > max_body:
-            await _answer(send, BodyTooLarge(f"the body is over {max_body} bytes ({setting})", field="body"))
+            await _answer(send, page, BodyTooLarge(f"the body is over {max_body} bytes ({setting})", field="body"))
             return None
         if not msg.get("more_body", False):
             break
@@ -120,9 +123,9 @@ async def _bounded(receive: Receive, send: Send, max_body: int, setting: str) ->
     return replay
 
 
-async def _answer(send: Send, e: SchedulerError) -> None:
-    data = orjson.dumps(domain_body(e))
-    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+async def _answer(send: Send, page: Callable[[SchedulerError], bytes] | None, e: SchedulerError) -> None:
+    data, kind = (page(e), b"text/html; charset=utf-8") if page else (orjson.dumps(domain_body(e)), b"application/json")
+    headers = [(b"content-type", kind), (b"content-length", str(len(data)).encode())]
     if e.status == 401:
         headers.append((b"www-authenticate", b'Bearer realm="hybrid-kvm"'))
     if e.status == 413:

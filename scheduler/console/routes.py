@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import csv
 import datetime as dt
+import inspect
 import io
 import json
 import logging
@@ -29,6 +30,7 @@ from typing import Annotated, Any
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
 from fastapi import APIRouter, Depends, Request
+from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
 from pydantic import ValidationError
@@ -162,6 +164,64 @@ def install(app) -> None:  # type: ignore[no-untyped-def]
         if request.headers.get("hx-request"):
             return Response(status_code=401, headers={"HX-Redirect": "/ui/login"})
         return RedirectResponse(f"/ui/login?next={quote(request.url.path)}", status_code=303)
+
+    for kind, api_handler in list(app.exception_handlers.items()):
+        if kind is not LoginNeeded:
+            app.exception_handlers[kind] = error_pages(api_handler)
+
+
+def is_console(request: Request) -> bool:
+    return request.url.path == router.prefix or request.url.path.startswith(router.prefix + "/")
+
+
+class Failure:
+    """What an error page names: the API's status, code, field and message."""
+
+    def __init__(self, status: int, err: dict[str, Any]):
+        self.status = status
+        self.code = str(err.get("code") or "hyb.http.error")
+        self.field = err.get("field")
+        self.message = str(err.get("message") or "")
+
+
+def error_pages(api_handler: Callable[..., Any]) -> Callable[..., Any]:
+    """An exception handler of the API's, answering a console URL with a page in the
+    console's layout (an htmx request: the fragment its target shows) naming what the API
+    would have answered: the same status, code, field and message, from the API's own
+    handler (one mapping of errors to HTTP), so a page never shows raw JSON."""
+    async def handler(request: Request, exc: Exception) -> Response:
+        r = await api_handler(request, exc) if inspect.iscoroutinefunction(api_handler) \
+            else api_handler(request, exc)
+        if not is_console(request) or r.media_type != "application/json":
+            return r
+        try:
+            err = json.loads(bytes(r.body))["error"]
+        except (ValueError, KeyError, TypeError):
+            return r
+        s = await run_in_threadpool(quiet_session, request)
+        name = "error_fragment.html" if request.headers.get("hx-request") else "error.html"
+        out = page(request, name, s, http_status=r.status_code, error=Failure(r.status_code, err))
+        if "allow" in r.headers:
+            out.headers["allow"] = r.headers["allow"]
+        return out
+    return handler
+
+
+def refusal_page(e: SchedulerError) -> bytes:
+    """A request refused before any route (a dot segment, a body over the limit) as an
+    error page, without the session's header (no store is asked on the event loop)."""
+    t = templates.get_template("error.html")
+    return t.render(me=None, csrf="", may={}, vendor=VENDOR.joinpath("echarts.min.js").exists(),
+                    error=Failure(e.status, {"code": e.code, "field": e.field, "message": e.message})).encode()
+
+
+def quiet_session(request: Request) -> Session | None:
+    """The session for an error page's header, if one can be found (the failure may be
+    the store's)."""
+    try:
+        return request.app.state.console.find(request.cookies.get(COOKIE))
+    except Exception:  # noqa: BLE001 - the error page is answered without its header
+        return None
 
 
 def guarded(request: Request, s: Session, name: str, build: Callable[[], dict]) -> Response:

@@ -261,3 +261,75 @@ def test_the_templates_hold_no_inline_script() -> None:
         assert "<style" not in src, t.name
         for m in re.finditer(r"<script([^>]*)>(.*?)</script>", src, re.S):
             assert "src=" in m.group(1) or 'type="application/json"' in m.group(1), (t.name, m.group(0)[:80])
+
+
+def _is_page(r, status: int, code: str, field: str | None = None) -> None:  # type: ignore[no-untyped-def]
+    where = f"{r.request.method} {r.request.url}"
+    assert r.status_code == status, (where, r.status_code, r.text[:300])
+    assert r.headers["content-type"].startswith("text/html"), (where, r.headers["content-type"], r.text[:200])
+    assert r.text.lstrip().startswith("<!doctype html>") and '<a class="brand" href="/ui">' in r.text, where
+    err = re.search(r'<p class="error" id="error">(.*?)</p>', r.text, re.S).group(1)
+    assert f"<code>{code}</code>" in err and (f"[{field}]" in err if field else "[" not in err), (where, err)
+    assert f"<h1 id=\"error-title\">{status}: " in r.text, where
+
+
+def test_a_failing_console_url_answers_a_page_the_api_json(app) -> None:  # type: ignore[no-untyped-def]
+    b, csrf = login(app, "adm")
+    _is_page(b.get("/ui/nothing-here"), 404, "hyb.http.not_found")
+    _is_page(b.get("/ui/logout"), 405, "hyb.http.method_not_allowed")
+    _is_page(b.get("/ui/fleet.csv?day=someday"), 422, "hyb.request.invalid", "day")
+    _is_page(b.get("/ui/fleet.csv?group=colour"), 422, "hyb.request.invalid", "group")
+    _is_page(b.get("/ui/fleet/bin?day=2025-11-25&bin=abc"), 422, "hyb.request.invalid", "bin")
+    _is_page(b.get("/ui/fleet/bin?bin=3"), 422, "hyb.request.invalid", "day")
+    _is_page(b.get("/ui/hosts/nope"), 404, "hyb.host.not_found", "name")
+    assert "Log out" in b.get("/ui/nothing-here").text  # the session's header: the console's layout
+    # 409: another owner's hold, as the API refuses it
+    assert app.post("/v1/hosts/h1/cordon", json={"reason": "x"}, headers=ADM).status_code == 200
+    r = b.post("/ui/hosts/h1/drain", data={"csrf": csrf, "reason": "y", "expect_owner": "someone-else"})
+    api = app.post("/v1/hosts/h1/drain", json={"reason": "y", "expect_owner": "someone-else"}, headers=ADM)
+    assert api.status_code == 409, api.text
+    _is_page(r, 409, api.json()["error"]["code"], "expect_owner")
+    # htmx asks for a fragment: the error alone, for its target
+    r = b.get("/ui/fleet/bin?day=2025-11-25&bin=abc", headers={"HX-Request": "true"})
+    assert r.status_code == 422 and "<html" not in r.text and "<code>hyb.request.invalid</code> [bin]" in r.text
+    ta, _ = login(app, "ta")
+    _is_page(ta.get("/ui/fleet.csv"), 403, "hyb.auth.forbidden")
+    # refused before any route (a why-not pasted over the body limit): a page too
+    big = app.app.state.settings.server.max_body_bytes + 1
+    r = b.post("/ui/why", content=b"x" * big, headers={"Content-Type": "application/x-www-form-urlencoded"})
+    _is_page(r, 413, "hyb.request.too_large", "body")
+    assert "server.max_body_bytes" in r.text
+    r = app.post("/v1/vms", content=b"x" * big, headers={**TA, "Content-Type": "application/json"})
+    assert r.status_code == 413 and r.json()["error"]["code"] == "hyb.request.too_large"
+    # the API keeps its JSON for the same failures
+    for path, status in (("/v1/nothing-here", 404), ("/v1/hosts/nope", 404),
+                         ("/v1/fleet/utilization/hosts?day=2025-11-25&bin=abc", 422)):
+        r = app.get(path, headers=ADM)
+        assert r.status_code == status and r.headers["content-type"] == "application/json" and r.json()["error"], path
+
+
+def test_a_console_page_that_fails_answers_a_page(app) -> None:  # type: ignore[no-untyped-def]
+    """A failure of ours (500) and the store's (503): a page naming it, as the API names it."""
+    b, _ = login(app, "adm")
+    crashing = TestClient(app.app, base_url="https://testserver", follow_redirects=False,
+                          raise_server_exceptions=False, cookies=dict(b.cookies))
+    fleet = app.app.state.fleet
+    app.app.state.fleet = None  # the fleet service gone: an AttributeError in the page
+    try:
+        r = crashing.get("/ui/fleet?day=2025-11-25")
+        api = TestClient(app.app, raise_server_exceptions=False).get("/v1/fleet/utilization?day=2025-11-25",
+                                                                      headers=ADM)
+    finally:
+        app.app.state.fleet = fleet
+    assert api.status_code == 500 and api.headers["content-type"] == "application/json"
+    _is_page(r, 500, api.json()["error"]["code"])
+    assert "AttributeError" in r.text and "Traceback" not in r.text
+    with app.app.state.store.engine.begin() as c:  # the store loses a table the page reads
+        c.exec_driver_sql("ALTER TABLE audit RENAME TO audit_gone")
+    try:
+        r = crashing.get("/ui/audit")
+    finally:
+        with app.app.state.store.engine.begin() as c:
+            c.exec_driver_sql("ALTER TABLE audit_gone RENAME TO audit")
+    _is_page(r, 503, "hyb.store.unavailable")
+    assert "no such table" in r.text
