@@ -330,6 +330,12 @@ def free_capacity(f: FleetHostsPublic) -> list[tuple[str, str, str]]:
     return rows
 
 
+def shown_groups(day: dict[str, Any], compare: dict[str, Any]) -> list[str]:
+    """The groups the charts draw: the day's, then those only the compare day has (a rack
+    whose hosts sent nothing on the day), each with one colour on both days."""
+    return list(dict.fromkeys([*day, *compare]))
+
+
 @router.get("/fleet", response_class=HTMLResponse)
 def fleet(request: Request, day: str | None = None, compare: str | None = None, group: str = "class",
           window: str = "peak") -> Response:
@@ -347,7 +353,8 @@ def fleet(request: Request, day: str | None = None, compare: str | None = None, 
                                  bins=BINS)
         heat = [{"day": d.day.isoformat(), "counts": d.counts, "hosts": d.hosts} for d in hm.days]
         ioh = state.fleet.io_health(day=a["day"], limits=ALERT_LIMITS)
-        return {"u": u.model_dump(mode="json"), "args": a, "groups": GROUPS, "heat": heat, "ioh": ioh,
+        shown = shown_groups(u.day.groups, u.compare.groups if u.compare else {})
+        return {"u": u.model_dump(mode="json"), "args": a, "groups": GROUPS, "shown": shown, "heat": heat, "ioh": ioh,
                 "classes": hosts.classes, "capacity": free_capacity(hosts), "hosts_total": hosts.hosts}
     return guarded(request, s, "fleet.html", build)
 

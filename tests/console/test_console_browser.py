@@ -242,6 +242,35 @@ def test_no_page_has_anything_blocked_by_its_policy(env) -> None:  # type: ignor
     assert blocked(env) == []
 
 
+def test_a_rack_only_the_compare_day_has_is_in_the_chart(env) -> None:  # type: ignore[no-untyped-def]
+    """Issue 40 A2: a rack whose one host sent only the compare day: the API answers it on
+    that day, and the chart draws it, with the API's counts (read from ECharts' option)."""
+    from selenium.webdriver.common.by import By
+    from tools.dev.console_fleet import day_of
+    from tools.dev.schedbench import SHAPES, register_body
+    b = env["b"]
+    with httpx.Client(base_url=env["url"], verify=env["sched"].verify, timeout=30,
+                      headers={"Authorization": f"Bearer {HOST}"}) as c:
+        assert c.post("/v1/hosts", json=register_body("gone-1", SHAPES[0], "r-gone")).status_code in (200, 201)
+        assert c.post("/v1/hosts/gone-1/days", json={"days": [day_of(BEFORE, 48, 1.0, 0.0, 0.5)]}).status_code == 202
+    q = {"day": AFTER, "compare": BEFORE, "group": "rack"}
+    want = wait_for(lambda: (lambda u: u if "r-gone" in u["compare"]["groups"] else None)(
+        env["api"].get("/v1/fleet/utilization", params=q).json()))
+    assert "r-gone" not in want["day"]["groups"]
+    login(b, env["url"], ADMIN, f"/ui/fleet?day={AFTER}&compare={BEFORE}&group=rack")
+    wait_for(lambda: b.driver.find_element(By.ID, "hist"))
+    got = dict(wait_for(lambda: b.driver.execute_script(
+        "const c = echarts.getInstanceByDom(document.getElementById('hist'));"
+        "return c && c.getOption().series.map(s => [s.name, s.data]);")))
+    racks = sorted(set(want["day"]["groups"]) | set(want["compare"]["groups"]))
+    assert len(got) == 2 * len(racks), sorted(got)
+    for key in ("day", "compare"):
+        d = want[key]
+        for g in racks:
+            assert got[f"{g} {d['day']}"] == [bin_["counts"].get(g, 0) for bin_ in d["bins"]], (key, g)
+    assert sum(got[f"r-gone {BEFORE}"]) == 1 and sum(got[f"r-gone {AFTER}"]) == 0
+
+
 def test_no_browser_process_is_left(env) -> None:  # type: ignore[no-untyped-def]
     b = env["b"]
     assert b.pids()  # alive while the module runs: the check below can fail

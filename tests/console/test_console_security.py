@@ -7,6 +7,8 @@ and script in what a page shows."""
 
 from __future__ import annotations
 
+import html
+import json
 import re
 import sys
 from pathlib import Path
@@ -333,3 +335,28 @@ def test_a_console_page_that_fails_answers_a_page(app) -> None:  # type: ignore[
             c.exec_driver_sql("ALTER TABLE audit_gone RENAME TO audit")
     _is_page(r, 503, "hyb.store.unavailable")
     assert "no such table" in r.text
+
+
+def _day(day: str, cpus: int, vms: float) -> dict:
+    return {"day": day, "utc_offset_min": 0, "cpus": cpus, "samples": 86400,
+            "peak": {"start": "21:00", "end": "22:00", "samples": 3600, "io": 0.5, "vms": vms, "other": 0.0},
+            "hours": [10] * 24, "hist": [0] * 19 + [86400], "probe_p99_ms_max": None, "psi_some_avg10_max": None,
+            "foreign_cpu_s": 0.0, "probe_failed": 0}
+
+
+def test_a_group_only_the_compare_day_has_is_drawn(app) -> None:  # type: ignore[no-untyped-def]
+    """Issue 40 A2: the charts draw every group of both days (the page's data lists them),
+    a rack whose hosts sent only the compare day among them."""
+    day, before = "2025-11-25", "2025-11-20"
+    assert app.post("/v1/hosts", json=host_body("h2", rack="r-gone"), headers=HOST).status_code == 201
+    for name, days in (("h1", [_day(before, 16, 2.0), _day(day, 16, 6.0)]), ("h2", [_day(before, 16, 4.0)])):
+        assert app.post(f"/v1/hosts/{name}/days", json={"days": days}, headers=HOST).status_code == 202
+    want = app.get("/v1/fleet/utilization", params={"day": day, "compare": before, "group": "rack"}, headers=ADM).json()
+    assert set(want["day"]["groups"]) == {"r1"} and set(want["compare"]["groups"]) == {"r1", "r-gone"}
+    b, _ = login(app, "adm")
+    r = b.get("/ui/fleet", params={"day": day, "compare": before, "group": "rack"})
+    assert r.status_code == 200, r.text
+    data = json.loads(html.unescape(re.search(r'<script type="application/json" id="fleet-data">(.*?)</script>',
+                                              r.text, re.S).group(1)))
+    assert data["groups"] == ["r1", "r-gone"]
+    assert data["u"] == want  # the numbers the charts draw are the API's

@@ -29,7 +29,7 @@ function drawFleet() {
   const data = pageData("fleet-data");
   if (!data) return;
   const u = data.u, labels = binLabels(u.day);
-  const groups = Object.keys(u.day.groups);
+  const groups = data.groups;  // both days' groups (the server's list): one only the compare day has too
   const days = [["day", u.day]].concat(u.compare ? [["compare", u.compare]] : []);
   const hist = chart("hist");
   if (hist) {
