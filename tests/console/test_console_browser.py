@@ -233,6 +233,9 @@ def test_no_page_has_anything_blocked_by_its_policy(env) -> None:  # type: ignor
             assert charts and all(charts), charts
             b.driver.find_element(By.CSS_SELECTOR, 'tr[data-bin="0"] a').click()  # an htmx request
             wait_for(lambda: b.driver.find_element(By.CSS_SELECTOR, "#bin-hosts table, #bin-hosts p"))
+            # a bin that fails to load says why in its place (htmx swaps no 4xx by itself)
+            b.driver.execute_script(f"htmx.ajax('GET', '/ui/fleet/bin?day={AFTER}&bin=abc', '#bin-hosts');")
+            assert "[bin]" in wait_for(lambda: text(env, "#bin-hosts p.error"))
         assert blocked(env) == [], (path, blocked(env))
     b.driver.get(env["url"] + "/ui/hosts/oss-00005")
     b.driver.execute_script("window.confirm = m => { window.__asked = m; return false; };")

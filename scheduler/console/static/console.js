@@ -117,4 +117,13 @@ function wireActions() {
   }));
 }
 
+// htmx leaves a failed request's answer unswapped; a target marked data-show-errors shows
+// it (the error fragment naming what went wrong) instead of nothing.
+document.addEventListener("htmx:beforeSwap", e => {
+  if (e.detail.xhr.status >= 400 && e.detail.target && e.detail.target.hasAttribute("data-show-errors")) {
+    e.detail.shouldSwap = true;
+    e.detail.isError = false;
+  }
+});
+
 document.addEventListener("DOMContentLoaded", () => { wireActions(); drawFleet(); drawHealth(); });
