@@ -25,7 +25,7 @@ import json
 import logging
 import time
 from collections.abc import Callable
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any
 from urllib.parse import parse_qs, quote, urlencode, urlsplit
 
@@ -37,6 +37,8 @@ from pydantic import ValidationError
 
 from api.states import AdminState, HostState, VmStatus
 from scheduler import policies
+from scheduler.console import look
+from scheduler.console.look import policy_label
 from scheduler.errors import Forbidden, InvalidRequest, SchedulerError
 from scheduler.policies import Principal
 from scheduler.schemas.fleet import FleetHostsPublic
@@ -63,13 +65,7 @@ class LoginNeeded(Exception):
     pass
 
 
-def when(ts: float | None) -> str:
-    return dt.datetime.fromtimestamp(ts, dt.timezone.utc).strftime("%Y-%m-%d %H:%M:%S") if ts else "-"
-
-
-templates.env.filters["when"] = when
-templates.env.filters["pct"] = lambda v: "-" if v is None else f"{v * 100:.1f} %"
-templates.env.filters["tojson_attr"] = lambda v: json.dumps(v, sort_keys=True)
+look.install(templates.env)
 
 
 def session(request: Request) -> Session:
@@ -89,6 +85,20 @@ def may(p: Principal) -> dict[str, bool]:
             "hold": policies.allowed(policies.hold_host, p), "rollouts": policies.allowed(policies.rollouts, p),
             "audit": policies.allowed(policies.audit_tenant, p), "vms": policies.allowed(policies.vm_tenant, p),
             "all_tenants": policies.allowed(tenants, p)}
+
+
+def policy_names(request: Request, p: Principal) -> dict[str, str]:
+    """digest -> a name, from the rollouts that carried each policy (their spec's policy
+    file, else the rollout's name; the first rollout's); none for a principal the
+    rollouts are not shown to."""
+    if not policies.allowed(policies.rollouts, p):
+        return {}
+    names: dict[str, str] = {}
+    for r in sorted(request.app.state.rollouts.list().items, key=lambda r: r.created):
+        if r.policy_digest:
+            f = r.spec.get("policy") if isinstance(r.spec, dict) else None
+            names.setdefault(r.policy_digest.lower(), PurePosixPath(f).stem if isinstance(f, str) and f else r.name)
+    return names
 
 
 def page(request: Request, name: str, s: Session | None, http_status: int = 200, **ctx: Any) -> HTMLResponse:
@@ -318,15 +328,15 @@ def fleet_args(day: str | None, compare: str | None, group: str, window: str) ->
     return {"day": d, "compare": c, "group": group, "window": window or "peak"}
 
 
-def free_capacity(f: FleetHostsPublic) -> list[tuple[str, str, str]]:
-    """(resource class, free, of total): free on the hosts that take VMs (active, up)."""
-    rows = [("CPUs (dedicated)", str(f.cpus_free), str(f.cpus_total))]
+def free_capacity(f: FleetHostsPublic) -> list[tuple[str, int, int | str, str]]:
+    """(resource class, free, of total, unit): free on the hosts that take VMs (active,
+    up); a budget has no total ("-")."""
+    rows: list[tuple[str, int, int | str, str]] = [("CPUs (dedicated)", f.cpus_free, f.cpus_total, "")]
     for p in f.pages:
         label = {1048576: "1 GiB pages", 2048: "2 MiB pages"}.get(p.size_kb, f"{p.size_kb} KiB pages")
-        rows.append((label, str(p.free), str(p.total)))
-    rows += [("SR-IOV VFs", str(f.vfs_free), str(f.vfs_total)), ("VF tx budget", f"{f.tx_free_mbps} Mb/s", "-"),
-             ("raw disks", str(f.disks_free), str(f.disks_total)),
-             ("disk IO budget", f"{f.disk_iops_free} IOPS", "-")]
+        rows.append((label, p.free, p.total, ""))
+    rows += [("SR-IOV VFs", f.vfs_free, f.vfs_total, ""), ("VF tx budget", f.tx_free_mbps, "-", " Mb/s"),
+             ("raw disks", f.disks_free, f.disks_total, ""), ("disk IO budget", f.disk_iops_free, "-", " IOPS")]
     return rows
 
 
@@ -354,7 +364,9 @@ def fleet(request: Request, day: str | None = None, compare: str | None = None, 
         heat = [{"day": d.day.isoformat(), "counts": d.counts, "hosts": d.hosts} for d in hm.days]
         ioh = state.fleet.io_health(day=a["day"], limits=ALERT_LIMITS)
         shown = shown_groups(u.day.groups, u.compare.groups if u.compare else {})
-        return {"u": u.model_dump(mode="json"), "args": a, "groups": GROUPS, "shown": shown, "heat": heat, "ioh": ioh,
+        names = policy_names(request, s.principal) if a["group"] == "policy" else {}
+        labels = {g: policy_label(g, names) if a["group"] == "policy" else g for g in shown}
+        return {"u": u.model_dump(mode="json"), "args": a, "groups": GROUPS, "shown": shown, "labels": labels, "pnames": names, "heat": heat, "ioh": ioh,
                 "classes": hosts.classes, "capacity": free_capacity(hosts), "hosts_total": hosts.hosts}
     return guarded(request, s, "fleet.html", build)
 
@@ -405,6 +417,7 @@ def hosts(request: Request, rack: str | None = None, state: str | None = None, a
         st = state if state in set(HostState) else None
         got = request.app.state.hosts.list(rack=rack or None, state=st, limit=PAGE, after=after)
         return {"hosts": got.items, "rack": rack or "", "state": st or "", "states": list(HostState), "after": after,
+                "pnames": policy_names(request, s.principal),
                 "next": got.next and next_link("/ui/hosts", rack=rack, state=st, after=got.next)}
     return guarded(request, s, "hosts.html", build)
 
@@ -423,7 +436,7 @@ def host(request: Request, name: str) -> Response:
         hist = state.audit.list(tenant=policies.audit_tenant(p), target=name, limit=HOST_HISTORY)
         drain = state.drains.status(name) if h.admin_state == AdminState.DRAINING else None
         return {"h": h.model_dump(mode="json", by_alias=True), "vms": vms.items, "stats": stats.model_dump(mode="json"),
-                "history": hist.items, "drain": drain,
+                "history": hist.items, "drain": drain, "pnames": policy_names(request, p),
                 "vms_next": vms.next and next_link("/ui/vms", host=name, after=vms.next),
                 "history_next": hist.next and next_link("/ui/audit", target=name, before=hist.next)}
     return guarded(request, s, "host.html", build)
@@ -518,7 +531,7 @@ def rollouts(request: Request) -> Response:
 
     def build() -> dict:
         policies.rollouts(s.principal)
-        return {"rollouts": request.app.state.rollouts.list().items}
+        return {"rollouts": request.app.state.rollouts.list().items, "pnames": policy_names(request, s.principal)}
     return guarded(request, s, "rollouts.html", build)
 
 
@@ -532,7 +545,7 @@ def rollout(request: Request, name: str) -> Response:
         r = svc.get(name)
         hosts = svc.hosts(name, wave=None, brief=True).items
         trans = svc.transitions(name, host=None).items
-        return {"r": r.model_dump(mode="json", by_alias=True), "hosts": hosts,
+        return {"r": r.model_dump(mode="json", by_alias=True), "hosts": hosts, "pnames": policy_names(request, s.principal),
                 "transitions": [t.model_dump(mode="json", by_alias=True) for t in trans]}
     return guarded(request, s, "rollout.html", build)
 
@@ -550,10 +563,3 @@ def audit(request: Request, principal: str | None = None, action: str | None = N
                 "before": before, "next": got.next and next_link("/ui/audit", principal=principal, action=action,
                                                                   target=target, before=got.next)}
     return guarded(request, s, "audit.html", build)
-
-
-def principal_label(p: Principal) -> str:
-    return p.name + (" (admin)" if p.admin else f" (tenant {p.tenant})" if p.tenant else "")
-
-
-templates.env.globals["principal_label"] = principal_label

@@ -85,6 +85,11 @@ def test_the_fleet_chart_shows_the_apis_bins(env) -> None:  # type: ignore[no-un
         "const c = echarts.getInstanceByDom(document.getElementById('hist'));"
         "return c && c.getOption().series.map(s => [s.name, s.data]);"))
     got = {name: data for name, data in series}
+    # the compare day over the day's bars as stepped lines: 3 bars a bin, not 6
+    kinds = dict(b.driver.execute_script(
+        "return echarts.getInstanceByDom(document.getElementById('hist')).getOption().series.map(s => [s.name, s.type]);"))
+    assert {k for n, k in kinds.items() if n.endswith(BEFORE)} == {"line"}
+    assert {k for n, k in kinds.items() if n.endswith(AFTER)} == {"bar"}
     for key in ("day", "compare"):
         d = want[key]
         for g in d["groups"]:
@@ -101,6 +106,15 @@ def test_the_fleet_chart_shows_the_apis_bins(env) -> None:  # type: ignore[no-un
     heat_days = b.driver.execute_script(
         "return echarts.getInstanceByDom(document.getElementById('heat')).getOption().yAxis[0].data;")
     assert heat_days[-1] == AFTER and len(heat_days) == 28
+    # a day no host sent is blank, not 20 bins of zero hosts: cells only on the day with data
+    cells = b.driver.execute_script(
+        "return echarts.getInstanceByDom(document.getElementById('heat')).getOption().series[0].data;")
+    assert {c[1] for c in cells} == {27} and len(cells) == 20
+    # every legend entry shown (no pages), the plot below the lines the legend takes
+    legend = b.driver.execute_script(
+        "const o = echarts.getInstanceByDom(document.getElementById('hist')).getOption();"
+        "return [o.legend[0].type, o.grid[0].top];")
+    assert legend[0] == "plain" and legend[1] >= 66, legend
     classes = {td.get_attribute("data-class"): int(td.text)
                for td in b.driver.find_elements(By.CSS_SELECTOR, "#classes td[data-class]")}
     # registered, none carved by a hostd; the two in conv-1 are converting (its hosts' state: pending -> ...)
@@ -175,7 +189,7 @@ def test_why_not_shows_the_dry_runs_counts(env) -> None:  # type: ignore[no-unty
         shot(env, page.replace("/", "-"))
     assert "Wave 1 of 2" in text(env, "#rollout-state")
     rows = [tr.text.split() for tr in b.driver.find_elements(By.CSS_SELECTOR, "#rollout-hosts tbody tr")]
-    assert [(r[0], r[1]) for r in rows] == [("0", "oss-00000"), ("1", "oss-00001")]
+    assert [(r[0], r[1]) for r in rows] == [("1", "oss-00000"), ("2", "oss-00001")]  # as the heading counts
     # the page follows the rollout (htmx, every 5 s): paused through the API, shown without a reload
     r = env["api"].post("/v1/rollouts/conv-1/pause", json={"expect": "running", "reason": "browser test"})
     assert r.status_code == 200, r.text

@@ -21,6 +21,18 @@ function chart(id) {
 
 const toolbox = { feature: { saveAsImage: { title: "PNG", pixelRatio: 2 } } };
 
+// A legend that shows every entry (no pages, nothing cut): ECharts wraps a plain legend
+// onto more lines; the plot starts below as many lines as the entries take at this width.
+function legendTop(names, width) {
+  let rows = 1, x = 0;
+  names.forEach(n => {
+    const w = 25 + 10 + 7 * n.length;
+    if (x + w > width - 20 && x > 0) { rows += 1; x = 0; }
+    x += w;
+  });
+  return { legend: { type: "plain", top: 24, left: 0, right: 0, itemGap: 10 }, top: 24 + rows * 22 + 20 };
+}
+
 function binLabels(d) {
   return d.bins.map(b => `${Math.round(b.lo * 100)}-${Math.round(b.hi * 100)}%`);
 }
@@ -30,24 +42,36 @@ function drawFleet() {
   if (!data) return;
   const u = data.u, labels = binLabels(u.day);
   const groups = data.groups;  // both days' groups (the server's list): one only the compare day has too
+  const label = g => (data.labels && data.labels[g]) || g;  // a policy by its name
   const days = [["day", u.day]].concat(u.compare ? [["compare", u.compare]] : []);
   const hist = chart("hist");
   if (hist) {
     // rack, state, policy split the hosts: their bars stack to the hosts in a bin. Each
     // class (IO service, VMs, other) is a distribution of every host of its own: its bars
     // stand side by side, never stacked (a stack would count each host three times).
+    // With a compare day, the classes' side-by-side bars would be six to a bin, a few
+    // pixels each: the compare day is drawn as stepped dashed lines over the day's bars.
     const stacked = u.group !== "class";
     const series = [];
-    days.forEach(([key, d]) => groups.forEach((g, i) => series.push({
-      name: `${g} ${d.day}`, type: "bar", stack: stacked ? key : undefined, barGap: "10%",
-      itemStyle: { color: PALETTE[i % PALETTE.length], opacity: key === "day" ? 1 : 0.4,
-                   decal: key === "day" ? null : { symbol: "rect", dashArrayX: [1, 0], dashArrayY: [2, 3],
-                                                   rotation: -Math.PI / 4 } },
-      data: d.bins.map(b => b.counts[g] || 0),
-    })));
+    days.forEach(([key, d]) => groups.forEach((g, i) => {
+      const color = PALETTE[i % PALETTE.length], data_ = d.bins.map(b => b.counts[g] || 0);
+      if (key === "compare" && !stacked) {
+        series.push({ name: `${label(g)} ${d.day}`, type: "line", step: "middle", symbol: "none", data: data_,
+                      lineStyle: { color, type: "dashed", width: 2 }, itemStyle: { color } });
+        return;
+      }
+      series.push({
+        name: `${label(g)} ${d.day}`, type: "bar", stack: stacked ? key : undefined, barGap: "10%",
+        itemStyle: { color, opacity: key === "day" ? 1 : 0.4,
+                     decal: key === "day" ? null : { symbol: "rect", dashArrayX: [1, 0], dashArrayY: [2, 3],
+                                                     rotation: -Math.PI / 4 } },
+        data: data_,
+      });
+    }));
+    const lg = legendTop(series.map(x => x.name), document.getElementById("hist").clientWidth);
     hist.setOption({
       aria: { enabled: true, decal: { show: true } }, toolbox, tooltip: { trigger: "axis" },
-      legend: { type: "scroll", top: 24 }, grid: { left: 48, right: 16, top: 70, bottom: 48 },
+      legend: lg.legend, grid: { left: 48, right: 16, top: lg.top, bottom: 48 },
       xAxis: { type: "category", data: labels, name: "CPU in use", nameLocation: "middle", nameGap: 30 },
       yAxis: { type: "value", name: "hosts", minInterval: 1 },
       title: { text: days.map(([, d]) => `${d.day}: ${d.hosts_included} hosts, ${d.hosts_missing} missing`).join("  ·  ")
@@ -66,13 +90,14 @@ function drawFleet() {
     days.forEach(([key, d]) => groups.forEach((g, i) => {
       const total = d.groups[g] ? d.groups[g].hosts : 0;
       let run = 0;
-      series.push({ name: `${g} ${d.day}`, type: "line", step: "end", symbol: "none",
+      series.push({ name: `${label(g)} ${d.day}`, type: "line", step: "end", symbol: "none",
                     lineStyle: { color: PALETTE[i % PALETTE.length], type: key === "day" ? "solid" : "dashed" },
                     itemStyle: { color: PALETTE[i % PALETTE.length] },
                     data: d.bins.map(b => { run += b.counts[g] || 0; return total ? +(run / total).toFixed(4) : 0; }) });
     }));
-    cdf.setOption({ toolbox, tooltip: { trigger: "axis" }, legend: { type: "scroll", top: 24 },
-                    grid: { left: 48, right: 16, top: 70, bottom: 48 },
+    const lg = legendTop(series.map(x => x.name), document.getElementById("cdf").clientWidth);
+    cdf.setOption({ toolbox, tooltip: { trigger: "axis" }, legend: lg.legend,
+                    grid: { left: 48, right: 16, top: lg.top, bottom: 48 },
                     xAxis: { type: "category", data: labels, name: "CPU in use", nameLocation: "middle", nameGap: 30 },
                     yAxis: { type: "value", min: 0, max: 1, name: "share of hosts" }, series });
   }
@@ -80,12 +105,16 @@ function drawFleet() {
   if (heat && data.heat.length) {
     const cells = [];
     let top = 1;
-    data.heat.forEach((row, y) => row.counts.forEach((n, x) => { cells.push([x, y, n]); top = Math.max(top, n); }));
+    // a day no host sent is left blank (and says so), not painted as zero hosts in every bin
+    data.heat.forEach((row, y) => {
+      if (row.hosts) row.counts.forEach((n, x) => { cells.push([x, y, n]); top = Math.max(top, n); });
+    });
     heat.setOption({
       toolbox, tooltip: { formatter: p => `${data.heat[p.value[1]].day}, ${labels[p.value[0]]}: ${p.value[2]} hosts` },
-      grid: { left: 90, right: 16, top: 10, bottom: 70 },
+      grid: { left: 130, right: 16, top: 10, bottom: 70 },
       xAxis: { type: "category", data: labels, splitArea: { show: true } },
-      yAxis: { type: "category", data: data.heat.map(r => r.day) },
+      yAxis: { type: "category", data: data.heat.map(r => r.day),
+               axisLabel: { formatter: (v, i) => (data.heat[i].hosts ? v : `${v} (no data)`) } },
       visualMap: { min: 0, max: top, calculable: true, orient: "horizontal", left: "center", bottom: 0 },
       series: [{ type: "heatmap", data: cells }],
     });
