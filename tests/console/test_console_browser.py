@@ -79,7 +79,7 @@ def test_the_fleet_chart_shows_the_apis_bins(env) -> None:  # type: ignore[no-un
     login(b, env["url"], ADMIN, f"/ui/fleet?day={AFTER}&compare={BEFORE}&group=class")
     wait_for(lambda: b.driver.find_element(By.ID, "hist"))
     want = env["api"].get("/v1/fleet/utilization", params={"day": AFTER, "compare": BEFORE, "group": "class"}).json()
-    assert text(env, "#included") == str(want["day"]["hosts_included"]) == str(N)
+    assert text(env, "#included") == f"{want['day']['hosts_included']:,}" == f"{N:,}"
     assert text(env, "#missing") == "0"
     series = wait_for(lambda: b.driver.execute_script(
         "const c = echarts.getInstanceByDom(document.getElementById('hist'));"
@@ -121,7 +121,7 @@ def test_the_fleet_chart_shows_the_apis_bins(env) -> None:  # type: ignore[no-un
     assert sum(classes.values()) == N and classes["unconverted"] + classes["converting"] == N
     ioh = env["api"].get("/v1/fleet/io-health", params={"day": AFTER}).json()
     assert ioh["hosts_over"], "the known fleet has slow probes after the conversion"
-    assert text(env, "#ioh-over") == str(len(ioh["hosts_over"]))
+    assert text(env, "#ioh-over") == f"{len(ioh['hosts_over']):,}"
     shown = [tr.find_element(By.CSS_SELECTOR, "td").text
              for tr in b.driver.find_elements(By.CSS_SELECTOR, "#ioh tbody tr")]
     assert shown == [h["host"] for h in ioh["hosts_over"]][:50]

@@ -10,8 +10,9 @@ process it started (found by its own --user-data-dir).
 
     .venv/bin/python -m tools.dev.console_fleet OUT_DIR [--hosts 3000]
 
-starts a scheduler on SQLite, populates it, saves screenshots of every console page in
-OUT_DIR (docs/img/console-fleet.png in the README comes from here), and stops all of it.
+starts a scheduler on SQLite, populates it (and adds a rollout, two VMs and a cordon),
+saves screenshots of every console page in OUT_DIR (docs/img/console-*.png come from
+here: ``python -m tools.dev.console_fleet docs/img``), and stops all of it.
 """
 
 from __future__ import annotations
@@ -169,6 +170,29 @@ def wait_for(fn, timeout_s: float = 20.0):  # type: ignore[no-untyped-def]
 PAGES = ("fleet", "hosts", "vms", "why", "rollouts", "audit")
 
 
+def extras(url: str, verify, admin_token: str, host: str) -> dict[str, str]:  # type: ignore[no-untyped-def]
+    """What the pages beyond the fleet show: a convert rollout over two hosts (its policy
+    named by its spec), two VMs, a cordon with a reason (an audit record). Returns the
+    paths of the one-of pages: a host, a VM, the rollout."""
+    with httpx.Client(base_url=url, verify=verify, timeout=60,
+                      headers={"Authorization": f"Bearer {admin_token}"}) as c:
+        waves = [[{"name": h, "address": f"{h}:7443", "rack": "r0000", "host": {"name": h}}]
+                 for h in ("oss-00000", "oss-00001")]
+        r = c.post("/v1/rollouts", json={"name": "conv-1", "kind": "convert", "policy_digest": "ab" * 32,
+                                          "spec": {"name": "conv-1", "policy": "policies/storage-v2.toml"},
+                                          "waves": waves})
+        assert r.status_code == 201, r.text
+        vm = ""
+        for name, tenant in (("web-a", "web"), ("db-a", "db")):
+            r = c.post("/v1/vms", json={"name": name, "vcpus": 2, "memory_mib": 2048, "image": "smoke",
+                                        "tenant": tenant}, headers={"Idempotency-Key": name})
+            assert r.status_code == 202, r.text
+            vm = vm or r.json()["id"]
+        r = c.post(f"/v1/hosts/{host}/cordon", json={"reason": "fan replaced, watching temperatures"})
+        assert r.status_code == 200, r.text
+    return {"host": f"/ui/hosts/{host}", "vm": f"/ui/vms/{vm}", "rollout": "/ui/rollouts/conv-1"}
+
+
 def main(argv: list[str] | None = None) -> int:
     from tools.dev.fleetsim import fleet_scheduler
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -183,7 +207,8 @@ def main(argv: list[str] | None = None) -> int:
         t = time.monotonic()
         populate(s["sched"].url, s["sched"].verify, "shots-host", "shots-admin", a.hosts, before=before, after=after)
         print(f"{a.hosts} hosts registered with two days each in {time.monotonic() - t:.0f} s", flush=True)
-        b = Chromium(Path(tmp))
+        one = extras(s["sched"].url, s["sched"].verify, "shots-admin", "oss-00007")
+        b = Chromium(Path(tmp), height=1200)
         try:
             login(b, s["sched"].url, "shots-admin")
             # whole-host use (split by state: every host is active here), then by class
@@ -194,6 +219,12 @@ def main(argv: list[str] | None = None) -> int:
             for p in PAGES[1:]:
                 b.driver.get(f"{s['sched'].url}/ui/{p}")
                 b.driver.save_screenshot(str(a.out / f"console-{p}.png"))
+            for name, path in one.items():
+                b.driver.get(s["sched"].url + path)
+                time.sleep(1)
+                b.driver.save_screenshot(str(a.out / f"console-{name}.png"))
+            b.driver.get(f"{s['sched'].url}/ui/hosts/no-such-host")
+            b.driver.save_screenshot(str(a.out / "console-error.png"))
         finally:
             b.quit()
     print(f"screenshots in {a.out}")

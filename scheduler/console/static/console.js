@@ -19,6 +19,8 @@ function chart(id) {
   return c;
 }
 
+const fmt = n => n.toLocaleString("en");  // 3,000 hosts, as the tables write counts
+
 const toolbox = { feature: { saveAsImage: { title: "PNG", pixelRatio: 2 } } };
 
 // A legend that shows every entry (no pages, nothing cut): ECharts wraps a plain legend
@@ -30,7 +32,7 @@ function legendTop(names, width) {
     if (x + w > width - 20 && x > 0) { rows += 1; x = 0; }
     x += w;
   });
-  return { legend: { type: "plain", top: 24, left: 0, right: 0, itemGap: 10 }, top: 24 + rows * 22 + 20 };
+  return { legend: { type: "plain", top: 24, left: 0, right: 0, itemGap: 10 }, top: 24 + rows * 22 + 34 };
 }
 
 function binLabels(d) {
@@ -74,7 +76,7 @@ function drawFleet() {
       legend: lg.legend, grid: { left: 48, right: 16, top: lg.top, bottom: 48 },
       xAxis: { type: "category", data: labels, name: "CPU in use", nameLocation: "middle", nameGap: 30 },
       yAxis: { type: "value", name: "hosts", minInterval: 1 },
-      title: { text: days.map(([, d]) => `${d.day}: ${d.hosts_included} hosts, ${d.hosts_missing} missing`).join("  ·  ")
+      title: { text: days.map(([, d]) => `${d.day}: ${fmt(d.hosts_included)} hosts, ${fmt(d.hosts_missing)} missing`).join("  ·  ")
                      + `  ·  ${u.window === "peak" ? "peak window" : "hours " + u.window}`,
                left: 0, top: 0, textStyle: { fontSize: 12, fontWeight: "normal" } },
       series,
@@ -110,7 +112,7 @@ function drawFleet() {
       if (row.hosts) row.counts.forEach((n, x) => { cells.push([x, y, n]); top = Math.max(top, n); });
     });
     heat.setOption({
-      toolbox, tooltip: { formatter: p => `${data.heat[p.value[1]].day}, ${labels[p.value[0]]}: ${p.value[2]} hosts` },
+      toolbox, tooltip: { formatter: p => `${data.heat[p.value[1]].day}, ${labels[p.value[0]]}: ${fmt(p.value[2])} hosts` },
       grid: { left: 130, right: 16, top: 10, bottom: 70 },
       xAxis: { type: "category", data: labels, splitArea: { show: true } },
       yAxis: { type: "category", data: data.heat.map(r => r.day),
