@@ -98,6 +98,10 @@ class PoolOut(BaseModel):
 
 class NodeOut(BaseModel):
     node: int
+    io_cpus: list[int] = Field(default_factory=list, description="the layout's CPUs of the resident IO service on "
+                               "this node (never handed to a VM)")
+    host_cpus: list[int] = Field(default_factory=list, description="the layout's CPUs of the host OS, hostd and "
+                                 "shared emulator threads on this node")
     vm_cpus: list[int]
     used_cpus: list[int]
     free_cpus: int

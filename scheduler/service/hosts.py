@@ -427,7 +427,10 @@ class HostService:
         u = Usage.from_dict(h.usage)
         if vms is None:
             vms = len(vm_repo.live_on_host(session=s, host=h.name))
-        nodes = [NodeOut(node=n.node, vm_cpus=sorted(n.cpus), used_cpus=sorted(n.cpus & u.cpus),
+        carve = {n.get("node"): n for n in (h.layout or {}).get("nodes", ()) if isinstance(n, dict)}
+        nodes = [NodeOut(node=n.node, io_cpus=sorted(carve.get(n.node, {}).get("io_cpus", ())),
+                         host_cpus=sorted(carve.get(n.node, {}).get("host_cpus", ())),
+                         vm_cpus=sorted(n.cpus), used_cpus=sorted(n.cpus & u.cpus),
                          free_cpus=len(n.cpus - u.cpus),
                          hugepages=[PoolOut(size_kb=sz, total=c, used=u.pages.get((n.node, sz), 0),
                                             free=c - u.pages.get((n.node, sz), 0)) for sz, c in n.hugepages])
