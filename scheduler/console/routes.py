@@ -371,6 +371,20 @@ def fleet(request: Request, day: str | None = None, compare: str | None = None, 
     return guarded(request, s, "fleet.html", build)
 
 
+@router.get("/live/fleet", response_class=HTMLResponse)
+def fleet_live(request: Request) -> Response:
+    """The fleet page's hosts by state and free capacity, polled by the open page: one
+    read (``hosts.summary``), only the fragment."""
+    s = session(request)
+    try:
+        policies.read_hosts(s.principal)
+        hosts = request.app.state.hosts.summary()
+    except SchedulerError as e:
+        return page(request, "error_fragment.html", s, http_status=e.status, error=e)
+    return page(request, "_fleet_live.html", s, classes=hosts.classes, capacity=free_capacity(hosts),
+                hosts_total=hosts.hosts)
+
+
 @router.get("/fleet/bin", response_class=HTMLResponse)
 def fleet_bin(request: Request, day: str, bin: int, window: str = "peak", cls: str = "all") -> Response:
     s = session(request)
@@ -422,6 +436,78 @@ def hosts(request: Request, rack: str | None = None, state: str | None = None, a
     return guarded(request, s, "hosts.html", build)
 
 
+@router.get("/live/hosts", response_class=HTMLResponse)
+def hosts_live(request: Request, rack: str | None = None, state: str | None = None, after: str = "") -> Response:
+    """The rows of a hosts page, polled by the open page: the same page of the list
+    (one read of the hosts), only the table's body."""
+    s = session(request)
+    try:
+        policies.read_hosts(s.principal)
+        st = state if state in set(HostState) else None
+        got = request.app.state.hosts.list(rack=rack or None, state=st, limit=PAGE, after=after)
+    except SchedulerError as e:
+        return page(request, "error_fragment.html", s, http_status=e.status, error=e)
+    return page(request, "_hosts_rows.html", s, hosts=got.items, rack=rack or "", state=st or "", after=after,
+                pnames=policy_names(request, s.principal))
+
+
+def carve_picture(h: dict[str, Any], vms: list[Any]) -> list[dict[str, Any]]:
+    """Per NUMA node of ``h`` (a host as the API answers it), each CPU and its owner:
+    ``io`` (the IO service's), ``host`` (the host OS's), ``vm:<id>`` (the VM of ``vms``
+    pinned there, with its name and vCPU), ``used`` (held by a VM not in ``vms``: past
+    the page) or ``free``; with the node's hugepages and the VFs of its PFs in use."""
+    vm_of: dict[int, tuple[Any, int]] = {}
+    for v in vms:
+        if v.placement is not None:
+            for i, c in enumerate(v.placement.cpus):
+                vm_of[c] = (v, i)
+    colour = {v.id: f"hsl({(k * 137.5) % 360:.0f} 65% 55%)" for k, v in enumerate(vms)}
+    out = []
+    for n in h["nodes"]:
+        used = set(n["used_cpus"])
+        owner: dict[int, dict[str, Any]] = {}
+        for c in n.get("io_cpus", []):
+            owner[c] = {"cpu": c, "owner": "io", "kind": "io", "title": f"CPU {c}: the IO service"}
+        for c in n.get("host_cpus", []):
+            owner[c] = {"cpu": c, "owner": "host", "kind": "host", "title": f"CPU {c}: host OS"}
+        for c in n["vm_cpus"]:
+            if c in vm_of:
+                v, i = vm_of[c]
+                owner[c] = {"cpu": c, "owner": f"vm:{v.id}", "kind": "vm", "title": f"CPU {c}: {v.name} vCPU {i}",
+                            "vm": v, "colour": colour[v.id]}
+            elif c in used:
+                owner[c] = {"cpu": c, "owner": "used", "kind": "used", "title": f"CPU {c}: a VM not listed here"}
+            else:
+                owner[c] = {"cpu": c, "owner": "free", "kind": "free", "title": f"CPU {c}: free for a VM"}
+        pfs = [p for p in h["pfs"] if p["node"] == n["node"]]
+        out.append({"node": n["node"], "cpus": [owner[c] for c in sorted(owner)], "hugepages": n["hugepages"],
+                    "pfs": pfs})
+    loose = [p for p in h["pfs"] if p["node"] is None]
+    if loose and out:
+        out.append({"node": None, "cpus": [], "hugepages": [], "pfs": loose})
+    return out
+
+
+def host_live_ctx(request: Request, name: str) -> dict[str, Any]:
+    """What the live part of a host page shows: its state, hold, VMs and free CPUs (one
+    read of the host), and while it drains the drain's plan."""
+    h = request.app.state.hosts.get(name)
+    drain = request.app.state.drains.status(name) if h.admin_state == AdminState.DRAINING else None
+    return {"h": h.model_dump(mode="json", by_alias=True), "drain": drain}
+
+
+@router.get("/live/hosts/{name}", response_class=HTMLResponse)
+def host_live(request: Request, name: str) -> Response:
+    """A host page's live part, polled by the open page: only the fragment."""
+    s = session(request)
+    try:
+        policies.read_hosts(s.principal)
+        ctx = host_live_ctx(request, name)
+    except SchedulerError as e:
+        return page(request, "error_fragment.html", s, http_status=e.status, error=e)
+    return page(request, "_host_live.html", s, **ctx)
+
+
 @router.get("/hosts/{name}", response_class=HTMLResponse)
 def host(request: Request, name: str) -> Response:
     s = session(request)
@@ -430,13 +516,13 @@ def host(request: Request, name: str) -> Response:
     def build() -> dict:
         p = s.principal
         policies.read_hosts(p)
-        h = state.hosts.get(name)
+        live = host_live_ctx(request, name)
         vms = state.vms.list(scope=policies.vm_tenant(p), host=name, limit=PAGE)
         stats = state.hosts.stats(name, since=time.time() - 86400, until=None)
         hist = state.audit.list(tenant=policies.audit_tenant(p), target=name, limit=HOST_HISTORY)
-        drain = state.drains.status(name) if h.admin_state == AdminState.DRAINING else None
-        return {"h": h.model_dump(mode="json", by_alias=True), "vms": vms.items, "stats": stats.model_dump(mode="json"),
-                "history": hist.items, "drain": drain, "pnames": policy_names(request, p),
+        return {**live, "vms": vms.items, "stats": stats.model_dump(mode="json"),
+                "picture": carve_picture(live["h"], vms.items),
+                "history": hist.items, "pnames": policy_names(request, p),
                 "vms_next": vms.next and next_link("/ui/vms", host=name, after=vms.next),
                 "history_next": hist.next and next_link("/ui/audit", target=name, before=hist.next)}
     return guarded(request, s, "host.html", build)

@@ -158,3 +158,14 @@ document.addEventListener("htmx:beforeSwap", e => {
 });
 
 document.addEventListener("DOMContentLoaded", () => { wireActions(); drawFleet(); drawHealth(); });
+
+// Live parts (data-live: the host's state and hold, the drain, the fleet's counts, the
+// hosts list) poll their fragment every few seconds (hx-trigger "every 3s"). A hidden tab
+// asks nothing (the poll's request is cancelled); shown again, each part refreshes at once.
+document.addEventListener("htmx:beforeRequest", e => {
+  if (document.hidden && e.detail.elt && e.detail.elt.hasAttribute("data-live")) e.preventDefault();
+});
+document.addEventListener("visibilitychange", () => {
+  if (document.hidden || !window.htmx) return;
+  document.querySelectorAll("[data-live]").forEach(el => htmx.trigger(el, "refresh"));
+});
