@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime as dt
 import json
 import socket
+import time
 
 import httpx
 import pytest
@@ -165,6 +166,70 @@ def test_a_host_page_shows_its_carve_and_a_form_without_csrf_is_refused(env) -> 
 
 
 ADMIN_NAME = "ops"  # the admin token's name in tools/dev/fleetsim.write_scheduler_config
+
+
+def test_a_cordon_made_through_the_api_appears_on_an_open_host_page(env) -> None:  # type: ignore[no-untyped-def]
+    """The host page polls its live part (htmx, every 3 s): a cordon made elsewhere shows
+    within seconds, the page never reloaded (a mark set in it survives)."""
+    b, api, name = env["b"], env["api"], "oss-00005"
+    b.driver.get(f"{env['url']}/ui/hosts/{name}")
+    assert "active" in wait_for(lambda: text(env, "#host-admin"))
+    b.driver.execute_script("window.__notReloaded = true;")
+    t0 = time.monotonic()
+    assert api.post(f"/v1/hosts/{name}/cordon", json={"reason": "live test"}).status_code == 200
+    try:
+        wait_for(lambda: "cordoned" in text(env, "#host-admin") and "live test" in text(env, "#host-admin"),
+                 timeout_s=10)
+        took = time.monotonic() - t0
+        assert b.driver.execute_script("return window.__notReloaded === true;"), "the page was reloaded"
+        assert took < 10, took
+        # the hosts list too: its row of the host turns cordoned without a reload
+        b.driver.get(f"{env['url']}/ui/hosts?rack={api.get(f'/v1/hosts/{name}').json()['rack']}")
+        b.driver.execute_script("window.__notReloaded = true;")
+        row = f"//table[@id='hosts']//tr[td/a[text()='{name}']]/td[4]"
+        from selenium.webdriver.common.by import By
+        assert "cordoned" in wait_for(lambda: b.driver.find_element(By.XPATH, row).text)
+        assert api.post(f"/v1/hosts/{name}/uncordon", json={}).status_code == 200
+        wait_for(lambda: "cordoned" not in b.driver.find_element(By.XPATH, row).text, timeout_s=10)
+        assert b.driver.execute_script("return window.__notReloaded === true;"), "the list was reloaded"
+    finally:
+        api.post(f"/v1/hosts/{name}/uncordon", json={"force": True})
+
+
+def test_the_carve_picture_shows_the_apis_owners(env) -> None:  # type: ignore[no-untyped-def]
+    """Each CPU box of a host page names the owner the API gives: the layout's IO and host
+    CPUs, each VM's placement (its name on hover), the rest of the VM CPUs free."""
+    from selenium.webdriver.common.by import By
+    b, api = env["b"], env["api"]
+    placed = [v for v in api.get("/v1/vms").json()["items"] if v["placement"] and v["host"]]
+    assert placed, "the fixture's VMs are placed"
+    name = placed[0]["host"]
+    h = api.get(f"/v1/hosts/{name}").json()
+    on_it = [v for v in api.get("/v1/vms", params={"host": name}).json()["items"] if v["placement"]]
+    want: dict[str, str] = {}
+    for n in h["nodes"]:
+        want |= {str(c): "io" for c in n["io_cpus"]} | {str(c): "host" for c in n["host_cpus"]}
+        want |= {str(c): "free" for c in n["vm_cpus"]}
+    for v in on_it:
+        want |= {str(c): f"vm:{v['id']}" for c in v["placement"]["cpus"]}
+    assert "io" in want.values() and any(o.startswith("vm:") for o in want.values())
+    b.driver.get(f"{env['url']}/ui/hosts/{name}")
+    boxes = wait_for(lambda: b.driver.find_elements(By.CSS_SELECTOR, "#carve-picture .cpu[data-cpu]"))
+    got = {e.get_attribute("data-cpu"): e.get_attribute("data-owner") for e in boxes}
+    assert got == want
+    v = on_it[0]
+    c = v["placement"]["cpus"][0]
+    box = b.driver.find_element(By.CSS_SELECTOR, f'#carve-picture .cpu[data-cpu="{c}"]')
+    assert box.get_attribute("title") == f"CPU {c}: {v['name']} vCPU 0"
+    # boxes of different owners look different (drawn, not only labelled)
+    colour = {o: b.driver.execute_script("return getComputedStyle(arguments[0]).backgroundColor;", e)
+              for e in boxes for o in [e.get_attribute("data-owner")]}
+    assert colour["io"] != colour[f"vm:{v['id']}"] and (("free" not in colour) or colour["free"] != colour["io"])
+    shot(env, "host-carve")
+    # the VM's page: its pinning, vCPU by vCPU
+    b.driver.get(f"{env['url']}/ui/vms/{v['id']}")
+    pins = wait_for(lambda: b.driver.find_elements(By.CSS_SELECTOR, "#vm-pinning tbody tr"))
+    assert [int(r.find_element(By.CSS_SELECTOR, "td[data-cpu]").text) for r in pins] == v["placement"]["cpus"]
 
 
 def test_why_not_shows_the_dry_runs_counts(env) -> None:  # type: ignore[no-untyped-def]
