@@ -49,7 +49,8 @@ def env(tmp_path_factory: pytest.TempPathFactory):  # type: ignore[no-untyped-de
         # adds before the page's own: the policy does not apply to it)
         b.driver.execute_cdp_cmd("Page.addScriptToEvaluateOnNewDocument", {"source": CSP_WATCH})
         try:
-            yield {"url": url, "api": api, "b": b, "shots": w / "screenshots", "sched": s["sched"]}
+            yield {"url": url, "api": api, "b": b, "shots": w / "screenshots", "sched": s["sched"], "dir": w,
+                   "certs": s["certs"]}
         finally:
             b.quit()  # again after the last test's: a no-op then
             api.close()
@@ -196,42 +197,6 @@ def test_a_cordon_made_through_the_api_appears_on_an_open_host_page(env) -> None
         api.post(f"/v1/hosts/{name}/uncordon", json={"force": True})
 
 
-def test_the_carve_picture_shows_the_apis_owners(env) -> None:  # type: ignore[no-untyped-def]
-    """Each CPU box of a host page names the owner the API gives: the layout's IO and host
-    CPUs, each VM's placement (its name on hover), the rest of the VM CPUs free."""
-    from selenium.webdriver.common.by import By
-    b, api = env["b"], env["api"]
-    placed = [v for v in api.get("/v1/vms").json()["items"] if v["placement"] and v["host"]]
-    assert placed, "the fixture's VMs are placed"
-    name = placed[0]["host"]
-    h = api.get(f"/v1/hosts/{name}").json()
-    on_it = [v for v in api.get("/v1/vms", params={"host": name}).json()["items"] if v["placement"]]
-    want: dict[str, str] = {}
-    for n in h["nodes"]:
-        want |= {str(c): "io" for c in n["io_cpus"]} | {str(c): "host" for c in n["host_cpus"]}
-        want |= {str(c): "free" for c in n["vm_cpus"]}
-    for v in on_it:
-        want |= {str(c): f"vm:{v['id']}" for c in v["placement"]["cpus"]}
-    assert "io" in want.values() and any(o.startswith("vm:") for o in want.values())
-    b.driver.get(f"{env['url']}/ui/hosts/{name}")
-    boxes = wait_for(lambda: b.driver.find_elements(By.CSS_SELECTOR, "#carve-picture .cpu[data-cpu]"))
-    got = {e.get_attribute("data-cpu"): e.get_attribute("data-owner") for e in boxes}
-    assert got == want
-    v = on_it[0]
-    c = v["placement"]["cpus"][0]
-    box = b.driver.find_element(By.CSS_SELECTOR, f'#carve-picture .cpu[data-cpu="{c}"]')
-    assert box.get_attribute("title") == f"CPU {c}: {v['name']} vCPU 0"
-    # boxes of different owners look different (drawn, not only labelled)
-    colour = {o: b.driver.execute_script("return getComputedStyle(arguments[0]).backgroundColor;", e)
-              for e in boxes for o in [e.get_attribute("data-owner")]}
-    assert colour["io"] != colour[f"vm:{v['id']}"] and (("free" not in colour) or colour["free"] != colour["io"])
-    shot(env, "host-carve")
-    # the VM's page: its pinning, vCPU by vCPU
-    b.driver.get(f"{env['url']}/ui/vms/{v['id']}")
-    pins = wait_for(lambda: b.driver.find_elements(By.CSS_SELECTOR, "#vm-pinning tbody tr"))
-    assert [int(r.find_element(By.CSS_SELECTOR, "td[data-cpu]").text) for r in pins] == v["placement"]["cpus"]
-
-
 def test_why_not_shows_the_dry_runs_counts(env) -> None:  # type: ignore[no-untyped-def]
     from selenium.webdriver.common.by import By
     b = env["b"]
@@ -351,6 +316,63 @@ def test_a_rack_only_the_compare_day_has_is_in_the_chart(env) -> None:  # type: 
         for g in racks:
             assert got[f"{g} {d['day']}"] == [bin_["counts"].get(g, 0) for bin_ in d["bins"]], (key, g)
     assert sum(got[f"r-gone {BEFORE}"]) == 1 and sum(got[f"r-gone {AFTER}"]) == 0
+
+
+def test_the_carve_picture_shows_the_apis_owners(env) -> None:  # type: ignore[no-untyped-def]
+    """Each CPU box of a host page names the owner the API gives: the layout's IO and host
+    CPUs, each VM's placement (its name on hover), the rest of the VM CPUs free. A real
+    (simulated-tree) hostd carves the host and runs its VMs; last but one in the module:
+    the tests before count the fleet without it."""
+    from selenium.webdriver.common.by import By
+    from tools.dev.fleetsim import SimFleet
+    b, api = env["b"], env["api"]
+    f = SimFleet(env["dir"] / "sim", 1, 1, scheduler_url=env["url"], host_token=HOST, admin_token=ADMIN,
+                 certs=env["certs"], prefix="con", labels=lambda i, n: {"pic": "yes"})
+    try:
+        f.start(timeout_s=180)
+        ids = []
+        for i in range(2):
+            r = api.post("/v1/vms", json={"name": f"pic-{i}", "vcpus": 1 + i, "memory_mib": 128, "image": "smoke",
+                                          "tenant": "db", "host_labels": {"pic": "yes"}},
+                         headers={"Idempotency-Key": f"pic-{i}"})
+            assert r.status_code == 202, r.text
+            ids.append(r.json()["id"])
+        placed = wait_for(lambda: all(api.get(f"/v1/vms/{i}").json()["status"] == "running" for i in ids)
+                          and [api.get(f"/v1/vms/{i}").json() for i in ids], timeout_s=90)
+        carve_picture_is_the_apis(env, placed[0]["host"])
+    finally:
+        f.stop()
+
+
+def carve_picture_is_the_apis(env: dict, name: str) -> None:
+    from selenium.webdriver.common.by import By
+    b, api = env["b"], env["api"]
+    h = api.get(f"/v1/hosts/{name}").json()
+    on_it = [v for v in api.get("/v1/vms", params={"host": name}).json()["items"] if v["placement"]]
+    want: dict[str, str] = {}
+    for n in h["nodes"]:
+        want |= {str(c): "io" for c in n["io_cpus"]} | {str(c): "host" for c in n["host_cpus"]}
+        want |= {str(c): "free" for c in n["vm_cpus"]}
+    for v in on_it:
+        want |= {str(c): f"vm:{v['id']}" for c in v["placement"]["cpus"]}
+    assert "io" in want.values() and any(o.startswith("vm:") for o in want.values())
+    login(b, env["url"], ADMIN, f"/ui/hosts/{name}")
+    boxes = wait_for(lambda: b.driver.find_elements(By.CSS_SELECTOR, "#carve-picture .cpu[data-cpu]"))
+    got = {e.get_attribute("data-cpu"): e.get_attribute("data-owner") for e in boxes}
+    assert got == want
+    v = on_it[0]
+    c = v["placement"]["cpus"][0]
+    box = b.driver.find_element(By.CSS_SELECTOR, f'#carve-picture .cpu[data-cpu="{c}"]')
+    assert box.get_attribute("title") == f"CPU {c}: {v['name']} vCPU 0"
+    # boxes of different owners look different (drawn, not only labelled)
+    colour = {o: b.driver.execute_script("return getComputedStyle(arguments[0]).backgroundColor;", e)
+              for e in boxes for o in [e.get_attribute("data-owner")]}
+    assert colour["io"] != colour[f"vm:{v['id']}"] and (("free" not in colour) or colour["free"] != colour["io"])
+    shot(env, "host-carve")
+    # the VM's page: its pinning, vCPU by vCPU
+    b.driver.get(f"{env['url']}/ui/vms/{v['id']}")
+    pins = wait_for(lambda: b.driver.find_elements(By.CSS_SELECTOR, "#vm-pinning tbody tr"))
+    assert [int(r.find_element(By.CSS_SELECTOR, "td[data-cpu]").text) for r in pins] == v["placement"]["cpus"]
 
 
 def test_no_browser_process_is_left(env) -> None:  # type: ignore[no-untyped-def]
