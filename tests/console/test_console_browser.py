@@ -193,6 +193,15 @@ def test_a_cordon_made_through_the_api_appears_on_an_open_host_page(env) -> None
         assert api.post(f"/v1/hosts/{name}/uncordon", json={}).status_code == 200
         wait_for(lambda: "cordoned" not in b.driver.find_element(By.XPATH, row).text, timeout_s=10)
         assert b.driver.execute_script("return window.__notReloaded === true;"), "the list was reloaded"
+        # a hidden tab asks nothing; shown again, it asks at once
+        polls = "return performance.getEntriesByType('resource').filter(e => e.name.includes('/ui/live/')).length;"
+        b.driver.execute_script("Object.defineProperty(document, 'hidden', {configurable: true, get: () => true});")
+        before = b.driver.execute_script(polls)
+        time.sleep(7)  # two polls' worth: their requests are cancelled
+        assert b.driver.execute_script(polls) == before
+        b.driver.execute_script("Object.defineProperty(document, 'hidden', {configurable: true, get: () => false});"
+                                "document.dispatchEvent(new Event('visibilitychange'));")
+        wait_for(lambda: b.driver.execute_script(polls) > before, timeout_s=2)
     finally:
         api.post(f"/v1/hosts/{name}/uncordon", json={"force": True})
 
