@@ -193,6 +193,25 @@ def extras(url: str, verify, admin_token: str, host: str) -> dict[str, str]:  # 
     return {"host": f"/ui/hosts/{host}", "vm": f"/ui/vms/{vm}", "rollout": "/ui/rollouts/conv-1"}
 
 
+def live_cost(url: str, verify, cookie: str, host: str, n: int = 20) -> None:  # type: ignore[no-untyped-def]
+    """Prints what one poll of each live fragment costs beside its whole page: the median
+    time of ``n`` requests and the bytes answered."""
+    with httpx.Client(base_url=url, verify=verify, timeout=60, cookies={"hyb_session": cookie}) as c:
+        pairs = ((host, host.replace("/ui/hosts/", "/ui/live/hosts/")), ("/ui/hosts", "/ui/live/hosts"),
+                 ("/ui/fleet?day=" + (dt.date.today() - dt.timedelta(days=1)).isoformat(), "/ui/live/fleet"))
+        for full, part in pairs:
+            out = []
+            for path in (full, part):
+                took = []
+                for _ in range(n):
+                    t = time.perf_counter()
+                    r = c.get(path)
+                    took.append(time.perf_counter() - t)
+                    assert r.status_code == 200, (path, r.status_code)
+                out.append(f"{path}: {sorted(took)[n // 2] * 1000:.1f} ms, {len(r.content):,} B")
+            print("live cost: " + "  vs  ".join(out), flush=True)
+
+
 def main(argv: list[str] | None = None) -> int:
     from tools.dev.fleetsim import fleet_scheduler
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -225,6 +244,7 @@ def main(argv: list[str] | None = None) -> int:
                 b.driver.save_screenshot(str(a.out / f"console-{name}.png"))
             b.driver.get(f"{s['sched'].url}/ui/hosts/no-such-host")
             b.driver.save_screenshot(str(a.out / "console-error.png"))
+            live_cost(s["sched"].url, s["sched"].verify, b.driver.get_cookie("hyb_session")["value"], one["host"])
         finally:
             b.quit()
     print(f"screenshots in {a.out}")
