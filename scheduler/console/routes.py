@@ -23,6 +23,7 @@ import inspect
 import io
 import json
 import logging
+import threading
 import time
 from collections.abc import Callable
 from pathlib import Path, PurePosixPath
@@ -371,6 +372,39 @@ def fleet(request: Request, day: str | None = None, compare: str | None = None, 
     return guarded(request, s, "fleet.html", build)
 
 
+LIVE_TTL_S = 2.0  # a fleet-wide read a live part polls is shared by the viewers asking within this long
+
+
+class Recent:
+    """The answers of the fleet-wide reads the live parts poll (``hosts.summary``, a page
+    of ``hosts.list``: ~0.2 s each at 3,000 hosts), each kept ``LIVE_TTL_S``: any number
+    of open tabs cost one read per key per ``LIVE_TTL_S``, not one each. Only the
+    service's answer is shared; every request is checked against the rules first."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.got: dict[tuple, tuple[float, Any]] = {}
+
+    def get(self, key: tuple, read: Callable[[], Any]) -> Any:
+        now = time.monotonic()
+        with self.lock:
+            hit = self.got.get(key)
+            if hit is not None and now - hit[0] < LIVE_TTL_S:
+                return hit[1]
+        val = read()
+        with self.lock:
+            self.got = {k: v for k, v in self.got.items() if now - v[0] < LIVE_TTL_S}
+            self.got[key] = (now, val)
+        return val
+
+
+def recent(request: Request) -> Recent:
+    r = getattr(request.app.state, "console_recent", None)
+    if r is None:
+        r = request.app.state.console_recent = Recent()
+    return r
+
+
 @router.get("/live/fleet", response_class=HTMLResponse)
 def fleet_live(request: Request) -> Response:
     """The fleet page's hosts by state and free capacity, polled by the open page: one
@@ -378,7 +412,7 @@ def fleet_live(request: Request) -> Response:
     s = session(request)
     try:
         policies.read_hosts(s.principal)
-        hosts = request.app.state.hosts.summary()
+        hosts = recent(request).get(("summary",), request.app.state.hosts.summary)
     except SchedulerError as e:
         return page(request, "error_fragment.html", s, http_status=e.status, error=e)
     return page(request, "_fleet_live.html", s, classes=hosts.classes, capacity=free_capacity(hosts),
@@ -444,7 +478,8 @@ def hosts_live(request: Request, rack: str | None = None, state: str | None = No
     try:
         policies.read_hosts(s.principal)
         st = state if state in set(HostState) else None
-        got = request.app.state.hosts.list(rack=rack or None, state=st, limit=PAGE, after=after)
+        got = recent(request).get(("hosts", rack or None, st, after), lambda: request.app.state.hosts.list(
+            rack=rack or None, state=st, limit=PAGE, after=after))
     except SchedulerError as e:
         return page(request, "error_fragment.html", s, http_status=e.status, error=e)
     return page(request, "_hosts_rows.html", s, hosts=got.items, rack=rack or "", state=st or "", after=after,

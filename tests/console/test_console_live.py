@@ -134,3 +134,23 @@ def test_a_vm_page_shows_its_pinning_and_throttles(app) -> None:  # type: ignore
     assert 'id="vm-throttles"' in page
     for d in v["placement"]["disks"]:
         assert f'data-disk="{d["name"]}"' in page
+
+
+def test_viewers_share_a_fleet_wide_read_and_not_the_rules(app, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    from scheduler.console import routes
+    one, _ = login(app, "adm")
+    two, _ = login(app, "adm")
+    svc = app.app.state.hosts
+    calls: list[str] = []
+    real_summary, real_list = svc.summary, svc.list
+    monkeypatch.setattr(svc, "summary", lambda: calls.append("summary") or real_summary())
+    monkeypatch.setattr(svc, "list", lambda **kw: calls.append("list") or real_list(**kw))
+    for c in (one, two, one):
+        assert c.get("/ui/live/fleet").status_code == 200
+        assert c.get("/ui/live/hosts").status_code == 200
+    assert calls == ["summary", "list"]  # three viewers' polls within LIVE_TTL_S: one read each
+    assert one.get("/ui/live/hosts?rack=r1").status_code == 200 and calls[-1] == "list"  # another page: its own read
+    t, _ = login(app, "ta")
+    assert t.get("/ui/live/fleet").status_code == 403 and t.get("/ui/live/hosts").status_code == 403
+    monkeypatch.setattr(routes, "LIVE_TTL_S", 0.0)
+    assert one.get("/ui/live/fleet").status_code == 200 and calls.count("summary") == 2
