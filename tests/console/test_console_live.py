@@ -154,3 +154,13 @@ def test_viewers_share_a_fleet_wide_read_and_not_the_rules(app, monkeypatch) -> 
     assert t.get("/ui/live/fleet").status_code == 403 and t.get("/ui/live/hosts").status_code == 403
     monkeypatch.setattr(routes, "LIVE_TTL_S", 0.0)
     assert one.get("/ui/live/fleet").status_code == 200 and calls.count("summary") == 2
+
+
+def test_the_api_names_each_nodes_io_and_host_cpus_from_the_layout(app) -> None:  # type: ignore[no-untyped-def]
+    body = host_body("h2")
+    assert app.post("/v1/hosts", json=body, headers=HOST).status_code == 201
+    want = {n["node"]: (sorted(n["io_cpus"]), sorted(n["host_cpus"])) for n in body["layout"]["nodes"]}
+    assert any(io for io, _ in want.values())
+    for h in (app.get("/v1/hosts/h2", headers=ADM).json(),
+              next(x for x in app.get("/v1/hosts", headers=ADM).json()["items"] if x["name"] == "h2")):
+        assert {n["node"]: (n["io_cpus"], n["host_cpus"]) for n in h["nodes"]} == want
