@@ -195,7 +195,8 @@ def extras(url: str, verify, admin_token: str, host: str) -> dict[str, str]:  # 
 
 def live_cost(url: str, verify, cookie: str, host: str, n: int = 20) -> None:  # type: ignore[no-untyped-def]
     """Prints what one poll of each live fragment costs beside its whole page: the median
-    time of ``n`` requests and the bytes answered."""
+    time of ``n`` requests back to back and the bytes answered (back to back, the fleet-wide
+    reads of ``/ui/live/fleet`` and ``/ui/live/hosts`` are shared: ``routes.LIVE_TTL_S``)."""
     with httpx.Client(base_url=url, verify=verify, timeout=60, cookies={"hyb_session": cookie}) as c:
         pairs = ((host, host.replace("/ui/hosts/", "/ui/live/hosts/")), ("/ui/hosts", "/ui/live/hosts"),
                  ("/ui/fleet?day=" + (dt.date.today() - dt.timedelta(days=1)).isoformat(), "/ui/live/fleet"))
