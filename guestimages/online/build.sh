@@ -115,6 +115,7 @@ tar -C "$root" --numeric-owner -xpf "$s1/rootfs.tar"
 cp -rT --no-preserve=ownership "$here/rootfs" "$root"
 install -m 0755 "$gi/common/hyb-guest-report" "$root/usr/local/sbin/hyb-guest-report"
 install -m 0755 "$gi/common/hyb-profile-apply" "$root/usr/local/sbin/hyb-profile-apply"
+install -m 0755 "$gi/common/hyb-innodb-atomic" "$root/usr/local/sbin/hyb-innodb-atomic"
 mkdir -p "$root/etc/hyb/profiles"
 profiles=$(cd "$repo" && python3 -c 'import sys; from hostd.domain.guest_profiles import write_guest_env_files
 print(" ".join(write_guest_env_files(sys.argv[1], sys.argv[2])))' "$gi/profiles" "$root/etc/hyb/profiles")

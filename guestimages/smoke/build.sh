@@ -62,7 +62,8 @@ done
 install -m 0755 "$here/init" "$root/init"
 # Tuning profiles (guest side) and the in-guest report, shared with the online image.
 mkdir -p "$root/usr/local/sbin" "$root/etc/hyb/profiles"
-install -m 0755 "$gi/common/hyb-profile-apply" "$gi/common/hyb-guest-report" "$root/usr/local/sbin/"
+install -m 0755 "$gi/common/hyb-profile-apply" "$gi/common/hyb-guest-report" "$gi/common/hyb-innodb-atomic" \
+  "$root/usr/local/sbin/"
 (cd "$repo" && python3 -c 'import sys; from hostd.domain.guest_profiles import write_guest_env_files
 write_guest_env_files(sys.argv[1], sys.argv[2])' "$gi/profiles" "$root/etc/hyb/profiles")
 (cd "$root" && find . -print0 | cpio --null -o -H newc --quiet) | gzip -9 > "$out/initrd.img.tmp"

@@ -8,6 +8,8 @@ A profile is a set of *settings*, each a TOML table with the values, a ``why`` a
     [idle]    poll = "irq-vcpus" | "none", [idle.haltpoll] guest_halt_poll_ns = ...
     [atop]    perfevents = "disable" | "enable" | "auto"
     [malloc]  conf = "<jemalloc MALLOC_CONF>", tradeoff = "..."
+    [innodb]  doublewrite = "auto" | "on"   (auto: OFF only on a datadir disk whose atomic
+              write unit covers an InnoDB page; the rule is guestimages/common/hyb-innodb-atomic)
 
 A missing table means "as Debian ships it". Kernel-side settings become cmdline
 parameters rendered here from the VM's real vCPU layout and the image's capabilities
@@ -36,6 +38,8 @@ HALTPOLL_PARAMS = {  # haltpoll governor module parameters (drivers/cpuidle/gove
 }
 ATOP_PERFEVENTS = ("disable", "enable", "auto")
 IDLE_POLL = ("irq-vcpus", "none")
+INNODB_DOUBLEWRITE = ("auto", "on")
+_SECTIONS = ("clock", "irq", "idle", "atop", "malloc", "innodb")
 # Cmdline keys a profile owns: removed from the image's base cmdline before rendering,
 # so a profile never ends up with two contradicting values.
 _OWNED_KEYS = ("clocksource", "tsc", "irqaffinity", "nohlt_list", "cpuidle_haltpoll.",
@@ -77,6 +81,12 @@ class MallocSetting(Setting):
 
 
 @dataclass(frozen=True)
+class InnodbSetting(Setting):
+    doublewrite: str = "auto"
+    tradeoff: str = ""
+
+
+@dataclass(frozen=True)
 class Profile:
     name: str
     description: str
@@ -85,9 +95,10 @@ class Profile:
     idle: IdleSetting | None = None
     atop: AtopSetting | None = None
     malloc: MallocSetting | None = None
+    innodb: InnodbSetting | None = None
 
     def settings(self) -> dict[str, Setting]:
-        return {k: v for k in ("clock", "irq", "idle", "atop", "malloc")
+        return {k: v for k in _SECTIONS
                 if (v := getattr(self, k)) is not None}
 
 
@@ -147,7 +158,7 @@ def parse_profile(data: Mapping[str, Any], where: str = "profile") -> Profile:
         raise GuestProfileError("use a-z, 0-9, '-', '_'", field=f"{where}.name")
     desc = _take(d, "description", str, where, "")
     kw: dict[str, Any] = {}
-    for section in ("clock", "irq", "idle", "atop", "malloc"):
+    for section in _SECTIONS:
         if section not in d:
             continue
         t = d.pop(section)
@@ -185,6 +196,13 @@ def parse_profile(data: Mapping[str, Any], where: str = "profile") -> Profile:
             if pe not in ATOP_PERFEVENTS:
                 raise GuestProfileError(f"must be one of {list(ATOP_PERFEVENTS)}", field=f"{w}.perfevents")
             kw[section] = AtopSetting(**base, perfevents=pe)
+        elif section == "innodb":
+            dw = _take(t, "doublewrite", str, w)
+            if dw not in INNODB_DOUBLEWRITE:
+                raise GuestProfileError(f"must be one of {list(INNODB_DOUBLEWRITE)} (off is decided in the guest, "
+                                        "from the data disk's atomic write unit, never set)", field=f"{w}.doublewrite")
+            kw[section] = InnodbSetting(**base, doublewrite=dw,
+                                        tradeoff=" ".join(_take(t, "tradeoff", str, w, "").split()))
         else:
             conf = _take(t, "conf", str, w)
             if not conf or any(c.isspace() or c in "'\"\\$`" for c in conf):
@@ -315,6 +333,7 @@ def guest_env(profile: Profile) -> dict[str, str]:
         "HYB_IDLE_POLL": profile.idle.poll if profile.idle else "none",
         "HYB_ATOP_PERFEVENTS": profile.atop.perfevents if profile.atop else "",
         "HYB_MALLOC_CONF": profile.malloc.conf if profile.malloc else "",
+        "HYB_INNODB_DOUBLEWRITE": profile.innodb.doublewrite if profile.innodb else "",
     }
 
 

@@ -56,7 +56,7 @@ def test_shipped_profiles_load_and_every_setting_says_why_and_its_exit_signature
     assert profiles["baseline"].settings() == {}
     for name in ("online", "online-nodecay"):
         s = profiles[name].settings()
-        assert set(s) == {"clock", "irq", "idle", "atop", "malloc"}
+        assert set(s) == {"clock", "irq", "idle", "atop", "malloc", "innodb"}
         for key, setting in s.items():
             assert len(setting.why) > 40, (name, key)
             assert len(setting.exit_signature) > 20, (name, key)
@@ -69,6 +69,7 @@ def test_shipped_profiles_load_and_every_setting_says_why_and_its_exit_signature
     assert online.malloc.tradeoff and profiles["online-nodecay"].malloc.tradeoff
     assert profiles["online-nodecay"].malloc.conf == "dirty_decay_ms:-1,muzzy_decay_ms:-1"
     assert online.atop.perfevents == "disable"
+    assert online.innodb.doublewrite == "auto" and "virtio" in online.innodb.tradeoff
 
 
 # -- cmdline rendering ---------------------------------------------------------
@@ -176,6 +177,8 @@ def test_cmdline_for_vm_from_the_manifest(profiles):
     (_minimal(irq=_setting(irqaffinity="yes")), "t.irq.irqaffinity"),
     (_minimal(irq=_setting(extra=1)), "t.irq.extra"),
     (_minimal(irq=[1]), "t.irq"),
+    (_minimal(innodb=_setting(doublewrite="off")), "t.innodb.doublewrite"),  # off is the guest's call
+    (_minimal(innodb=_setting()), "t.innodb.doublewrite"),
 ])
 def test_bad_profiles_name_the_field(doc, field):
     with pytest.raises(GuestProfileError) as e:
@@ -212,7 +215,8 @@ def test_env_files_are_what_the_guest_script_sources(profiles, tmp_path):
     assert guest_env(profiles["online"])["HYB_MALLOC_CONF"] == "dirty_decay_ms:60000,muzzy_decay_ms:60000"
     assert guest_env(profiles["baseline"]) == {"HYB_PROFILE": "baseline", "HYB_IRQ_VIRTIO_AFFINITY": "0",
                                                "HYB_IDLE_POLL": "none", "HYB_ATOP_PERFEVENTS": "",
-                                               "HYB_MALLOC_CONF": ""}
+                                               "HYB_MALLOC_CONF": "", "HYB_INNODB_DOUBLEWRITE": ""}
+    assert guest_env(profiles["online"])["HYB_INNODB_DOUBLEWRITE"] == "auto"
     assert render_env_file(profiles["online"]).startswith("# online: ")
 
 
