@@ -21,6 +21,7 @@ Innodb_dblwr_pages_written proves which mode ran.
     python3 bench/atomic_writes.py              # ~4 min: 1 round of 60 s per mode
     python3 bench/atomic_writes.py --long       # 3 rounds of 180 s, ~6x the pool
     python3 bench/atomic_writes.py --seconds 20 --rows 100000 --json
+    python3 bench/atomic_writes.py --short --json   # ~30 s: the mechanism only (tests/bench/)
 
 Missing packages (mariadb-server, sysbench) are installed by tools/dev/install-bench-db.sh.
 Ratios are OFF against ON measured in the same run, printed beside the published
@@ -233,10 +234,17 @@ def run(args: argparse.Namespace) -> tuple[list[dict[str, float | str]], dict[st
                     subprocess.run(db.sysbench(*common, f"--time={args.warmup}", "run"), check=True,
                                    capture_output=True, text=True)
                 dblwr0 = db.status("Innodb_dblwr_pages_written")
-                before = parse_disk_stat(stat.read_text())
+                before_text = stat.read_text()
+                before = parse_disk_stat(before_text)
                 out = subprocess.run(db.sysbench(*common, f"--time={args.seconds}", "--percentile=95", "run"),
                                      check=True, capture_output=True, text=True).stdout
-                after = parse_disk_stat(stat.read_text())
+                after_text = stat.read_text()
+                after = parse_disk_stat(after_text)
+                if args.raw:  # what the numbers were computed from (tests/data/bench/ keeps one)
+                    Path(args.raw).mkdir(parents=True, exist_ok=True)
+                    Path(args.raw, f"round{rnd + 1}-{mode}.sysbench.txt").write_text(out)
+                    Path(args.raw, f"round{rnd + 1}-{mode}.stat.txt").write_text(
+                        before_text + after_text)
                 res = parse_sysbench(out)
                 r: dict[str, float | str] = {"mode": mode, **res, **per_trx(before, after, res["transactions"]),
                                              "dblwr_pages": db.status("Innodb_dblwr_pages_written") - dblwr0}
@@ -262,11 +270,19 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--disk-mib", type=int, default=2048, help="the loop device's size")
     p.add_argument("--workdir", default="/var/tmp", help="where the temp dir and the loop file go")
     p.add_argument("--long", action="store_true")
+    p.add_argument("--short", action="store_true", help="2 x 20000 rows, 8 MiB pool, 8 s per mode: the "
+                   "mechanism (dblwr pages ON only, bytes counted), not the numbers")
+    p.add_argument("--raw", help="keep each sysbench output and device stat snapshot in this directory")
     p.add_argument("--json", action="store_true")
     args = p.parse_args(argv)
-    for k, short, long_ in (("seconds", 60, 180), ("warmup", 15, 30), ("rounds", 1, 3), ("rows", 300_000, 400_000)):
+    if args.short and args.long:
+        p.error("--short or --long, not both")
+    if args.short:
+        args.tables, args.pool_mib, args.disk_mib = 2, 8, 512
+    for k, dflt, short, long_ in (("seconds", 60, 8, 180), ("warmup", 15, 2, 30), ("rounds", 1, 1, 3),
+                                  ("rows", 300_000, 20_000, 400_000)):
         if getattr(args, k) is None:
-            setattr(args, k, long_ if args.long else short)
+            setattr(args, k, long_ if args.long else short if args.short else dflt)
     for k in ("seconds", "rounds", "tables", "rows", "threads", "pool_mib"):
         if getattr(args, k) < 1:
             p.error(f"--{k.replace('_', '-')} must be >= 1")

@@ -274,4 +274,4 @@ def test_online_image_with_profile(name, online_image, profiles, tmp_path):
     assert r["kernel"] == m["kernel_version"]
     check_report(r, profiles[name], cmdline=cmdline, caps=caps, serial=serial, full_system=True)
     _other_profile_fails(r, profiles, name, caps=caps, serial=serial, full_system=True)
-    print(f"online/{name}: report after {secs:.1f} s")
+    print(f"online/{name}: report after {secs:.1f} s; innodb: {r['innodb']}")
