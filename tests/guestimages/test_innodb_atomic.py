@@ -1,11 +1,13 @@
 """guestimages/common/hyb-innodb-atomic: the doublewrite rule (a pure shell function) on
-recorded sysfs values, and the whole boot step on guest sysfs trees built from them.
+sysfs values from the trees the project keeps, and the whole boot step on guest sysfs
+trees built from them.
 
 The rule runs inside the guest, which has no Python (Debian minbase / busybox), so it is
 shell; these tests run it with the same POSIX shell (dash here) the image runs. Values:
-the NVMe namespaces of the recorded 6.12 host tree (tests/data/hosts/1s-4c-nvme-atomic-6.12:
-nvme0n1 unit 4096..16384, nvme1n1 all 0), this machine's virtio disk on a 6.18 kernel (all
-0) and the online image's 6.1 guest kernel (no atomic_write_* files at all).
+the NVMe namespaces of the constructed 6.12 host tree of part 1
+(tests/data/hosts/1s-4c-nvme-atomic-6.12: nvme0n1 unit 4096..16384, nvme1n1 all 0), this
+machine's virtio disk on a 6.18 kernel (read from its sysfs: all 0) and the online image's
+6.1 guest kernel (no atomic_write_* files at all, as its boot test shows).
 """
 
 from __future__ import annotations
@@ -47,7 +49,7 @@ def recorded(queue: Path) -> dict[str, str]:
 
 def test_off_only_when_the_unit_covers_the_page():
     q = recorded(NVME_ATOMIC)
-    assert q["atomic_write_unit_max_bytes"] == "16384"  # the recorded tree is what we think it is
+    assert q["atomic_write_unit_max_bytes"] == "16384"  # the kept tree is what we think it is
     dw, why = decide("nvme0n1", q["atomic_write_unit_max_bytes"], "16384", q["atomic_write_unit_min_bytes"],
                      q["atomic_write_boundary_bytes"])
     assert dw == "OFF" and "nvme0n1" in why and "16384 >= InnoDB page 16384" in why
