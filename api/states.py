@@ -97,11 +97,34 @@ class HostClass(StrEnum):
     FAILED = "failed"
 
 
+class OnMaintenance(StrEnum):
+    """What a drain of its host may do to a VM (its request's ``on_maintenance``, like
+    GCE's onHostMaintenance): replace it (a new VM from the same request elsewhere), stop
+    it, move it live to another host (migrate), or wait for its owner (block). A request
+    that does not say gets the fleet's default (the scheduler's ``drain.on_maintenance``)."""
+
+    REPLACE = "replace"
+    STOP = "stop"
+    BLOCK = "block"
+    MIGRATE = "migrate"
+
+
+class MigrationState(StrEnum):
+    """Where a VM's live move stands in the scheduler (``vms.migration_state``; "" when
+    none runs): preparing (the target is claimed, hostd's PrepareMigration may have been
+    sent), migrating (the source's MigrateVM may have been sent: the VM runs on one of
+    the two, and which one is asked of both hostds before anything is undone)."""
+
+    PREPARING = "preparing"
+    MIGRATING = "migrating"
+
+
 class DrainAction(StrEnum):
     """What a drain does next to a VM on a draining host (`GET /v1/hosts/{name}/drain`)."""
 
     REPLACE = "replace"
     STOP = "stop"
+    MIGRATE = "migrate"
     DELETE_OLD = "delete_old"
     WAIT = "wait"
     DONE = "done"

@@ -13,6 +13,7 @@ from pydantic import BaseModel, Field, field_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from api.bounds import GRACE_SECONDS_MAX
+from api.states import OnMaintenance
 
 
 class ServerConfig(BaseModel):
@@ -139,6 +140,9 @@ class DrainConfig(BaseModel):
     workers: int = 4  # replacements dispatched, old VMs deleted and VMs stopped at once
     # an on_maintenance = stop VM's guest has this long to power off (hostd's bound: api/bounds.py)
     stop_grace_s: int = Field(30, ge=0, le=GRACE_SECONDS_MAX)
+    # what a drain may do to a VM whose request does not say (its on_maintenance):
+    # recorded in the VM's request when it is created
+    on_maintenance: OnMaintenance = OnMaintenance.BLOCK
 
 
 class ConsoleConfig(BaseModel):

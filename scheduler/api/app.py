@@ -113,7 +113,8 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
     app.state.vms = VmService(store=store, placer=placer, hostd=hostd if app.state.dispatch_enabled else None,
                               default_policy=settings.placement.default_policy,
                               max_attempts=settings.dispatch.max_attempts, metrics=metrics, clock=clock,
-                              claim_batch=settings.placement.claim_batch)
+                              claim_batch=settings.placement.claim_batch,
+                              on_maintenance=settings.drain.on_maintenance)
     app.state.drains = DrainService(store=store, vms=app.state.vms, clock=clock, workers=settings.drain.workers,
                                     stop_grace_s=settings.drain.stop_grace_s)
     app.state.hosts = HostService(store=store, cache=cache, heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from api.states import VmStatus
+from api.states import OnMaintenance, VmStatus
 
 NAME = r"^[A-Za-z0-9_.-]{1,48}$"
 LABEL_KEY = r"^[A-Za-z0-9_./-]{1,63}$"
@@ -89,11 +89,14 @@ class VmCreate(BaseModel):
     host_labels: dict[str, str] = Field(default_factory=dict, max_length=16)
     labels: dict[str, str] = Field(default_factory=dict, max_length=32)
     tenant: str | None = Field(None, pattern=NAME, description="admin only; tenants create as themselves")
-    on_maintenance: Literal["replace", "stop", "block"] = Field(
-        "block", description="what a drain of its host may do (like GCE's onHostMaintenance): `replace` creates "
-                             "it again from this request on another host and deletes this one once the new one "
-                             "runs; `stop` shuts it down (status `stopped`, its resources freed); `block` waits "
-                             "for its owner to move or delete it")
+    on_maintenance: OnMaintenance | None = Field(
+        None, description="what a drain of its host may do (like GCE's onHostMaintenance): `replace` creates "
+                          "it again from this request on another host and deletes this one once the new one "
+                          "runs; `stop` shuts it down (status `stopped`, its resources freed); `migrate` moves "
+                          "it live to another host (same boot, memory and disk contents; its raw disks copied); "
+                          "`block` waits for its owner to move or delete it. Not given: the fleet's default "
+                          "(the scheduler's `drain.on_maintenance`, `block` unless configured), recorded in "
+                          "the stored request")
     disruption_budget: DisruptionBudget | None = None
 
 

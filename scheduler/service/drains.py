@@ -39,7 +39,7 @@ from collections.abc import Callable, Collection
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
-from api.states import AdminState, DrainAction, VmStatus
+from api.states import AdminState, DrainAction, OnMaintenance, VmStatus
 from scheduler.db.engine import Store
 from scheduler.db.models import Host, Vm
 from scheduler.drain_plan import NOT_PLACED, DrainVm, Step, plan
@@ -63,7 +63,7 @@ def drain_vm(v: Vm, budgets: dict[str, int]) -> DrainVm:
     ``max_unavailable`` its VMs give."""
     req = v.request or {}
     group = f"{v.tenant}/{v.disruption_group}" if v.disruption_group else ""
-    return DrainVm(v.id, v.name, v.host, v.status, req.get("on_maintenance") or "block", group,
+    return DrainVm(v.id, v.name, v.host, v.status, req.get("on_maintenance") or OnMaintenance.BLOCK, group,
                    budgets.get(group, 0), v.replaces or "", v.reason or "")
 
 

@@ -21,7 +21,7 @@ from sqlalchemy.orm import Session
 
 from api import bounds
 from api import hostd_pb2 as pb
-from api.states import VmStatus
+from api.states import OnMaintenance, VmStatus
 from scheduler.db.engine import Store
 from scheduler.db.models import Vm
 from scheduler.errors import (ConcurrentUpdate, HostdFailed, IdempotencyMismatch, InvalidRequest, NoValidHost,
@@ -96,8 +96,10 @@ def affinity_of(body: VmCreate) -> Affinity:
 
 # Fields added after requests were first hashed, with their defaults: a request that
 # leaves them at the default hashes as it did before they existed, so an Idempotency-Key
-# recorded by an older scheduler still replays.
-LATER_DEFAULTS: dict[str, Any] = {"on_maintenance": "block", "disruption_budget": None}
+# recorded by an older scheduler still replays. ``on_maintenance`` not given (None, the
+# fleet's default since) hashes as ``block`` did.
+LATER_DEFAULTS: dict[str, Any] = {"on_maintenance": OnMaintenance.BLOCK, "disruption_budget": None}
+UNSET_LATER = {"on_maintenance"}
 
 
 # The same for fields added to each disk.
@@ -106,7 +108,8 @@ LATER_DISK_DEFAULTS: dict[str, Any] = {"atomic_write_bytes": 0}
 
 def hashed(req: dict[str, Any]) -> dict[str, Any]:
     """``req`` as its hash sees it: the later fields left out where they are default."""
-    out = {k: v for k, v in req.items() if k not in LATER_DEFAULTS or v != LATER_DEFAULTS[k]}
+    out = {k: v for k, v in req.items()
+           if k not in LATER_DEFAULTS or not (v == LATER_DEFAULTS[k] or (v is None and k in UNSET_LATER))}
     if isinstance(out.get("disks"), list):
         out["disks"] = [{k: v for k, v in d.items() if k not in LATER_DISK_DEFAULTS or v != LATER_DISK_DEFAULTS[k]}
                         if isinstance(d, dict) else d for d in out["disks"]]
@@ -197,8 +200,10 @@ class CreateItem:
 class VmService:
     def __init__(self, *, store: Store, placer: Placer, hostd: Hostd | None, default_policy: str,
                  max_attempts: int, metrics: Metrics | None = None,
-                 clock: Callable[[], float] = time.time, claim_batch: int = 64):
+                 clock: Callable[[], float] = time.time, claim_batch: int = 64,
+                 on_maintenance: str = OnMaintenance.BLOCK):
         self.store = store
+        self.on_maintenance = OnMaintenance(on_maintenance)  # the fleet's default (``drain.on_maintenance``)
         self.placer = placer
         self.hostd = hostd
         self.default_policy = default_policy
@@ -216,7 +221,10 @@ class VmService:
         """Validate (InvalidRequest names the field) before anything queues or claims."""
         want = want_of(body, self.default_policy)
         req = body.model_dump(mode="json", by_alias=True) | {"tenant": tenant}
-        return CreateItem(body, tenant, key, actor, want, req, request_hash(hashed(req)), replaces)
+        digest = request_hash(hashed(req))  # the request as sent: not given hashes as not given
+        if req.get("on_maintenance") is None:  # the fleet's default, recorded with the VM
+            req["on_maintenance"] = str(self.on_maintenance)
+        return CreateItem(body, tenant, key, actor, want, req, digest, replaces)
 
     def create(self, body: VmCreate, *, tenant: str, key: str, actor: str) -> tuple[Vm, bool]:
         """Returns (vm, replayed). Same key + same body = the same VM, never a second one."""

@@ -172,7 +172,7 @@ def test_a_replacement_placement_refuses_is_shown_until_a_round_places_it(fleet)
 
 def test_bad_maintenance_fields_are_refused_naming_the_field(fleet) -> None:  # type: ignore[no-untyped-def]
     api, _ = fleet
-    for body, field in ((vm_body("x", on_maintenance="migrate"), "on_maintenance"),
+    for body, field in ((vm_body("x", on_maintenance="teleport"), "on_maintenance"),
                         (vm_body("x", disruption_budget={"group": "web", "max_unavailable": -1}),
                          "disruption_budget.max_unavailable"),
                         (vm_body("x", disruption_budget={"max_unavailable": 1}), "disruption_budget.group")):

@@ -79,6 +79,23 @@ def test_idempotency_key_replay_and_mismatch(api):
     assert create(api, "same", on_maintenance="replace").status_code == 409
 
 
+def test_the_fleet_default_on_maintenance_is_recorded_with_a_vm_that_does_not_say(db_url, clock):
+    """``drain.on_maintenance``: a request without the field gets the fleet's default in
+    its stored request; a replay of the same key and body is the same VM; a request that
+    says is kept as it says."""
+    from sched_helpers import make_client, settings
+    with make_client(db_url, clock=clock, drain={"on_maintenance": "migrate"}) as api:
+        assert api.post("/v1/hosts", json=host_body("h1"), headers=HOST).status_code == 201
+        a = api.post("/v1/vms", json=vm_body("a"), headers=TA | {"Idempotency-Key": "k-a"})
+        assert a.status_code == 202 and a.json()["request"]["on_maintenance"] == "migrate"
+        again = api.post("/v1/vms", json=vm_body("a"), headers=TA | {"Idempotency-Key": "k-a"})
+        assert again.status_code == 200 and again.json()["id"] == a.json()["id"]
+        b = api.post("/v1/vms", json=vm_body("b", on_maintenance="stop"), headers=TA | {"Idempotency-Key": "k-b"})
+        assert b.json()["request"]["on_maintenance"] == "stop"
+    with pytest.raises(ValueError, match="drain.on_maintenance"):  # a bad default: the scheduler does not start
+        settings(db_url, drain={"on_maintenance": "teleport"})
+
+
 def test_bad_input_names_the_field(api):
     cases = [
         (vm_body(vcpus=0), "vcpus"),
