@@ -48,6 +48,11 @@ class HostdConfig(BaseSettings):
     # host's for a migration's memory and disk streams; PrepareMigration answers
     # tcp://<it>. Empty: libvirt's choice (qemu.conf migration_host, else the hostname).
     migration_address: str = ""
+    # The libvirt URI other hosts' libvirtd dial to reach this host's for a migration's
+    # control connection (peer to peer); PrepareMigration answers it as target_uri, the
+    # source's MigrateVM dials it. Empty: qemu+tls://<migration_address>/system when
+    # migration_address is set, else libvirt_uri (right only on one machine: dev pairs).
+    migration_libvirt_uri: str = ""
     # Guest images a VM may name (hostd/apply/images.py).
     image_dir: Path = Path("/var/lib/hostd/images")
     # Guest tuning profiles a VM may name (guestimages/profiles/*.toml).

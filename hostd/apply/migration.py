@@ -144,11 +144,13 @@ class Progress:
 class Migrations:
     """``migration_address``: where peers' QEMU reaches this host's for the memory and
     disk streams (PrepareMigration answers ``tcp://<it>``); "" leaves it to libvirt
-    (qemu.conf ``migration_host``)."""
+    (qemu.conf ``migration_host``). ``target_uri``: the libvirt URI peers' libvirtd dial
+    to reach this host's (PrepareMigration answers it; ``peer_uri`` of the config)."""
 
-    def __init__(self, manager: VmManager, *, migration_address: str = ""):
+    def __init__(self, manager: VmManager, *, migration_address: str = "", target_uri: str = ""):
         self.m = manager
         self.migrate_uri = f"tcp://{migration_address}" if migration_address else ""
+        self.target_uri = target_uri
         self._holds: dict[str, contextlib.ExitStack] = {}  # vm_id -> exclusive hold of its incoming disks
         self._moving: set[str] = set()  # names this host is migrating away now
         self._last: dict[str, dict] = {}  # name -> latest job statistics of its migration
@@ -519,3 +521,14 @@ def block_targets(xml: str) -> dict[str, str]:
         if src is not None and tgt is not None and src.get("dev"):
             out[src.get("dev", "").rsplit("/", 1)[-1]] = tgt.get("dev", "")
     return out
+
+
+def peer_uri(cfg) -> str:  # type: ignore[no-untyped-def]
+    """The libvirt URI a peer's libvirtd dials to reach this host's (a migration's
+    target_uri): ``migration_libvirt_uri``, else qemu+tls to ``migration_address``, else
+    this hostd's own ``libvirt_uri`` (one machine only)."""
+    if cfg.migration_libvirt_uri:
+        return str(cfg.migration_libvirt_uri)
+    if cfg.migration_address:
+        return f"qemu+tls://{cfg.migration_address}/system"
+    return str(cfg.libvirt_uri)

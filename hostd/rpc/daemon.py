@@ -29,7 +29,7 @@ from hostd.apply.carve_service import CarveService, Served, Where, disk_probe, s
 from hostd.apply.carve_state import missing_pool_mount
 from hostd.apply.cgroups import cpu_controller_cgroup, find_cpuset_fs
 from hostd.apply.diskhold import DiskHold
-from hostd.apply.migration import Migrations
+from hostd.apply.migration import Migrations, peer_uri
 from hostd.apply.hostlock import HostLock
 from hostd.apply.images import ImageStore
 from hostd.apply.layout_steps import IO_CGROUP
@@ -203,7 +203,8 @@ def start(cfg: HostdConfig) -> Daemon:
         HostdService(manager, host=topo.host.hostname or socket.gethostname(),
                      layout_json=layout.to_json(None), health=health, metrics=metrics, callers=callers,
                      sampler=sampler, carver=carver, version=hostd_version(cfg.release_file),
-                     migrations=Migrations(manager, migration_address=cfg.migration_address)), server)
+                     migrations=Migrations(manager, migration_address=cfg.migration_address,
+                                           target_uri=peer_uri(cfg))), server)
     try:
         port = server.add_secure_port(cfg.listen, creds) if creds else server.add_insecure_port(cfg.listen)
     except RuntimeError:  # newer grpcio raises where older ones answered 0

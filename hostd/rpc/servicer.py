@@ -322,7 +322,7 @@ class HostdService(pb_grpc.HostdServicer):
             for d in vm.disks:
                 d.target = targets.get(d.disk, "")
             return pb.PrepareMigrationResponse(domain_xml=p.domain_xml, migrate_uri=p.migrate_uri, vm=vm,
-                                               disks=vm.disks)
+                                               disks=vm.disks, target_uri=self.migrations.target_uri)
         return self._call(context, prepare)
 
     def MigrateVM(self, request, context):

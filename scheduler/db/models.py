@@ -102,6 +102,15 @@ class Vm(Base):
     # this one runs); the disruption budget's group, for the drain's fleet-wide count.
     replaces: Mapped[str | None] = mapped_column(String(36), nullable=True, index=True)
     disruption_group: Mapped[str] = mapped_column(String(64), default="", server_default="", index=True)
+    # A live move under way (scheduler/service/migrations.py): the target and the claim
+    # held there until the VM runs on it (the source claim stays in ``allocation`` until
+    # then), where the move stands (api/states.py MigrationState, "" when none), and which
+    # scheduler process drives it since when (another resumes or undoes it after that).
+    migration_host: Mapped[str | None] = mapped_column(String(64), nullable=True, index=True)
+    migration_allocation: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    migration_state: Mapped[str] = mapped_column(String(16), default="", server_default="")
+    migration_owner: Mapped[str] = mapped_column(String(64), default="", server_default="")
+    migration_at: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
     created: Mapped[float] = mapped_column(Float)
     updated: Mapped[float] = mapped_column(Float)
 

@@ -36,7 +36,8 @@ IMAGE = "smoke-tick"
 
 class HostdSide:
     """One host: its libvirtd (of the pair), its hostd, its disk and state dir. ``cfg``:
-    more hostd config keys (``migration_address``)."""
+    more hostd config keys (``migration_address``); ``migration_libvirt_uri`` is the pair
+    host's socket URI (what PrepareMigration answers as ``target_uri``)."""
 
     def __init__(self, tmp: Path, host: Host, disk: Path, *, io_cpu: int, smoke_guest: dict, pool_pages: int,
                  name: str, **cfg: object):
@@ -51,7 +52,8 @@ class HostdSide:
         self.state = Path(tempfile.mkdtemp(prefix="hyb-test-mig-", dir="/var/tmp"))
         self.state.chmod(0o755)
         write_hostd_config(tmp / "hostd.toml", policy=tmp / "policy.toml", state=self.state,
-                           images=tmp / "images", certs=self.certs, libvirt_uri=host.uri, **cfg)
+                           images=tmp / "images", certs=self.certs, libvirt_uri=host.uri,
+                           **({"migration_libvirt_uri": host.uri} | cfg))
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOSTD_")}
         self.hostd = Hostd(tmp / "hostd.toml", env, tmp / "hostd.log")
         self.channels: list[grpc.Channel] = []
