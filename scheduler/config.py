@@ -145,6 +145,19 @@ class DrainConfig(BaseModel):
     on_maintenance: OnMaintenance = OnMaintenance.BLOCK
 
 
+class MigrationConfig(BaseModel):
+    """A live move's bounds, sent with each MigrateVM (hostd/README.md, Live migration)."""
+
+    bandwidth_mib_s: int = Field(0, ge=0, le=100_000)  # memory and disk streams; 0 = none
+    max_downtime_ms: int = Field(500, ge=0, le=60_000)  # 0 = libvirt's default
+    timeout_s: int = Field(600, ge=0, le=86_400)  # the whole job, then cancelled (the VM stays); 0 = none
+    tls: bool = True  # the memory and disk streams over TLS (hostd's migration certificates)
+    # another replica resumes or undoes a move whose owner has not touched it for this long
+    # (0: the job's timeout plus five minutes); on SQLite (one process) a restart resumes at once
+    lease_s: float = Field(0.0, ge=0)
+    workers: int = Field(4, ge=1, le=64)  # moves driven at once by this process
+
+
 class ConsoleConfig(BaseModel):
     enabled: bool = True  # the web console under /ui
     session_ttl_s: float = Field(28800.0, ge=60, le=30 * 86400)  # a login lasts this long (8 h)
@@ -161,6 +174,7 @@ class Settings(BaseSettings):
     dispatch: DispatchConfig = Field(default_factory=DispatchConfig)
     reconcile: ReconcileConfig = Field(default_factory=ReconcileConfig)
     drain: DrainConfig = Field(default_factory=DrainConfig)
+    migration: MigrationConfig = Field(default_factory=MigrationConfig)
     liveness: LivenessConfig = Field(default_factory=LivenessConfig)
     stats: StatsConfig = Field(default_factory=StatsConfig)
     console: ConsoleConfig = Field(default_factory=ConsoleConfig)

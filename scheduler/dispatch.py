@@ -64,6 +64,28 @@ class HostdClients:
         return self._call(address, "UpdateIOLimits", pb.UpdateIOLimitsRequest(vm_id=vm_id, disks=disks,
                                                                               vfs=vfs or []))
 
+    # ---- live migration (api/hostd.proto): the scheduler runs Prepare on the target,
+    # MigrateVM on the source, then Complete (or Abort) on the target
+
+    def get_vm(self, address: str, vm_id: str) -> pb.VM:
+        return self._call(address, "GetVM", pb.GetVMRequest(vm_id=vm_id))
+
+    def prepare_migration(self, address: str, req: pb.PrepareMigrationRequest) -> pb.PrepareMigrationResponse:
+        return self._call(address, "PrepareMigration", req, timeout=max(self.cfg.timeout_s, 120))
+
+    def migrate_vm(self, address: str, req: pb.MigrateVMRequest) -> pb.MigrateVMResponse:
+        # blocks for the whole job: its own bound, and then some for the answer
+        return self._call(address, "MigrateVM", req, timeout=(req.timeout_s or 86_400) + 120)
+
+    def complete_migration(self, address: str, name: str) -> pb.CompleteMigrationResponse:
+        return self._call(address, "CompleteMigration", pb.MigrationRef(name=name), timeout=60)
+
+    def abort_migration(self, address: str, name: str) -> pb.AbortMigrationResponse:
+        return self._call(address, "AbortMigration", pb.MigrationRef(name=name), timeout=60)
+
+    def get_migration(self, address: str, name: str) -> pb.MigrationProgress:
+        return self._call(address, "GetMigration", pb.MigrationRef(name=name), timeout=30)
+
     def list_vms(self, address: str) -> list[pb.VM]:
         return list(self._call(address, "ListVMs", pb.ListVMsRequest(), timeout=30).vms)
 

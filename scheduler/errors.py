@@ -108,6 +108,20 @@ class VmBusy(SchedulerError):
     status = 409
 
 
+class MigrationUnderWay(SchedulerError):
+    """The VM is moving live already (``extra``: its target and where the move stands)."""
+
+    code = "hyb.vm.migrating"
+    status = 409
+
+
+class NotMovable(SchedulerError):
+    """The VM may not move live now, or not to the host named (the field says which)."""
+
+    code = "hyb.migration.refused"
+    status = 409
+
+
 class NoValidHost(SchedulerError):
     """Nowhere fits; ``extra["rejections"]`` counts the short resource per host."""
 

@@ -61,6 +61,7 @@ class DiskWant:
     bytes_sec: int = 0  # the VM's throttle (total_bytes_sec); must fit the disk's budget
     iops: int = 0
     atomic_write_bytes: int = 0  # the guest must write this many bytes whole (0 = no need)
+    exact_size_bytes: int = 0  # exactly this size (a live move's target: NBD copies to an equal size)
 
 
 @dataclass(frozen=True)
@@ -445,6 +446,8 @@ def _disk_ok(d: DiskRes, w: DiskWant) -> str:
         return f"{w.iops} IOPS above {d.name}'s budget {d.iops}"
     if d.size_bytes < w.min_size_bytes:
         return f"{d.name} has {d.size_bytes} bytes, {w.min_size_bytes} needed"
+    if w.exact_size_bytes and d.size_bytes != w.exact_size_bytes:
+        return f"{d.name} has {d.size_bytes} bytes, exactly {w.exact_size_bytes} needed (a live move's copy)"
     if w.atomic_write_bytes > d.atomic_write_bytes:
         if d.atomic_write_bytes:
             return (f"{d.name} guarantees {d.atomic_write_bytes} B atomic writes, "

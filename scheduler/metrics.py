@@ -27,6 +27,9 @@ class Metrics:
                                      registry=r, buckets=(1, 2, 4, 8, 16, 32, 64))
         self.dispatch = Counter("hyb_sched_dispatch_total", "hostd CreateVM calls by outcome",
                                 ["outcome"], registry=r)
+        self.migrations = Counter("hyb_sched_migrations_total", "Live moves of VMs: started, then done "
+                                  "(it runs on the target) or failed (undone: it runs on the source)",
+                                  ["result"], registry=r)
         self.reconcile_repairs = Counter("hyb_sched_reconcile_repairs_total",
                                          "Drift repaired by reconcile, by kind", ["kind"], registry=r)
         self.liveness_rows = Counter("hyb_sched_liveness_rows_written_total",

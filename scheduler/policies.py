@@ -104,6 +104,12 @@ def create_tenant(p: Principal, asked: str | None) -> str:
     return scope or asked or "default"
 
 
+def move_vm(p: Principal) -> None:
+    """Move a VM live to another host (``POST /v1/vms/{id}/migrate``): an operator's act
+    (it picks hosts and spends a disruption budget), as a drain is."""
+    p.require()
+
+
 # ---------------------------------------------------------------------- audit
 
 

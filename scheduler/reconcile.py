@@ -8,8 +8,11 @@ Per reachable host: ListVMs, then
 - a hostd VM with our label and no scheduler row (deleted here, still running there):
   adopted as a running VM of its tenant with hostd's placement, so its resources count;
 - a running VM whose CPUs differ from hostd's pins: hostd's pins adopted;
-finally the host's usage is recomputed from its live allocations (the ledger equals the
-sum of allocations). Every repair is logged and counted."""
+- a VM moving live (``migration_state`` set) is left alone on both hosts: the migration
+  service (scheduler/service/migrations.py) asks both hostds where it runs and settles it;
+finally the host's usage is recomputed from its live allocations and the target claims
+of the VMs moving to it (the ledger equals the sum of allocations). Every repair is
+logged and counted."""
 
 from __future__ import annotations
 
@@ -46,6 +49,8 @@ def reconcile_host(app: Any, hostd: Any, name: str, *, grace_s: float) -> list[s
         rows = {v.id: v for v in vm_repo.list_vms(session=s, host=name, limit=100000)}
         for vm_id, v in rows.items():
             got = remote.get(vm_id)
+            if v.migration_state:  # the migration service settles it
+                continue
             if got is None:
                 if _live(v) and (v.status == VmStatus.RUNNING or now - v.updated > grace_s):
                     v.status, v.reason, v.allocation, v.updated = VmStatus.FAILED, "vanished from hostd", None, now
@@ -59,7 +64,7 @@ def reconcile_host(app: Any, hostd: Any, name: str, *, grace_s: float) -> list[s
                     v.status not in (VmStatus.RUNNING, VmStatus.DELETING):
                 v.status, v.hostd_vm_id, v.reason, v.updated = VmStatus.RUNNING, got.vm_id, "", now
                 if v.allocation is None:
-                    v.allocation = _alloc_of(got).to_dict()
+                    v.allocation = alloc_of(got).to_dict()
                 repairs.append(f"adopted_state vm={vm_id}")
             if v.allocation and list(got.vcpu_pins) and list(got.vcpu_pins) != v.allocation["cpus"]:
                 a = Allocation.from_dict(v.allocation)
@@ -69,6 +74,8 @@ def reconcile_host(app: Any, hostd: Any, name: str, *, grace_s: float) -> list[s
             if vm_id in rows or got.state in (pb.VM_STATE_FAILED, pb.VM_STATE_DELETING):
                 continue
             other = s.get(Vm, vm_id)
+            if other is not None and other.migration_host == name:  # moving here: the migration settles it
+                continue
             if other is not None:  # on another host here: hostd is the truth for where it runs
                 log.error("drift vm=%s: scheduler says host=%s, hostd %s runs it", vm_id, other.host, name)
                 repairs.append(f"misplaced vm={vm_id}")
@@ -78,6 +85,8 @@ def reconcile_host(app: Any, hostd: Any, name: str, *, grace_s: float) -> list[s
         s.flush()
         live = [Allocation.from_dict(v.allocation) for v in vm_repo.live_on_host(session=s, host=name)
                 if v.allocation]
+        live += [Allocation.from_dict(v.migration_allocation)
+                 for v in vm_repo.incoming_on_host(session=s, host=name) if v.migration_allocation]
         truth = Usage.of(live)
         if truth.to_dict() != h.usage:
             host_repo.bump_usage(session=s, name=name, seen_generation=h.generation, usage=truth, now=now)
@@ -93,7 +102,7 @@ def _live(v: Vm) -> bool:
     return v.status in LIVE
 
 
-def _alloc_of(got: pb.VM) -> Allocation:
+def alloc_of(got: pb.VM) -> Allocation:
     """What a VM hostd runs holds, from its report (guest cells when it spans nodes)."""
     size = got.hugepage_size_kb or 2048
     cells = [(c.numa_node, tuple(c.cpus), c.memory_mib * 1024 // size) for c in got.cells] or \
@@ -113,7 +122,7 @@ def _adopted(vm_id: str, got: pb.VM, host: str, now: float) -> Vm:
            "allow_span_nodes": len(got.cells) > 1,
            "labels": {k: v for k, v in got.labels.items() if not k.startswith("hyb.")}, "tenant": tenant}
     return Vm(id=vm_id, tenant=tenant, name=name, idempotency_key=f"adopted:{vm_id}", request_hash="",
-              request=req, host=host, allocation=_alloc_of(got).to_dict(), status=VmStatus.RUNNING,
+              request=req, host=host, allocation=alloc_of(got).to_dict(), status=VmStatus.RUNNING,
               reason="adopted from hostd by reconcile", hostd_vm_id=got.vm_id, affinity_group="", attempts=0,
               replaces=None, disruption_group="", created=now, updated=now)
 

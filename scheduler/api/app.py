@@ -30,6 +30,7 @@ from scheduler.metrics import Metrics
 from scheduler.service.audit import AuditService
 from scheduler.service.claims import Placer
 from scheduler.service.drains import DrainLoop, DrainService
+from scheduler.service.migrations import MigrationService
 from scheduler.service.fleet import FleetService
 from scheduler.service.hostcache import HostCache
 from scheduler.service.liveness import Lag, LivenessWatch
@@ -79,6 +80,7 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
             if bg is not None:
                 bg.stop()  # type: ignore[attr-defined]
             app.state.drains.close()
+            app.state.migrations.close()
             app.state.vms.close()
             app.state.hosts.close()
 
@@ -115,8 +117,13 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
                               max_attempts=settings.dispatch.max_attempts, metrics=metrics, clock=clock,
                               claim_batch=settings.placement.claim_batch,
                               on_maintenance=settings.drain.on_maintenance)
+    app.state.migrations = MigrationService(
+        store=store, placer=placer, vms=app.state.vms, hostd=hostd if app.state.dispatch_enabled else None,
+        cfg=settings.migration, heartbeat_timeout_s=settings.placement.heartbeat_timeout_s, clock=clock,
+        metrics=metrics)
     app.state.drains = DrainService(store=store, vms=app.state.vms, clock=clock, workers=settings.drain.workers,
-                                    stop_grace_s=settings.drain.stop_grace_s)
+                                    stop_grace_s=settings.drain.stop_grace_s, migrations=app.state.migrations)
+    app.state.migrations.on_done = app.state.drains.wake.set
     app.state.hosts = HostService(store=store, cache=cache, heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,
                                   clock=clock, stats_bucket_s=settings.stats.bucket_s,
                                   stats_retention_days=settings.stats.retention_days,

@@ -150,6 +150,8 @@ def vm_json(vm: Vm) -> dict:
             "attempts": vm.attempts,
             # as vm_public: the stored request carries the effective tenant, the public one None
             "request": {k: (None if k == "tenant" else v) for k, v in vm.request.items()},
+            "migration": None if not vm.migration_state else {
+                "target_host": vm.migration_host or "", "state": vm.migration_state, "since": vm.migration_at},
             "created": vm.created, "updated": vm.updated}
 
 

@@ -135,10 +135,34 @@ def count_by_status(*, session: Session) -> dict[str, int]:
     return {st: n for st, n in session.execute(select(Vm.status, func.count()).group_by(Vm.status))}
 
 
-def group_members(*, session: Session, group: str) -> tuple[frozenset[str], frozenset[str]]:
-    """Hosts and racks holding live members of anti-affinity ``group``."""
+def group_members(*, session: Session, group: str, ignore: str = "") -> tuple[frozenset[str], frozenset[str]]:
+    """Hosts and racks holding live members of anti-affinity ``group``, and the targets
+    of members moving live (they will be there); ``ignore``: a VM not counted (the one
+    moving, not against itself)."""
     if not group:
         return frozenset(), frozenset()
-    rows = session.execute(select(Vm.host, Host.rack).join(Host, Host.name == Vm.host)
-                           .where(Vm.affinity_group == group, Vm.status.in_(LIVE))).all()
+    rows = list(session.execute(select(Vm.host, Host.rack).join(Host, Host.name == Vm.host)
+                                .where(Vm.affinity_group == group, Vm.status.in_(LIVE), Vm.id != ignore)).all())
+    rows += session.execute(select(Vm.migration_host, Host.rack).join(Host, Host.name == Vm.migration_host)
+                            .where(Vm.affinity_group == group, Vm.id != ignore)).all()
     return frozenset(h for h, _ in rows), frozenset(r for _, r in rows if r)
+
+
+def incoming_on_host(*, session: Session, host: str) -> Sequence[Vm]:
+    """VMs moving live to ``host``: they hold their target claim there."""
+    return session.scalars(select(Vm).where(Vm.migration_host == host)).all()
+
+
+def moving(*, session: Session) -> Sequence[Vm]:
+    """Every VM with a live move under way (or left by a scheduler that stopped)."""
+    return session.scalars(select(Vm).where(Vm.migration_state != "").order_by(Vm.id)).all()
+
+
+def take_migration(*, session: Session, vm_id: str, owner: str, seen_owner: str, seen_at: float,
+                   now: float) -> bool:
+    """This process drives the VM's move from now on, iff nobody took it since it was read
+    (one conditional UPDATE: two replicas cannot both resume it)."""
+    hit = session.execute(update(Vm).where(Vm.id == vm_id, Vm.migration_owner == seen_owner,
+                                           Vm.migration_at == seen_at, Vm.migration_state != "")
+                          .values(migration_owner=owner, migration_at=now))
+    return hit.rowcount == 1

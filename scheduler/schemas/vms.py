@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from api.states import OnMaintenance, VmStatus
+from api.states import MigrationState, OnMaintenance, VmStatus
 
 NAME = r"^[A-Za-z0-9_.-]{1,48}$"
 LABEL_KEY = r"^[A-Za-z0-9_./-]{1,63}$"
@@ -136,6 +136,24 @@ class PlacementOut(BaseModel):
     cells: list[CellOut] = Field(description="guest NUMA cells in order: one per host node the VM uses")
 
 
+class MigrationOut(BaseModel):
+    """A live move under way: the VM runs on ``host`` until it runs on the target."""
+
+    target_host: str
+    state: MigrationState = Field(description="preparing: the target is claimed and being prepared; migrating: "
+                                              "the source is moving it")
+    since: float
+
+
+class MigrateRequest(BaseModel):
+    """`POST /v1/vms/{id}/migrate`: move a running VM live to another host."""
+
+    model_config = ConfigDict(extra="forbid")
+    target_host: str | None = Field(None, min_length=1, max_length=64,
+                                    description="the host to move it to (active, up, and the VM fits); "
+                                                "not given: placement picks, with the VM's own request")
+
+
 class VmPublic(BaseModel):
     id: str
     name: str
@@ -148,6 +166,8 @@ class VmPublic(BaseModel):
     hostd_vm_id: str
     attempts: int
     request: VmCreate
+    migration: MigrationOut | None = Field(None, description="a live move under way (`POST /v1/vms/{id}/migrate`, "
+                                                             "a drain's `migrate`)")
     created: float
     updated: float
 

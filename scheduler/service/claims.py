@@ -54,6 +54,7 @@ log = logging.getLogger(__name__)
 class Affinity:
     group: str = ""
     scope: str = "host"  # "host" | "rack"
+    ignore: str = ""  # a VM of the group not counted (one moving live: not against itself)
 
 
 class _Lost(Exception):
@@ -125,7 +126,7 @@ class Placer:
         self._serial = FifoLock()
 
     def _avoid(self, s: Session, aff: Affinity) -> tuple[frozenset[str], frozenset[str]]:
-        hosts, racks = vm_repo.group_members(session=s, group=aff.group)
+        hosts, racks = vm_repo.group_members(session=s, group=aff.group, ignore=aff.ignore)
         return (hosts, racks) if aff.scope == "rack" else (hosts, frozenset())
 
     def _avoid_now(self, aff: Affinity) -> tuple[frozenset[str], frozenset[str]]:
@@ -430,15 +431,23 @@ class Placer:
         """Give back ``vm``'s allocation inside the caller's write transaction."""
         if not vm.host or not vm.allocation:
             return
-        alloc = Allocation.from_dict(vm.allocation)
+        self.release_on(s, vm.host, Allocation.from_dict(vm.allocation), vm.id)
+        vm.allocation = None
+
+    def release_on(self, s: Session, host: str, alloc: Allocation, what: str,
+                   then: Allocation | None = None) -> None:
+        """Give back ``alloc`` on ``host`` (and hold ``then`` instead, when given: an
+        allocation hostd changed) inside the caller's write transaction."""
         for _ in range(self.retries):
-            h = host_repo.get_host(session=s, name=vm.host, lock=True)
-            if host_repo.bump_usage(session=s, name=h.name, seen_generation=h.generation,
-                                    usage=Usage.from_dict(h.usage).minus(alloc), now=self.clock()):
-                vm.allocation = None
+            h = host_repo.get_host(session=s, name=host, lock=True)
+            usage = Usage.from_dict(h.usage).minus(alloc)
+            if then is not None:
+                usage = usage.plus(then)
+            if host_repo.bump_usage(session=s, name=h.name, seen_generation=h.generation, usage=usage,
+                                    now=self.clock()):
                 return
             s.expire(h)
-        raise ConcurrentUpdate(f"could not release {vm.id} on {vm.host}")
+        raise ConcurrentUpdate(f"could not release {what} on {host}")
 
     def _count(self, outcome: str, counts: dict[str, int]) -> None:
         if not self.metrics:

@@ -18,6 +18,12 @@ now, and the round acts on it:
   that moment), hostd shuts it down, and its record stays as ``stopped``; a VM found
   ``deleting`` (a scheduler stopped in the middle) is stopped again (hostd's delete is
   idempotent);
+- ``migrate``: the VM's live move is started (``MigrationService.start``: the target
+  claimed through placement, the move recorded) and driven in the background
+  (``MigrationService.run``); the VM counts against its group's budget until it runs on
+  the target. A move that could not start, or failed (the VM runs where it was), is named
+  in the VM's reason and tried again next round. Each round first takes over moves a
+  stopped scheduler left (``MigrationService.resume``);
 - ``wait``: nothing; ``GET /v1/hosts/{name}/drain`` shows what it waits for.
 
 A step that fails is logged and tried again next round (a replacement that fails is
@@ -42,7 +48,7 @@ from typing import Any
 from api.states import AdminState, DrainAction, OnMaintenance, VmStatus
 from scheduler.db.engine import Store
 from scheduler.db.models import Host, Vm
-from scheduler.drain_plan import NOT_PLACED, DrainVm, Step, plan
+from scheduler.drain_plan import NOT_MOVED, NOT_PLACED, DrainVm, Step, plan
 from scheduler.errors import SchedulerError
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import pg
@@ -64,7 +70,8 @@ def drain_vm(v: Vm, budgets: dict[str, int]) -> DrainVm:
     req = v.request or {}
     group = f"{v.tenant}/{v.disruption_group}" if v.disruption_group else ""
     return DrainVm(v.id, v.name, v.host, v.status, req.get("on_maintenance") or OnMaintenance.BLOCK, group,
-                   budgets.get(group, 0), v.replaces or "", v.reason or "")
+                   budgets.get(group, 0), v.replaces or "", v.reason or "",
+                   (v.migration_host or "") if v.migration_state else "")
 
 
 def load(s: Any, hosts: Collection[str]) -> list[DrainVm]:
@@ -89,9 +96,10 @@ def load_rows(s: Any, hosts: Collection[str]) -> list[tuple[DrainVm, Vm]]:
 
 class DrainService:
     def __init__(self, *, store: Store, vms: VmService, clock: Callable[[], float] = time.time,
-                 workers: int = 4, stop_grace_s: int = 30):
+                 workers: int = 4, stop_grace_s: int = 30, migrations: Any = None):
         self.store = store
         self.vms = vms
+        self.migrations = migrations  # service/migrations.py MigrationService: a ``migrate`` step's
         self.clock = clock
         self.stop_grace_s = stop_grace_s
         self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="drain")
@@ -128,6 +136,11 @@ class DrainService:
             return self._round() if held else {}  # not held: another replica is planning
 
     def _round(self) -> dict[str, list[Step]]:
+        if self.migrations is not None:  # moves a stopped scheduler left: settled first
+            try:
+                self.migrations.resume()
+            except Exception:  # noqa: BLE001 - the drains go on
+                log.exception("resuming live moves failed")
         with self.store.read() as s:
             hosts = host_repo.names_in_state(session=s, state=AdminState.DRAINING)
             if not hosts:
@@ -178,6 +191,19 @@ class DrainService:
             new, _ = got
             log.info("drain replace vm=%s (%s) on %s: replacement %s on %s", st.vm, st.name, host, new.id, new.host)
             self._pool.submit(self._background, st.vm, self.vms.dispatch, new.id)
+        elif st.action == DrainAction.MIGRATE:
+            if self.migrations is None:
+                return self._done(st.vm)
+            try:  # the budget was the planner's: claimed on a target now, the next round sees it moving
+                self.migrations.start(st.vm, target=None, actor=actor, check_budget=False)
+            except SchedulerError as e:
+                at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
+                self.vms.note(st.vm, f"{NOT_MOVED}: no move started (tried {at}, again every round): {e.message}",
+                              prefix=NOT_MOVED)
+                raise
+            self.migrations.submit(st.vm)
+            log.info("drain migrate vm=%s (%s) from %s", st.vm, st.name, host)
+            self._done(st.vm)  # the migration service drives it from here
         elif st.action == DrainAction.DELETE_OLD:
             new = next(v for v in vms if v.replaces == st.vm)
             self._pool.submit(self._background, st.vm, self._delete_old, st.vm, new.id, actor)

@@ -32,7 +32,7 @@ from scheduler.repo import audit as audit_repo
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import vms as vm_repo
 from scheduler.resources import Allocation, DiskAlloc, Usage, VfAlloc, split_cells
-from scheduler.schemas.vms import (CandidateOut, IoTuneIn, PlacementOut, PreviewPublic, RejectionOut, VmCreate,
+from scheduler.schemas.vms import (CandidateOut, IoTuneIn, MigrationOut, PlacementOut, PreviewPublic, RejectionOut, VmCreate,
                                    VmPublic, VmsPublic)
 from scheduler.service.claimq import ClaimQueue
 from scheduler.service.claims import Affinity, ClaimJob, Placer
@@ -163,13 +163,26 @@ def placement_public(a: Allocation) -> PlacementOut:
                         cells=cells_json(a.nodes, a.cpus, a.pages, a.cell_vcpus))
 
 
+def not_moving(vm: Vm) -> None:
+    """VmBusy while the VM moves live: it is on two hosts until the move settles."""
+    if vm.migration_state:
+        raise VmBusy(f"the VM is moving live to {vm.migration_host} ({vm.migration_state}); retry when the "
+                     "move is done", field="vm_id", extra={"target_host": vm.migration_host})
+
+
+def migration_public(vm: Vm) -> MigrationOut | None:
+    if not vm.migration_state:
+        return None
+    return MigrationOut(target_host=vm.migration_host or "", state=vm.migration_state, since=vm.migration_at)
+
+
 def vm_public(vm: Vm) -> VmPublic:
     req = {k: v for k, v in vm.request.items() if k != "tenant"}
     return VmPublic(id=vm.id, name=vm.name, tenant=vm.tenant, status=vm.status, reason=vm.reason, host=vm.host,
                     replaces=vm.replaces,
                     placement=placement_public(Allocation.from_dict(vm.allocation)) if vm.allocation else None,
                     hostd_vm_id=vm.hostd_vm_id, attempts=vm.attempts, request=VmCreate.model_validate(req),
-                    created=vm.created, updated=vm.updated)
+                    migration=migration_public(vm), created=vm.created, updated=vm.updated)
 
 
 def preview_public(res: FitResult) -> PreviewPublic:
@@ -297,7 +310,8 @@ class VmService:
             vm = Vm(id=vm_id, tenant=it.tenant, name=body.name, idempotency_key=it.key, request_hash=it.digest,
                     request=it.req, host=host, allocation=alloc.to_dict(), status=VmStatus.PENDING, reason="",
                     hostd_vm_id="", affinity_group=body.anti_affinity.group if body.anti_affinity else "",
-                    attempts=0, replaces=it.replaces or None,
+                    attempts=0, replaces=it.replaces or None, migration_host=None, migration_allocation=None,
+                    migration_state="", migration_owner="", migration_at=0.0,
                     disruption_group=body.disruption_budget.group if body.disruption_budget else "",
                     created=now, updated=now)
             vm_repo.insert_vm(session=s, vm=vm)  # the unique (tenant, key) constraint fires here
@@ -436,6 +450,7 @@ class VmService:
             address = host_repo.get_host(session=s, name=vm.host).address if vm.host else ""
         if vm.status == VmStatus.CREATING:
             raise VmBusy("the VM is being created; retry when it is running or failed", field="vm_id")
+        not_moving(vm)
         if vm.hostd_vm_id and self.hostd is not None:
             self.hostd.delete(address, vm.hostd_vm_id)  # HostdFailed -> 502, nothing released
         with self.store.write() as s:
@@ -459,6 +474,7 @@ class VmService:
             address = host_repo.get_host(session=s, name=vm.host).address if vm.host else ""
         if vm.status != expect:
             raise VmBusy(f"the VM is {vm.status}, not {expect}", field="vm_id")
+        not_moving(vm)
         if vm.hostd_vm_id and self.hostd is not None:
             self.hostd.delete(address, vm.hostd_vm_id, grace_seconds=grace_seconds)
         with self.store.write() as s:
@@ -510,6 +526,7 @@ class VmService:
             vm = vm_repo.get_vm(session=s, vm_id=vm_id, tenant=tenant)
             if not vm.host or not vm.allocation:
                 raise VmBusy(f"the VM is {vm.status} and holds no disks or VFs", field="vm_id")
+            not_moving(vm)
             h = host_repo.get_host(session=s, name=vm.host)
             res = self.placer.cache.res(s, h)
         alloc = Allocation.from_dict(vm.allocation)

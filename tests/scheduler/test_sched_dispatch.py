@@ -15,7 +15,7 @@ from sched_helpers import ADM, HOST, TA, make_client, vm_body
 from scheduler.config import DispatchConfig
 from scheduler.dispatch import HostdClients
 from scheduler.db.models import Vm
-from scheduler.reconcile import _alloc_of, reconcile_all
+from scheduler.reconcile import alloc_of, reconcile_all
 from scheduler.resources import Allocation
 from scheduler.config import ReconcileConfig
 
@@ -179,7 +179,7 @@ def test_spanned_vm_runs_with_a_guest_cell_per_node_and_frees_both(two_node_host
         [(c["node"], c["cpus"], c["memory_mib"]) for c in cells]
     with api.app.state.store.read() as s:
         stored = Allocation.from_dict(s.get(Vm, vm["id"]).allocation)
-    assert _alloc_of(got) == stored
+    assert alloc_of(got) == stored
     assert reconcile_all(api.app, clients, ReconcileConfig(grace_s=0)) == {"n2": []}
     assert api.delete(f"/v1/vms/{vm['id']}", headers=TA).status_code == 204
     assert m.ledger.list() == [] and m.ledger.usage().pages == {}

@@ -1,7 +1,16 @@
 """A real hostd gRPC server in-process, for functional tests of the API and of the
 scheduler's dispatch: mTLS with tools/dev/make-dev-ca.sh certificates, a real SQLite
 ledger, libvirt's own test driver (``test:///default``, a real libvirt without a
-daemon) and a recording stand-in for the VF rate driver (no SR-IOV hardware here)."""
+daemon) and a recording stand-in for the VF rate driver (no SR-IOV hardware here).
+
+``private=True``: the hostd gets a test driver of its own (``test://<tmp>/node.xml``:
+its own domains, as a host has), and live migration between such hostds: hostd's own
+PrepareMigration, MigrateVM, CompleteMigration and AbortMigration with their ledgers,
+claims and refusals, where only libvirt's job (which the test driver lacks) is played by
+``InprocMigrations``: the target's domain XML defined and started on the target's test
+driver, the source's domain gone. ``fail_migrations`` makes the next jobs fail as
+libvirt would (the VM stays on the source). The QEMU job itself is tested with two real
+libvirtd hosts (tests/hostd/migrate/)."""
 
 from __future__ import annotations
 
@@ -19,6 +28,8 @@ from api.layout import DiskBudget, HugepageTarget, IoServiceTarget, Layout, Node
 from hostd.apply.images import ImageStore
 from hostd.apply.ledger import Ledger
 from hostd.apply.libvirt_host import LibvirtHost
+from hostd.apply.migration import JobFigures, MigrateRequest, Migrations
+from hostd.errors import MigrationFailed
 from hostd.apply.vms import VmManager
 from hostd.domain.metadata import NS, VmMetadata
 from hostd.rpc.callers import CallerCheck
@@ -68,12 +79,41 @@ def dev_certs(d: Path, clients: tuple[str, ...] = ()) -> Path:
     return d
 
 
+# the private test drivers of this process by URI: where InprocMigrations finds a target
+_PRIVATE: dict[str, LibvirtHost] = {}
+
+
+class InprocMigrations(Migrations):
+    """hostd's migration, with libvirt's job played on private test drivers: the
+    target's domain XML (PrepareMigration's rendering) defined and started on the target
+    URI's driver, then the source's domain destroyed and undefined, as
+    ``virsh migrate --persistent --undefinesource`` leaves them. ``fail``: reasons the
+    next jobs fail with (the VM stays on the source), one per job."""
+
+    def __init__(self, manager: VmManager, *, target_uri: str):
+        super().__init__(manager, target_uri=target_uri)
+        self.fail: list[str] = []
+        self.moved: list[str] = []  # names of the VMs this host sent away
+
+    def _run(self, rec, req: MigrateRequest) -> JobFigures:  # type: ignore[no-untyped-def]
+        if self.fail:
+            raise MigrationFailed(self.fail.pop(0), field="target_uri")
+        target = _PRIVATE.get(req.target_uri)
+        if target is None:
+            raise MigrationFailed(f"unable to connect to {req.target_uri}: no such host", field="target_uri")
+        target.conn().defineXML(req.domain_xml).create()
+        self.m.libvirt.destroy_and_undefine(rec.vm_id)
+        self.moved.append(req.name)
+        return JobFigures(job_ms=12, downtime_ms=3, data_bytes=4096, memory_bytes=4096, completed_record=True)
+
+
 @dataclass
 class InprocHostd:
     server: grpc.Server
     port: int
     manager: VmManager
     libvirt: LibvirtHost
+    migrations: InprocMigrations | None = None
 
     def stop(self, domain_prefix: str) -> None:
         """Stop serving; remove the test driver's domains whose name has the prefix."""
@@ -84,28 +124,34 @@ class InprocHostd:
                     dom.destroy()
                 dom.undefine()
         self.manager.ledger.close()
+        _PRIVATE.pop(self.libvirt.uri, None)
         self.libvirt.close()
 
 
 def start_hostd(tmp: Path, certs: Path, name: str, *, with_image: bool = True, workers: int = 8,
                 layout: Layout = LAYOUT, mutating_callers: tuple[str, ...] = ("scheduler",),
-                sampler=None) -> InprocHostd:  # type: ignore[no-untyped-def]
+                sampler=None, private: bool = False) -> InprocHostd:  # type: ignore[no-untyped-def]
     (tmp / "vmlinuz").write_bytes(b"k")
     images = ImageStore(tmp / "images")
     if with_image:
         images.add("smoke", "1", "kernel", {"kernel": tmp / "vmlinuz"})
-    lv = LibvirtHost("test:///default", NS)
+    if private:
+        (tmp / "node.xml").write_text("<node></node>")
+    lv = LibvirtHost(f"test://{tmp / 'node.xml'}" if private else "test:///default", NS)
     m = VmManager(layout=layout, siblings={}, ledger=Ledger(tmp / "ledger.db"), libvirt=lv, images=images,
                   render=render, disk_check=lambda n: [], vf_rates=Rates(), pf_drivers={"ens1f0": "ice"},
                   vf_pci=VF_PCI)
     server = grpc.server(futures.ThreadPoolExecutor(workers))
+    migrations = InprocMigrations(m, target_uri=lv.uri) if private else None
+    if private:
+        _PRIVATE[lv.uri] = lv
     pb_grpc.add_HostdServicer_to_server(HostdService(m, host=name, layout_json=layout.to_json(None),
                                                      health=lambda: pb.HealthResponse(ok=True),
                                                      callers=CallerCheck(frozenset(mutating_callers)),
-                                                     sampler=sampler), server)
+                                                     sampler=sampler, migrations=migrations), server)
     creds = grpc.ssl_server_credentials([((certs / "hostd.key").read_bytes(), (certs / "hostd.crt").read_bytes())],
                                         root_certificates=(certs / "ca.crt").read_bytes(),
                                         require_client_auth=True)
     port = server.add_secure_port("127.0.0.1:0", creds)
     server.start()
-    return InprocHostd(server, port, m, lv)
+    return InprocHostd(server, port, m, lv, migrations)

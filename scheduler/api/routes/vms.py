@@ -1,4 +1,4 @@
-"""/v1/vms: create (Idempotency-Key, dry_run preview), get, list, delete, IO limits."""
+"""/v1/vms: create (Idempotency-Key, dry_run preview), get, list, delete, IO limits, live move."""
 
 from __future__ import annotations
 
@@ -16,7 +16,7 @@ from scheduler import policies
 from scheduler.api.deps import CurrentPrincipal, principal_of
 from scheduler.api.errors import ERRORS, ErrorBody
 from scheduler.api.wire import KEY, CreateRequest, created_headers, read_create, vm_json
-from scheduler.schemas.vms import IoLimitsUpdate, PreviewPublic, VmPublic, VmsPublic
+from scheduler.schemas.vms import IoLimitsUpdate, MigrateRequest, PreviewPublic, VmPublic, VmsPublic
 from scheduler.service.vms import VmService, vm_public
 
 router = APIRouter(prefix="/v1/vms", tags=["vms"], responses=ERRORS)
@@ -108,3 +108,27 @@ def update_io_limits(vm_id: str, body: IoLimitsUpdate, request: Request, p: Curr
                                  vfs=[(v.vf, v.max_tx_rate_mbps, v.min_tx_rate_mbps) for v in body.vfs],
                                  actor=p.name)
     return vm_public(vm)
+
+
+@router.post("/{vm_id}/migrate", status_code=202, response_model=VmPublic,
+             responses={200: {"description": "this VM is moving already (to the host asked, or none was named): "
+                                             "that move, not a second one"},
+                        409: {"model": ErrorBody, "description": "`hyb.vm.migrating`: moving to another host "
+                                                                 "already (named in the error); "
+                                                                 "`hyb.migration.refused`: it may not move now, or "
+                                                                 "not to `target_host` (the field says why)"},
+                        507: {"model": ErrorBody, "description": "no host fits (no `target_host` named)"}})
+def migrate_vm(vm_id: str, request: Request, p: CurrentPrincipal, body: MigrateRequest | None = None) -> Response:
+    """Move a running VM live to another host (same boot, memory and raw disks copied):
+    to `target_host` (it must exist, be up and active and fit the VM), or where placement
+    puts the VM's own request (anti-affinity, the VM not counted against itself). Its
+    disruption group's budget must allow one more unavailable VM. The target is claimed
+    now and the move runs in the background: `migration` on the VM says where it stands;
+    the VM runs on `host` until it runs on the target, and a move that fails leaves it
+    there with the failure in its `reason`."""
+    policies.move_vm(p)
+    svc = request.app.state.migrations
+    vm, started = svc.start(vm_id, target=body.target_host if body else None, actor=p.name)
+    if started:
+        svc.submit(vm.id)
+    return JSONResponse(vm_public(vm).model_dump(mode="json"), status_code=202 if started else 200)
