@@ -152,9 +152,10 @@ class MigrationConfig(BaseModel):
     max_downtime_ms: int = Field(500, ge=0, le=60_000)  # 0 = libvirt's default
     timeout_s: int = Field(600, ge=0, le=86_400)  # the whole job, then cancelled (the VM stays); 0 = none
     tls: bool = True  # the memory and disk streams over TLS (hostd's migration certificates)
-    # another replica resumes or undoes a move whose owner has not touched it for this long
-    # (0: the job's timeout plus five minutes); on SQLite (one process) a restart resumes at once
-    lease_s: float = Field(0.0, ge=0)
+    # the process driving a move renews its lease every third of this; another (a restarted
+    # scheduler, another replica) takes over a move whose lease ran out (SQLite: one
+    # process, so a restart takes over at once)
+    lease_s: float = Field(60.0, gt=0)
     workers: int = Field(4, ge=1, le=64)  # moves driven at once by this process
 
 

@@ -158,6 +158,12 @@ def moving(*, session: Session) -> Sequence[Vm]:
     return session.scalars(select(Vm).where(Vm.migration_state != "").order_by(Vm.id)).all()
 
 
+def renew_migrations(*, session: Session, vm_ids: Collection[str], owner: str, now: float) -> None:
+    """The lease of ``owner`` on the moves of ``vm_ids`` it still owns, renewed."""
+    session.execute(update(Vm).where(Vm.id.in_(list(vm_ids)), Vm.migration_owner == owner,
+                                     Vm.migration_state != "").values(migration_at=now))
+
+
 def take_migration(*, session: Session, vm_id: str, owner: str, seen_owner: str, seen_at: float,
                    now: float) -> bool:
     """This process drives the VM's move from now on, iff nobody took it since it was read

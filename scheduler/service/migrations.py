@@ -26,7 +26,7 @@ Where a move stands is in the VM's row (``migration_host``, ``migration_allocati
 ``migration_state``, ``migration_owner``, ``migration_at``; migration 0018), so a scheduler
 that stops mid-way leaves what the next one needs: ``resume`` (each drain round) takes
 over moves whose owner is gone (on SQLite, one process: any other owner; on PostgreSQL,
-an owner silent for the lease) and settles them: ``preparing`` (MigrateVM never sent)
+an owner that has not renewed its lease: ``migration.lease_s``) and settles them: ``preparing`` (MigrateVM never sent)
 is undone; ``migrating`` asks the target first (CompleteMigration succeeds only where the
 VM runs), then the source (GetMigration: a job still running is waited for), and only
 then aborts on the target and keeps the source. The scheduler's reconcile leaves a
@@ -67,6 +67,10 @@ from scheduler.service.drains import load
 from scheduler.service.vms import VmService, affinity_of, create_request, want_of
 
 log = logging.getLogger(__name__)
+
+
+class SchedulerStopped(Exception):
+    """A test's stand-in for a scheduler killed mid-move (``MigrationService.crash_at``)."""
 
 
 class MigrationHostd(Protocol):
@@ -115,14 +119,36 @@ class MigrationService:
         self.clock = clock
         self.metrics = metrics
         self.owner = f"{socket.gethostname()[:30]}:{os.getpid()}:{uuid.uuid4().hex[:8]}"
-        self.lease_s = cfg.lease_s or (cfg.timeout_s or 3600) + 300
+        self.lease_s = cfg.lease_s
         self._pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="migrate")
+        self._closed = threading.Event()
+        self._renewer = threading.Thread(target=self._renew_loop, name="migrate-lease", daemon=True)
+        self._renewer.start()
         self._busy: set[str] = set()  # VMs whose move this process drives now
         self._lock = threading.Lock()
         self.on_done: Callable[[], None] = lambda: None  # a drain round may go on (its wake)
+        # tests only: stop driving a move at these points, as a killed scheduler would
+        # ("claimed": before PrepareMigration; "prepared": migrating recorded, before
+        # MigrateVM; "migrated": MigrateVM answered, before CompleteMigration)
+        self.crash_at: set[str] = set()
 
     def close(self) -> None:
+        self._closed.set()
         self._pool.shutdown(wait=True, cancel_futures=True)
+        self._renewer.join(5)
+
+    def _renew_loop(self) -> None:
+        """The leases of the moves this process drives, renewed every third of a lease."""
+        while not self._closed.wait(self.lease_s / 3):
+            with self._lock:
+                ids = sorted(self._busy)
+            if not ids:
+                continue
+            try:
+                with self.store.write() as s:
+                    vm_repo.renew_migrations(session=s, vm_ids=ids, owner=self.owner, now=self.clock())
+            except Exception:  # noqa: BLE001 - a database away: the next turn tries again
+                log.exception("renewing the leases of moves %s failed", ids)
 
     # ------------------------------------------------------------ start
 
@@ -248,8 +274,13 @@ class MigrationService:
             return Move(vm.id, hostd_name(vm), src.name, src.address, dst.name, dst.address, vm.migration_state,
                         vm.hostd_vm_id)
 
+    def _crash(self, point: str) -> None:
+        if point in self.crash_at:
+            raise SchedulerStopped(f"stopped at {point} (test)")
+
     def _from_prepare(self, mv: Move) -> str:
         assert self.hostd is not None
+        self._crash("claimed")
         with self.store.read() as s:
             vm = vm_repo.get_vm(session=s, vm_id=mv.vm_id)
             src_res = self.placer.cache.res(s, host_repo.get_host(session=s, name=mv.source))
@@ -284,6 +315,7 @@ class MigrationService:
         log.info("migration prepared vm=%s on %s cpus=%s; migrating from %s", mv.vm_id, mv.target,
                  list(ready.vm.vcpu_pins), mv.source)
         mv = replace(mv, state=MigrationState.MIGRATING)
+        self._crash("prepared")
         try:
             moved = self.hostd.migrate_vm(mv.source_address, pb.MigrateVMRequest(
                 name=mv.name, target_uri=ready.target_uri, migrate_uri=ready.migrate_uri,
@@ -292,6 +324,7 @@ class MigrationService:
                 timeout_s=self.cfg.timeout_s, on_timeout=pb.ON_TIMEOUT_ABORT, tls=self.cfg.tls))
         except HostdFailed as e:
             return self._settle(mv, f"MigrateVM on {mv.source}: {e.message}")
+        self._crash("migrated")
         return self._settle(mv, "", moved)
 
     def _settle(self, mv: Move, failure: str, moved: pb.MigrateVMResponse | None = None) -> str:
@@ -415,7 +448,7 @@ class MigrationService:
                 if vm_id in self._busy:
                     continue
             if owner != self.owner and not self.store.sqlite and now - at < self.lease_s:
-                continue  # another replica's, and it may still drive it
+                continue  # another replica's lease, renewed: it drives it
             with self.store.write() as s:
                 if not vm_repo.take_migration(session=s, vm_id=vm_id, owner=self.owner, seen_owner=owner,
                                               seen_at=at, now=now):

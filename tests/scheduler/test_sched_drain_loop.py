@@ -6,68 +6,11 @@ records and what the hostds run."""
 
 from __future__ import annotations
 
-import json
 import threading
 import time
-from dataclasses import replace
-from pathlib import Path
 
-import pytest
-
-from api.layout import HugepageTarget, NodeLayout
-from sched_helpers import ADM, HOST, TA, make_client, vm_body
-from scheduler.config import DispatchConfig
-from scheduler.dispatch import HostdClients
-from tools.dev.hostd_inproc import LAYOUT, dev_certs, start_hostd
-
-# Four 1-vCPU VMs of 128 MiB fit each host.
-ROOMY = replace(LAYOUT, nodes=(NodeLayout(0, (0,), (1,), (2, 3, 4, 5), (HugepageTarget(2048, 512),)),))
-
-
-@pytest.fixture(scope="module")
-def certs(tmp_path_factory) -> Path:
-    return dev_certs(tmp_path_factory.mktemp("ca"))
-
-
-@pytest.fixture
-def fleet(tmp_path: Path, certs: Path, db_url: str):  # type: ignore[no-untyped-def]
-    started = []
-    try:
-        for name in ("h1", "h2", "h3"):
-            d = tmp_path / name
-            d.mkdir()
-            started.append((name, start_hostd(d, certs, name, layout=ROOMY, workers=4)))
-        clients = HostdClients(DispatchConfig(ca=str(certs / "ca.crt"), cert=str(certs / "scheduler.crt"),
-                                              key=str(certs / "scheduler.key"), timeout_s=10, max_attempts=3))
-        with make_client(db_url, hostd=clients, dispatch={"enabled": True},
-                         drain={"interval_s": 0.2, "stop_grace_s": 0}) as api:
-            for name, h in started:
-                body = {"name": name, "address": f"localhost:{h.port}", "layout": json.loads(ROOMY.to_json()),
-                        "rack": name}
-                assert api.post("/v1/hosts", json=body, headers=HOST).status_code == 201
-            yield api, {n: h.manager for n, h in started}
-        clients.close()
-    finally:
-        for _n, h in started:
-            h.stop("t-")
-
-
-def create(api, name: str, **kw) -> str:  # type: ignore[no-untyped-def]
-    r = api.post("/v1/vms", json=vm_body(name, vcpus=1, memory_mib=128, **kw), headers=TA | {"Idempotency-Key": name})
-    assert r.status_code == 202, r.text
-    assert api.get(f"/v1/vms/{r.json()['id']}", headers=TA).json()["status"] == "running"
-    return r.json()["id"]
-
-
-def wait(pred, what: str, timeout: float = 30.0):  # type: ignore[no-untyped-def]
-    end = time.monotonic() + timeout
-    while time.monotonic() < end:
-        got = pred()
-        if got:
-            return got
-        time.sleep(0.05)
-    raise AssertionError(f"timed out waiting for {what}")
-
+from drain_fleet import certs, create, fleet, wait  # noqa: F401 - fixtures
+from sched_helpers import ADM, HOST, TA, vm_body
 
 def test_replace_vms_under_a_budget_of_one_move_one_at_a_time(fleet) -> None:  # type: ignore[no-untyped-def]
     api, managers = fleet

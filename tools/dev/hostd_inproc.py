@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import os
 import subprocess
+import threading
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -81,28 +82,39 @@ def dev_certs(d: Path, clients: tuple[str, ...] = ()) -> Path:
 
 # the private test drivers of this process by URI: where InprocMigrations finds a target
 _PRIVATE: dict[str, LibvirtHost] = {}
+# held for each switch-over: a test that looks at every host under it sees each move
+# before or after, as one instant (a look host by host could straddle one)
+SWITCH = threading.Lock()
 
 
 class InprocMigrations(Migrations):
     """hostd's migration, with libvirt's job played on private test drivers: the
     target's domain XML (PrepareMigration's rendering) defined and started on the target
-    URI's driver, then the source's domain destroyed and undefined, as
+    URI's driver once the source's is paused, then the source's destroyed and undefined, as
     ``virsh migrate --persistent --undefinesource`` leaves them. ``fail``: reasons the
-    next jobs fail with (the VM stays on the source), one per job."""
+    next jobs fail with (the VM stays on the source), one per job. ``gate``: when set, a
+    job waits until it is open (a move that takes its time), then goes on."""
 
     def __init__(self, manager: VmManager, *, target_uri: str):
         super().__init__(manager, target_uri=target_uri)
         self.fail: list[str] = []
         self.moved: list[str] = []  # names of the VMs this host sent away
+        self.gate: threading.Event | None = None
+        self.waiting = threading.Event()  # a job waits at the gate
 
     def _run(self, rec, req: MigrateRequest) -> JobFigures:  # type: ignore[no-untyped-def]
+        if self.gate is not None:
+            self.waiting.set()
+            self.gate.wait(60)
         if self.fail:
             raise MigrationFailed(self.fail.pop(0), field="target_uri")
         target = _PRIVATE.get(req.target_uri)
         if target is None:
             raise MigrationFailed(f"unable to connect to {req.target_uri}: no such host", field="target_uri")
-        target.conn().defineXML(req.domain_xml).create()
-        self.m.libvirt.destroy_and_undefine(rec.vm_id)
+        with SWITCH:  # as QEMU switches over: the source paused, the target resumed, the source gone
+            self.m.libvirt.conn().lookupByUUIDString(rec.vm_id).suspend()
+            target.conn().defineXML(req.domain_xml).create()
+            self.m.libvirt.destroy_and_undefine(rec.vm_id)
         self.moved.append(req.name)
         return JobFigures(job_ms=12, downtime_ms=3, data_bytes=4096, memory_bytes=4096, completed_record=True)
 

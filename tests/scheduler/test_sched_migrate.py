@@ -1,0 +1,226 @@
+"""Live migration, the scheduler's side (scheduler/service/migrations.py), with real
+parts but QEMU: a real scheduler (its drain loop, SQLite and PostgreSQL) and three real
+hostd gRPC servers in-process, each with its own libvirt test driver and ledger
+(tests/scheduler/drain_fleet.py ``private_fleet``): hostd's own PrepareMigration,
+MigrateVM, CompleteMigration and AbortMigration run, with their claims and refusals;
+only libvirt's job is played (tools/dev/hostd_inproc.py ``InprocMigrations``). The QEMU
+move with two real libvirtd hosts is tests/e2e/test_e2e_migrate.py.
+
+The invariant checked throughout: exactly one hostd runs the VM, and the scheduler's
+claims agree with the hostds' ledgers once a move settles."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import libvirt
+import pytest
+
+from api.states import VmStatus
+from drain_fleet import Fleet, certs, create, private_fleet, wait  # noqa: F401 - fixtures
+from tools.dev.hostd_inproc import SWITCH
+from sched_helpers import ADM, HOST, TA, Clock
+from scheduler.repo import hosts as host_repo
+from scheduler.resources import Usage
+
+MIGRATE = {"on_maintenance": "migrate"}
+DISK = {"disks": [{"class": "nvme", "iotune": {"total_bytes_sec": 10**8, "total_iops_sec": 1000}}]}
+
+
+def running_on(f: Fleet, vm_id: str) -> list[str]:
+    """The hosts that run the VM: its domain runs (not paused) on the host's own test
+    driver, whatever the host's ledger says meanwhile (incoming, migrating, running)."""
+    out = []
+    with SWITCH:  # no switch-over half seen
+        for name, h in f.hostds.items():
+            for v in h.manager.list():
+                if v.request_id == vm_id:  # the scheduler's VM id is hostd's request id
+                    try:
+                        if h.libvirt.conn().lookupByUUIDString(v.vm_id).state()[0] == libvirt.VIR_DOMAIN_RUNNING:
+                            out.append(name)
+                    except libvirt.libvirtError:
+                        pass
+    return out
+
+
+def claimed(api, host: str) -> tuple[list[int], list[str]]:  # type: ignore[no-untyped-def]
+    """The scheduler's claims on a host: CPUs and disks held."""
+    with api.app.state.store.read() as s:
+        u = Usage.from_dict(host_repo.get_host(session=s, name=host).usage)
+    return sorted(u.cpus), sorted(u.disks)
+
+
+def hostd_claims(f: Fleet, host: str) -> tuple[list[int], list[str]]:
+    u = f.hostds[host].manager.ledger.usage()
+    return sorted(u.cpus), sorted(u.disks)
+
+
+def vm(api, vm_id: str) -> dict:  # type: ignore[no-untyped-def]
+    return api.get(f"/v1/vms/{vm_id}", headers=ADM).json()
+
+
+def audit(api, vm_id: str) -> list[dict]:  # type: ignore[no-untyped-def]
+    return [a["detail"] for a in api.get("/v1/audit", headers=ADM).json()["items"]
+            if a["action"] == "vm.migrate" and a["target"] == vm_id]
+
+
+def test_a_drain_moves_migrate_vms_live_one_at_a_time_under_a_budget_of_one(private_fleet: Fleet) -> None:
+    f = private_fleet
+    with f.scheduler(register=True) as api:
+        web = MIGRATE | {"disruption_budget": {"group": "web", "max_unavailable": 1}}
+        ids = [create(api, n, **web) for n in ("web-1", "web-2", "web-3")]
+        db = create(api, "db-1", **MIGRATE, **DISK)
+        before = {i: vm(api, i) for i in [*ids, db]}
+        assert {v["host"] for v in before.values()} == {"h1"}
+        samples: list[tuple[int, dict[str, list[str]]]] = []  # (moving web VMs, where each VM runs)
+        done = threading.Event()
+
+        def sample() -> None:
+            while not done.is_set():
+                vms = api.get("/v1/vms", headers=ADM).json()["items"]
+                moving = sum(1 for v in vms if v["migration"] and v["name"].startswith("web-"))
+                samples.append((moving, {i: running_on(f, i) for i in [*ids, db]}))
+                time.sleep(0.02)
+        t = threading.Thread(target=sample)
+        t.start()
+        try:
+            assert api.post("/v1/hosts/h1/drain", json={"reason": "kernel"}, headers=ADM).status_code == 200
+            view = wait(lambda: (v := api.get("/v1/hosts/h1/drain", headers=HOST).json())["drained"] and v,
+                        "h1 drained", 60)
+        finally:
+            done.set()
+            t.join()
+        assert all(s["action"] == "done" for s in view["steps"]) and view["left"] == 0
+        # one web VM moving at a time; every VM ran on exactly one hostd at every sample
+        assert samples and max(m for m, _ in samples) == 1, samples[:10]
+        bad = [(i, where) for _, runs in samples for i, where in runs.items() if len(where) != 1]
+        assert not bad, bad[:5]
+        after = {i: vm(api, i) for i in [*ids, db]}
+        for i in [*ids, db]:  # the same VMs (not replacements), running elsewhere, nothing left moving
+            a, b = before[i], after[i]
+            assert b["id"] == i and b["status"] == "running" and b["host"] in ("h2", "h3") and b["migration"] is None
+            assert b["hostd_vm_id"] == a["hostd_vm_id"] and b["reason"] == ""
+            assert running_on(f, i) == [b["host"]]
+            [d] = audit(api, i)[:1]  # newest first: done
+            assert d["result"] == "done" and d["from"] == "h1" and d["to"] == b["host"] and d["downtime_ms"] == 3
+        # the disk came with db-1 (exactly its size, on the target's allow-list), its throttle kept
+        assert [d["name"] for d in after[db]["placement"]["disks"]] == ["nvme0n1"]
+        assert after[db]["placement"]["disks"][0]["bytes_sec"] == 10**8
+        # h1 is free on both sides; the claims agree with the hostds' ledgers everywhere
+        assert claimed(api, "h1") == ([], []) == hostd_claims(f, "h1")
+        assert f.hostds["h1"].manager.list() == []
+        for h in ("h2", "h3"):
+            assert claimed(api, h) == hostd_claims(f, h)
+        assert api.get("/v1/hosts/h1", headers=HOST).json()["vms"] == 0
+
+
+def test_an_operator_moves_a_vm_by_hand_and_bad_asks_change_nothing(private_fleet: Fleet) -> None:
+    f = private_fleet
+    with f.scheduler(register=True) as api:
+        a = create(api, "app-1")
+        peer = create(api, "app-2", anti_affinity={"group": "app"})
+        v = vm(api, a)
+        assert v["host"] == "h1"
+        hosts_before = {h: claimed(api, h) for h in ("h1", "h2", "h3")}
+        assert api.post("/v1/hosts/h2/cordon", json={"reason": "x"}, headers=ADM).status_code == 200
+        refused = [
+            ({"target_host": "h9"}, 422, "hyb.request.invalid", "target_host", "no host named 'h9'"),
+            ({"target_host": "h1"}, 409, "hyb.migration.refused", "target_host", "runs on h1 already"),
+            ({"target_host": "h2"}, 409, "hyb.migration.refused", "target_host", "h2 is cordoned"),
+            ({"target_host": ""}, 422, "hyb.request.invalid", "target_host", ""),
+            ({"target": "h3"}, 422, "hyb.request.invalid", "target", ""),
+        ]
+        for body, status, code, field, text in refused:
+            r = api.post(f"/v1/vms/{a}/migrate", json=body, headers=ADM)
+            assert r.status_code == status and r.json()["error"]["code"] == code, (body, r.text)
+            assert r.json()["error"]["field"] == field and text in r.json()["error"]["message"], (body, r.text)
+        # a tenant may not move its VM (an operator's act); another's VM is not found for it
+        r = api.post(f"/v1/vms/{a}/migrate", json={}, headers=TA)
+        assert r.status_code == 403, r.text
+        # nothing changed
+        assert vm(api, a) == v and {h: claimed(api, h) for h in ("h1", "h2", "h3")} == hosts_before
+        assert audit(api, a) == [] and running_on(f, a) == ["h1"]
+
+        # the move, held at the source's job: a second ask answers the running move
+        gate = threading.Event()
+        f.hostds["h1"].migrations.gate = gate
+        r = api.post(f"/v1/vms/{a}/migrate", json={"target_host": "h3"}, headers=ADM)
+        assert r.status_code == 202, r.text
+        assert r.json()["host"] == "h1" and r.json()["migration"]["target_host"] == "h3"
+        assert f.hostds["h1"].migrations.waiting.wait(10)
+        moving = vm(api, a)
+        assert moving["migration"]["state"] == "migrating" and moving["host"] == "h1"
+        again = api.post(f"/v1/vms/{a}/migrate", headers=ADM)  # no body: whatever target
+        assert again.status_code == 200 and again.json()["migration"]["target_host"] == "h3"
+        other = api.post(f"/v1/vms/{a}/migrate", json={"target_host": "h2"}, headers=ADM)
+        assert other.status_code == 409 and other.json()["error"]["code"] == "hyb.vm.migrating"
+        assert "moving live to h3" in other.json()["error"]["message"]
+        # both claims held while it moves: the source's and the target's
+        assert claimed(api, "h1")[0] and claimed(api, "h3")[0]
+        assert api.delete(f"/v1/vms/{a}", headers=TA).status_code == 409  # not while it moves
+        gate.set()
+        got = wait(lambda: (x := vm(api, a))["migration"] is None and x, "the move to end")
+        assert got["host"] == "h3" and got["status"] == "running" and running_on(f, a) == ["h3"]
+        assert claimed(api, "h1") == hostd_claims(f, "h1") and claimed(api, "h3") == hostd_claims(f, "h3")
+        assert [d["result"] for d in audit(api, a)] == ["done", "started"]
+
+        # placement picks (anti-affinity: app-2's host is avoided; the VM itself is not
+        # counted against itself)
+        assert api.post("/v1/hosts/h2/uncordon", headers=ADM).status_code == 200
+        p = vm(api, peer)
+        r = api.post(f"/v1/vms/{peer}/migrate", headers=ADM)
+        assert r.status_code == 202, r.text
+        got = wait(lambda: (x := vm(api, peer))["migration"] is None and x, "app-2's move")
+        assert got["host"] not in (p["host"],) and running_on(f, peer) == [got["host"]]
+
+
+def test_a_failed_move_leaves_the_vm_running_on_its_source(private_fleet: Fleet) -> None:
+    f = private_fleet
+    with f.scheduler(register=True) as api:
+        a = create(api, "app-1", **DISK)
+        f.hostds["h1"].migrations.fail = ["unable to connect to server: Connection refused"]
+        r = api.post(f"/v1/vms/{a}/migrate", json={"target_host": "h2"}, headers=ADM)
+        assert r.status_code == 202
+        got = wait(lambda: (x := vm(api, a))["migration"] is None and x, "the move to fail")
+        assert got["host"] == "h1" and got["status"] == "running" and running_on(f, a) == ["h1"]
+        assert got["reason"].startswith("migration failed: to h2 (") and "Connection refused" in got["reason"]
+        assert got["reason"].endswith("; it runs on h1")
+        # the target let go of what it prepared, on both sides
+        assert f.hostds["h2"].manager.list() == [] and claimed(api, "h2") == ([], []) == hostd_claims(f, "h2")
+        assert claimed(api, "h1") == hostd_claims(f, "h1")
+        [failed, _started] = audit(api, a)
+        assert failed["result"] == "failed" and "Connection refused" in failed["reason"]
+        # asked again, it moves; the note goes
+        assert api.post(f"/v1/vms/{a}/migrate", json={"target_host": "h2"}, headers=ADM).status_code == 202
+        got = wait(lambda: (x := vm(api, a))["migration"] is None and x, "the second move")
+        assert got["host"] == "h2" and got["reason"] == "" and running_on(f, a) == ["h2"]
+
+
+@pytest.mark.parametrize("point,ends_on", [("claimed", "h2"), ("prepared", "h1"), ("migrated", "h2")])
+def test_a_scheduler_stopped_mid_move_is_resumed_or_undone_by_the_next(private_fleet: Fleet, point: str,
+                                                                       ends_on: str) -> None:
+    """The first scheduler stops driving the move at ``point`` (what it persisted stays);
+    the next one, on the same database, settles it: before PrepareMigration it carries
+    the move on; with ``migrating`` recorded but MigrateVM never sent the target has
+    nothing running, so it is aborted and the source kept; after MigrateVM the VM runs on
+    the target, which is completed. One running copy throughout, claims as the hostds'."""
+    f = private_fleet
+    with f.scheduler(register=True, drain={"interval_s": 0}) as api:  # no loop: nothing resumes here
+        a = create(api, "app-1", **DISK)
+        api.app.state.migrations.crash_at = {point}
+        assert api.post(f"/v1/vms/{a}/migrate", json={"target_host": "h2"}, headers=ADM).status_code == 202
+        stopped = wait(lambda: not api.app.state.migrations._busy and vm(api, a), "the first scheduler to stop")
+        assert stopped["migration"] is not None and stopped["host"] == "h1"
+        assert len(running_on(f, a)) == 1
+    # the next one, a second later: its drain round resumes the move, the lease having run
+    # out (on SQLite, one process, at once)
+    with f.scheduler(migration={"lease_s": 0.5}, clock=Clock(1_000_001.0)) as api:
+        got = wait(lambda: (x := vm(api, a))["migration"] is None and x, "the move to settle", 30)
+        assert got["host"] == ends_on and got["status"] == VmStatus.RUNNING and running_on(f, a) == [ends_on]
+        for h in ("h1", "h2"):
+            assert claimed(api, h) == hostd_claims(f, h), h
+        other = "h1" if ends_on == "h2" else "h2"
+        assert f.hostds[other].manager.list() == []
+        if ends_on == "h1":
+            assert got["reason"].startswith("migration failed: to h2") and "a scheduler stopped mid-way" in got["reason"]
