@@ -344,3 +344,18 @@ def loop_disk(tmp_path: Path) -> Iterator[Path]:
         yield Path(dev)
     finally:
         subprocess.run(["losetup", "-d", dev], check=False)
+
+
+@pytest.fixture
+def second_loop(loop_disk: Path, tmp_path: Path) -> Iterator[Path]:
+    """A second loop device the size of ``loop_disk`` (a live move's target disk)."""
+    img = tmp_path / "disk-b.img"
+    with open(img, "wb") as f:
+        f.truncate(int(subprocess.run(["blockdev", "--getsize64", str(loop_disk)], check=True, capture_output=True,
+                                      text=True).stdout))
+    dev = subprocess.run(["losetup", "--find", "--show", str(img)], check=True,
+                         capture_output=True, text=True).stdout.strip()
+    try:
+        yield Path(dev)
+    finally:
+        subprocess.run(["losetup", "-d", dev], check=False)

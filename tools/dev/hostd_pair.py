@@ -32,6 +32,12 @@ from tools.dev.procs import Hostd, grpc_stub, hostd_workdir, write_hostd_config
 
 TICK = re.compile(r"^HYB-TICK (\S+) (\d+)\r?$", re.MULTILINE)
 IMAGE = "smoke-tick"
+# The guest the live-migration tests move (tests/hostd/migrate/, tests/e2e/test_e2e_migrate.py)
+MEMORY_MIB = 128
+GUEST_PAGES = MEMORY_MIB // 2
+POOL_PAGES = GUEST_PAGES + 8  # each host's carve: room for the guest
+MARK_OFFSET = 2**20  # where a test writes its marker on the guest's raw disk
+BOOT_S = 400  # a TCG boot to the first tick on a loaded 2-CPU machine
 
 
 class HostdSide:
@@ -40,11 +46,14 @@ class HostdSide:
     host's socket URI (what PrepareMigration answers as ``target_uri``)."""
 
     def __init__(self, tmp: Path, host: Host, disk: Path, *, io_cpu: int, smoke_guest: dict, pool_pages: int,
-                 name: str, **cfg: object):
+                 name: str, certs: Path | None = None, **cfg: object):
+        """``certs``: a dev CA's directory both sides share (a scheduler calls both); by
+        default each side has its own. ``name``: hostd's name of the VM the test watches."""
         tmp.mkdir(parents=True)
         self.host, self.disk, self.name = host, disk, name
-        self.certs = hostd_workdir(tmp, smoke_guest, pages=pool_pages, disk=disk.name, host_cpus_per_node=0,
-                                   io_cpus=str(io_cpu))
+        own = hostd_workdir(tmp, smoke_guest, pages=pool_pages, disk=disk.name, host_cpus_per_node=0,
+                            io_cpus=str(io_cpu))
+        self.certs = certs or own
         from hostd.apply.images import ImageStore
         ImageStore(tmp / "images").add(IMAGE, "1", "kernel",
                                        {"kernel": smoke_guest["kernel"], "initrd": smoke_guest["initrd"]},
@@ -106,6 +115,21 @@ class HostdSide:
 
     def vms(self) -> list[tuple[str, int]]:
         return [(v.name, v.state) for v in self.stub.ListVMs(pb.ListVMsRequest(), timeout=10).vms]
+
+
+def claimed(inv: pb.Inventory) -> tuple:
+    """What a host's inventory says is held: CPUs, pages, disks' owners and budgets used."""
+    return (list(inv.nodes[0].used_cpus), inv.nodes[0].hugepages[0].used,
+            [(d.name, d.vm_id, d.bytes_sec_used, d.iops_used) for d in inv.disks])
+
+
+def disk_free(dev: Path) -> bool:
+    """Nothing holds the device exclusively (hostd's hold, a mount, ...)."""
+    try:
+        os.close(os.open(dev, os.O_RDONLY | os.O_EXCL))
+    except OSError:
+        return False
+    return True
 
 
 def parse_ticks(text: str) -> list[tuple[str, int]]:

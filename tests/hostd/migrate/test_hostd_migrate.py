@@ -18,7 +18,6 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -27,7 +26,8 @@ import grpc
 import httpx
 import libvirt
 import pytest
-from tools.dev.hostd_pair import IMAGE, HostdSide, migrate, parse_ticks, prepare_request, size_of
+from tools.dev.hostd_pair import (BOOT_S, GUEST_PAGES, IMAGE, MARK_OFFSET, MEMORY_MIB, POOL_PAGES, HostdSide, claimed,
+                                  disk_free, migrate, parse_ticks, prepare_request, size_of)
 from tools.dev.libvirt_pair import LibvirtPair, job_ms, job_stats
 from tools.dev.procs import free_port
 
@@ -36,27 +36,8 @@ from api import hostd_pb2 as pb
 pytestmark = [pytest.mark.integration, pytest.mark.root, pytest.mark.slow]
 
 NAME = "hyb-test-mig"
-MEMORY_MIB = 128
-GUEST_PAGES = MEMORY_MIB // 2
-POOL_PAGES = GUEST_PAGES + 8  # each host's carve: room for the guest
-MARK_OFFSET = 2**20
 A_TUNE = pb.IoTune(total_bytes_sec=50 * 2**20, total_iops_sec=1000)
 B_TUNE = pb.IoTune(total_bytes_sec=20 * 2**20, total_iops_sec=500)
-BOOT_S = 400  # a TCG boot to the first tick on a loaded 2-CPU machine
-
-
-@pytest.fixture
-def second_loop(loop_disk: Path, tmp_path: Path):
-    """B's disk: a loop device the size of A's."""
-    img = tmp_path / "disk-b.img"
-    with open(img, "wb") as f:
-        f.truncate(size_of(loop_disk))
-    dev = Path(subprocess.run(["losetup", "--find", "--show", str(img)], check=True, capture_output=True,
-                              text=True).stdout.strip())
-    try:
-        yield dev
-    finally:
-        subprocess.run(["losetup", "-d", str(dev)], check=False)
 
 
 def scrape(listen: str) -> dict[str, float]:
@@ -64,21 +45,6 @@ def scrape(listen: str) -> dict[str, float]:
     text = httpx.get(f"http://{listen}/metrics", timeout=10).text
     return {k: float(v) for line in text.splitlines() if line and not line.startswith("#")
             for k, v in [line.rsplit(" ", 1)]}
-
-
-def claimed(inv: pb.Inventory) -> tuple:
-    """What a host's inventory says is held: CPUs, pages, disks' owners and budgets used."""
-    return (list(inv.nodes[0].used_cpus), inv.nodes[0].hugepages[0].used,
-            [(d.name, d.vm_id, d.bytes_sec_used, d.iops_used) for d in inv.disks])
-
-
-def disk_free(dev: Path) -> bool:
-    """Nothing holds the device exclusively (hostd's hold, a mount, ...)."""
-    try:
-        os.close(os.open(dev, os.O_RDONLY | os.O_EXCL))
-    except OSError:
-        return False
-    return True
 
 
 @pytest.mark.timeout(1500)
