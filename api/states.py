@@ -125,6 +125,7 @@ class DrainAction(StrEnum):
     REPLACE = "replace"
     STOP = "stop"
     MIGRATE = "migrate"
+    RETRY = "retry"  # a replacement failed: it is deleted, and the next round replaces again
     DELETE_OLD = "delete_old"
     WAIT = "wait"
     DONE = "done"

@@ -14,7 +14,8 @@ group move freely.
 ``plan`` answers, for every VM on a draining host, one step: start a replacement, stop
 it, start its live move, or wait, with what it waits for, in words an operator reads.
 It is called again after every change; a replacement that runs is followed by the old
-VM's deletion. ``budget_problem`` is the same budget rule for one VM an operator moves
+VM's deletion, and one that failed (its hostd down, nowhere else to go) is deleted and
+made again in the next round (``retry``), its move keeping the group's budget. ``budget_problem`` is the same budget rule for one VM an operator moves
 by hand (``POST /v1/vms/{id}/migrate``).
 """
 
@@ -106,9 +107,10 @@ def plan(draining: set[str], vms: list[DrainVm]) -> list[Step]:
             if new.status == VmStatus.RUNNING:
                 steps.append(Step(v.id, v.name, DrainAction.DELETE_OLD,
                                   f"its replacement {new.id} runs on {new.host}"))
-            elif new.status == VmStatus.FAILED:
-                steps.append(Step(v.id, v.name, DrainAction.WAIT, f"its replacement {new.id} {new.status}: the "
-                                                                  "drain tries again once an operator deletes it"))
+            elif new.status == VmStatus.FAILED:  # deleted now, replaced again next round (its budget kept)
+                steps.append(Step(v.id, v.name, DrainAction.RETRY, f"its replacement {new.id} failed"
+                                                                   + (f" ({new.reason})" if new.reason else "")
+                                                                   + ": deleted, and replaced again"))
             else:
                 steps.append(Step(v.id, v.name, DrainAction.WAIT, f"its replacement {new.id} is {new.status}"
                                                                   + (f" on {new.host}" if new.host else "")))

@@ -26,8 +26,10 @@ now, and the round acts on it:
   stopped scheduler left (``MigrationService.resume``);
 - ``wait``: nothing; ``GET /v1/hosts/{name}/drain`` shows what it waits for.
 
-A step that fails is logged and tried again next round (a replacement that fails is
-not: its failure is shown until an operator acts). Rounds on PostgreSQL hold an advisory
+A step that fails is logged and tried again next round; so is a replacement that
+failed (its hostd down, no other host took it): ``retry`` deletes it, and the next round
+creates it again (the same Idempotency-Key, free again), so a drain does not stall on a
+hostd that was down and came back. Rounds on PostgreSQL hold an advisory
 lock, so with several replicas one plans at a time and a budget is never spent twice;
 SQLite has one scheduler process.
 
@@ -204,6 +206,9 @@ class DrainService:
             self.migrations.submit(st.vm)
             log.info("drain migrate vm=%s (%s) from %s", st.vm, st.name, host)
             self._done(st.vm)  # the migration service drives it from here
+        elif st.action == DrainAction.RETRY:  # the failed replacement goes; the next round replaces again
+            new = next(v for v in vms if v.replaces == st.vm)
+            self._pool.submit(self._background, st.vm, self._delete_failed, new.id, actor)
         elif st.action == DrainAction.DELETE_OLD:
             new = next(v for v in vms if v.replaces == st.vm)
             self._pool.submit(self._background, st.vm, self._delete_old, st.vm, new.id, actor)
@@ -221,6 +226,10 @@ class DrainService:
         finally:
             self._done(vm_id)
             self.wake.set()
+
+    def _delete_failed(self, new: str, actor: str) -> None:
+        self.vms.delete(new, tenant=None, actor=actor)
+        log.info("drain deleted failed replacement vm=%s; the next round replaces again", new)
 
     def _delete_old(self, old: str, new: str, actor: str) -> None:
         self.vms.delete(old, tenant=None, actor=actor, successor=new)

@@ -72,10 +72,15 @@ def test_block_and_stop_and_no_group() -> None:
     assert steps["web-4"].action == "done"
 
 
-def test_a_failed_replacement_is_not_retried_by_the_drain() -> None:
-    new = DrainVm("n1", "web-1", None, "failed", "replace", "web", 1, replaces="v1")
-    s = plan({"h1"}, [vm(1), new])[0]
-    assert s.action == "wait" and s.why == "its replacement n1 failed: the drain tries again once an operator deletes it"
+def test_a_failed_replacement_is_deleted_and_made_again_keeping_the_budget() -> None:
+    new = DrainVm("n1", "web-1", None, "failed", "replace", "web", 1, replaces="v1",
+                  reason="h2: CreateVM on localhost:1: failed to connect")
+    steps = plan({"h1"}, [vm(1), vm(2), new])
+    assert [(s.name, s.action) for s in steps] == [("web-1", "retry"), ("web-2", "wait")]
+    assert steps[0].why == "its replacement n1 failed (h2: CreateVM on localhost:1: failed to connect): deleted, " \
+                           "and replaced again"
+    # deleted: the next round replaces it again
+    assert actions(plan({"h1"}, [vm(1), vm(2)])) == {"web-1": "replace", "web-2": "wait"}
 
 
 def test_a_live_move_holds_its_group_budget_until_the_vm_runs_on_its_target() -> None:

@@ -9,8 +9,9 @@ from __future__ import annotations
 import threading
 import time
 
-from drain_fleet import certs, create, fleet, wait  # noqa: F401 - fixtures
+from drain_fleet import Fleet, certs, create, fleet, private_fleet, wait  # noqa: F401 - fixtures
 from sched_helpers import ADM, HOST, TA, vm_body
+from tools.dev.procs import free_port
 
 def test_replace_vms_under_a_budget_of_one_move_one_at_a_time(fleet) -> None:  # type: ignore[no-untyped-def]
     api, managers = fleet
@@ -122,3 +123,34 @@ def test_bad_maintenance_fields_are_refused_naming_the_field(fleet) -> None:  # 
         r = api.post("/v1/vms", json=body, headers=TA | {"Idempotency-Key": "bad"})
         assert r.status_code == 422 and r.json()["error"]["field"] == field, r.text
     assert api.get("/v1/vms", headers=ADM).json()["items"] == []
+
+
+def test_a_replacement_sent_to_a_hostd_that_was_down_is_made_again_once_it_is_back(private_fleet: Fleet) -> None:
+    """Issue 38, item 6: the replacement is placed on h2, whose hostd cannot be reached
+    (registered at an address nothing listens on), and fails there with nowhere else to
+    go; the drain deletes the failed one and places it again each round, so once h2's
+    hostd is back (re-registered at its address) the drain finishes, without an operator."""
+    f = private_fleet
+    with f.scheduler() as api:
+        for h in ("h1", "h3"):
+            f.register(api, h)
+        assert api.post("/v1/hosts/h3/cordon", json={"reason": "full"}, headers=ADM).status_code == 200
+        old = create(api, "web-1", on_maintenance="replace")
+        f.register(api, "h2", address=f"localhost:{free_port()}")  # h2's hostd is down
+        assert api.post("/v1/hosts/h1/drain", headers=ADM).status_code == 200
+
+        def failed():  # type: ignore[no-untyped-def]
+            return [v for v in api.get("/v1/vms", headers=ADM).json()["items"] if v["status"] == "failed"]
+        [first] = wait(failed, "the replacement on h2 to fail")
+        assert first["replaces"] == old and "h2: CreateVM" in first["reason"], first
+        # the drain deletes it and tries again while h2 is down: failed replacements come and go
+        wait(lambda: any(v["id"] != first["id"] for v in failed()), "a second failed replacement")
+        assert len([v for v in api.get("/v1/vms", headers=ADM).json()["items"] if v["replaces"] == old]) <= 1
+        f.register(api, "h2")  # its hostd is back
+        assert wait(lambda: api.get("/v1/hosts/h1/drain", headers=HOST).json()["drained"], "h1 drained", 30)
+        [new] = api.get("/v1/vms", headers=ADM).json()["items"]
+        assert new["name"] == "web-1" and new["host"] == "h2" and new["status"] == "running" and new["id"] != old
+        assert [v.name.split("-")[0] for v in f.hostds["h2"].manager.list()] == ["web"]
+        deleted = [a["target"] for a in api.get("/v1/audit", headers=ADM).json()["items"]
+                   if a["action"] == "vm.delete" and a["principal"] == "drain:h1"]
+        assert first["id"] in deleted and old in deleted
