@@ -32,10 +32,13 @@ DONE = {VmStatus.STOPPED: "stopped", VmStatus.FAILED: "failed: it holds nothing 
 #: how a VM's ``reason`` starts while the drain cannot place its replacement (the drain
 #: loop writes it, with when and why; ``plan`` shows it beside the step)
 NOT_PLACED = "drain: no host for its replacement"
-#: how a VM's ``reason`` starts after its live move failed (the VM runs where it was;
-#: the migration service writes it with the target and hostd's answer; the next drain
-#: round tries again, and ``plan`` shows it beside the step)
-NOT_MOVED = "migration failed"
+#: how the migration service's notes in a VM's ``reason`` start (one kind: a new one
+#: replaces the last, a move that succeeds clears it, another reason stays)
+MOVE_NOTE = "migration"
+#: how a VM's ``reason`` starts after its live move failed or could not start (the VM
+#: runs where it was; the target and hostd's or placement's answer follow; the next
+#: drain round tries again, and ``plan`` shows it beside the step)
+NOT_MOVED = MOVE_NOTE + " failed"
 
 
 @dataclass(frozen=True)

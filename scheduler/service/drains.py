@@ -50,7 +50,7 @@ from typing import Any
 from api.states import AdminState, DrainAction, OnMaintenance, VmStatus
 from scheduler.db.engine import Store
 from scheduler.db.models import Host, Vm
-from scheduler.drain_plan import NOT_MOVED, NOT_PLACED, DrainVm, Step, plan
+from scheduler.drain_plan import MOVE_NOTE, NOT_MOVED, NOT_PLACED, DrainVm, Step, plan
 from scheduler.errors import SchedulerError
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import pg
@@ -201,7 +201,7 @@ class DrainService:
             except SchedulerError as e:
                 at = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(self.clock()))
                 self.vms.note(st.vm, f"{NOT_MOVED}: no move started (tried {at}, again every round): {e.message}",
-                              prefix=NOT_MOVED)
+                              prefix=MOVE_NOTE)
                 raise
             self.migrations.submit(st.vm)
             log.info("drain migrate vm=%s (%s) from %s", st.vm, st.name, host)

@@ -51,7 +51,7 @@ from api.states import HostState, MigrationState, VmStatus
 from scheduler.config import MigrationConfig
 from scheduler.db.engine import Store
 from scheduler.db.models import Vm
-from scheduler.drain_plan import NOT_MOVED, budget_problem
+from scheduler.drain_plan import MOVE_NOTE, NOT_MOVED, budget_problem
 from scheduler.errors import (ConcurrentUpdate, HostdFailed, HostNotFound, InvalidRequest, MigrationUnderWay,
                               NoValidHost, NotMovable)
 from scheduler.fit import VmWant
@@ -133,8 +133,10 @@ class MigrationService:
         self.crash_at: set[str] = set()
 
     def close(self) -> None:
+        """Stop taking moves; one under way is not waited for (a MigrateVM may block for its
+        whole job): what it persisted lets the next scheduler resume or undo it."""
         self._closed.set()
-        self._pool.shutdown(wait=True, cancel_futures=True)
+        self._pool.shutdown(wait=False, cancel_futures=True)
         self._renewer.join(5)
 
     def _renew_loop(self) -> None:
@@ -391,7 +393,7 @@ class MigrationService:
             self.placer.release(s, r)  # the source claim: the VM left it
             r.host, r.allocation, r.hostd_vm_id = mv.target, alloc.to_dict(), done.vm.vm_id or r.hostd_vm_id
             _clear(r)
-            if r.reason.startswith(NOT_MOVED):
+            if r.reason.startswith(MOVE_NOTE):
                 r.reason = ""
             r.updated = now
             audit_repo.record(session=s, principal=f"migration:{mv.source}", action="vm.migrate", target=mv.vm_id,
@@ -414,7 +416,7 @@ class MigrationService:
             if r.migration_allocation:
                 self.placer.release_on(s, mv.target, Allocation.from_dict(r.migration_allocation), mv.vm_id)
             _clear(r)
-            if not r.reason or r.reason.startswith(NOT_MOVED):
+            if not r.reason or r.reason.startswith(MOVE_NOTE):
                 r.reason = note
             r.updated = now
             audit_repo.record(session=s, principal=f"migration:{mv.source}", action="vm.migrate", target=mv.vm_id,
@@ -426,7 +428,7 @@ class MigrationService:
 
     def _note(self, mv: Move, what: str) -> None:
         log.warning("migration vm=%s %s -> %s: %s", mv.vm_id, mv.source, mv.target, what)
-        self.vms.note(mv.vm_id, f"{NOT_MOVED} (settling): {what}", prefix=NOT_MOVED)
+        self.vms.note(mv.vm_id, f"{MOVE_NOTE} to {mv.target} not settled yet: {what}", prefix=MOVE_NOTE)
 
     def _count(self, result: str) -> None:
         if self.metrics is not None:
