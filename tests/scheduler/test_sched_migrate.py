@@ -224,3 +224,20 @@ def test_a_scheduler_stopped_mid_move_is_resumed_or_undone_by_the_next(private_f
         assert f.hostds[other].manager.list() == []
         if ends_on == "h1":
             assert got["reason"].startswith("migration failed: to h2") and "a scheduler stopped mid-way" in got["reason"]
+
+
+def test_a_drain_tries_a_failed_move_again_at_once(private_fleet: Fleet) -> None:
+    """A ``migrate`` VM whose first move fails (libvirt's job: the VM stays on h1) is
+    moved by the drain's next round; the failure is in the audit, the drain finishes."""
+    f = private_fleet
+    with f.scheduler(register=True) as api:
+        a = create(api, "app-1", **MIGRATE)
+        f.hostds["h1"].migrations.fail = ["operation failed: migration job: unexpectedly failed"]
+        assert api.post("/v1/hosts/h1/drain", headers=ADM).status_code == 200
+        assert wait(lambda: api.get("/v1/hosts/h1/drain", headers=HOST).json()["drained"], "h1 drained", 30)
+        got = vm(api, a)
+        assert got["host"] in ("h2", "h3") and got["reason"] == "" and running_on(f, a) == [got["host"]]
+        results = [d["result"] for d in audit(api, a)]
+        assert results == ["done", "started", "failed", "started"], results
+        assert "unexpectedly failed" in audit(api, a)[2]["reason"]
+        assert claimed(api, "h1") == ([], []) == hostd_claims(f, "h1")
