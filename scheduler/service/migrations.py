@@ -122,8 +122,6 @@ class MigrationService:
         self.lease_s = cfg.lease_s
         self._pool = ThreadPoolExecutor(cfg.workers, thread_name_prefix="migrate")
         self._closed = threading.Event()
-        self._renewer = threading.Thread(target=self._renew_loop, name="migrate-lease", daemon=True)
-        self._renewer.start()
         self._busy: set[str] = set()  # VMs whose move this process drives now
         self._lock = threading.Lock()
         self.on_done: Callable[[], None] = lambda: None  # a drain round may go on (its wake)
@@ -131,6 +129,8 @@ class MigrationService:
         # ("claimed": before PrepareMigration; "prepared": migrating recorded, before
         # MigrateVM; "migrated": MigrateVM answered, before CompleteMigration)
         self.crash_at: set[str] = set()
+        self._renewer = threading.Thread(target=self._renew_loop, name="migrate-lease", daemon=True)
+        self._renewer.start()
 
     def close(self) -> None:
         """Stop taking moves; one under way is not waited for (a MigrateVM may block for its

@@ -135,7 +135,17 @@ def test_an_operator_moves_a_vm_by_hand_and_bad_asks_change_nothing(private_flee
             r = api.post(f"/v1/vms/{a}/migrate", json=body, headers=ADM)
             assert r.status_code == status and r.json()["error"]["code"] == code, (body, r.text)
             assert r.json()["error"]["field"] == field and text in r.json()["error"]["message"], (body, r.text)
-        # a tenant may not move its VM (an operator's act); another's VM is not found for it
+        # the VM's disruption budget (none left: 0) and a VF (it cannot move live) refuse too
+        quorum = create(api, "q-1", disruption_budget={"group": "q", "max_unavailable": 0})
+        with_vf = create(api, "vf-1", vfs=[{"max_tx_rate_mbps": 100}])
+        for vm_id, field, text in ((quorum, "disruption_budget", "group a/q: 0 of its VMs unavailable"),
+                                   (with_vf, "vfs", "SR-IOV VF does not move live")):
+            r = api.post(f"/v1/vms/{vm_id}/migrate", json={"target_host": "h3"}, headers=ADM)
+            assert r.status_code == 409 and r.json()["error"]["field"] == field, r.text
+            assert text in r.json()["error"]["message"], r.text
+            assert vm(api, vm_id)["migration"] is None and audit(api, vm_id) == []
+        hosts_before = {h: claimed(api, h) for h in ("h1", "h2", "h3")}
+        # a tenant may not move its VM: an operator's act (scheduler/policies.py move_vm)
         r = api.post(f"/v1/vms/{a}/migrate", json={}, headers=TA)
         assert r.status_code == 403, r.text
         # nothing changed
