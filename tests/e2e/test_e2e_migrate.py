@@ -9,12 +9,15 @@ a marker), 2 MiB hugepages and a pinned vCPU boots the smoke guest with its tick
 the drain of A moves it to B live: the guest's counter goes on with the same boot id,
 the scheduler's record is the same VM on B (same id, the migration's time and downtime
 in its audit), its claims are on B only, B's pinning is B's carve (CPU 0; A's is CPU 1)
-and its throttles hold there, A's domain, claim, pages and disk are free, and once the VM
-is deleted the marker is on B's disk."""
+and its throttles hold there, A's domain, claim, pages and disk are free. Then back to A
+by hand (``POST /v1/vms/{id}/migrate``) with A's hostd SIGKILLed right after it prepared:
+the VM stays on B, the move waits, and once A's hostd is back it is prepared again and
+the VM moves (same boot still). Once the VM is deleted the marker is on both disks."""
 
 from __future__ import annotations
 
 import os
+import signal
 import time
 import xml.etree.ElementTree as ET
 from pathlib import Path
@@ -29,6 +32,8 @@ from tools.dev.hostd_pair import (BOOT_S, GUEST_PAGES, IMAGE, MARK_OFFSET, MEMOR
                                   disk_free, parse_ticks)
 from tools.dev.libvirt_pair import LibvirtPair
 from tools.dev.procs import Scheduler, free_port
+
+from api import hostd_pb2 as pb
 
 pytestmark = [pytest.mark.integration, pytest.mark.root, pytest.mark.slow]
 ADMIN, HOST_TOKEN = "e2e-mig-admin", "e2e-mig-host"
@@ -159,14 +164,45 @@ def test_a_drain_moves_a_running_vm_live_to_the_other_host(
             wait(lambda: not a.host.qemu_pids(), "A's QEMU to exit", 60)
             assert disk_free(loop_disk)
 
-            # deleted through the scheduler: B frees it like any VM of its own
+            # -- Back to A by hand, A's hostd SIGKILLed right after it prepared: the scheduler
+            # keeps the move (preparing) and the VM on B, asks again each round, and once A's
+            # hostd is back (it released the incoming VM at start) prepares again and moves it.
+            assert api.post("/v1/hosts/a/uncordon").status_code == 200
+            a.hostd.stop()
+            a.start(HOSTD_TEST_FAULTS="1", HOSTD_CRASH_AT="prepared")
+            console_b = b.hold_console()
+            r = api.post(f"/v1/vms/{vm_id}/migrate", json={"target_host": "a"})
+            assert r.status_code == 202 and r.json()["migration"]["target_host"] == "a", r.text
+            assert a.hostd.proc is not None and a.hostd.proc.wait(120) == -signal.SIGKILL
+            held = api.get(f"/v1/vms/{vm_id}").json()
+            assert held["host"] == "b" and held["migration"]["state"] == "preparing", held
+            assert b.vms() == [(b.name, pb.VM_STATE_RUNNING)] and a.domains() == []
+            a.start()
+            assert "released incoming vm" in a.hostd.log.read_text()
+            back = wait(lambda: (v := api.get(f"/v1/vms/{vm_id}").json())["migration"] is None and v,
+                        "the move back to A", 300)
+            assert back["host"] == "a" and back["status"] == "running" and back["placement"]["cpus"] == [1], back
+            assert back["reason"] == ""
+            last_b = parse_ticks(console_b.read())[-1][1]
+            console_b.close()
+            home = a.wait_ticks(after=last_b + 5, timeout=120)
+            assert {boot for boot, _ in home} == {boot_id} and 0 < home[0][1] - last_b <= 3, (last_b, home[:3])
+            assert b.vms() == [] and b.domains() == [] and claimed(b.inventory()) == b_before
+            assert claimed(a.inventory())[:2] == ([1], GUEST_PAGES)
+            host_b = api.get("/v1/hosts/b").json()
+            assert host_b["vms"] == 0 and host_b["nodes"][0]["used_cpus"] == []
+            assert api.get("/v1/hosts/a").json()["nodes"][0]["used_cpus"] == [1]
+            b_before = claimed(b.inventory())
+
+            # deleted through the scheduler: A frees it like any VM of its own
             assert api.delete(f"/v1/vms/{vm_id}").status_code == 204
-            assert b.domains() == [] and claimed(b.inventory()) == b_before
+            assert a.domains() == [] and claimed(a.inventory())[:2] == ([], 0)
         finally:
             api.close()
             a.stop()
             b.stop()
             sched.stop()
-    with open(second_loop, "rb") as f:  # the disk came along (read once nothing writes it)
-        f.seek(MARK_OFFSET)
-        assert f.read(len(marker)) == marker
+    for disk in (second_loop, loop_disk):  # the disk came along both ways (read once nothing writes it)
+        with open(disk, "rb") as f:
+            f.seek(MARK_OFFSET)
+            assert f.read(len(marker)) == marker
