@@ -122,7 +122,8 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
         cfg=settings.migration, heartbeat_timeout_s=settings.placement.heartbeat_timeout_s, clock=clock,
         metrics=metrics)
     app.state.drains = DrainService(store=store, vms=app.state.vms, clock=clock, workers=settings.drain.workers,
-                                    stop_grace_s=settings.drain.stop_grace_s, migrations=app.state.migrations)
+                                    stop_grace_s=settings.drain.stop_grace_s, migrations=app.state.migrations,
+                                    orphan_after_s=settings.dispatch.timeout_s * settings.dispatch.max_attempts)
     app.state.migrations.on_done = app.state.drains.wake.set
     app.state.hosts = HostService(store=store, cache=cache, heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,
                                   clock=clock, stats_bucket_s=settings.stats.bucket_s,

@@ -29,7 +29,9 @@ now, and the round acts on it:
 A step that fails is logged and tried again next round; so is a replacement that
 failed (its hostd down, no other host took it): ``retry`` deletes it, and the next round
 creates it again (the same Idempotency-Key, free again), so a drain does not stall on a
-hostd that was down and came back. Rounds on PostgreSQL hold an advisory
+hostd that was down and came back. A replacement a stopped scheduler left ``pending`` or
+``creating`` is dispatched again (``VmService.redispatch``; hostd's CreateVM is
+idempotent by request id): at once on SQLite, after ``orphan_after_s`` on PostgreSQL. Rounds on PostgreSQL hold an advisory
 lock, so with several replicas one plans at a time and a budget is never spent twice;
 SQLite has one scheduler process.
 
@@ -98,10 +100,13 @@ def load_rows(s: Any, hosts: Collection[str]) -> list[tuple[DrainVm, Vm]]:
 
 class DrainService:
     def __init__(self, *, store: Store, vms: VmService, clock: Callable[[], float] = time.time,
-                 workers: int = 4, stop_grace_s: int = 30, migrations: Any = None):
+                 workers: int = 4, stop_grace_s: int = 30, migrations: Any = None, orphan_after_s: float = 360.0):
         self.store = store
         self.vms = vms
         self.migrations = migrations  # service/migrations.py MigrationService: a ``migrate`` step's
+        # a replacement pending or creating this long, dispatched by no one here, is
+        # dispatched again (PostgreSQL; SQLite, one process: at once)
+        self.orphan_after_s = orphan_after_s
         self.clock = clock
         self.stop_grace_s = stop_grace_s
         self._pool = ThreadPoolExecutor(max(1, workers), thread_name_prefix="drain")
@@ -150,6 +155,16 @@ class DrainService:
             loaded = load_rows(s, hosts)
             vms = [d for d, _ in loaded]
             rows = {v.id: (v.tenant, dict(v.request or {}), v.host, v.reason or "") for _, v in loaded}
+            now = self.clock()
+            orphans = [v.id for d, v in loaded
+                       if d.replaces and self.vms.orphaned(v, now=now, after_s=self.orphan_after_s)]
+        for vm_id in orphans:  # a scheduler stopped mid-dispatch: its replacement would hold the group
+            with self._busy_lock:
+                if vm_id in self._busy:
+                    continue
+                self._busy.add(vm_id)
+            log.warning("drain: replacement vm=%s was left pending or creating; dispatching it again", vm_id)
+            self._pool.submit(self._background, vm_id, self.vms.redispatch, vm_id)
         steps = plan(set(hosts), vms)
         by_host: dict[str, list[Step]] = {h: [] for h in hosts}
         where = {v.id: v.host for v in vms}

@@ -9,6 +9,7 @@ import hashlib
 import json
 import logging
 import os
+import threading
 import time
 import uuid
 from collections.abc import Callable, Sequence
@@ -224,6 +225,8 @@ class VmService:
         self.metrics = metrics
         self.clock = clock
         self.claims = ClaimQueue(self.create_many, max_batch=claim_batch)
+        self._dispatching: set[str] = set()  # VMs this process is dispatching now
+        self._dlock = threading.Lock()
 
     def close(self) -> None:
         self.claims.close()
@@ -360,6 +363,35 @@ class VmService:
     def dispatch(self, vm_id: str) -> Vm:
         """Drive a pending VM to running or failed. On a hostd failure the claim is
         released and the next candidate (excluding hosts that failed) is claimed."""
+        with self._dlock:
+            self._dispatching.add(vm_id)
+        try:
+            return self._dispatch(vm_id)
+        finally:
+            with self._dlock:
+                self._dispatching.discard(vm_id)
+
+    def orphaned(self, vm: Vm, *, now: float, after_s: float) -> bool:
+        """A VM left ``pending`` or ``creating`` by a scheduler that stopped mid-dispatch:
+        not dispatched by this process, and (PostgreSQL: another replica may be
+        dispatching it) unchanged for ``after_s``; on SQLite (one process) at once."""
+        if vm.status not in (VmStatus.PENDING, VmStatus.CREATING) or self.hostd is None:
+            return False
+        with self._dlock:
+            if vm.id in self._dispatching:
+                return False
+        return self.store.sqlite or now - vm.updated > after_s
+
+    def redispatch(self, vm_id: str) -> Vm:
+        """Dispatch an orphaned VM again: one left ``creating`` is ``pending`` again first
+        (hostd's CreateVM answers the VM it made for this request id, or makes it)."""
+        with self.store.write() as s:
+            vm_repo.set_status(session=s, vm_id=vm_id, expect=(VmStatus.CREATING,), status=VmStatus.PENDING,
+                               reason="dispatched again: the scheduler dispatching it stopped", now=self.clock())
+        log.info("vm dispatched again vm=%s (left pending or creating)", vm_id)
+        return self.dispatch(vm_id)
+
+    def _dispatch(self, vm_id: str) -> Vm:
         failed_hosts: list[str] = []
         reasons: list[str] = []
         while True:

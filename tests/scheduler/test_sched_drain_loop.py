@@ -10,8 +10,11 @@ import threading
 import time
 
 from drain_fleet import Fleet, certs, create, fleet, private_fleet, wait  # noqa: F401 - fixtures
-from sched_helpers import ADM, HOST, TA, vm_body
+from sched_helpers import ADM, HOST, TA, Clock, vm_body
 from tools.dev.procs import free_port
+
+from api.states import VmStatus
+from scheduler.repo import vms as vm_repo
 
 def test_replace_vms_under_a_budget_of_one_move_one_at_a_time(fleet) -> None:  # type: ignore[no-untyped-def]
     api, managers = fleet
@@ -154,3 +157,29 @@ def test_a_replacement_sent_to_a_hostd_that_was_down_is_made_again_once_it_is_ba
         deleted = [a["target"] for a in api.get("/v1/audit", headers=ADM).json()["items"]
                    if a["action"] == "vm.delete" and a["principal"] == "drain:h1"]
         assert first["id"] in deleted and old in deleted
+
+
+def test_a_replacement_left_creating_by_a_stopped_scheduler_is_dispatched_again(private_fleet: Fleet) -> None:
+    """Issue 38, item 6: a scheduler claims the replacement and stops in the middle of
+    dispatching it (left ``creating``); the next scheduler's drain dispatches it again at
+    once (hostd's CreateVM is idempotent by request id) instead of holding the drain until
+    a reconcile."""
+    f = private_fleet
+    with f.scheduler(register=True) as api:
+        old = create(api, "web-1", on_maintenance="replace")
+    with f.scheduler(dispatch={"enabled": False}) as api:  # claims, never sends: as if killed mid-CreateVM
+        assert api.post("/v1/hosts/h1/drain", headers=ADM).status_code == 200
+        api.app.state.drains.round()
+        [new] = [v for v in api.get("/v1/vms", headers=ADM).json()["items"] if v["replaces"] == old]
+        assert new["status"] == VmStatus.PENDING and new["host"] in ("h2", "h3")
+        with api.app.state.store.write() as s:
+            assert vm_repo.set_status(session=s, vm_id=new["id"], expect=(VmStatus.PENDING,),
+                                      status=VmStatus.CREATING, reason="", now=new["updated"])
+    # the next scheduler, two seconds on: past the dispatch bound (PostgreSQL: another
+    # replica might still be dispatching it until then; SQLite, one process: at once)
+    with f.scheduler(dispatch={"enabled": True, "timeout_s": 1, "max_attempts": 1}, clock=Clock(1_000_002.0)) as api:
+        assert wait(lambda: api.get("/v1/hosts/h1/drain", headers=HOST).json()["drained"], "h1 drained", 15)
+        [moved] = api.get("/v1/vms", headers=ADM).json()["items"]
+        assert moved["id"] == new["id"] and moved["status"] == VmStatus.RUNNING and moved["replaces"] is None
+        assert [v.request_id for v in f.hostds[moved["host"]].manager.list()] == [new["id"]]
+        assert f.hostds["h1"].manager.list() == []
