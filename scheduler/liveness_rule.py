@@ -24,6 +24,19 @@ class Rules:
 
 
 @dataclass(frozen=True)
+class Survey:
+    """What a liveness check judges from: the hosts silent past the timeout (name ->
+    rack), which of them are marked down already, the hosts per rack (the whole fleet),
+    and each silent host's recorded ``last_heartbeat`` and its last beat as the shared
+    liveness has it (the flag's time)."""
+    silent: dict[str, str] = field(default_factory=dict)
+    marked: set[str] = field(default_factory=set)
+    sizes: dict[str, int] = field(default_factory=dict)
+    recorded: dict[str, float] = field(default_factory=dict)
+    last: dict[str, float] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
 class Judgement:
     mark: list[str] = field(default_factory=list)  # mark down now (sorted)
     held: dict[str, str] = field(default_factory=dict)  # host -> the event that holds it

@@ -138,7 +138,7 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
     app.state.fleet = FleetService(store=store, heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,
                                    clock=clock, pulse=pulse)
     app.state.hosts.lag = lag = Lag()
-    app.state.liveness = LivenessWatch(store=store, cfg=settings.liveness, clock=clock, pulse=pulse, lag=lag,
+    app.state.liveness = LivenessWatch(store=store, cfg=settings.liveness, clock=clock, pulse=pulse, lag=lag, cache=cache,
                                        heartbeat_timeout_s=settings.placement.heartbeat_timeout_s)
     errors.install(app)
     if settings.console.enabled:

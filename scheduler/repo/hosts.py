@@ -187,20 +187,35 @@ DOWN_FLAG = "host {host} silent since {since}: marked down"  # a flagged VM's re
 _DOWN_FLAG_LIKE = "host % silent since %"  # any host's flag (queries filter by host too)
 
 
-def mark_down(*, session: Session, name: str, silent_since: float, now: float,
-              last_heard: float | None = None) -> int | None:
-    """Mark ``name`` down unless some replica did (or it beat meanwhile): None when not
-    marked now, else how many of its running VMs were flagged in their ``reason``.
-    ``silent_since``: its row's ``last_heartbeat`` as read (the condition); ``last_heard``:
-    its last beat as the shared liveness had it (the flag's time; default the row's)."""
-    t = Host.__table__
-    hit = session.connection().execute(t.update().where(t.c.name == name, t.c.down_since.is_(None),
-                                                        t.c.last_heartbeat == silent_since).values(down_since=now))
-    if hit.rowcount != 1:
-        return None
-    since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(silent_since if last_heard is None else last_heard))
-    return session.execute(update(Vm).where(Vm.host == name, Vm.status == VmStatus.RUNNING, Vm.reason == "")
-                           .values(reason=DOWN_FLAG.format(host=name, since=since))).rowcount
+def mark_down(*, session: Session, hosts: dict[str, float], before: float, now: float) -> dict[str, int]:
+    """Mark ``hosts`` down in one statement, those no replica marked yet whose row still
+    says they were silent since before ``before`` (``down_before``: a beat written
+    meanwhile, or a registration, unsilences the row). ``hosts``: name -> its last beat as
+    the caller's liveness had it (the flag's time). Stamps ``seq``, so every replica's
+    index learns the mark from the change feed. Their running VMs are flagged in their
+    ``reason`` (two more statements, however many hosts). Returns, for the hosts marked
+    now, how many of each one's VMs were flagged."""
+    if not hosts:
+        return {}
+    t, v = Host.__table__, Vm.__table__
+    seq = next_seq(session)
+    names = sorted(hosts)
+    marked: list[str] = []
+    for i in range(0, len(names), 500):
+        marked += session.connection().execute(
+            t.update().where(t.c.name.in_(names[i:i + 500]), t.c.down_since.is_(None), t.c.last_heartbeat < before)
+            .values(down_since=now, seq=seq).returning(t.c.name)).scalars().all()
+    flagged = dict.fromkeys(marked, 0)
+    for i in range(0, len(marked), 500):
+        flagged.update(session.execute(select(Vm.host, func.count()).where(
+            Vm.host.in_(marked[i:i + 500]), Vm.status == VmStatus.RUNNING, Vm.reason == "").group_by(Vm.host)).all())
+    flags = [{"f_host": n, "f_reason": DOWN_FLAG.format(
+        host=n, since=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(hosts[n])))} for n in marked if flagged[n]]
+    if flags:
+        session.connection().execute(v.update().where(v.c.host == bindparam("f_host"),
+                                                      v.c.status == VmStatus.RUNNING, v.c.reason == "")
+                                     .values(reason=bindparam("f_reason")), flags)
+    return flagged
 
 
 def clear_down_flags(*, session: Session, hosts: Sequence[str]) -> None:
@@ -215,6 +230,7 @@ def back_up(*, session: Session, host: Host) -> None:
     if host.down_since is None:
         return
     host.down_since = None
+    host.seq = next_seq(session)  # every replica's index must see the mark go
     clear_down_flags(session=session, hosts=[host.name])
 
 
@@ -366,10 +382,11 @@ def quiet(*, session: Session, before: float) -> Sequence[Any]:
 
 
 def fleet_state(*, session: Session) -> Sequence[Any]:
-    """Every host's (name, generation, layout_rev, admin_state, last_heartbeat, seq, owner):
-    the index's periodic full pass (heartbeats do not stamp seq; hosts may be deleted)."""
+    """Every host's (name, generation, layout_rev, admin_state, last_heartbeat, seq, owner,
+    rack, down_since): the index's periodic full pass (heartbeats do not stamp seq; hosts
+    may be deleted)."""
     return session.execute(select(Host.name, Host.generation, Host.layout_rev, Host.admin_state,
-                                  Host.last_heartbeat, Host.seq, Host.owner)).all()
+                                  Host.last_heartbeat, Host.seq, Host.owner, Host.rack, Host.down_since)).all()
 
 
 def owners(*, session: Session, names: Sequence[str]) -> dict[str, str]:

@@ -48,15 +48,16 @@ class ClaimRow(NamedTuple):
     admin_state: str
     last_heartbeat: float
     rack: str
+    down_since: float | None = None  # the feed's rows carry it (the liveness marks, in memory)
 
 
-_CHANGED = ("SELECT name, generation, usage, layout_rev, admin_state, last_heartbeat, rack "
+_CHANGED = ("SELECT name, generation, usage, layout_rev, admin_state, last_heartbeat, rack, down_since "
             "FROM hosts WHERE seq >= ?")
 
 
 def changed_since(session: Session, position: int) -> list[ClaimRow]:
-    return [ClaimRow(n, g, orjson.loads(u), rev, st, hb, rack)
-            for n, g, u, rev, st, hb, rack in cursor(session).execute(_CHANGED, (position,))]
+    return [ClaimRow(n, g, orjson.loads(u), rev, st, hb, rack, down)
+            for n, g, u, rev, st, hb, rack, down in cursor(session).execute(_CHANGED, (position,))]
 
 
 def counter(session: Session) -> int:

@@ -40,14 +40,14 @@ def _conn(session: Session) -> Any:
     return driver(session)  # psycopg.Connection
 
 
-_COLS = "name, generation, usage::text, layout_rev, admin_state, last_heartbeat, rack"
+_COLS = "name, generation, usage::text, layout_rev, admin_state, last_heartbeat, rack, down_since"
 _ROW = f"SELECT {_COLS} FROM hosts WHERE name = %s"
 _ROW_LOCKED = _ROW + " FOR UPDATE"
 _ROW_SKIP_LOCKED = _ROW + " FOR UPDATE SKIP LOCKED"
 
 
 def _claim_row(r: tuple) -> ClaimRow:
-    return ClaimRow(r[0], r[1], orjson.loads(r[2]), r[3], r[4], r[5], r[6])
+    return ClaimRow(r[0], r[1], orjson.loads(r[2]), r[3], r[4], r[5], r[6], r[7])
 
 
 def claim_row(session: Session, name: str, *, lock: bool, skip_locked: bool) -> ClaimRow | None | bool:

@@ -26,6 +26,7 @@ import gc
 import logging
 import threading
 import time
+from collections import Counter
 from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from types import SimpleNamespace
@@ -36,6 +37,7 @@ from sqlalchemy.orm import Session
 from api.states import AdminState, HostState
 from scheduler.db.engine import Store
 from scheduler.db.models import Host
+from scheduler.liveness_rule import Survey
 from scheduler.fit import Candidate, FitResult, HostView, Rejection, VmWant, fit_host, need_of, order_key
 from scheduler.osthread import name_this_thread
 from scheduler.repo import hosts as host_repo
@@ -65,6 +67,12 @@ class HostCache:
         self._admin: dict[str, str] = {}  # name -> admin_state
         self._owner: dict[str, str] = {}  # name -> the principal that registered it (heartbeats check it)
         self._down: set[str] = set()  # silent for longer than the timeout, as last read
+        # What a liveness pass judges from, with no database read (``survey``): each host's
+        # recorded ``last_heartbeat`` (a floor under the pulse's), rack and ``down_since`` as
+        # last read from its row (the full pass, the change feed: a mark stamps ``seq``).
+        self._floor: dict[str, float] = {}
+        self._rack: dict[str, str] = {}
+        self._marked: dict[str, float] = {}  # name -> down_since, the hosts marked down
         self._position: int | None = None  # feed position; None = no full pass yet
         self._last_full = self._last_inc = self._last_down = float("-inf")
         self._frozen_at = 0
@@ -187,18 +195,21 @@ class HostCache:
                 other = [r.name for r in rows if r.name not in stale
                          and ((e := entries.get(r.name)) is None or e.generation == r.generation)]
                 owners = host_repo.owners(session=s, names=other) if other else {}
-            if quiet:
-                if self.pulse is not None:
-                    self.pulse.read(s)
-                down = host_repo.down_before(now=now, heartbeat_timeout_s=self.timeout)
-                silent = {r.name for r in host_repo.quiet(session=s, before=down)
-                          if self._seen(r.name, r.last_heartbeat) < down}
+            down = host_repo.down_before(now=now, heartbeat_timeout_s=self.timeout)
+            if quiet and self.pulse is not None:
+                self.pulse.read(s)
+            elif quiet:  # written through: the rows are the liveness (beats do not stamp seq)
+                silent = {r.name for r in host_repo.quiet(session=s, before=down)}
         with self._lock:
             if rows:
                 self._owner.update(owners)
             for r in rows:
                 self._admin[r.name] = r.admin_state
+                self._row_liveness(r.name, r.last_heartbeat, r.rack, r.down_since)
                 self._apply(r.name, r.generation, r.layout_rev, r.usage, now=now, heartbeat=r.last_heartbeat)
+        if quiet and self.pulse is not None:  # in memory: the rows' floors and the pulse
+            silent = set(self._silent(down))
+        with self._lock:
             if silent is not None and silent != self._down:
                 for name in silent ^ self._down:
                     e = self.index.entries.get(name)
@@ -214,6 +225,7 @@ class HostCache:
         entries = self.index.entries
         with self._lock:
             known = {n: e.generation for n, e in entries.items()}
+            marked_before = dict(self._marked)
         with store.snapshot() as s:
             if self.pulse is not None:
                 self.pulse.read(s)
@@ -231,11 +243,17 @@ class HostCache:
                 self._admin.pop(name, None)
                 self._owner.pop(name, None)
                 self._down.discard(name)
+                self._floor.pop(name, None)
+                self._rack.pop(name, None)
+                self._marked.pop(name, None)
         for i in range(0, len(rows), 500):  # chunks: walks get the lock in between
             with self._lock:
                 for r in rows[i:i + 500]:
                     e = entries.get(r.name)
                     self._owner[r.name] = r.owner
+                    # a mark learnt from the feed since this (older) read began stays
+                    keep = r.down_since is None and r.name in self._marked and r.name not in marked_before
+                    self._row_liveness(r.name, r.last_heartbeat, r.rack, None if keep else r.down_since, keep=keep)
                     if e is None or r.generation >= e.generation:  # never older state over newer
                         self._admin[r.name] = r.admin_state
                     if r.name in usages:
@@ -248,6 +266,47 @@ class HostCache:
         with self._lock:
             self._position = position if self._position is None else min(self._position, position)
         log.debug("index full pass hosts=%d re-read=%d", len(rows), len(stale))
+
+    def _row_liveness(self, name: str, heartbeat: float, rack: str, down_since: float | None, *,
+                      keep: bool = False) -> None:
+        """Caller holds the lock. A host row's liveness as read: its recorded heartbeat
+        only moves forward (a full pass may read older rows than the feed did)."""
+        if heartbeat is not None and heartbeat > self._floor.get(name, float("-inf")):
+            self._floor[name] = heartbeat
+        self._rack[name] = rack
+        if keep:
+            return
+        if down_since is None:
+            self._marked.pop(name, None)
+        else:
+            self._marked[name] = down_since
+
+    def _silent(self, before: float) -> dict[str, float]:
+        """name -> last beat (``Pulse.seen``) of the hosts silent since ``before``, from
+        memory: the rows' floors as last read and the shared liveness."""
+        with self._lock:
+            floor = dict(self._floor)
+        last = self.pulse.seen_all(floor) if self.pulse is not None else floor
+        return {n: t for n, t in last.items() if t < before}
+
+    def survey(self, *, before: float) -> Survey:
+        """A liveness pass's input (``liveness_rule.Survey``) from memory, no database
+        read: every host this index knows, its recorded heartbeat and mark as last read
+        from the change feed or a full pass, its last beat as the shared liveness has it.
+        Only with the pulse (written through, beats write the rows and stamp nothing)."""
+        assert self.pulse is not None
+        silent = self._silent(before)
+        with self._lock:
+            racks = dict(self._rack)
+            marked = {n for n in silent if n in self._marked}
+            recorded = {n: self._floor[n] for n in silent}
+        return Survey(silent={n: racks.get(n, "") for n in silent}, marked=marked,
+                      sizes=dict(Counter(racks.values())) if silent else {}, recorded=recorded, last=silent)
+
+    def marked_down(self, names: dict[str, float]) -> None:
+        """This replica marked ``names`` (name -> down_since) down: known before the feed says so."""
+        with self._lock:
+            self._marked.update(names)
 
     def _res_stale(self, name: str, rev: int) -> bool:
         got = self._res.get(name)
@@ -354,6 +413,8 @@ class HostCache:
         ``last_heartbeat`` None: the row came from this cache (``row``), not the database."""
         with self._lock:
             self._admin[name] = admin_state
+            if last_heartbeat is not None and last_heartbeat > self._floor.get(name, float("-inf")):
+                self._floor[name] = last_heartbeat
             self._apply(name, generation, layout_rev, usage, now=now, heartbeat=last_heartbeat)
 
     def row(self, name: str) -> Any | None:
@@ -397,6 +458,9 @@ class HostCache:
                 r = rows.get(name)
                 if r is not None:
                     self._admin[name] = r.admin_state
+                    if r.last_heartbeat > self._floor.get(name, float("-inf")):
+                        self._floor[name] = r.last_heartbeat
+                    self._rack[name] = r.rack
                     self._apply(name, r.generation, r.layout_rev, Usage.from_dict(r.usage), now=now,
                                 heartbeat=r.last_heartbeat)
 

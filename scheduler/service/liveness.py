@@ -35,9 +35,10 @@ from collections.abc import Callable
 
 from scheduler.config import LivenessConfig
 from scheduler.db.engine import Store
-from scheduler.liveness_rule import Judgement, Rules, judge, lag_reason
+from scheduler.liveness_rule import Judgement, Rules, Survey, judge, lag_reason
 from scheduler.repo import audit as audit_repo
 from scheduler.repo import hosts as host_repo
+from scheduler.service.hostcache import HostCache
 from scheduler.service.pulse import Pulse
 
 log = logging.getLogger(__name__)
@@ -90,12 +91,14 @@ class Lag:
 
 class LivenessWatch:
     def __init__(self, *, store: Store, cfg: LivenessConfig, heartbeat_timeout_s: float,
-                 clock: Callable[[], float] = time.time, pulse: Pulse | None = None, lag: Lag | None = None):
+                 clock: Callable[[], float] = time.time, pulse: Pulse | None = None, lag: Lag | None = None,
+                 cache: HostCache | None = None):
         self.store = store
         self.cfg = cfg
         self.timeout = heartbeat_timeout_s
         self.clock = clock
         self.pulse = pulse
+        self.cache = cache
         self.lag = lag if lag is not None else Lag()
         self.held_for_lag = 0  # checks that marked nothing because this replica lagged
         self.started = clock()
@@ -120,38 +123,54 @@ class LivenessWatch:
             self.held_for_lag += 1
             log.warning("liveness check skipped: this replica lags (%s); no host marked down", why)
             return None
+        down = host_repo.down_before(now=now, heartbeat_timeout_s=self.timeout)
+        sv = self.survey(now, down)
+        got = judge(sv.silent, sv.marked, sv.sizes, self.rules)
+        marks = {n: sv.last[n] for n in got.mark
+                 if self.pulse is None or self.pulse.seen(n, sv.recorded[n]) < down}  # not beaten here since
+        events = set(got.events) - self._events
+        for why in events:
+            log.error("liveness event: %s", why)
+        if marks or events:
+            with self.store.write() as s:  # one transaction, a few statements however many hosts
+                flagged = host_repo.mark_down(session=s, hosts=marks, before=down, now=now)
+                audit_repo.record_many(session=s, rows=[dict(
+                    principal="scheduler", action="host.down", target=n, now=now,
+                    detail={"silent_since": marks[n], "silent_s": round(now - marks[n], 1), "vms_flagged": k})
+                    for n, k in flagged.items()] + [dict(
+                        principal="scheduler", action="fleet.silence", target="-", now=now,
+                        detail={"event": why, "hosts": sorted(h for h, w in got.held.items() if w == why)[:100]})
+                        for why in sorted(events)])
+            if self.cache is not None and flagged:
+                self.cache.marked_down(dict.fromkeys(flagged, now))
+            for n, k in flagged.items():  # another replica did the others, or they beat meanwhile
+                log.warning("host down name=%s silent_s=%.1f vms_flagged=%d", n, now - marks[n], k)
+        self._events = set(got.events)
+        return got
+
+    def survey(self, now: float, down: float) -> Survey:
+        """What the check judges (``liveness_rule.Survey``). With the shared liveness and
+        the index (a serving replica): from memory, ``HostCache.survey``, after the index's
+        change feed is read (O(changed hosts): one statement when nothing changed) and the
+        replicas' rows written since the last read (one statement: a row per replica and
+        period, whatever the fleet's size). Without (written
+        through: every beat writes its row, the rows are the liveness): the silent rows,
+        an indexed query, and the rack sizes."""
+        if self.cache is not None and self.pulse is not None:
+            self.cache.refresh(self.store, now=now, fresh=True)
+            with self.store.read() as s:
+                self.pulse.read(s)
+            return self.cache.survey(before=down)
         with self.store.read() as s:
             if self.pulse is not None:
                 self.pulse.read(s)
-            down = host_repo.down_before(now=now, heartbeat_timeout_s=self.timeout)
             rows = [r for r in host_repo.silent(session=s, before=down)
                     if self.pulse is None or self.pulse.seen(r.name, r.last_heartbeat) < down]
             sizes = host_repo.rack_sizes(session=s) if rows else {}
-        got = judge({r.name: r.rack for r in rows}, {r.name for r in rows if r.down_since is not None}, sizes,
-                    self.rules)
-        recorded = {r.name: r.last_heartbeat for r in rows}
         last = {r.name: r.last_heartbeat if self.pulse is None else self.pulse.seen(r.name, r.last_heartbeat)
                 for r in rows}
-        for name in got.mark:
-            if self.pulse is not None and self.pulse.seen(name, recorded[name]) >= down:
-                continue  # beat to this replica since the read
-            with self.store.write() as s:
-                flagged = host_repo.mark_down(session=s, name=name, silent_since=recorded[name], now=now,
-                                              last_heard=last[name])
-                if flagged is None:
-                    continue  # another replica did, or it beat meanwhile
-                audit_repo.record(session=s, principal="scheduler", action="host.down", target=name, now=now,
-                                  detail={"silent_since": last[name], "silent_s": round(now - last[name], 1),
-                                          "vms_flagged": flagged})
-            log.warning("host down name=%s silent_s=%.1f vms_flagged=%d", name, now - last[name], flagged)
-        for why in set(got.events) - self._events:
-            log.error("liveness event: %s", why)
-            with self.store.write() as s:
-                audit_repo.record(session=s, principal="scheduler", action="fleet.silence", target="-", now=now,
-                                  detail={"event": why,
-                                          "hosts": sorted(h for h, w in got.held.items() if w == why)[:100]})
-        self._events = set(got.events)
-        return got
+        return Survey(silent={r.name: r.rack for r in rows}, marked={r.name for r in rows if r.down_since is not None},
+                      sizes=sizes, recorded={r.name: r.last_heartbeat for r in rows}, last=last)
 
     def start(self) -> LivenessWatch:
         self._t = threading.Thread(target=self._run, name="liveness", daemon=True)

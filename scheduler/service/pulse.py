@@ -84,6 +84,23 @@ class Pulse:
         got = self.last(name)
         return recorded if got is None or got < recorded else got
 
+    def seen_all(self, recorded: dict[str, float]) -> dict[str, float]:
+        """``seen`` of many hosts (name -> its recorded ``last_heartbeat``) under one lock:
+        a liveness pass over the fleet from memory."""
+        out: dict[str, float] = {}
+        with self._lock:
+            own, ids, peers = self._own, self._ids, self._peers
+            for name, rec in recorded.items():
+                t = own.get(name)
+                best = rec if t is None or t < rec else t
+                i = ids.get(name)
+                if i is not None:
+                    p = peers.get(i)
+                    if p is not None and p > best:
+                        best = p
+                out[name] = best
+        return out
+
     def forget(self, name: str) -> None:
         with self._lock:
             self._own.pop(name, None)

@@ -1,0 +1,205 @@
+"""The liveness pass from memory (issue 39): a serving replica judges which hosts are
+silent from its index (the rows' recorded heartbeats, racks and marks as the change feed
+and the full pass read them) and the replicas' shared beats, not from the host rows; the
+database is touched to read the change feed and the beats, and to mark hosts down (one
+transaction, a fixed number of statements however many hosts). Checked against the
+judgement the rows give (the path a written-through scheduler still takes) at every
+second of a two-replica run, on a real store (SQLite; PostgreSQL under the integration
+marker)."""
+
+from __future__ import annotations
+
+import contextlib
+import re
+from collections.abc import Iterator
+
+from sqlalchemy import event
+
+from sched_helpers import ADM, HOST, Clock, host_body, make_client
+from scheduler.liveness_rule import judge
+from scheduler.repo import hosts as host_repo
+
+T0 = 1_764_000_000.0
+SHARED = {"stats": {"heartbeat_flush_s": 30},  # flushed by the test, on its clock
+          "placement": {"heartbeat_timeout_s": 25, "heartbeat_period_s": 5},
+          "liveness": {"check_s": 0, "grace_s": 1, "lag_bound_s": 1000}}
+NOISE = re.compile(r"^\s*(;|BEGIN|COMMIT|ROLLBACK|SAVEPOINT|RELEASE|SELECT 1\s*$|select pg_catalog|SET |SHOW )", re.I)
+
+
+@contextlib.contextmanager
+def statements(api) -> Iterator[list[str]]:  # type: ignore[no-untyped-def]
+    """Every SQL statement the app sends meanwhile, through SQLAlchemy or its driver
+    directly (the claim and feed paths), less transaction control and pool pings."""
+    got: list[str] = []
+    engine = api.app.state.store.engine
+
+    def keep(sql: str) -> None:
+        if not NOISE.match(sql):
+            got.append(" ".join(sql.split()))
+    if engine.dialect.name == "sqlite":
+        def on_connect(dbapi_conn, _rec) -> None:  # type: ignore[no-untyped-def]
+            dbapi_conn.set_trace_callback(keep)
+        event.listen(engine, "connect", on_connect)
+        engine.dispose()  # new connections, traced
+        try:
+            yield got
+        finally:
+            event.remove(engine, "connect", on_connect)
+            engine.dispose()
+        return
+    import psycopg
+    orig, orig_many = psycopg.Cursor.execute, psycopg.Cursor.executemany
+
+    def execute(self, query, *a, **k):  # type: ignore[no-untyped-def]
+        keep(query if isinstance(query, str) else query.decode() if isinstance(query, bytes) else str(query))
+        return orig(self, query, *a, **k)
+
+    def executemany(self, query, *a, **k):  # type: ignore[no-untyped-def]
+        keep(query if isinstance(query, str) else query.decode() if isinstance(query, bytes) else str(query))
+        return orig_many(self, query, *a, **k)
+    psycopg.Cursor.execute, psycopg.Cursor.executemany = execute, executemany  # type: ignore[method-assign]
+    try:
+        yield got
+    finally:
+        psycopg.Cursor.execute, psycopg.Cursor.executemany = orig, orig_many  # type: ignore[method-assign]
+
+
+def from_rows(api, now: float):  # type: ignore[no-untyped-def]
+    """The survey as the host rows give it (the pass as it was: every silent row read)."""
+    watch = api.app.state.liveness
+    cache, watch.cache = watch.cache, None
+    try:
+        return watch.survey(now, host_repo.down_before(now=now, heartbeat_timeout_s=watch.timeout))
+    finally:
+        watch.cache = cache
+
+
+def from_memory(api, now: float):  # type: ignore[no-untyped-def]
+    watch = api.app.state.liveness
+    return watch.survey(now, host_repo.down_before(now=now, heartbeat_timeout_s=watch.timeout))
+
+
+def _rig(api, racks: dict[str, int]) -> None:  # type: ignore[no-untyped-def]
+    for rack, n in racks.items():
+        for i in range(n):
+            assert api.post("/v1/hosts", json=host_body(f"{rack}-{i}", rack=rack), headers=HOST).status_code == 201
+
+
+def test_the_pass_from_memory_judges_as_the_rows_do(db_url) -> None:
+    """Two replicas, 40 hosts in 4 racks, 120 s: hosts beat every 10 s to a or b (some to
+    b only); r1-0 and r2-1 die at t=20 (marked down, their VMs' flags as before); rack r3
+    goes silent at t=40 (a fleet event, nobody marked) and comes back at t=90; r2-1 comes back
+    at t=100; b registers a host at t=50 and cordons one at t=60; b is killed at t=75 (its
+    unwritten period lost). At every second both replicas' surveys from memory equal the
+    surveys from the rows, and so do the judgements; the checks then run, marking."""
+    clock = Clock(T0)
+    with make_client(db_url, clock=clock, **SHARED) as a, make_client(db_url, clock=clock, **SHARED) as b:
+        _rig(a, {"r1": 10, "r2": 10, "r3": 10, "r4": 10})
+        for api in (a, b):
+            api.app.state.hosts.cache.refresh(api.app.state.store, now=clock.t, fresh=True)
+        names = [f"r{r}-{i}" for r in range(1, 5) for i in range(10)]
+        b_alive = True
+        compared = marked = held = 0
+        for t in range(1, 121):
+            clock.t = T0 + t
+            if t == 50:
+                assert b.post("/v1/hosts", json=host_body("r4-10", rack="r4"), headers=HOST).status_code == 201
+                names.append("r4-10")
+            if t == 60:
+                assert b.post("/v1/hosts/r2-5/cordon", headers=ADM).status_code == 200
+            if t % 10 == 0:
+                for i, name in enumerate(names):
+                    if name in ("r1-0", "r2-1") and 20 <= t < (1000 if name == "r1-0" else 100):
+                        continue
+                    if name.startswith("r3-") and 40 <= t < 90:
+                        continue
+                    to = b if (i % 3 == 0 or name.startswith("r4")) and b_alive else a
+                    assert to.post(f"/v1/hosts/{name}/heartbeat", headers=HOST).status_code == 200
+            if t == 75:
+                b.app.state.hosts._stop.set()
+                b_alive = False
+            for api in (a, b) if b_alive else (a,):
+                api.app.state.hosts.flush()
+            for api in (a, b) if b_alive else (a,):
+                rows, mem = from_rows(api, clock.t), from_memory(api, clock.t)
+                assert (mem.silent, mem.marked, mem.sizes, mem.last) == \
+                    (rows.silent, rows.marked, rows.sizes, rows.last), t
+                assert judge(mem.silent, mem.marked, mem.sizes) == judge(rows.silent, rows.marked, rows.sizes), t
+                compared += 1
+                got = api.app.state.liveness.check()
+                if got is not None:
+                    marked += len(got.mark)
+                    held += len(got.held)
+        assert compared > 150
+        shown = {n: a.get(f"/v1/hosts/{n}", headers=ADM).json() for n in ("r1-0", "r2-1", "r3-0", "r4-10")}
+        assert shown["r1-0"]["down_since"] is not None and shown["r1-0"]["state"] == "down"
+        assert shown["r2-1"]["down_since"] is None and shown["r2-1"]["state"] == "active"  # came back
+        assert shown["r3-0"]["down_since"] is None and shown["r4-10"]["state"] == "active"
+        downs = [x["target"] for x in a.get("/v1/audit?action=host.down", headers=ADM).json()["items"]]
+        assert sorted(downs) == ["r1-0", "r2-1"]  # each once, by whichever replica came first
+        events = [x for x in a.get("/v1/audit?action=fleet.silence", headers=ADM).json()["items"]]
+        assert events and all("fleet: 10 of 41 hosts" in x["detail"]["event"] for x in events)
+        assert held > 0 and marked >= 2
+
+
+def shape(sql: str) -> str:
+    """A statement with its values and IN lists taken out."""
+    sql = re.sub(r"'[^']*'|%\(\w+\)s(::\w+)?|\b\d+(\.\d+)?\b", "?", sql)
+    sql = re.sub(r" RETURNING audit\.id$", "", sql)  # one row: SQLAlchemy asks for its id
+    return re.sub(r"\(\?(, \?)*\)(, \(\?(, \?)*\))*", "(?)", sql)
+
+
+def _count_pass(api, clock: Clock) -> list[str]:  # type: ignore[no-untyped-def]
+    with statements(api) as got:
+        api.app.state.liveness.check()
+    return got
+
+
+def test_a_pass_reads_no_host_row_and_marks_in_one_transaction(db_url) -> None:
+    """A pass over 120 hosts sends the change feed's read and the beats' read, nothing
+    more; a pass that marks one host and one that marks five send the same number of
+    statements besides (one transaction: the change stamp, the marks, the VMs' count, the
+    audit; the VMs' flags one more when they have VMs); no statement of
+    any pass reads the hosts table but by change stamp or by name."""
+    clock = Clock(T0)
+    with make_client(db_url, clock=clock, **SHARED) as a:
+        _rig(a, {f"r{r}": 12 for r in range(10)})
+        a.app.state.hosts.cache.refresh(a.app.state.store, now=clock.t, fresh=True)
+        silent: set[str] = set()
+
+        def beat_all(t: float) -> None:
+            clock.t = T0 + t
+            for r in range(10):
+                for i in range(12):
+                    if f"r{r}-{i}" not in silent:
+                        assert a.post(f"/v1/hosts/r{r}-{i}/heartbeat", headers=HOST).status_code == 200
+            a.app.state.hosts.flush()
+        for t in (1, 11, 21):
+            beat_all(t)
+        clock.t = T0 + 22
+        a.app.state.liveness.check()  # the feed and the beats read up to now
+        steady = _count_pass(a, clock)
+        assert len(steady) <= 2, steady
+        silent |= {"r0-0"}
+        beat_all(31)
+        beat_all(41)
+        clock.t = T0 + 31 + 26  # r0-0 silent for 56 s, the others 16 s
+        one = _count_pass(a, clock)
+        silent |= {f"r{r}-1" for r in range(1, 6)}
+        beat_all(61)
+        beat_all(71)
+        clock.t = T0 + 61 + 26
+        five = _count_pass(a, clock)
+        downs = [x["target"] for x in a.get("/v1/audit?action=host.down", headers=ADM).json()["items"]]
+        assert sorted(downs) == ["r0-0"] + [f"r{r}-1" for r in range(1, 6)]
+        # the feed's reads (SQLite: its counter first), the beats'
+        reads = re.compile(r"FROM host_beats|seq >=|hosts\.owner FROM hosts|SELECT seq FROM fleet", re.I)
+        marking = [[shape(sql) for sql in got if not reads.search(sql)] for got in (one, five)]
+        assert set(marking[0]) == set(marking[1]) and len(set(marking[0])) <= 5, marking
+        if a.app.state.store.engine.dialect.name != "sqlite":  # SQLite's trace shows an executemany's rows
+            assert len(marking[0]) == len(marking[1]), marking
+        for sql in steady + one + five:
+            if re.search(r"\bFROM hosts\b", sql, re.I):
+                assert re.search(r"seq >=|name IN|name = ", sql, re.I), sql
+        clock.t = T0 + 61 + 27
+        assert [sql for sql in _count_pass(a, clock) if not reads.search(sql)] == []  # marked: nothing to write
