@@ -326,3 +326,11 @@ def check_policy_data(data: object) -> object:
         elif isinstance(v, int) and not isinstance(v, bool) and not _INT64[0] <= v <= _INT64[1]:
             raise ValueError("an integer outside TOML's 64 bits")
     return data
+
+
+# A client told to come back later (429/503 with ``Retry-After``: the scheduler shedding
+# load, a beat too soon) waits that long and up to this share more, at random, so a
+# fleet told the same thing at once does not come back at once (hostd's heartbeat
+# client). The scheduler sizes a beat's Retry-After so that even the longest wait still
+# beats before the heartbeat timeout (``scheduler.liveness_rule.beat_retry_after``).
+RETRY_AFTER_JITTER = 0.5

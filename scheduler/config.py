@@ -37,6 +37,15 @@ class ServerConfig(BaseModel):
     # On SIGTERM, requests in flight get this long to finish; then their connections are
     # closed and the process exits (a client that keeps a request open cannot hold it).
     shutdown_grace_s: float = Field(10.0, ge=0, le=300)
+    # Load shedding (scheduler/service/shed.py): while the event loop ran a timer later
+    # than shed_loop_lag_s within the last shed_hold_s, heartbeats (still counted),
+    # creates and registrations are answered 503 with Retry-After at once instead of
+    # queued; creates also when more than shed_claim_queue wait for the claim thread.
+    # 0 turns either signal off. Claims and registrations are told shed_retry_s.
+    shed_loop_lag_s: float = Field(0.5, ge=0)
+    shed_hold_s: float = Field(2.0, gt=0, le=60)
+    shed_claim_queue: int = Field(4096, ge=0)
+    shed_retry_s: float = Field(1.0, ge=1, le=60)
 
     @field_validator("tls_cert", "tls_key", "tls_client_ca", mode="before")
     @classmethod

@@ -126,10 +126,23 @@ def silent_allowance(*, period_s: float, flush_s: float) -> float:
     return 2 * period_s + flush_s
 
 
-def lag_reason(*, loop_lag_s: float, flush_late_s: float, bound_s: float) -> str | None:
+def beat_retry_after(*, timeout_s: float, period_s: float, flush_s: float, jitter: float) -> int:
+    """The ``Retry-After`` (whole seconds, at least 1) for a beat this replica sheds: the
+    shed beat counts (its host's liveness is kept), and the host's next beat, after this
+    and up to ``jitter`` more of it (``api.bounds.RETRY_AFTER_JITTER``), still lands
+    before the heartbeat timeout less how stale a live host may look
+    (``silent_allowance``)."""
+    room = timeout_s - silent_allowance(period_s=period_s, flush_s=flush_s)
+    return max(1, int(room / (1 + jitter)))
+
+
+def lag_reason(*, loop_lag_s: float, flush_late_s: float, bound_s: float, shed: int = 0) -> str | None:
     """Why this replica must not judge silences now (None: it may): behind on its own
     beats by more than ``bound_s`` (its event loop late to run a timer, or its flush late),
-    a host's silence may be this replica's own doing."""
+    or turning requests away (``shed`` of them lately: a host told to come back later may
+    be silent for it), a host's silence may be this replica's own doing."""
+    if shed:
+        return f"shed {shed} requests lately (overloaded)"
     if loop_lag_s > bound_s:
         return f"event loop {loop_lag_s:.2f} s late (bound {bound_s:g} s)"
     if flush_late_s > bound_s:

@@ -39,7 +39,10 @@ class Metrics:
                          "last 30 s: the event loop's timer, the heartbeat flush", ["of"], registry=r)
         self.lagging = Gauge("hyb_sched_lagging", "1 while this replica lags past [liveness] lag_bound_s "
                              "(it marks no host down and is not ready)", registry=r)
-        self.heartbeats = Counter("hyb_sched_heartbeats_total", "Heartbeats taken (answered 200)", registry=r)
+        self.heartbeats = Counter("hyb_sched_heartbeats_total", "Heartbeats taken (answered 200, or counted "
+                                  "and answered 503 while shedding)", registry=r)
+        self.shed = Counter("hyb_sched_shed_total", "Requests answered 503 hyb.scheduler.overloaded with "
+                            "Retry-After (load shedding), by kind: beat, claim, register", ["kind"], registry=r)
         self.hosts = Gauge("hyb_sched_hosts", "Hosts by state", ["state"], registry=r)
         self.vms = Gauge("hyb_sched_vms", "VMs by status", ["status"], registry=r)
         self.http = Counter("hyb_sched_http_requests_total", "HTTP requests", ["method", "route", "status"],

@@ -2,12 +2,25 @@
 disk classes) and send heartbeats, so the scheduler's inventory is what hostd
 carved. Runs on its own thread in `hostd serve`; the scheduler being away never
 stops hostd from serving the VMs it has.
+
+A good client of a shared service (``Registrar.next_wait``): beats come every
+``interval_s`` less up to a tenth, at random (a fleet started at once drifts apart);
+told to come back later (429/503 with ``Retry-After``: the scheduler shedding load, a
+beat too soon) it waits that long and up to ``RETRY_AFTER_JITTER`` more, at random;
+after a failure without one (the scheduler away, a 5xx) it backs off exponentially
+from one second with jitter, never longer than ``interval_s``, so when a scheduler
+comes back from an outage the fleet's beats arrive spread over one interval, no denser
+than in steady state. A host re-registers only when the scheduler does not know it
+(404) or its registration changed: not after every failure (after an outage the whole
+fleet re-registering at once was the heaviest part of the return).
 """
 
 from __future__ import annotations
 
+import email.utils
 import logging
 import os
+import random
 import ssl
 import threading
 import time
@@ -15,6 +28,7 @@ from pathlib import Path
 
 import httpx
 
+from api.bounds import RETRY_AFTER_JITTER
 from api.layout import Layout
 from hostd.discover.model import Topology
 from hostd.health.daily import DayFold
@@ -71,6 +85,41 @@ def metrics_url(*, metrics_listen: str, advertise_host: str, path: str = "/metri
 
 
 KEEP_FOR_BEAT = 600  # samples one beat may summarise (10 min at 1 s)
+BACKOFF_FIRST_S = 1.0  # the first retry after a failure without Retry-After (then doubling)
+
+
+class Later(Exception):
+    """The scheduler said to come back later (429/503 with Retry-After), or is away."""
+
+    def __init__(self, message: str, retry_after_s: float | None = None):
+        super().__init__(message)
+        self.retry_after_s = retry_after_s
+
+
+def retry_after(r: httpx.Response, *, now: float | None = None) -> float | None:
+    """A response's ``Retry-After`` in seconds (delay-seconds or an HTTP date), None when
+    it has none or it does not parse."""
+    v = r.headers.get("retry-after")
+    if not v:
+        return None
+    try:
+        return max(0.0, float(v))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(v).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def _refusal(r: httpx.Response, what: str) -> Exception:
+    """A 429/503 that says when to come back, or a 5xx: Later (retried, the registration
+    kept); anything else: RuntimeError."""
+    ra = retry_after(r) if r.status_code in (429, 503) else None
+    if ra is not None or r.status_code >= 500:
+        return Later(f"{what}: {r.status_code} {r.text[:300]}", ra)
+    return RuntimeError(f"{what}: {r.status_code} {r.text[:300]}")
 
 
 class Registrar:
@@ -79,7 +128,8 @@ class Registrar:
 
     def __init__(self, url: str, token: str, body: dict, *, interval_s: float,
                  ca: Path | None = None, stats: Sampler | None = None, days_s: float = 0.0,
-                 peak_window: str = "21:00-22:00", days_file: Path | None = None, beat_stats: bool = False):
+                 peak_window: str = "21:00-22:00", days_file: Path | None = None, beat_stats: bool = False,
+                 rng: random.Random | None = None):
         self.url = url.rstrip("/")
         self.body = body
         self.stats = stats  # the IO-health signal: folded into the days, and with beat_stats in each beat
@@ -95,6 +145,9 @@ class Registrar:
         self.client = httpx.Client(headers={"Authorization": f"Bearer {token}"}, timeout=10,
                                    verify=ssl.create_default_context(cafile=str(ca)) if ca else True)
         self.registered = False
+        self.rng = rng or random.Random()
+        self.failures = 0  # in a row, without a Retry-After
+        self.later: float | None = None  # the scheduler's last Retry-After, not yet waited
         self._generation = 0  # bumps with each new body (update)
         self._stop = threading.Event()
 
@@ -103,7 +156,7 @@ class Registrar:
         body = self.body
         r = self.client.post(f"{self.url}/v1/hosts", json=body)
         if r.status_code not in (200, 201):
-            raise RuntimeError(f"scheduler refused registration: {r.status_code} {r.text[:300]}")
+            raise _refusal(r, "scheduler refused registration")
         self.registered = gen == self._generation
         log.info("registered with scheduler url=%s host=%s status=%d", self.url, body["name"],
                  r.status_code)
@@ -166,18 +219,47 @@ class Registrar:
             self.registered = False
             self.register()
         elif r.status_code != 200:
-            raise RuntimeError(f"heartbeat refused: {r.status_code} {r.text[:300]}")
+            raise _refusal(r, "heartbeat refused")
         if self.days is not None and time.monotonic() - self._days_sent >= self.days_s:
             self.send_days()
 
+    def attempt(self) -> None:
+        """One beat (or registration), its outcome kept for ``next_wait``: a refusal drops
+        the registration (the next attempt registers afresh); the scheduler away, a 5xx
+        or a Retry-After keep it."""
+        try:
+            self.beat()
+            self.failures, self.later = 0, None
+        except Later as e:
+            if e.retry_after_s is not None:
+                self.failures, self.later = 0, e.retry_after_s
+            else:
+                self.failures += 1
+            log.warning("scheduler url=%s: %s (next try in about %s)", self.url, e,
+                        f"{e.retry_after_s:g} s" if e.retry_after_s is not None else "a backoff")
+        except httpx.HTTPError as e:
+            self.failures += 1
+            log.warning("scheduler unreachable url=%s error=%s", self.url, e)
+        except RuntimeError as e:
+            self.failures += 1
+            self.registered = False
+            log.warning("scheduler registration url=%s error=%s", self.url, e)
+
+    def next_wait(self) -> float:
+        """How long until the next attempt (the module's docstring says why)."""
+        if self.later is not None:
+            wait = min(self.later, 10 * self.interval_s) * (1 + self.rng.uniform(0, RETRY_AFTER_JITTER))
+            self.later = None
+            return wait
+        if self.failures:
+            cap = min(self.interval_s, BACKOFF_FIRST_S * 2 ** min(self.failures - 1, 30))
+            return cap * self.rng.uniform(0.5, 1.0)
+        return self.interval_s * self.rng.uniform(0.9, 1.0)
+
     def run(self) -> None:
         while True:
-            try:
-                self.beat()
-            except (httpx.HTTPError, RuntimeError) as e:
-                self.registered = False
-                log.warning("scheduler registration url=%s error=%s", self.url, e)
-            if self._stop.wait(self.interval_s):
+            self.attempt()
+            if self._stop.wait(self.next_wait()):
                 return
 
     def start(self) -> threading.Thread:

@@ -17,6 +17,7 @@ from fastapi import FastAPI, Response
 from prometheus_client import generate_latest
 from prometheus_client.exposition import CONTENT_TYPE_LATEST
 
+from api.bounds import RETRY_AFTER_JITTER
 from api.states import VmStatus
 from scheduler.api import errors, fastpath, gate, wire
 from scheduler.api.routes import audit, fleet, hosts, rollouts, vms
@@ -26,6 +27,7 @@ from scheduler.console import headers as console_headers
 from scheduler.console import routes as console_routes
 from scheduler.db.engine import Store
 from scheduler.db.migrate import HERE, current
+from scheduler.liveness_rule import beat_retry_after
 from scheduler.metrics import Metrics
 from scheduler.service.audit import AuditService
 from scheduler.service.claims import Placer
@@ -35,6 +37,7 @@ from scheduler.service.fleet import FleetService
 from scheduler.service.hostcache import HostCache
 from scheduler.service.liveness import Lag, LivenessWatch
 from scheduler.service.pulse import Pulse
+from scheduler.service.shed import Shed
 from scheduler.service.hosts import HostService
 from scheduler.service.rollouts import RolloutService
 from scheduler.service.sessions import SessionBook
@@ -138,6 +141,13 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
     app.state.fleet = FleetService(store=store, heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,
                                    clock=clock, pulse=pulse)
     app.state.hosts.lag = lag = Lag()
+    app.state.shed = Shed(lag=lag, loop_lag_s=settings.server.shed_loop_lag_s, hold_s=settings.server.shed_hold_s,
+                          claim_queue=settings.server.shed_claim_queue, retry_s=settings.server.shed_retry_s,
+                          beat_retry_s=beat_retry_after(timeout_s=settings.placement.heartbeat_timeout_s,
+                                                        period_s=settings.placement.heartbeat_period_s,
+                                                        flush_s=settings.stats.heartbeat_flush_s,
+                                                        jitter=RETRY_AFTER_JITTER),
+                          depth=app.state.vms.claims.depth, metrics=metrics)
     app.state.liveness = LivenessWatch(store=store, cfg=settings.liveness, clock=clock, pulse=pulse, lag=lag, cache=cache,
                                        heartbeat_timeout_s=settings.placement.heartbeat_timeout_s)
     errors.install(app)
@@ -224,6 +234,9 @@ class SchedulerApp(FastAPI):
             receive = await fastpath.heartbeat(self, scope, receive, send)
             if receive is None:
                 return
+        elif fastpath.registers(scope) and (shed := self.state.shed.check("register")) is not None:
+            await fastpath.refuse(self, send, shed, route=fastpath.REGISTER_ROUTE)
+            return
         await super().__call__(scope, receive, send)
 
     def openapi(self) -> dict[str, Any]:

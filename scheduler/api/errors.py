@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import math
 
 from fastapi import FastAPI, Request
 from fastapi.concurrency import run_in_threadpool
@@ -38,6 +39,15 @@ def _body(code: str, message: str, field: str | None = None, **extra) -> dict:  
 def domain_body(e: SchedulerError) -> dict:  # type: ignore[type-arg]
     return _body(e.code, e.message, e.field, **({"rejections": e.extra["rejections"]}
                                                  if "rejections" in e.extra else {}))
+
+
+def retry_after_header(e: SchedulerError) -> list[tuple[str, str]]:
+    """``Retry-After`` (whole seconds, rounded up) for an error that says when to retry
+    (``extra["retry_after_s"]``: a beat too soon, a request shed for overload)."""
+    t = e.extra.get("retry_after_s")
+    if t is None:
+        return []
+    return [("Retry-After", str(max(1, math.ceil(float(t)))))]
 
 
 def internal_body(e: Exception) -> dict:  # type: ignore[type-arg]
@@ -86,7 +96,7 @@ def install(app: FastAPI) -> None:
     async def _domain(req: Request, e: SchedulerError) -> JSONResponse:
         if e.status == 403 and e.code == Forbidden.code:
             await run_in_threadpool(audit_refusal, req, e)
-        return JSONResponse(domain_body(e), status_code=e.status)
+        return JSONResponse(domain_body(e), status_code=e.status, headers=dict(retry_after_header(e)) or None)
 
     @app.exception_handler(RequestValidationError)
     async def _invalid(_req: Request, e: RequestValidationError) -> JSONResponse:

@@ -41,7 +41,7 @@ from starlette.concurrency import run_in_threadpool
 from api.states import VmStatus
 from scheduler.api import wire
 from scheduler.api.deps import principal_for
-from scheduler.api.errors import domain_body, failure
+from scheduler.api.errors import domain_body, failure, retry_after_header
 from scheduler.errors import SchedulerError
 from scheduler.policies import Principal
 
@@ -61,6 +61,19 @@ def claims(scope: Scope) -> bool:
     """Is this request one the fast path tries (a create that is not a dry run)?"""
     return (scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == ROUTE
             and not scope.get("query_string"))
+
+
+REGISTER_ROUTE = "/v1/hosts"
+
+
+def registers(scope: Scope) -> bool:
+    """Is this request a host's registration (``POST /v1/hosts``)?"""
+    return scope["type"] == "http" and scope["method"] == "POST" and scope["path"] == REGISTER_ROUTE
+
+
+async def refuse(app: Any, send: Send, e: SchedulerError, *, route: str) -> None:
+    """Answer ``e`` (with its Retry-After) before anything reads the body."""
+    await _answer(app, send, e.status, domain_body(e), retry_after_header(e), route=route)
 
 
 def _beat_host(path: str) -> str:
@@ -85,16 +98,26 @@ async def heartbeat(app: Any, scope: Scope, receive: Receive, send: Send) -> Rec
     if cut:
         return replay
     head = _headers(scope)
+    name = _beat_host(scope["path"])
+    shed = app.state.shed.check("beat")
+    if shed is not None:  # counted from memory when it may be, its body unread; 503 + Retry-After
+        p = scope.get("state", {}).get("principal")
+        try:
+            if p is not None and (p.admin or "host" in p.scopes or p.host):  # who may beat (``require("host")``)
+                app.state.hosts.heartbeat_shed(name, actor=p.name, admin=p.admin, bound_host=p.host)
+        except SchedulerError as e:  # too soon
+            shed = e
+        await _answer(app, send, shed.status, domain_body(shed), retry_after_header(shed), route=BEAT_ROUTE)
+        return None
     try:
         p = _principal(app, scope, head)
         beat = wire.read_heartbeat(p, ctype=_text(head, b"content-type") or "", body=body)
     except (SchedulerError, RequestValidationError):  # 401/403/422, from the route and the error mapper
         return replay
-    name = _beat_host(scope["path"])
     try:
         out = await wire.beat(app.state.hosts, name, p, beat)
     except SchedulerError as e:
-        await _answer(app, send, e.status, domain_body(e), (), route=BEAT_ROUTE)
+        await _answer(app, send, e.status, domain_body(e), retry_after_header(e), route=BEAT_ROUTE)
         return None
     except Exception as e:  # noqa: BLE001 - as the error mapper's catch-all
         await _answer(app, send, *failure(e), (), route=BEAT_ROUTE)
@@ -137,6 +160,10 @@ async def create(app: Any, scope: Scope, receive: Receive, send: Send) -> Receiv
                                ctype=_text(head, b"content-type") or "", body=body)
     except (SchedulerError, RequestValidationError):  # 401/403/422, from the route and the error mapper
         return replay
+    shed = app.state.shed.check("claim")
+    if shed is not None:  # nothing recorded: the client retries after Retry-After
+        await _answer(app, send, shed.status, domain_body(shed), retry_after_header(shed))
+        return None
     svc = app.state.vms
     t = time.perf_counter()
     try:

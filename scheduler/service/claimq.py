@@ -120,6 +120,10 @@ class ClaimQueue:
                 got.append(nxt[0])  # type: ignore[index]
         return got, False
 
+    def depth(self) -> int:
+        """Requests waiting for the claim thread (not the batch it is claiming)."""
+        return self._q.qsize()
+
     def close(self, timeout: float = 10) -> None:
         """Finish what is queued, then stop the thread."""
         self._closed = True

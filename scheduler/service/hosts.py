@@ -119,6 +119,22 @@ class HostService:
         self._record(name, now, stats)
         return HeartbeatOut(name=name, state=state, generation=generation, last_heartbeat=now)
 
+    def heartbeat_shed(self, name: str, *, actor: str, admin: bool, bound_host: str | None) -> bool:
+        """A beat this replica sheds (``service.shed``) still counts: its host's liveness is
+        kept from memory as ``heartbeat_now`` keeps it (its stats are dropped). False when
+        memory cannot say who may beat for the host (nothing kept: the caller's refusal
+        stands alone). BeatTooSoon as for any beat."""
+        if self.cache.cold:
+            return False
+        got = self.cache.who(name)
+        if got is None:
+            return False
+        owner = got[0]
+        if not admin and ((bound_host is not None and bound_host != name) or (owner and owner != actor)):
+            return False
+        self._record(name, self.clock(), None)
+        return True
+
     def heartbeat(self, name: str, *, actor: str, admin: bool, bound_host: str | None,
                   stats: HostStatsIn | None = None) -> HeartbeatOut:
         """``actor`` says host ``name`` is alive, under the same rule as ``register``: a

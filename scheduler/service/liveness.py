@@ -54,6 +54,7 @@ class Lag:
         self.monotonic = monotonic
         self._loop: list[tuple[float, float]] = []  # (when, how late)
         self._flush: list[tuple[float, float]] = []
+        self._shed: dict[int, int] = {}  # whole monotonic second -> requests turned away (``service.shed``)
         self._lock = threading.Lock()
 
     def _note(self, into: list[tuple[float, float]], late: float) -> None:
@@ -69,6 +70,27 @@ class Lag:
     def flush_late(self, late: float) -> None:
         self._note(self._flush, late)
 
+    def shed(self) -> None:
+        """A request turned away for overload: no host is judged for the window after."""
+        sec = int(self.monotonic())
+        with self._lock:
+            self._shed[sec] = self._shed.get(sec, 0) + 1
+            if len(self._shed) > 2 * self.window_s + 2:
+                for k in [k for k in self._shed if k < sec - self.window_s - 1]:
+                    del self._shed[k]
+
+    def shed_lately(self) -> int:
+        """Requests turned away within the window."""
+        now = self.monotonic()
+        with self._lock:
+            return sum(n for k, n in self._shed.items() if k + 1 >= now - self.window_s)
+
+    def loop_late_within(self, within_s: float) -> float:
+        """The event loop's worst lateness over the last ``within_s`` (the shedding's signal)."""
+        now = self.monotonic()
+        with self._lock:
+            return max((x for t, x in self._loop if t >= now - within_s), default=0.0)
+
     def worst(self) -> tuple[float, float]:
         """(event loop, flush) lateness, the worst within the window (s)."""
         now = self.monotonic()
@@ -78,7 +100,7 @@ class Lag:
 
     def reason(self, bound_s: float) -> str | None:
         loop, flush = self.worst()
-        return lag_reason(loop_lag_s=loop, flush_late_s=flush, bound_s=bound_s)
+        return lag_reason(loop_lag_s=loop, flush_late_s=flush, bound_s=bound_s, shed=self.shed_lately())
 
     async def watch_loop(self, every_s: float = 0.5) -> None:
         """Runs on the server's event loop until cancelled: how late each timer fires."""
