@@ -307,6 +307,47 @@ def warm_up(bases: list[tuple[str, int]], names: list[str]) -> None:
 
 
 def run_store(label: str, url: str, sqlite_path: Path | None, a: argparse.Namespace, tmp: Path) -> dict:
+    if a.only:
+        return run_cases(label, url, a, tmp)
+    out = run_phases(label, url, sqlite_path, a, tmp)
+    out.update(run_cases(label, url, a, tmp, registered=True))
+    return out
+
+
+def run_cases(label: str, url: str, a: argparse.Namespace, tmp: Path, *, registered: bool = False) -> dict:
+    """The overload and outage cases asked for, on a fleet registered here unless it is."""
+    out: dict = {"store": label, "hosts": a.hosts, "beat_interval_s": a.interval_s} if not registered else {}
+    if not a.cases:
+        return out
+    hosts = fleet(a.hosts)
+    names = [h[0] for h in hosts]
+    if not registered:
+        reps = Replicas(config(tmp, url, timeout_s=1e6, write_s=a.write_s, check_s=0, period_s=a.period_s), tmp, 2)
+        try:
+            reps.start(0)
+            reps.start(1)
+            out["registered_s"] = register_all(reps.bases, hosts)
+        finally:
+            reps.stop()
+    for case in a.cases:
+        t = time.perf_counter()
+        out.update(overload(url, names, a, tmp) if case == "overload" else outage(url, names, a, tmp))
+        print(f"[{label}] {case} case in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+    return out
+
+
+def register_all(bases: list[tuple[str, int]], hosts: list[tuple]) -> float:
+    """Every host registered through the API, 32 at a time, as hostd sends it; the seconds it took."""
+    async def register(c: Conn, h: tuple) -> int:
+        r = await c.request("POST", "/v1/hosts", register_body(*h), auth("bench-host"))
+        assert r.status in (200, 201), r.body[:300]
+        return r.status
+    t = time.perf_counter()
+    asyncio.run(run_clients(32, bases, hosts, register))
+    return round(time.perf_counter() - t, 1)
+
+
+def run_phases(label: str, url: str, sqlite_path: Path | None, a: argparse.Namespace, tmp: Path) -> dict:
     hosts = fleet(a.hosts)
     names = [h[0] for h in hosts]
     reqs = trace(int(a.rate * a.seconds * 2) + 10)
@@ -326,7 +367,8 @@ def run_store(label: str, url: str, sqlite_path: Path | None, a: argparse.Namesp
             return r.status
         t = time.perf_counter()
         asyncio.run(run_clients(32, bases, hosts, register))
-        print(f"[{label}] registered {a.hosts} hosts in {time.perf_counter() - t:.1f} s", file=sys.stderr)
+        out["registered_s"] = round(time.perf_counter() - t, 1)
+        print(f"[{label}] registered {a.hosts} hosts in {out['registered_s']} s", file=sys.stderr)
 
         warm_up(bases, names)
         stream = Stream(names)
@@ -532,6 +574,311 @@ def keep_beating_wrk(reps: Replicas, talking: list[str], silent: list[str], time
     return runs
 
 
+# ---------------------------------------------------------------- hostd's own clients
+
+
+class Fleet:
+    """The fleet as hostd's heartbeat clients behave (hostd/rpc/register.py), one asyncio
+    task a host, in this process: a beat, then the wait ``wait_after`` says (the interval
+    less up to a tenth; a Retry-After and up to half more; after failures, jittered
+    backoff capped at the interval). Host i's beats go to replica i % 2 unless it refuses
+    the connection (stopped, restarting), then to the other, as a load balancer would;
+    both away: a failure. Every attempt is logged: (when, host index, status; 0 = no
+    replica answered)."""
+
+    def __init__(self, names: list[str], bases: list[tuple[str, int]], interval_s: float, *, seed: int = 5):
+        self.names, self.bases, self.interval_s, self.seed = names, bases, interval_s, seed
+        self.log: list[tuple[float, int, int]] = []
+        self.stop = False
+        self.pools: list[asyncio.Queue[Conn]] = []
+
+    async def _send(self, i: int, name: str) -> tuple[int, float | None]:
+        from hostd.rpc.register import retry_after  # noqa: PLC0415 - the bench's own import path
+        for k in (i % len(self.bases), (i + 1) % len(self.bases)):
+            c = await self.pools[k].get()
+            try:
+                r = await c.request("POST", f"/v1/hosts/{name}/heartbeat", None, auth("bench-host"))
+            except (OSError, asyncio.IncompleteReadError):
+                c.close()
+                continue
+            finally:
+                self.pools[k].put_nowait(c)
+            ra = None
+            if r.status in (429, 503) and r.headers.get("retry-after"):
+                ra = retry_after(_Headers(r.headers))  # type: ignore[arg-type]
+            return r.status, ra
+        return 0, None
+
+    async def _host(self, i: int, name: str) -> None:
+        from hostd.rpc.register import wait_after  # noqa: PLC0415
+        import random  # noqa: PLC0415
+        rng = random.Random(self.seed * 1_000_003 + i)
+        await asyncio.sleep(rng.uniform(0, self.interval_s))
+        failures, later = 0, None
+        while not self.stop:
+            t = time.time()
+            st, ra = await self._send(i, name)
+            self.log.append((t, i, st))
+            if st == 200:
+                failures, later = 0, None
+            elif ra is not None:
+                failures, later = 0, ra
+            else:
+                failures += 1
+            await asyncio.sleep(wait_after(interval_s=self.interval_s, failures=failures, later=later, rng=rng))
+
+    async def run(self, until: asyncio.Event) -> None:
+        self.pools = []
+        for h, p in self.bases:
+            q: asyncio.Queue[Conn] = asyncio.Queue()
+            for _ in range(CONNS // 2):
+                q.put_nowait(Conn(h, p))
+            self.pools.append(q)
+        tasks = [asyncio.create_task(self._host(i, n)) for i, n in enumerate(self.names)]
+        await until.wait()
+        self.stop = True
+        for t in tasks:
+            t.cancel()
+        await asyncio.gather(*tasks, return_exceptions=True)
+        for q in self.pools:
+            while not q.empty():
+                q.get_nowait().close()
+
+    def window(self, t0: float, t1: float) -> list[tuple[float, int, int]]:
+        return [x for x in self.log if t0 <= x[0] < t1]
+
+    def heard_gaps(self, t0: float, t1: float) -> list[float]:
+        """Per host, the gaps between beats the scheduler counted (200, or 503 shed:
+        counted too) within [t0, t1): how silent each host looked."""
+        last: dict[int, float] = {}
+        gaps: list[float] = []
+        for t, i, st in self.log:
+            if st in (200, 503) and t < t1:
+                if i in last and t >= t0:
+                    gaps.append(t - last[i])
+                last[i] = t
+        return gaps
+
+
+class _Headers:
+    """A bench reply's headers where ``hostd.rpc.register.retry_after`` reads an httpx response's."""
+
+    def __init__(self, headers: dict[str, str]):
+        self.headers = headers
+
+
+def statuses(rows: list[tuple[float, int, int]]) -> dict[str, int]:
+    out: dict[str, int] = {}
+    for _t, _i, st in rows:
+        k = {0: "unreachable"}.get(st, str(st))
+        out[k] = out.get(k, 0) + 1
+    return dict(sorted(out.items()))
+
+
+def shed_counts(bases: list[tuple[str, int]]) -> dict[str, float]:
+    """The replicas' hyb_sched_shed_total by kind, summed."""
+    async def one(c: Conn, _: int) -> dict[str, float]:
+        try:
+            r = await c.request("GET", "/metrics", None, auth("bench-admin"))
+        except OSError:
+            return {}
+        got: dict[str, float] = {}
+        for ln in r.body.decode().splitlines():
+            if ln.startswith("hyb_sched_shed_total{"):
+                kind = ln.split('kind="', 1)[1].split('"', 1)[0]
+                got[kind] = got.get(kind, 0) + float(ln.split()[-1])
+        return got
+    out: dict[str, float] = {}
+    for d in asyncio.run(run_clients(len(bases), bases, list(range(len(bases))), one)):
+        for k, v in d.items():
+            out[k] = out.get(k, 0) + v
+    return out
+
+
+async def audit_rows(bases: list[tuple[str, int]], action: str) -> list[dict]:
+    c = Conn(*bases[0])
+    rows: list[dict] = []
+    before = ""
+    try:
+        while True:
+            r = await c.request("GET", f"/v1/audit?action={action}&limit=1000{before}", None, auth("bench-admin"))
+            page = json.loads(r.body)
+            rows += page["items"]
+            if not page.get("next"):
+                return rows
+            before = f"&before={page['next']}"
+    finally:
+        c.close()
+
+
+def p99_ms(got: list) -> tuple[float | None, int]:
+    ok = [lat for (st, _), lat in got if st == 202]
+    return (round(percentile(ok, 0.99) * 1e3, 2) if ok else None), len(ok)
+
+
+def overload(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> dict:
+    """The CPU-hog case: two replicas with the liveness timings in play, the fleet beating
+    as hostd does (``Fleet``) through their grace, then placements open loop at --rate in
+    three windows of --hog-s seconds: before, while ``stress-ng --cpu 2`` takes the
+    machine's CPUs, after. This process (hostd's stand-in: in a fleet it runs on the
+    hosts, not here) is raised to nice -10 so the hog starves the replicas, not the
+    fleet's clocks (not root: it shares the CPUs and says so). Hosts all keep beating:
+    any host.down is a false down."""
+    import os  # noqa: PLC0415
+    reps = Replicas(config(tmp, url, timeout_s=a.timeout_s, write_s=a.write_s, check_s=a.check_s,
+                          period_s=a.period_s), tmp, 2)
+    out: dict = {}
+    reqs = trace(int(a.rate * a.hog_s * 3) + 10)
+    try:
+        os.nice(-10)
+        out["overload_generator_nice"] = -10
+    except PermissionError:
+        out["overload_generator_nice"] = 0
+    hog: subprocess.Popen | None = None
+    try:
+        reps.start(0)
+        reps.start(1)
+        warm_up(reps.bases, names)
+        fleet = Fleet(names, reps.bases, a.interval_s)
+
+        async def go() -> dict:
+            nonlocal hog
+            until = asyncio.Event()
+            beating = asyncio.create_task(fleet.run(until))
+            await asyncio.sleep(a.timeout_s + 2 * a.interval_s)  # the grace: every host heard
+            n = int(a.rate * a.hog_s)
+            res: dict = {}
+            for k, label in enumerate(("before", "hog", "after")):
+                if label == "hog":
+                    hog = subprocess.Popen(["stress-ng", "--cpu", "2", "--timeout", f"{int(a.hog_s)}s", "--quiet"],
+                                           preexec_fn=lambda: os.setpriority(os.PRIO_PROCESS, 0, 0),
+                                           stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+                t0 = time.time()
+                got = await run_open(a.rate, 32, reps.bases, reqs[k * n:(k + 1) * n], place)
+                if label == "hog":
+                    await asyncio.get_running_loop().run_in_executor(None, hog.wait)
+                t1 = time.time()
+                res[label] = (t0, t1, got)
+            until.set()
+            await beating
+            return res
+        res = asyncio.run(go())
+        shed = shed_counts(reps.bases)
+        downs = asyncio.run(audit_rows(reps.bases, "host.down"))
+    finally:
+        if hog is not None and hog.poll() is None:
+            hog.terminate()
+            hog.wait(10)
+        reps.stop()
+    base_p99, _ = p99_ms(res["before"][2])
+    for label in ("before", "hog", "after"):
+        t0, t1, got = res[label]
+        p99, ok = p99_ms(got)
+        out[f"overload_placement_p99_ms_{label}"] = p99
+        out[f"overload_placed_per_s_{label}"] = round(ok / max(1e-9, t1 - t0), 1)
+        out[f"overload_placements_{label}"] = statuses([(0, 0, st) for (st, _), _l in got])
+        if label != "before":
+            out[f"overload_placement_p99_ratio_{label}"] = round(p99 / base_p99, 2) if p99 and base_p99 else None
+        rows = fleet.window(t0, t1)
+        out[f"overload_beats_{label}"] = statuses(rows)
+        gaps = fleet.heard_gaps(t0, t1)
+        out[f"overload_beat_gap_s_p99_{label}"] = round(percentile(gaps, 0.99), 2) if gaps else None
+        out[f"overload_beat_gap_s_max_{label}"] = round(max(gaps), 2) if gaps else None
+    out["overload_shed"] = shed
+    out["overload_false_downs"] = len(downs)
+    out["overload_hog"] = f"stress-ng --cpu 2 for {a.hog_s:g} s"
+    return out
+
+
+def outage(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> dict:
+    """The outage case: two replicas, the fleet beating as hostd does through the grace;
+    placements for --hog-s s (the baseline), then both replicas stopped for --outage-s
+    (hostd retries with its capped backoff), then both started again at once (each
+    builds its index before it opens its port) while placements are offered open loop
+    from the start for --hog-s s after both ports are open. Reported: how long until
+    every host was heard again (from the start of the replicas, and from their ports
+    open), the return's peak of beat attempts a second against the steady rate (the
+    storm), its statuses (shed 503s), re-registrations (none: the fleet keeps its
+    registration), placements' p99 during the return against the baseline, and false
+    downs (every host kept running: any host.down)."""
+    reps = Replicas(config(tmp, url, timeout_s=a.timeout_s, write_s=a.write_s, check_s=a.check_s,
+                          period_s=a.period_s), tmp, 2)
+    out: dict = {}
+    n = int(a.rate * a.hog_s)
+    reqs = trace(2 * n + 10)
+    try:
+        reps.start(0)
+        reps.start(1)
+        warm_up(reps.bases, names)
+        fleet = Fleet(names, reps.bases, a.interval_s)
+        marks: dict[str, float] = {}
+
+        async def go() -> tuple[list, list]:
+            until = asyncio.Event()
+            beating = asyncio.create_task(fleet.run(until))
+            await asyncio.sleep(a.timeout_s + 2 * a.interval_s)
+            marks["steady_from"] = time.time()
+            before = await run_open(a.rate, 32, reps.bases, reqs[:n], place)
+            marks["steady_to"] = time.time()
+            loop = asyncio.get_running_loop()
+            marks["down"] = time.time()
+            await loop.run_in_executor(None, lambda: stop([p for p in reps.procs if p is not None]))
+            await asyncio.sleep(a.outage_s)
+            marks["start"] = time.time()
+            await asyncio.gather(*(loop.run_in_executor(None, reps.start, i) for i in range(2)))
+            marks["open"] = time.time()
+            during = await run_open(a.rate, 32, reps.bases, reqs[n:2 * n], place)
+            marks["placed_to"] = time.time()
+            await asyncio.sleep(max(0.0, a.interval_s * 1.5 - (time.time() - marks["open"])))
+            until.set()
+            await beating
+            return before, during
+        before, during = asyncio.run(go())
+        shed = shed_counts(reps.bases)
+        downs = asyncio.run(audit_rows(reps.bases, "host.down"))
+        registers = asyncio.run(audit_rows(reps.bases, "host.update"))
+    finally:
+        reps.stop()
+    heard: dict[int, float] = {}
+    for t, i, st in fleet.log:
+        if st in (200, 503) and t >= marks["start"] and i not in heard:
+            heard[i] = t
+    steady = fleet.window(marks["steady_from"], marks["steady_to"])
+    steady_rate = len(steady) / max(1e-9, marks["steady_to"] - marks["steady_from"])
+    back = fleet.window(marks["start"], marks["start"] + 4 * a.interval_s)
+    per_s: dict[int, int] = {}
+    for t, _i, _st in back:
+        per_s[int(t - marks["start"])] = per_s.get(int(t - marks["start"]), 0) + 1
+    peak = max(per_s.values(), default=0)
+    base_p99, _ = p99_ms(before)
+    p99, ok = p99_ms(during)
+    first_ok = min((lat for (st, _), lat in during if st == 202), default=None)
+    out.update({
+        "outage_s": a.outage_s,
+        "outage_attempts_while_down": statuses(fleet.window(marks["down"], marks["start"])),
+        "outage_replicas_start_to_open_s": round(marks["open"] - marks["start"], 2),
+        "outage_all_heard_after_start_s": round(max(heard.values()) - marks["start"], 2)
+        if len(heard) == len(names) else None,
+        "outage_all_heard_after_open_s": round(max(heard.values()) - marks["open"], 2)
+        if len(heard) == len(names) else None,
+        "outage_hosts_heard": len(heard),
+        "outage_steady_beats_per_s": round(steady_rate, 1),
+        "outage_return_peak_attempts_per_s": peak,
+        "outage_return_peak_ratio": round(peak / steady_rate, 2) if steady_rate else None,
+        "outage_return_beats": statuses(back),
+        "outage_shed": shed,
+        "outage_reregistrations": len(registers),
+        "outage_placement_p99_ms_before": base_p99,
+        "outage_placement_p99_ms_return": p99,
+        "outage_placement_p99_ratio": round(p99 / base_p99, 2) if p99 and base_p99 else None,
+        "outage_placed_per_s_return": round(ok / max(1e-9, marks["placed_to"] - marks["open"]), 1),
+        "outage_placements_return": statuses([(0, 0, st) for (st, _), _l in during]),
+        "outage_first_placement_latency_ms": round(first_ok * 1e3, 1) if first_ok is not None else None,
+        "outage_false_downs": len(downs),
+    })
+    return out
+
+
 def main() -> int:
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--hosts", type=int, default=100000)
@@ -541,6 +888,13 @@ def main() -> int:
     p.add_argument("--short", action="store_true", help="500 hosts beating every 2 s, 80 placements/s, 4 s "
                                                         "phases, SQLite, liveness timings shortened (the docstring)")
     p.add_argument("--json", action="store_true", help="print one JSON object (a list with several stores)")
+    p.add_argument("--overload", action="store_true", help="add the CPU-hog case (stress-ng --cpu 2, --hog-s)")
+    p.add_argument("--outage", action="store_true", help="add the outage case (both replicas down --outage-s)")
+    p.add_argument("--only", default="", help="comma list of cases to run instead of the phases 1-5: "
+                                              "overload, outage")
+    p.add_argument("--hog-s", type=float, default=None, help="the hog's time, and each placement window's "
+                                                              "(default 30; --short 8)")
+    p.add_argument("--outage-s", type=float, default=None, help="the outage (default 300; --short 21)")
     p.add_argument("--generator", choices=("python", "wrk"), default=None,
                    help=f"who sends the heartbeats (default: wrk from {WRK_FROM_HOSTS:,} hosts when {WRK} exists, "
                         f"else python; --short: python)")
@@ -553,6 +907,15 @@ def main() -> int:
         # the issue's bound, where 1 s periods gave 0.008-0.0104 on a loaded machine); a live
         # host is seen within a beat, two periods and a flush (2 + 3 + 1 s) of the 7 s timeout
         a.interval_s, a.timeout_s, a.write_s, a.check_s, a.period_s = 2.0, 7.0, 300.0, 1.0, 1.5
+    a.hog_s = a.hog_s if a.hog_s is not None else (8.0 if a.short else 30.0)
+    a.outage_s = a.outage_s if a.outage_s is not None else (3 * a.timeout_s if a.short else 300.0)
+    a.cases = [c.strip() for c in a.only.split(",") if c.strip()]
+    if any(c not in ("overload", "outage") for c in a.cases):
+        p.error(f"--only: overload, outage; not {a.only!r}")
+    if a.overload and "overload" not in a.cases:
+        a.cases.append("overload")
+    if a.outage and "outage" not in a.cases:
+        a.cases.append("outage")
     if a.generator is None:
         a.generator = "wrk" if not a.short and a.hosts >= WRK_FROM_HOSTS and WRK.exists() else "python"
     if a.generator == "wrk" and not WRK.exists():

@@ -113,6 +113,19 @@ def retry_after(r: httpx.Response, *, now: float | None = None) -> float | None:
     return max(0.0, when - (time.time() if now is None else now))
 
 
+def wait_after(*, interval_s: float, failures: int, later: float | None, rng: random.Random) -> float:
+    """How long a heartbeat client waits before its next attempt (the module's docstring
+    says why): ``later``, the scheduler's Retry-After (at most ten intervals), and up to
+    ``RETRY_AFTER_JITTER`` more; after ``failures`` in a row without one, half to all of
+    1, 2, 4 ... s, never over the interval; else the interval less up to a tenth.
+    bench/fleet_pulse.py's simulated fleet waits by this too."""
+    if later is not None:
+        return min(later, 10 * interval_s) * (1 + rng.uniform(0, RETRY_AFTER_JITTER))
+    if failures:
+        return min(interval_s, BACKOFF_FIRST_S * 2 ** min(failures - 1, 30)) * rng.uniform(0.5, 1.0)
+    return interval_s * rng.uniform(0.9, 1.0)
+
+
 def _refusal(r: httpx.Response, what: str) -> Exception:
     """A 429/503 that says when to come back, or a 5xx: Later (retried, the registration
     kept); anything else: RuntimeError."""
@@ -246,15 +259,10 @@ class Registrar:
             log.warning("scheduler registration url=%s error=%s", self.url, e)
 
     def next_wait(self) -> float:
-        """How long until the next attempt (the module's docstring says why)."""
-        if self.later is not None:
-            wait = min(self.later, 10 * self.interval_s) * (1 + self.rng.uniform(0, RETRY_AFTER_JITTER))
-            self.later = None
-            return wait
-        if self.failures:
-            cap = min(self.interval_s, BACKOFF_FIRST_S * 2 ** min(self.failures - 1, 30))
-            return cap * self.rng.uniform(0.5, 1.0)
-        return self.interval_s * self.rng.uniform(0.9, 1.0)
+        """How long until the next attempt (``wait_after``)."""
+        wait = wait_after(interval_s=self.interval_s, failures=self.failures, later=self.later, rng=self.rng)
+        self.later = None
+        return wait
 
     def run(self) -> None:
         while True:

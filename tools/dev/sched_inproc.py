@@ -27,7 +27,10 @@ def settings(db_url: str, tokens: dict[str, list[str]], **over: Any) -> Settings
                             "stats": {"heartbeat_flush_s": 0},  # write-through: tests read at once
                             "liveness": {"check_s": 0},  # tests call app.state.liveness.check()
                             # tests beat on a clock they step (or not): the rate limit is opt-in here
-                            "placement": {"heartbeat_min_interval_s": 0}}
+                            "placement": {"heartbeat_min_interval_s": 0},
+                            # the machine's load must not turn a test's requests away: shedding
+                            # is tested on a real server (tests/scheduler/api/test_sched_shed.py)
+                            "server": {"shed_loop_lag_s": 0}}
     for k, v in over.items():
         data.setdefault(k, {}).update(v)
     return Settings(**data)
