@@ -30,6 +30,11 @@ class ErrorBody(BaseModel):
 
 
 ERRORS = {s: {"model": ErrorBody} for s in (401, 403, 404, 409, 422)}
+# Load shedding (scheduler/service/shed.py): the requests a replica turns away under overload
+OVERLOADED = {503: {"model": ErrorBody, "description": "hyb.scheduler.overloaded: this replica sheds load; "
+                    "come back after Retry-After (a heartbeat shed still counts)",
+                    "headers": {"Retry-After": {"description": "seconds to wait (hostd adds up to half again)",
+                                                "schema": {"type": "integer"}}}}}
 
 
 def _body(code: str, message: str, field: str | None = None, **extra) -> dict:  # type: ignore[no-untyped-def]

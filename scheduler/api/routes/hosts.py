@@ -10,7 +10,7 @@ from api.states import AdminState, HostState
 from scheduler import policies
 from scheduler.api import wire
 from scheduler.api.deps import CurrentPrincipal
-from scheduler.api.errors import ERRORS
+from scheduler.api.errors import ERRORS, OVERLOADED
 from scheduler.schemas.fleet import DaysAccepted, HostDaysIn
 from scheduler.schemas.hosts import (AdminChange, DrainPublic, HeartbeatOut, HostPublic, HostRegister, HostsPublic,
                                      HostStatsPublic)
@@ -24,7 +24,7 @@ def _svc(request: Request) -> HostService:
 
 
 @router.post("", response_model=HostPublic, status_code=201,
-             responses={200: {"model": HostPublic, "description": "re-registered"}})
+             responses={200: {"model": HostPublic, "description": "re-registered"}, **OVERLOADED})
 def register_host(body: HostRegister, request: Request, response: Response, p: CurrentPrincipal) -> HostPublic:
     policies.act_as_host(p)
     out, created = _svc(request).register(body, actor=p.name, admin=p.admin, bound_host=p.host)
@@ -40,7 +40,7 @@ _BEAT_INPUTS = {"requestBody": {"content": {"application/json": {"schema": {
     "anyOf": [{"$ref": "#/components/schemas/HeartbeatIn"}, {"type": "null"}], "title": "Body"}}}}}
 
 
-@router.post("/{name}/heartbeat", response_model=HeartbeatOut, openapi_extra=_BEAT_INPUTS)
+@router.post("/{name}/heartbeat", response_model=HeartbeatOut, openapi_extra=_BEAT_INPUTS, responses=OVERLOADED)
 async def heartbeat(name: str, request: Request, p: CurrentPrincipal) -> HeartbeatOut:
     """Alive; with ``stats``, the host's IO-health signal since its last heartbeat (stored,
     downsampled: ``GET /v1/hosts/{name}/stats``)."""

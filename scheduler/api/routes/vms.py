@@ -14,7 +14,7 @@ from starlette.background import BackgroundTask
 from api.states import VmStatus
 from scheduler import policies
 from scheduler.api.deps import CurrentPrincipal, principal_of
-from scheduler.api.errors import ERRORS, ErrorBody
+from scheduler.api.errors import ERRORS, OVERLOADED, ErrorBody
 from scheduler.api.wire import KEY, CreateRequest, created_headers, read_create, vm_json
 from scheduler.schemas.vms import IoLimitsUpdate, MigrateRequest, PreviewPublic, VmPublic, VmsPublic
 from scheduler.service.vms import VmService, vm_public
@@ -61,7 +61,8 @@ async def create_inputs(request: Request) -> CreateRequest:
 
 @router.post("", status_code=202, response_model=VmPublic | PreviewPublic, openapi_extra=_CREATE_INPUTS,
              responses={200: {"description": "a replay of the same Idempotency-Key, or the dry-run preview"},
-                        507: {"model": ErrorBody, "description": "no host fits; rejections counted"}})
+                        507: {"model": ErrorBody, "description": "no host fits; rejections counted"},
+                        **OVERLOADED})
 async def create_vm(request: Request) -> Response:
     """Claim resources on the best host and dispatch to its hostd in the background
     (`pending` -> `creating` -> `running` | `failed`). `dry_run=true`: where it would go
