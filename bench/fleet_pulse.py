@@ -711,6 +711,36 @@ async def audit_rows(bases: list[tuple[str, int]], action: str) -> list[dict]:
         c.close()
 
 
+def placer(prefix: str, ids: list[str]):  # type: ignore[no-untyped-def]
+    """``place`` with keys of this case's own (the cases share the store) that keeps the
+    ids of the VMs placed, for ``delete_all``."""
+    async def one(c: Conn, r) -> tuple[int, float]:  # type: ignore[no-untyped-def]
+        t = time.perf_counter()
+        rep = await c.request("POST", "/v1/vms", r.body(), auth("bench-tenant", **{"Idempotency-Key": f"{prefix}-{r.i}"}))
+        if rep.status == 202:
+            ids.append(rep.json()["id"])
+        return rep.status, time.perf_counter() - t
+    return one
+
+
+def delete_all(bases: list[tuple[str, int]], ids: list[str]) -> None:
+    """The VMs a window placed go (the next window places into the same free fleet)."""
+    async def one(c: Conn, vm_id: str) -> int:
+        return (await c.request("DELETE", f"/v1/vms/{vm_id}", None, auth("bench-tenant"))).status
+    codes = asyncio.run(run_clients(16, bases, list(ids), one))
+    assert all(st in (200, 202, 204) for st in codes), sorted(set(codes))
+    ids.clear()
+
+
+def loop_lag(bases: list[tuple[str, int]]) -> float:
+    """The replicas' worst event-loop lateness of the last 30 s (hyb_sched_lag_seconds)."""
+    async def one(c: Conn, _: int) -> float:
+        r = await c.request("GET", "/metrics", None, auth("bench-admin"))
+        return max((float(ln.split()[-1]) for ln in r.body.decode().splitlines()
+                    if ln.startswith('hyb_sched_lag_seconds{of="event_loop"}')), default=0.0)
+    return max(asyncio.run(run_clients(len(bases), bases, list(range(len(bases))), one)))
+
+
 def p99_ms(got: list) -> tuple[float | None, int]:
     ok = [lat for (st, _), lat in got if st == 202]
     return (round(percentile(ok, 0.99) * 1e3, 2) if ok else None), len(ok)
@@ -748,17 +778,20 @@ def overload(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> di
             await asyncio.sleep(a.timeout_s + 2 * a.interval_s)  # the grace: every host heard
             n = int(a.rate * a.hog_s)
             res: dict = {}
+            ids: list[str] = []
+            loop = asyncio.get_running_loop()
             for k, label in enumerate(("before", "hog", "after")):
                 if label == "hog":
                     hog = subprocess.Popen(["stress-ng", "--cpu", "2", "--timeout", f"{int(a.hog_s)}s", "--quiet"],
                                            preexec_fn=lambda: os.setpriority(os.PRIO_PROCESS, 0, 0),
                                            stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
                 t0 = time.time()
-                got = await run_open(a.rate, 32, reps.bases, reqs[k * n:(k + 1) * n], place)
+                got = await run_open(a.rate, 32, reps.bases, reqs[k * n:(k + 1) * n], placer("hog", ids))
                 if label == "hog":
-                    await asyncio.get_running_loop().run_in_executor(None, hog.wait)
+                    await loop.run_in_executor(None, hog.wait)
                 t1 = time.time()
-                res[label] = (t0, t1, got)
+                res[label] = (t0, t1, got, await loop.run_in_executor(None, loop_lag, reps.bases))
+                await loop.run_in_executor(None, delete_all, reps.bases, ids)
             until.set()
             await beating
             return res
@@ -772,7 +805,8 @@ def overload(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> di
         reps.stop()
     base_p99, _ = p99_ms(res["before"][2])
     for label in ("before", "hog", "after"):
-        t0, t1, got = res[label]
+        t0, t1, got, lag = res[label]
+        out[f"overload_replica_loop_lag_s_{label}"] = round(lag, 3)
         p99, ok = p99_ms(got)
         out[f"overload_placement_p99_ms_{label}"] = p99
         out[f"overload_placed_per_s_{label}"] = round(ok / max(1e-9, t1 - t0), 1)
@@ -806,6 +840,7 @@ def outage(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> dict
     out: dict = {}
     n = int(a.rate * a.hog_s)
     reqs = trace(2 * n + 10)
+    ids: list[str] = []
     try:
         reps.start(0)
         reps.start(1)
@@ -818,16 +853,17 @@ def outage(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> dict
             beating = asyncio.create_task(fleet.run(until))
             await asyncio.sleep(a.timeout_s + 2 * a.interval_s)
             marks["steady_from"] = time.time()
-            before = await run_open(a.rate, 32, reps.bases, reqs[:n], place)
+            before = await run_open(a.rate, 32, reps.bases, reqs[:n], placer("outage", ids))
             marks["steady_to"] = time.time()
             loop = asyncio.get_running_loop()
+            await loop.run_in_executor(None, delete_all, reps.bases, ids)
             marks["down"] = time.time()
             await loop.run_in_executor(None, lambda: stop([p for p in reps.procs if p is not None]))
             await asyncio.sleep(a.outage_s)
             marks["start"] = time.time()
             await asyncio.gather(*(loop.run_in_executor(None, reps.start, i) for i in range(2)))
             marks["open"] = time.time()
-            during = await run_open(a.rate, 32, reps.bases, reqs[n:2 * n], place)
+            during = await run_open(a.rate, 32, reps.bases, reqs[n:2 * n], placer("outage", ids))
             marks["placed_to"] = time.time()
             await asyncio.sleep(max(0.0, a.interval_s * 1.5 - (time.time() - marks["open"])))
             until.set()
@@ -852,7 +888,8 @@ def outage(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> dict
     peak = max(per_s.values(), default=0)
     base_p99, _ = p99_ms(before)
     p99, ok = p99_ms(during)
-    first_ok = min((lat for (st, _), lat in during if st == 202), default=None)
+    # when the first create was answered 202, from the ports open (item i was due i / rate after)
+    first_ok = min((i / a.rate + lat for i, ((st, _), lat) in enumerate(during) if st == 202), default=None)
     out.update({
         "outage_s": a.outage_s,
         "outage_attempts_while_down": statuses(fleet.window(marks["down"], marks["start"])),
@@ -873,7 +910,9 @@ def outage(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> dict
         "outage_placement_p99_ratio": round(p99 / base_p99, 2) if p99 and base_p99 else None,
         "outage_placed_per_s_return": round(ok / max(1e-9, marks["placed_to"] - marks["open"]), 1),
         "outage_placements_return": statuses([(0, 0, st) for (st, _), _l in during]),
-        "outage_first_placement_latency_ms": round(first_ok * 1e3, 1) if first_ok is not None else None,
+        "outage_first_placement_after_open_s": round(first_ok, 2) if first_ok is not None else None,
+        "outage_first_placement_after_start_s": round(first_ok + marks["open"] - marks["start"], 2)
+        if first_ok is not None else None,
         "outage_false_downs": len(downs),
     })
     return out
