@@ -8,10 +8,12 @@ index only has to be fresh enough that claims rarely re-fit. Three ways in:
   indexed query for hosts whose change stamp ``seq`` is at or after the feed position
   of the previous read (``repo.hosts.feed``) — O(changed hosts), not O(fleet);
 - every ``down_check_s``, with a feed read: the hosts silent for longer than the
-  heartbeat timeout (``repo.hosts.quiet``, indexed: O(down hosts)). Heartbeats do not
-  stamp ``seq`` (that would make every heartbeat a feed event), so "down" is the set this
-  query returns; a host that comes back stamps ``seq`` with its heartbeat, and the next
-  check drops it from the set in any case;
+  heartbeat timeout. With the replicas' shared liveness (``pulse``) from memory
+  (``survey``: each host's recorded heartbeat as the feed and the full pass read it, and
+  the pulse's beats; the liveness check judges from the same); written through, the rows
+  are the liveness (``repo.hosts.quiet``, indexed). Heartbeats do not stamp ``seq`` (that
+  would make every heartbeat a feed event); a host that comes back stamps ``seq`` with its
+  heartbeat, and so do a mark down and its clearing;
 - a full pass every ``full_refresh_s`` (and on first use): every host's generation,
   admin state and heartbeat in one narrow query, usage and layouts re-read only where
   they moved, hosts deleted from the table dropped. Nothing the scheduler does deletes
