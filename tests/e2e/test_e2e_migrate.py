@@ -53,7 +53,7 @@ def wait(fn, what: str, timeout: float):  # type: ignore[no-untyped-def]
 
 @pytest.mark.timeout(1500)
 def test_a_drain_moves_a_running_vm_live_to_the_other_host(
-        smoke_guest: dict, hugetlbfs_2m: Path, hugepages_2m, loop_disk: Path, second_loop: Path,
+        smoke_guest: dict, hugetlbfs_2m: Path, libvirtd: str, hugepages_2m, loop_disk: Path, second_loop: Path,
         tmp_path: Path, record_property) -> None:
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs: each host's carve gives VMs a different one")
