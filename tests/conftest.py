@@ -332,30 +332,27 @@ def hugepages_2m() -> Iterator[callable]:
         assert now == before, f"node 0's 2 MiB pool left at {now} pages, not {before}: {used} still in use"
 
 
-@pytest.fixture
-def loop_disk(tmp_path: Path) -> Iterator[Path]:
-    """A 256 MiB loop device backed by a sparse file; detached afterwards."""
-    img = tmp_path / "disk.img"
+def _loop_device(img: Path, size: int) -> Iterator[Path]:
+    """A loop device over a sparse file of ``size`` bytes, detached when the generator ends."""
     with open(img, "wb") as f:
-        f.truncate(256 * 2**20)
+        f.truncate(size)
     dev = subprocess.run(["losetup", "--find", "--show", str(img)], check=True,
                          capture_output=True, text=True).stdout.strip()
     try:
         yield Path(dev)
     finally:
         subprocess.run(["losetup", "-d", dev], check=False)
+
+
+@pytest.fixture
+def loop_disk(tmp_path: Path) -> Iterator[Path]:
+    """A 256 MiB loop device backed by a sparse file; detached afterwards."""
+    yield from _loop_device(tmp_path / "disk.img", 256 * 2**20)
 
 
 @pytest.fixture
 def second_loop(loop_disk: Path, tmp_path: Path) -> Iterator[Path]:
     """A second loop device the size of ``loop_disk`` (a live move's target disk)."""
-    img = tmp_path / "disk-b.img"
-    with open(img, "wb") as f:
-        f.truncate(int(subprocess.run(["blockdev", "--getsize64", str(loop_disk)], check=True, capture_output=True,
-                                      text=True).stdout))
-    dev = subprocess.run(["losetup", "--find", "--show", str(img)], check=True,
-                         capture_output=True, text=True).stdout.strip()
-    try:
-        yield Path(dev)
-    finally:
-        subprocess.run(["losetup", "-d", dev], check=False)
+    size = int(subprocess.run(["blockdev", "--getsize64", str(loop_disk)], check=True, capture_output=True,
+                              text=True).stdout)
+    yield from _loop_device(tmp_path / "disk-b.img", size)
