@@ -279,6 +279,9 @@ def libvirtd(hugetlbfs_2m: Path, tmp_path_factory: pytest.TempPathFactory) -> It
     ctl = str(REPO / "tools/dev/libvirtd-ctl.sh")
     subprocess.run(["bash", ctl, "start", str(state)], check=True)
     _LIBVIRTD_STATE.append(state)  # for tests that restart the libvirtd we started
+    why = _libvirtd_cannot_back_hugepages(state)
+    if why:
+        pytest.fail(why, pytrace=False)
     try:
         yield "qemu:///system"
     finally:
@@ -287,6 +290,32 @@ def libvirtd(hugetlbfs_2m: Path, tmp_path_factory: pytest.TempPathFactory) -> It
 
 
 _LIBVIRTD_STATE: list[Path] = []
+
+# A guest's command line built by libvirt without starting QEMU (virsh domxml-to-native):
+# libvirt resolves the hugepage backing's path while building it.
+_HUGE_PROBE_XML = """<domain type='qemu'><name>hyb-test-hugetlbfs-probe</name><memory unit='KiB'>4096</memory>
+<memoryBacking><hugepages><page size='2048' unit='KiB'/></hugepages></memoryBacking><vcpu>1</vcpu>
+<os><type arch='x86_64'>hvm</type></os></domain>"""
+
+
+def _libvirtd_cannot_back_hugepages(state: Path) -> str:
+    """Why the running libvirtd cannot back a guest with 2 MiB pages ("" if it can).
+    libvirtd looks for hugetlbfs mounts only at start: one started before the mount (by
+    hand, or left running by an earlier run that was killed before its teardown) refuses
+    every hugepage guest with "hugetlbfs filesystem is not mounted", long after the cause.
+    Found once per session here, it is named, and who started it: this run restarts only
+    a daemon it started itself."""
+    probe = state / "hugetlbfs-probe.xml"
+    probe.write_text(_HUGE_PROBE_XML)
+    r = subprocess.run(["virsh", "-c", "qemu:///system", "domxml-to-native", "qemu-argv", str(probe)],
+                       capture_output=True, text=True, timeout=60, check=False)
+    if "hugetlbfs" not in r.stderr:
+        return ""
+    pid = Path("/run/libvirtd.pid").read_text().strip() if Path("/run/libvirtd.pid").exists() else "?"
+    ours = (state / "libvirtd.started").exists()
+    return (f"the running libvirtd (PID {pid}, {'started by this run' if ours else 'not started by this run'}) "
+            f"cannot back hugepage guests: {r.stderr.strip()}. It was started before a hugetlbfs was mounted "
+            "(libvirtd looks for mounts only at start); restart it now that one is mounted")
 
 
 @pytest.fixture

@@ -73,7 +73,11 @@ def plan_steps(layout: Layout, h: HostHandles, unmovable: list[Unmovable] | None
     if h.exclusive and h.cpuset is not None and layout.io_cpus:
         io_pids = {s.pid for s in steps if isinstance(s, MovePid)}  # the IO service, on its way to its CPUs
         io = layout.io_service
-        s, u = plan_exclusive(layout, HostFs(h.root), h.cpuset, exclude_pids=h.exclude_pids | io_pids | {os.getpid()},
+        # Only the IO service stays. hostd and its parent are left out of the IO service's
+        # match (h.exclude_pids), not out of this move: hostd's own threads (its samplers
+        # read /proc every second) left on io_cpus were the foreign CPU its own health
+        # signal reported there (0.3-0.5 CPU-s/s in the real-host rollout test).
+        s, u = plan_exclusive(layout, HostFs(h.root), h.cpuset, exclude_pids=frozenset(io_pids),
                               io_cgroup=_io_cgroup(layout), io_pattern=io.name if io.kind == "process" else "")
         steps += s
         if unmovable is not None:

@@ -55,9 +55,6 @@ def wait(fn, what: str, timeout: float):  # type: ignore[no-untyped-def]
 def test_a_drain_moves_a_running_vm_live_to_the_other_host(
         smoke_guest: dict, hugetlbfs_2m: Path, libvirtd: str, hugepages_2m, loop_disk: Path, second_loop: Path,
         tmp_path: Path, record_property) -> None:
-    if os.environ.get("HYB_E2E_MIGRATE") != "1":
-        pytest.skip("opt-in (HYB_E2E_MIGRATE=1): in the full suite of 2026-11-29 the machine tests after it "
-                    "found the system libvirtd without hugetlbfs (docs/roadmap.md); passes alone")
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs: each host's carve gives VMs a different one")
     hugepages_2m(2 * GUEST_PAGES + 8)  # both ends hold the guest's memory during the copy

@@ -97,6 +97,7 @@ def test_carve_takes_io_cpus_from_everything_else_and_uncarve_gives_them_back(pr
     irqs_before, wq_before = irq_affinities(), WQ.read_text().strip()
     assert cpus_allowed(loop.pid) == "0" and pid_cpuset_cgroup(ROOT, loop.pid, 1) == "/"
     parent_cpus = cpus_allowed(parent.pid)
+    own_cpus = os.sched_getaffinity(0)
     vm_cg = f"hyb-test-vms-{os.getpid()}"
     layout = Layout(nodes=(NodeLayout(0, io_cpus=(0,), host_cpus=(), vm_cpus=(1,), hugepages=()),),
                     pfs=(), disks=(), io_service=IoServiceTarget("process", tag), vm_cgroup=vm_cg,
@@ -124,6 +125,9 @@ def test_carve_takes_io_cpus_from_everything_else_and_uncarve_gives_them_back(pr
         # the busy loop (and every other process of the root cpuset) left CPU 0
         assert pid_cpuset_cgroup(ROOT, loop.pid, 1) == f"/{HOST_CGROUP}" and cpus_allowed(loop.pid) == "1"
         assert cpus_allowed(io.pid) == "0"  # the IO service keeps it
+        # the carver too (hostd; here this test's process): its samplers on io_cpus were
+        # the foreign CPU its own health signal reported there
+        assert os.sched_getaffinity(0) == {1} and pid_cpuset_cgroup(ROOT, os.getpid(), 1) == f"/{HOST_CGROUP}"
         born = fork()  # a child started while the carve stands is born off io_cpus
         assert pid_cpuset_cgroup(ROOT, born, 1) == f"/{HOST_CGROUP}" and cpus_allowed(born) == "1"
         moved = [s for s in ran if isinstance(s, MoveOff) and not s.skipped]
@@ -153,6 +157,7 @@ def test_carve_takes_io_cpus_from_everything_else_and_uncarve_gives_them_back(pr
         if journal.path.exists():
             uncarve(journal, ctx)
     assert pid_cpuset_cgroup(ROOT, loop.pid, 1) == "/" and cpus_allowed(loop.pid) == "0"
+    assert os.sched_getaffinity(0) == own_cpus and pid_cpuset_cgroup(ROOT, os.getpid(), 1) == "/"
     assert irq_affinities() == irqs_before and WQ.read_text().strip() == wq_before
     assert not fs.path(HOST_CGROUP).exists() and not fs.path(vm_cg).exists()
     # what was born in hyb-host went back with the rest (else its rmdir is EBUSY)
