@@ -119,6 +119,30 @@ class MigrationState(StrEnum):
     MIGRATING = "migrating"
 
 
+class MigrationPhase(StrEnum):
+    """What a live move is doing now, as the scheduler shows it (``migration.phase``):
+    preparing (the target is being claimed and prepared), starting (MigrateVM went to the
+    source, its job not sampled yet), disks (the job copies the raw disks: disk bytes
+    remain), memory (the disks are mirrored, memory is copied until the rest fits the
+    downtime), settling (the job is over: the move is being completed on the target, or
+    undone). ``scheduler/migration_view.py`` ``phase_of`` is the rule."""
+
+    PREPARING = "preparing"
+    STARTING = "starting"
+    DISKS = "disks"
+    MEMORY = "memory"
+    SETTLING = "settling"
+
+
+class MigrationResult(StrEnum):
+    """How a live move ended (a VM's ``last_migration.result``, the audit's ``vm.migrate``
+    result, ``hyb_sched_migrations_total``'s label with ``started``): done (it runs on the
+    target) or failed (undone: it runs on the source)."""
+
+    DONE = "done"
+    FAILED = "failed"
+
+
 class DrainAction(StrEnum):
     """What a drain does next to a VM on a draining host (`GET /v1/hosts/{name}/drain`)."""
 

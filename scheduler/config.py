@@ -166,6 +166,9 @@ class MigrationConfig(BaseModel):
     # process, so a restart takes over at once)
     lease_s: float = Field(60.0, gt=0)
     workers: int = Field(4, ge=1, le=64)  # moves driven at once by this process
+    # while the source's job runs, its progress (GetMigration) is sampled this often and
+    # kept on the VM's row: what the API, the drain view and the console show
+    progress_s: float = Field(2.0, ge=0.01, le=60)
 
 
 class ConsoleConfig(BaseModel):

@@ -30,6 +30,12 @@ class Metrics:
         self.migrations = Counter("hyb_sched_migrations_total", "Live moves of VMs: started, then done "
                                   "(it runs on the target) or failed (undone: it runs on the source)",
                                   ["result"], registry=r)
+        # hostd counts libvirt's job time and downtime (hostd_migration_seconds,
+        # hostd_migration_downtime_seconds); this is the whole move as the operator waits
+        # for it: asked, target prepared, job, completed on the target (or undone)
+        self.migration_seconds = Histogram("hyb_sched_migration_seconds", "Live moves from asked to settled, "
+                                           "by result (done, failed)", ["result"], registry=r,
+                                           buckets=(1, 2.5, 5, 10, 30, 60, 120, 300, 600, 1800))
         self.reconcile_repairs = Counter("hyb_sched_reconcile_repairs_total",
                                          "Drift repaired by reconcile, by kind", ["kind"], registry=r)
         self.liveness_rows = Counter("hyb_sched_liveness_rows_written_total",

@@ -15,6 +15,7 @@ reason: both paths send it.
 from __future__ import annotations
 
 import re
+import time
 from dataclasses import dataclass
 from functools import cache
 from typing import Any
@@ -29,6 +30,7 @@ from scheduler import policies
 from scheduler.api.gate import BodyTooLarge
 from scheduler.db.models import Vm
 from scheduler.errors import InvalidRequest
+from scheduler.migration_view import last_migration_json, migration_json
 from scheduler.policies import Principal
 from scheduler.schemas.hosts import HeartbeatIn, HeartbeatOut
 from scheduler.schemas.vms import VmCreate
@@ -150,8 +152,8 @@ def vm_json(vm: Vm) -> dict:
             "attempts": vm.attempts,
             # as vm_public: the stored request carries the effective tenant, the public one None
             "request": {k: (None if k == "tenant" else v) for k, v in vm.request.items()},
-            "migration": None if not vm.migration_state else {
-                "target_host": vm.migration_host or "", "state": vm.migration_state, "since": vm.migration_at},
+            "migration": None if not vm.migration_state else migration_json(vm, time.time()),
+            "last_migration": last_migration_json(vm),
             "created": vm.created, "updated": vm.updated}
 
 

@@ -111,6 +111,12 @@ class Vm(Base):
     migration_state: Mapped[str] = mapped_column(String(16), default="", server_default="")
     migration_owner: Mapped[str] = mapped_column(String(64), default="", server_default="")
     migration_at: Mapped[float] = mapped_column(Float, default=0.0, server_default="0")
+    # What operators see of it (migration 0019): while it runs, when it started and the
+    # source hostd's last progress sample (GetMigration, taken by the driving scheduler);
+    # afterwards the last move's end (result, reason, times). JSON, shapes in
+    # scheduler/service/migrations.py (progress_record, last_record).
+    migration_progress: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    last_migration: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     created: Mapped[float] = mapped_column(Float)
     updated: Mapped[float] = mapped_column(Float)
 

@@ -164,6 +164,14 @@ def renew_migrations(*, session: Session, vm_ids: Collection[str], owner: str, n
                                      Vm.migration_state != "").values(migration_at=now))
 
 
+def set_migration_progress(*, session: Session, vm_id: str, target: str, record: dict) -> bool:
+    """The move's progress record (scheduler/migration_view.py), iff the VM still moves to
+    ``target`` (one conditional UPDATE: a move settled meanwhile keeps its end)."""
+    hit = session.execute(update(Vm).where(Vm.id == vm_id, Vm.migration_host == target, Vm.migration_state != "")
+                          .values(migration_progress=record))
+    return hit.rowcount == 1
+
+
 def take_migration(*, session: Session, vm_id: str, owner: str, seen_owner: str, seen_at: float,
                    now: float) -> bool:
     """This process drives the VM's move from now on, iff nobody took it since it was read

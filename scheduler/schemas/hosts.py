@@ -10,6 +10,7 @@ from api.bounds import HOST_NAME, check_host_labels, check_rack
 from api.scrape import check_metrics_url
 from api.states import AdminState, DrainAction, HostState
 from scheduler.schemas.rollouts import ROLLOUT
+from scheduler.schemas.vms import MigrationOut
 
 HOST = rf"^{HOST_NAME}$"
 HOSTPORT = r"^[A-Za-z0-9_.:\[\]-]{1,250}:[0-9]{1,5}$"
@@ -168,6 +169,7 @@ class DrainStepOut(BaseModel):
     action: DrainAction = Field(
         description="what the drain does to it now, or `wait` (see `why`), or `done`: it holds nothing here")
     why: str
+    migration: MigrationOut | None = Field(None, description="moving live: the move and its progress, as on the VM")
 
 
 class DrainPublic(BaseModel):

@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from api.states import MigrationState, OnMaintenance, VmStatus
+from api.states import MigrationPhase, MigrationResult, MigrationState, OnMaintenance, VmStatus
 
 NAME = r"^[A-Za-z0-9_.-]{1,48}$"
 LABEL_KEY = r"^[A-Za-z0-9_./-]{1,63}$"
@@ -136,13 +136,50 @@ class PlacementOut(BaseModel):
     cells: list[CellOut] = Field(description="guest NUMA cells in order: one per host node the VM uses")
 
 
+class MigrationProgressOut(BaseModel):
+    """The source hostd's last sample of the move's job (GetMigration), as the scheduler
+    driving the move took it (every `migration.progress_s` while the job runs): served
+    from the VM's record, `age_s` old; no hostd is asked per read."""
+
+    sampled_at: float
+    age_s: float = Field(description="seconds since the sample was taken")
+    active: bool = Field(description="the job ran at the sample; false: it has ended, the figures are its last")
+    elapsed_ms: int = Field(description="the job's time so far (libvirt's time elapsed)")
+    memory_remaining_bytes: int
+    disk_remaining_bytes: int = Field(description="raw-disk bytes still to copy (the NBD mirror)")
+    memory_bps: int = Field(description="the memory stream's rate, bytes/s")
+    expected_downtime_ms: int = Field(description="the guest's pause at the switch-over if it came now")
+
+
 class MigrationOut(BaseModel):
     """A live move under way: the VM runs on ``host`` until it runs on the target."""
 
     target_host: str
     state: MigrationState = Field(description="preparing: the target is claimed and being prepared; migrating: "
                                               "the source is moving it")
-    since: float
+    since: float = Field(description="when the move's state was last written, or its lease renewed")
+    started: float = Field(description="when the move was asked (0: asked before this scheduler kept it)")
+    phase: MigrationPhase = Field(description="what it does now: preparing, starting (the source's job not "
+                                              "sampled yet), disks (copying raw disks), memory, settling (the "
+                                              "job is over: completed on the target or undone)")
+    progress: MigrationProgressOut | None = Field(description="the source's last sample; null before the first")
+
+
+class LastMigrationOut(BaseModel):
+    """How the VM's last live move ended."""
+
+    from_host: str
+    to_host: str
+    result: MigrationResult = Field(description="done: it runs on `to_host`; failed: undone, it runs on "
+                                                "`from_host` (`reason` says why)")
+    reason: str
+    started: float = Field(description="when it was asked (0: not known)")
+    finished: float
+    total_s: float | None = Field(description="asked to settled, seconds (null: start not known)")
+    job_ms: int = Field(description="libvirt's job time (a failed move: its last sample's)")
+    downtime_ms: int = Field(description="the guest's pause at the switch-over, as libvirt measured it "
+                                         "(0 when it did not switch over)")
+    data_bytes: int = Field(description="memory and disk bytes the job sent")
 
 
 class MigrateRequest(BaseModel):
@@ -168,6 +205,8 @@ class VmPublic(BaseModel):
     request: VmCreate
     migration: MigrationOut | None = Field(None, description="a live move under way (`POST /v1/vms/{id}/migrate`, "
                                                              "a drain's `migrate`)")
+    last_migration: LastMigrationOut | None = Field(None, description="how its last live move ended: time, "
+                                                                     "downtime, result")
     created: float
     updated: float
 

@@ -59,7 +59,7 @@ from scheduler.repo import pg
 from scheduler.repo import vms as vm_repo
 from scheduler.schemas.hosts import DrainPublic, DrainStepOut
 from scheduler.schemas.vms import VmCreate
-from scheduler.service.vms import VmService
+from scheduler.service.vms import VmService, migration_public
 
 log = logging.getLogger(__name__)
 
@@ -126,12 +126,19 @@ class DrainService:
             return h, plan({host}, load(s, [host]))
 
     def status(self, host: str) -> DrainPublic:
-        """``plan_for`` as the API answers it: per VM, what the drain does or waits for."""
-        h, steps = self.plan_for(host)
+        """``plan_for`` as the API answers it: per VM, what the drain does or waits for,
+        and a VM moving live with its move's progress (as the VM shows it)."""
+        now = self.clock()
+        with self.store.read() as s:
+            h = host_repo.get_host(session=s, name=host)
+            rows = load_rows(s, [host])
+            steps = plan({host}, [d for d, _ in rows])
+            moving = {v.id: migration_public(v, now) for _, v in rows if v.migration_state}
+            name, admin = h.name, h.admin_state
         left = sum(st.action != DrainAction.DONE for st in steps)
-        return DrainPublic(host=h.name, admin_state=h.admin_state,
-                           drained=h.admin_state == AdminState.DRAINING and not left, left=left,
-                           steps=[DrainStepOut(**st.__dict__) for st in steps])
+        return DrainPublic(host=name, admin_state=admin, drained=admin == AdminState.DRAINING and not left,
+                           left=left, steps=[DrainStepOut(**st.__dict__, migration=moving.get(st.vm))
+                                             for st in steps])
 
     # ------------------------------------------------------------ act
 

@@ -47,7 +47,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from api import hostd_pb2 as pb
-from api.states import HostState, MigrationState, VmStatus
+from api.states import HostState, MigrationResult, MigrationState, VmStatus
 from scheduler.config import MigrationConfig
 from scheduler.db.engine import Store
 from scheduler.db.models import Vm
@@ -56,6 +56,7 @@ from scheduler.errors import (ConcurrentUpdate, HostdFailed, HostNotFound, Inval
                               NoValidHost, NotMovable)
 from scheduler.fit import VmWant
 from scheduler.metrics import Metrics
+from scheduler.migration_view import last_record, progress_record, settling, with_sample
 from scheduler.reconcile import alloc_of
 from scheduler.repo import audit as audit_repo
 from scheduler.repo import hosts as host_repo
@@ -198,6 +199,7 @@ class MigrationService:
                 raise ConcurrentUpdate(f"the VM changed meanwhile ({r.status} on {r.host}); ask again")
             r.migration_host, r.migration_allocation = host, alloc.to_dict()
             r.migration_state, r.migration_owner, r.migration_at = MigrationState.PREPARING, self.owner, now
+            r.migration_progress = progress_record(now)
             audit_repo.record(session=s, principal=actor, action="vm.migrate", target=vm_id, now=now,
                               detail={"tenant": r.tenant, "from": source, "to": host, "result": "started",
                                       "cpus": list(alloc.cpus), "disks": [d.name for d in alloc.disks]})
@@ -210,7 +212,7 @@ class MigrationService:
                                  extra=e.extra) from None
             raise
         log.info("migration started vm=%s from=%s to=%s by=%s", vm_id, source, got.migration_host, actor)
-        self._count("started")
+        self._count("started")  # with MigrationResult's done and failed: the counter's labels
         return got, True
 
     def _check_target(self, s: Any, vm: Vm, target: str) -> None:
@@ -314,10 +316,15 @@ class MigrationService:
                 self.placer.release_on(s, mv.target, old, mv.vm_id, then=got)
                 r.migration_allocation = got.to_dict()
             r.migration_state, r.migration_at = MigrationState.MIGRATING, self.clock()
+            record = dict(r.migration_progress or {})
         log.info("migration prepared vm=%s on %s cpus=%s; migrating from %s", mv.vm_id, mv.target,
                  list(ready.vm.vcpu_pins), mv.source)
         mv = replace(mv, state=MigrationState.MIGRATING)
         self._crash("prepared")
+        stop = threading.Event()
+        watcher = threading.Thread(target=self._watch, args=(mv, record, stop), daemon=True,
+                                   name=f"migrate-progress-{mv.vm_id[:8]}")
+        watcher.start()
         try:
             moved = self.hostd.migrate_vm(mv.source_address, pb.MigrateVMRequest(
                 name=mv.name, target_uri=ready.target_uri, migrate_uri=ready.migrate_uri,
@@ -325,7 +332,9 @@ class MigrationService:
                 bandwidth_mib_s=self.cfg.bandwidth_mib_s, max_downtime_ms=self.cfg.max_downtime_ms,
                 timeout_s=self.cfg.timeout_s, on_timeout=pb.ON_TIMEOUT_ABORT, tls=self.cfg.tls))
         except HostdFailed as e:
+            self._watched(mv, stop, watcher)
             return self._settle(mv, f"MigrateVM on {mv.source}: {e.message}")
+        self._watched(mv, stop, watcher)
         self._crash("migrated")
         return self._settle(mv, "", moved)
 
@@ -343,8 +352,10 @@ class MigrationService:
                                "next round")
                 return "waiting"
         try:
-            if self.hostd.get_migration(mv.source_address, mv.name).active:
-                return "waiting"  # the job runs still (a scheduler that restarted meanwhile)
+            job = self.hostd.get_migration(mv.source_address, mv.name)
+            if job.active:  # the job runs still (a scheduler that restarted meanwhile): its sample kept
+                self._keep(mv, lambda rec: with_sample(rec, job, self.clock()))
+                return "waiting"
         except HostdFailed as e:
             if not _says(e, "hyb.vm.not_found") and e.extra.get("grpc_code") != "NOT_FOUND":
                 self._note(mv, f"{failure or 'resumed'}; {mv.source} cannot say yet ({e.message}): asked again "
@@ -392,17 +403,22 @@ class MigrationService:
                 alloc = new
             self.placer.release(s, r)  # the source claim: the VM left it
             r.host, r.allocation, r.hostd_vm_id = mv.target, alloc.to_dict(), done.vm.vm_id or r.hostd_vm_id
+            r.last_migration = last = last_record(
+                source=mv.source, target=mv.target, result=MigrationResult.DONE, reason="",
+                record=r.migration_progress, finished=now, job_ms=job.job_ms, downtime_ms=job.downtime_ms,
+                data_bytes=job.data_bytes)
             _clear(r)
             if r.reason.startswith(MOVE_NOTE):
                 r.reason = ""
             r.updated = now
             audit_repo.record(session=s, principal=f"migration:{mv.source}", action="vm.migrate", target=mv.vm_id,
                               now=now, detail={"tenant": r.tenant, "from": mv.source, "to": mv.target,
-                                               "result": "done", "job_ms": job.job_ms,
-                                               "downtime_ms": job.downtime_ms, "data_bytes": job.data_bytes})
+                                               "result": MigrationResult.DONE, "job_ms": job.job_ms,
+                                               "downtime_ms": job.downtime_ms, "data_bytes": job.data_bytes,
+                                               "total_s": last["total_s"]})
         log.info("migration done vm=%s %s -> %s job_ms=%d downtime_ms=%d", mv.vm_id, mv.source, mv.target,
                  job.job_ms, job.downtime_ms)
-        self._count("done")
+        self._count(MigrationResult.DONE, last["total_s"])
         return "done"
 
     def _undo(self, mv: Move, failure: str) -> None:
@@ -415,24 +431,64 @@ class MigrationService:
                 return
             if r.migration_allocation:
                 self.placer.release_on(s, mv.target, Allocation.from_dict(r.migration_allocation), mv.vm_id)
+            r.last_migration = last = last_record(source=mv.source, target=mv.target, result=MigrationResult.FAILED,
+                                                  reason=failure, record=r.migration_progress, finished=now)
             _clear(r)
             if not r.reason or r.reason.startswith(MOVE_NOTE):
                 r.reason = note
             r.updated = now
             audit_repo.record(session=s, principal=f"migration:{mv.source}", action="vm.migrate", target=mv.vm_id,
                               now=now, detail={"tenant": r.tenant, "from": mv.source, "to": mv.target,
-                                               "result": "failed", "reason": failure})
+                                               "result": MigrationResult.FAILED, "reason": failure,
+                                               "total_s": last["total_s"]})
         log.warning("migration failed vm=%s %s -> %s, it runs on %s: %s", mv.vm_id, mv.source, mv.target,
                     mv.source, failure)
-        self._count("failed")
+        self._count(MigrationResult.FAILED, last["total_s"])
 
     def _note(self, mv: Move, what: str) -> None:
         log.warning("migration vm=%s %s -> %s: %s", mv.vm_id, mv.source, mv.target, what)
         self.vms.note(mv.vm_id, f"{MOVE_NOTE} to {mv.target} not settled yet: {what}", prefix=MOVE_NOTE)
 
-    def _count(self, result: str) -> None:
+    def _count(self, result: str, total_s: float | None = None) -> None:
         if self.metrics is not None:
             self.metrics.migrations.labels(result).inc()
+            if total_s is not None:
+                self.metrics.migration_seconds.labels(result).observe(total_s)
+
+    # ------------------------------------------------------------ progress
+
+    def _watch(self, mv: Move, record: dict, stop: threading.Event) -> None:
+        """While MigrateVM runs: the source's job sampled every ``progress_s`` and kept on
+        the VM's row (what every replica serves; scheduler/migration_view.py)."""
+        assert self.hostd is not None
+        while not stop.wait(self.cfg.progress_s):
+            try:
+                p = self.hostd.get_migration(mv.source_address, mv.name)
+            except HostdFailed as e:  # the move's own calls decide; a sample is only shown
+                log.debug("progress of vm=%s from %s: %s", mv.vm_id, mv.source, e.message)
+                continue
+            if stop.is_set():
+                return  # MigrateVM answered meanwhile: settling is written, not this sample
+            record = with_sample(record, p, self.clock())
+            self._keep(mv, lambda _rec, r=record: r)
+
+    def _watched(self, mv: Move, stop: threading.Event, watcher: threading.Thread) -> None:
+        """MigrateVM answered: the sampler stopped, the move shown settling."""
+        stop.set()
+        watcher.join(30)
+        self._keep(mv, settling)
+
+    def _keep(self, mv: Move, change: Callable[[dict | None], dict]) -> None:
+        """The move's progress record changed by ``change``, iff the VM still moves to its
+        target; a database away costs only the shown progress."""
+        try:
+            with self.store.write() as s:
+                r = vm_repo.get_vm(session=s, vm_id=mv.vm_id)
+                if r.migration_state and r.migration_host == mv.target:
+                    vm_repo.set_migration_progress(session=s, vm_id=mv.vm_id, target=mv.target,
+                                                   record=change(r.migration_progress))
+        except Exception:  # noqa: BLE001 - see above
+            log.exception("keeping the progress of vm=%s's move failed", mv.vm_id)
 
     # ------------------------------------------------------------ resume
 
@@ -464,6 +520,7 @@ class MigrationService:
 def _clear(r: Vm) -> None:
     r.migration_host, r.migration_allocation = None, None
     r.migration_state, r.migration_owner, r.migration_at = "", "", 0.0
+    r.migration_progress = None
 
 
 def target_want(want: VmWant, source: Allocation, res: Any) -> VmWant:

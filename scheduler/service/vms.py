@@ -29,11 +29,12 @@ from scheduler.errors import (ConcurrentUpdate, HostdFailed, IdempotencyMismatch
                               VmBusy)
 from scheduler.fit import DiskWant, FitResult, VfWant, VmWant, validate
 from scheduler.metrics import Metrics
+from scheduler.migration_view import last_migration_json, migration_json
 from scheduler.repo import audit as audit_repo
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import vms as vm_repo
 from scheduler.resources import Allocation, DiskAlloc, Usage, VfAlloc, split_cells
-from scheduler.schemas.vms import (CandidateOut, IoTuneIn, MigrationOut, PlacementOut, PreviewPublic, RejectionOut, VmCreate,
+from scheduler.schemas.vms import (CandidateOut, IoTuneIn, LastMigrationOut, MigrationOut, PlacementOut, PreviewPublic, RejectionOut, VmCreate,
                                    VmPublic, VmsPublic)
 from scheduler.service.claimq import ClaimQueue
 from scheduler.service.claims import Affinity, ClaimJob, Placer
@@ -171,19 +172,22 @@ def not_moving(vm: Vm) -> None:
                      "move is done", field="vm_id", extra={"target_host": vm.migration_host})
 
 
-def migration_public(vm: Vm) -> MigrationOut | None:
-    if not vm.migration_state:
-        return None
-    return MigrationOut(target_host=vm.migration_host or "", state=vm.migration_state, since=vm.migration_at)
+def migration_public(vm: Vm, now: float | None = None) -> MigrationOut | None:
+    """The move under way (scheduler/migration_view.py), its progress aged at ``now``."""
+    got = migration_json(vm, time.time() if now is None else now)
+    return None if got is None else MigrationOut.model_validate(got)
 
 
-def vm_public(vm: Vm) -> VmPublic:
+def vm_public(vm: Vm, now: float | None = None) -> VmPublic:
     req = {k: v for k, v in vm.request.items() if k != "tenant"}
+    last = last_migration_json(vm)
     return VmPublic(id=vm.id, name=vm.name, tenant=vm.tenant, status=vm.status, reason=vm.reason, host=vm.host,
                     replaces=vm.replaces,
                     placement=placement_public(Allocation.from_dict(vm.allocation)) if vm.allocation else None,
                     hostd_vm_id=vm.hostd_vm_id, attempts=vm.attempts, request=VmCreate.model_validate(req),
-                    migration=migration_public(vm), created=vm.created, updated=vm.updated)
+                    migration=migration_public(vm, now),
+                    last_migration=None if last is None else LastMigrationOut.model_validate(last),
+                    created=vm.created, updated=vm.updated)
 
 
 def preview_public(res: FitResult) -> PreviewPublic:
@@ -314,7 +318,8 @@ class VmService:
                     request=it.req, host=host, allocation=alloc.to_dict(), status=VmStatus.PENDING, reason="",
                     hostd_vm_id="", affinity_group=body.anti_affinity.group if body.anti_affinity else "",
                     attempts=0, replaces=it.replaces or None, migration_host=None, migration_allocation=None,
-                    migration_state="", migration_owner="", migration_at=0.0,
+                    migration_state="", migration_owner="", migration_at=0.0, migration_progress=None,
+                    last_migration=None,
                     disruption_group=body.disruption_budget.group if body.disruption_budget else "",
                     created=now, updated=now)
             vm_repo.insert_vm(session=s, vm=vm)  # the unique (tenant, key) constraint fires here
@@ -341,7 +346,7 @@ class VmService:
         """``scope``: the tenant the reader is limited to (None: every tenant); another
         tenant's VM is not found."""
         with self.store.read() as s:
-            return vm_public(vm_repo.get_vm(session=s, vm_id=vm_id, tenant=scope))
+            return vm_public(vm_repo.get_vm(session=s, vm_id=vm_id, tenant=scope), self.clock())
 
     def list(self, *, scope: str | None, tenant: str | None = None, host: str | None = None,
              status: str | None = None, name: str | None = None, limit: int = 100, after: str = "") -> VmsPublic:
@@ -351,7 +356,8 @@ class VmService:
         with self.store.read() as s:
             rows = vm_repo.list_vms(session=s, tenant=scope if scope is not None else tenant, host=host,
                                     status=status, name=name, limit=limit, after=after)
-            items = [vm_public(v) for v in rows]
+            now = self.clock()
+            items = [vm_public(v, now) for v in rows]
         return VmsPublic(items=items, next=items[-1].id if len(items) == limit else None)
 
     def status_counts(self) -> dict[str, int]:

@@ -251,3 +251,80 @@ def test_a_drain_tries_a_failed_move_again_at_once(private_fleet: Fleet) -> None
         assert results == ["done", "started", "failed", "started"], results
         assert "unexpectedly failed" in audit(api, a)[2]["reason"]
         assert claimed(api, "h1") == ([], []) == hostd_claims(f, "h1")
+
+
+STATS = {"time_elapsed": 1500, "memory_remaining": 64 << 20, "disk_remaining": 1 << 30, "memory_bps": 100 << 20,
+         "downtime": 40}  # libvirt's job statistics, as hostd's sampler keeps them
+
+
+def test_a_moves_progress_is_shown_while_it_runs_and_its_end_after(private_fleet: Fleet) -> None:
+    """While the source's job runs, the VM (and the drain view) shows the source hostd's
+    GetMigration sample the driving scheduler took, with its age; API reads do not ask
+    the hostd. Afterwards the VM keeps the last move's end: total time, libvirt's job time
+    and downtime; a failed move its reason. The scheduler counts both."""
+    f = private_fleet
+    clock = Clock(1_000_000.0)
+    with f.scheduler(register=True, clock=clock, migration={"progress_s": 0.2}) as api:
+        a = create(api, "app-1", **DISK)
+        src = f.hostds["h1"].migrations
+        src.gate, src.stats = threading.Event(), dict(STATS)
+        asked = clock.t
+        r = api.post(f"/v1/vms/{a}/migrate", json={"target_host": "h2"}, headers=ADM)
+        assert r.status_code == 202, r.text
+        assert r.json()["migration"]["phase"] == "preparing" and r.json()["migration"]["progress"] is None
+        assert r.json()["migration"]["started"] == asked and r.json()["last_migration"] is None
+        assert src.waiting.wait(10)
+        m = wait(lambda: (x := vm(api, a)["migration"])["progress"] and x, "the first sample")
+        assert m["state"] == "migrating" and m["phase"] == "disks" and m["target_host"] == "h2"
+        assert m["progress"] == {"sampled_at": clock.t, "age_s": 0.0, "active": True, "elapsed_ms": 1500,
+                                 "memory_remaining_bytes": 64 << 20, "disk_remaining_bytes": 1 << 30,
+                                 "memory_bps": 100 << 20, "expected_downtime_ms": 40}
+        # its age: the clock moves on; a read shows the sample it has and how old it is
+        clock.t += 7
+        p = vm(api, a)["migration"]["progress"]
+        assert p["age_s"] == round(clock.t - p["sampled_at"], 3) and p["sampled_at"] in (clock.t - 7, clock.t)
+        # reads are answered from the row: the hostd is asked every progress_s, not per read
+        calls: list[float] = []
+        progress = src.progress
+        src.progress = lambda name: (calls.append(time.monotonic()), progress(name))[1]  # type: ignore[method-assign]
+        t0 = time.monotonic()
+        for _ in range(40):
+            assert vm(api, a)["migration"]["progress"] is not None
+        took = time.monotonic() - t0
+        assert len(calls) <= took / 0.2 + 2 and len(calls) < 40, (len(calls), took)
+        # the disks are mirrored: memory is copied now
+        src._last[hostd_name(a, "app-1")]["disk_remaining"] = 0
+        wait(lambda: vm(api, a)["migration"]["phase"] == "memory", "the memory phase")
+        # the drain view shows the move with the same progress
+        steps = api.get("/v1/hosts/h1/drain", headers=HOST).json()["steps"]
+        [step] = [s for s in steps if s["vm"] == a]
+        assert step["migration"]["target_host"] == "h2" and step["migration"]["phase"] == "memory"
+        assert step["migration"]["progress"]["memory_remaining_bytes"] == 64 << 20
+        src.gate.set()
+        got = wait(lambda: (x := vm(api, a))["migration"] is None and x, "the move to end")
+        assert got["host"] == "h2"
+        assert got["last_migration"] == {"from_host": "h1", "to_host": "h2", "result": "done", "reason": "",
+                                         "started": asked, "finished": clock.t, "total_s": 7.0, "job_ms": 12,
+                                         "downtime_ms": 3, "data_bytes": 4096}
+        assert audit(api, a)[0]["total_s"] == 7.0
+
+        # a move that fails: its end says why, it never switched over (no downtime)
+        src.gate, src.stats = None, None
+        back = api.post(f"/v1/vms/{a}/migrate", json={"target_host": "h1"}, headers=ADM)
+        assert back.status_code == 202 and back.json()["last_migration"]["result"] == "done"  # the last one, still
+        f.hostds["h2"].migrations.fail = ["operation failed: migration job: unexpectedly failed"]
+        got = wait(lambda: (x := vm(api, a))["migration"] is None and x, "the move to fail")
+        last = got["last_migration"]
+        assert got["host"] == "h2" and last["result"] == "failed" and last["from_host"] == "h2"
+        assert "unexpectedly failed" in last["reason"] and last["downtime_ms"] == 0 and last["total_s"] == 0.0
+        metrics = api.get("/metrics", headers=ADM).text
+        for line in ('hyb_sched_migrations_total{result="started"} 2.0', 'hyb_sched_migrations_total{result="done"} 1.0',
+                     'hyb_sched_migrations_total{result="failed"} 1.0',
+                     'hyb_sched_migration_seconds_count{result="done"} 1.0',
+                     'hyb_sched_migration_seconds_sum{result="done"} 7.0',
+                     'hyb_sched_migration_seconds_count{result="failed"} 1.0'):
+            assert line in metrics, line
+
+
+def hostd_name(vm_id: str, name: str) -> str:
+    return f"{name}-{vm_id[:8]}"

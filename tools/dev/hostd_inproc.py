@@ -101,9 +101,14 @@ class InprocMigrations(Migrations):
         self.moved: list[str] = []  # names of the VMs this host sent away
         self.gate: threading.Event | None = None
         self.waiting = threading.Event()  # a job waits at the gate
+        # libvirt's job statistics while a job waits at the gate (GetMigration answers
+        # them, as hostd's sampler leaves them for a real job); None: no sample
+        self.stats: dict[str, int] | None = None
 
     def _run(self, rec, req: MigrateRequest) -> JobFigures:  # type: ignore[no-untyped-def]
         if self.gate is not None:
+            if self.stats is not None:
+                self._last[req.name] = dict(self.stats)
             self.waiting.set()
             self.gate.wait(60)
         if self.fail:

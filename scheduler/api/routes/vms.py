@@ -132,4 +132,4 @@ def migrate_vm(vm_id: str, request: Request, p: CurrentPrincipal, body: MigrateR
     vm, started = svc.start(vm_id, target=body.target_host if body else None, actor=p.name)
     if started:
         svc.submit(vm.id)
-    return JSONResponse(vm_public(vm).model_dump(mode="json"), status_code=202 if started else 200)
+    return JSONResponse(vm_public(vm, svc.clock()).model_dump(mode="json"), status_code=202 if started else 200)

@@ -34,7 +34,7 @@ def test_migrations_up_down_up(db_url):
     store = Store.from_url(db_url)
     try:
         upgrade(store.engine)
-        assert current(store.engine) == "0018"
+        assert current(store.engine) == "0019"
         rollouts = {"rollouts", "rollout_hosts", "rollout_transitions", "rollout_leases"}
         assert {"hosts", "vms", "audit", "host_beats"} | rollouts <= set(inspect(store.engine).get_table_names())
         assert {"owner", "beat_id", "metrics_url", "hostd_version", "carved_policy", "admin_owner", "admin_reason",
@@ -44,6 +44,9 @@ def test_migrations_up_down_up(db_url):
             return {c["name"] for c in inspect(store.engine).get_columns(table)}
         assert {"fence", "principal", "taken"} <= columns("rollout_leases")
         assert {"fence", "principal"} <= columns("rollout_transitions")
+        assert {"migration_progress", "last_migration"} <= columns("vms")
+        downgrade(store.engine, "0018")
+        assert not {"migration_progress", "last_migration"} & columns("vms") and "migration_state" in columns("vms")
         downgrade(store.engine, "0016")
         assert "host_beats" not in inspect(store.engine).get_table_names()
         assert "beat_id" not in columns("hosts")
@@ -75,7 +78,7 @@ def test_migrations_up_down_up(db_url):
         assert "hosts" not in inspect(store.engine).get_table_names()
         out = subprocess.run([sys.executable, "-m", "scheduler.cli", "db", "upgrade", "--url", db_url],
                              capture_output=True, text=True, cwd=REPO, check=True)
-        assert out.stdout.strip() == "0018"
+        assert out.stdout.strip() == "0019"
     finally:
         store.dispose()
 
