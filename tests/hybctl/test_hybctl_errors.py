@@ -262,6 +262,9 @@ def option_values(tmp: Path) -> st.SearchStrategy[list[str]]:
         st.tuples(st.sampled_from(["--bins", "--window", "--day", "--by", "-o"]), text).map(
             lambda t: [*base, "fleet", *t]),
         st.tuples(st.sampled_from(["--since", "--until", "--limit"]), numbers).map(lambda t: [*base, "audit", *t]),
+        st.tuples(st.sampled_from(["--to", "--wait-timeout", "--interval", "-o"]), numbers).map(
+            lambda t: [*base, "vm", "migrate", "x", "--wait", *t]),
+        text.map(lambda v: [*base, "vm", "migrate", v, "--to", "h2"]),
         paths.map(lambda p: [*base, "vm", "create", "-f", p]),
         paths.map(lambda p: [*base, "why", "-f", p]),
         paths.map(lambda p: [*base, "vm", "io-limits", "x", "-f", p]),

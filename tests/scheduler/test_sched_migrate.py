@@ -11,15 +11,22 @@ claims agree with the hostds' ledgers once a move settles."""
 
 from __future__ import annotations
 
+import contextlib
+import os
+import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
 
 import libvirt
 import pytest
+import uvicorn
 
 from api.states import VmStatus
 from drain_fleet import Fleet, certs, create, private_fleet, wait  # noqa: F401 - fixtures
 from tools.dev.hostd_inproc import SWITCH
+from tools.dev.procs import REPO, free_port
 from sched_helpers import ADM, HOST, TA, Clock
 from scheduler.repo import hosts as host_repo
 from scheduler.resources import Usage
@@ -328,3 +335,84 @@ def test_a_moves_progress_is_shown_while_it_runs_and_its_end_after(private_fleet
 
 def hostd_name(vm_id: str, name: str) -> str:
     return f"{name}-{vm_id[:8]}"
+
+
+@contextlib.contextmanager
+def served(app) -> Iterator[str]:  # type: ignore[no-untyped-def]
+    """The scheduler app the TestClient started (its lifespan ran there), also over real
+    HTTP on a local port, for a client that is a process of its own (hybctl)."""
+    server = uvicorn.Server(uvicorn.Config(app, host="127.0.0.1", port=free_port(), lifespan="off",
+                                           log_level="warning"))
+    t = threading.Thread(target=server.run, daemon=True)
+    t.start()
+    wait(lambda: server.started, "uvicorn to listen", 10)
+    try:
+        yield f"http://127.0.0.1:{server.config.port}"
+    finally:
+        server.should_exit = True
+        t.join(10)
+
+
+def hybctl(url: str, token: Path, *argv: str, background: bool = False):  # type: ignore[no-untyped-def]
+    """hybctl ARGV, the installed command, against ``url`` with the admin's token file."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HYBCTL_")}
+    cmd = [str(REPO / ".venv/bin/hybctl"), "--server", url, "--token-file", str(token), *argv]
+    env |= {"HYBCTL_CONFIG": str(token.parent / "none.yaml"), "COLUMNS": "250"}
+    if background:
+        return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.run(cmd, capture_output=True, text=True, env=env, timeout=60)
+
+
+def test_hybctl_moves_a_vm_follows_its_progress_and_names_a_failure(private_fleet: Fleet, tmp_path: Path) -> None:
+    """``hybctl vm migrate --wait`` against a real scheduler (over HTTP) and hostds: it
+    draws the move's progress until the VM runs on the target and exits 0; a move that
+    fails exits 1 with one line naming its reason; a refusal names the field;
+    ``vm show`` and ``host drain --status`` show a running move and the last one's end."""
+    f = private_fleet
+    token = tmp_path / "adm.token"
+    token.write_text("adm\n")
+    token.chmod(0o600)
+    with f.scheduler(register=True, migration={"progress_s": 0.1}) as api, served(api.app) as url:
+        a = create(api, "app-1", **DISK)
+        src = f.hostds["h1"].migrations
+        src.gate, src.stats = threading.Event(), dict(STATS)
+        p = hybctl(url, token, "vm", "migrate", a, "--to", "h2", "--wait", "--interval", "0.2", background=True)
+        try:
+            assert src.waiting.wait(20)
+            wait(lambda: vm(api, a)["migration"]["progress"], "the first sample")
+            show = hybctl(url, token, "vm", "show", a)
+            assert show.returncode == 0, show.stderr
+            moving = next(ln for ln in show.stdout.splitlines() if ln.startswith("moving live"))
+            assert "to h2: disks, 64 MiB memory + 1 GiB disk left at 100 MiB/s, downtime ~40 ms" in moving, moving
+            drain = hybctl(url, token, "host", "drain", "h1", "--status")
+            assert drain.returncode == 0, drain.stderr
+            row = next(ln for ln in drain.stdout.splitlines() if ln.startswith(a))
+            assert "moving live to h2" in row and "to h2: disks, 64 MiB memory + 1 GiB disk left" in row, row
+        finally:
+            src.gate.set()
+        out, err = p.communicate(timeout=60)
+        assert p.returncode == 0, err
+        assert err == "" and "moving live to h2: disks, 64 MiB memory + 1 GiB disk left" in out, out
+        assert out.rstrip().splitlines()[-1].startswith(f"VM {a} on h2: h1 -> h2 done in "), out
+        assert "(job 12 ms, downtime 3 ms)" in out
+        assert vm(api, a)["host"] == "h2" and running_on(f, a) == ["h2"]
+
+        # a move that fails: exit 1, one line with the failure; the VM runs where it was
+        src.gate, src.stats = None, None
+        f.hostds["h2"].migrations.fail = ["operation failed: migration job: unexpectedly failed"]
+        r = hybctl(url, token, "vm", "migrate", a, "--to", "h1", "--wait", "--interval", "0.2")
+        assert r.returncode == 1 and r.stderr.count("\n") == 1, r.stderr
+        assert r.stderr.startswith(f"error: VM {a}: the move to h1 failed: MigrateVM on h2: ") and \
+            "unexpectedly failed" in r.stderr and r.stderr.rstrip().endswith("it runs on h2"), r.stderr
+        assert running_on(f, a) == ["h2"]
+        show = hybctl(url, token, "vm", "show", a)
+        last = next(ln for ln in show.stdout.splitlines() if ln.startswith("last move"))
+        assert "h2 -> h1 failed" in last and "unexpectedly failed" in last, last
+        # refusals name the field, change nothing
+        for argv, text in ((["--to", "h9"], "hyb.request.invalid [target_host]: no host named 'h9'"),
+                           (["--to", "h2"], "hyb.migration.refused [target_host]: the VM runs on h2 already")):
+            r = hybctl(url, token, "vm", "migrate", a, *argv)
+            assert r.returncode == 1 and r.stderr.count("\n") == 1 and text in r.stderr, r.stderr
+        r = hybctl(url, token, "vm", "migrate", a, "--to", " ")
+        assert r.returncode == 2 and "--to" in r.stderr and r.stderr.count("\n") == 1, r.stderr
+        assert vm(api, a)["migration"] is None and vm(api, a)["host"] == "h2"

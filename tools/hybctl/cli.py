@@ -29,13 +29,14 @@ import yaml
 from rich.console import Group, RenderableType
 from rich.live import Live
 from rich.table import Table
+from rich.text import Text
 
 from api.rest import ApiError, ApiUnreachable, RestClient
-from api.states import DrainAction, HostState, VmStatus
+from api.states import DrainAction, HostState, MigrationResult, VmStatus
 from tools.hybctl import config as cfg
 from tools.hybctl import histogram
-from tools.hybctl.output import (Column, Format, age, cell, console, disks, dump, grid, pages, printer, table, titled,
-                                 vfs, visible, visible_data, when)
+from tools.hybctl.output import (Column, Format, age, cell, console, disks, dump, grid, move_end, move_progress, pages,
+                                 printer, table, titled, vfs, visible, visible_data, when)
 
 # piped into grep or awk, a table keeps one line per row (rich would wrap at 80 columns)
 out = console()
@@ -48,7 +49,7 @@ app = typer.Typer(no_args_is_help=True, add_completion=True, pretty_exceptions_e
                        "HYBCTL_TOKEN (the token itself), HYBCTL_CA, else the context's "
                        "(contexts are kept in HYBCTL_CONFIG, else ~/.config/hybctl/config.yaml).",
                   context_settings={"help_option_names": ["-h", "--help"]})
-vm_app = typer.Typer(no_args_is_help=True, help="VMs: create, list, show, delete, change IO limits.")
+vm_app = typer.Typer(no_args_is_help=True, help="VMs: create, list, show, delete, change IO limits, move live.")
 host_app = typer.Typer(no_args_is_help=True, help="Hosts: list, show, cordon, uncordon, drain.")
 rollout_app = typer.Typer(no_args_is_help=True, help="Rollouts kept by the scheduler (fleet-rollout runs them).")
 config_app = typer.Typer(no_args_is_help=True, help="Contexts: named schedulers with their token and CA.")
@@ -349,6 +350,10 @@ def vm_detail(v: dict) -> RenderableType:
                    ("attempts", v.get("attempts")), ("created", when(v["created"])),
                    ("updated", when(v["updated"]))):
         t.add_row(k, cell(val))
+    if v.get("migration"):
+        t.add_row("moving live", move_progress(v["migration"]))
+    if v.get("last_migration"):
+        t.add_row("last move", move_end(v["last_migration"]))
     for d in req.get("disks") or []:
         t.add_row(f"disk {d.get('name', '')}", cell(d.get("iotune")))
     return t
@@ -456,6 +461,64 @@ def vm_io_limits(ctx: typer.Context, vm_id: Annotated[str, typer.Argument(help="
             raise typer.BadParameter("give --disk with --set, --vf with --max-tx-mbps, or -f", param_hint="VM_ID")
     v = conn(ctx).request("PATCH", f"/v1/vms/{vm_id}/io-limits", json=body)
     printer(out, output)(v, vm_detail)
+
+
+@vm_app.command("migrate")
+def vm_migrate(ctx: typer.Context, vm_id: Annotated[str, typer.Argument(help="the VM's id")],
+               to: Annotated[Optional[str], typer.Option("--to", help="the host to move it to (default: placement "
+                                                                      "picks, with the VM's own request)",
+                                                         autocompletion=complete_host)] = None,
+               wait: Annotated[bool, typer.Option("--wait", help="follow the move until it ends; exit 1 with its "
+                                                                 "reason if it fails")] = False,
+               wait_timeout: Annotated[float, typer.Option(help="seconds --wait waits", parser=seconds(0))] = 1800.0,
+               output: OutputOpt = Format.table,
+               interval: Annotated[float, typer.Option("--interval", help="seconds between two looks with --wait",
+                                                       parser=seconds(0.2))] = 1.0) -> None:
+    """Move a running VM live to another host (POST /v1/vms/{id}/migrate; an admin's
+    act): same boot, memory and raw disks copied; it runs where it is until it runs
+    on the target. A move under way is followed, not started again."""
+    if to is not None and not to.strip():
+        raise typer.BadParameter("an empty host name: give a host, or leave --to out", param_hint="--to")
+    api = conn(ctx)
+    v = api.request("POST", f"/v1/vms/{vm_id}/migrate", json={"target_host": to} if to is not None else {})
+    m = v.get("migration") or {}
+    if not wait:
+        if output in (Format.json, Format.yaml):
+            printer(out, output)(v, vm_detail)
+        else:
+            out.print(f"VM {visible(str(v.get('id', vm_id)))} moving live: {visible(move_progress(m))}")
+        return
+    started = m.get("started")
+    deadline = time.monotonic() + wait_timeout
+    if output in (Format.json, Format.yaml):  # the VM once the move ended
+        while v.get("migration") and time.monotonic() < deadline:
+            time.sleep(interval)
+            v = api.request("GET", f"/v1/vms/{vm_id}")
+        printer(out, output)(v, vm_detail)
+    else:
+        with term_is_interrupt(), frames(output) as draw:
+            while v.get("migration") and time.monotonic() < deadline:
+                draw(v, migrate_render)
+                time.sleep(interval)
+                v = api.request("GET", f"/v1/vms/{vm_id}")
+            draw(v, migrate_render)
+    if v.get("migration"):
+        raise Fail(f"VM {vm_id}: still moving after --wait-timeout ({move_progress(v['migration'])})")
+    last = v.get("last_migration") or {}
+    if started and last.get("started") != started:
+        raise Fail(f"VM {vm_id}: the move ended, but the VM records another ({move_end(last)}); it runs on "
+                   f"{v.get('host') or 'no host'}")
+    if last.get("result") != MigrationResult.DONE:
+        raise Fail(f"VM {vm_id}: the move to {last.get('to_host') or m.get('target_host') or '?'} failed: "
+                   f"{last.get('reason') or v.get('reason') or 'no reason recorded'}; it runs on "
+                   f"{v.get('host') or 'no host'}")
+
+
+def migrate_render(v: dict) -> RenderableType:
+    """One line while a move runs, its end once over."""
+    if v.get("migration"):
+        return Text(f"VM {v['id']} on {v.get('host')}: moving live {move_progress(v['migration'])}")
+    return Text(f"VM {v['id']} on {v.get('host')}: " + move_end(v.get("last_migration")))
 
 
 # ---------------------------------------------------------------------- why
@@ -613,7 +676,8 @@ def host_uncordon(ctx: typer.Context, name: HostArg,
 
 
 DRAIN_COLUMNS = [Column("VM", lambda s: s["vm"]), Column("NAME", lambda s: s["name"]),
-                 Column("ACTION", lambda s: s["action"]), Column("WHY", lambda s: s["why"])]
+                 Column("ACTION", lambda s: s["action"]), Column("WHY", lambda s: s["why"]),
+                 Column("MOVE", lambda s: move_progress(s.get("migration")) if s.get("migration") else "")]
 
 
 def drain_render(d: dict) -> RenderableType:

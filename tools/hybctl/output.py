@@ -172,3 +172,49 @@ def printer(console: Console, fmt: Format) -> Callable[[Any, Callable[[Any], Ren
         else:
             console.print(render(visible_data(data)))
     return show
+
+
+def size(n: Any) -> str:
+    """Bytes as an operator reads them: ``512 MiB``, ``1.5 GiB``."""
+    if not isinstance(n, (int, float)) or isinstance(n, bool):
+        return "-"
+    v = float(n)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(v) < 1024 or unit == "TiB":
+            return f"{v:.0f} {unit}" if unit == "B" or v == int(v) else f"{v:.1f} {unit}"
+        v /= 1024
+    return "-"  # not reached
+
+
+def _num(v: Any) -> float | None:
+    return float(v) if isinstance(v, (int, float)) and not isinstance(v, bool) else None
+
+
+def move_progress(m: dict | None) -> str:
+    """A live move under way (a VM's ``migration``) in one line: where to, its phase,
+    and the source's last sample (``to h2: memory, 64 MiB memory + 0 B disk left at
+    100 MiB/s, downtime ~40 ms (sampled 2s ago)``)."""
+    if not isinstance(m, dict):
+        return "-"
+    line = f"to {m.get('target_host') or '?'}: {m.get('phase') or m.get('state') or '?'}"
+    p = m.get("progress")
+    if not isinstance(p, dict):
+        return line + " (no sample yet)"
+    line += (f", {size(p.get('memory_remaining_bytes'))} memory + {size(p.get('disk_remaining_bytes'))} disk left"
+             f" at {size(p.get('memory_bps'))}/s, downtime ~{cell(p.get('expected_downtime_ms'))} ms")
+    a = _num(p.get("age_s"))
+    return line + (f" (sampled {a:.0f}s ago)" if a is not None else "")
+
+
+def move_end(last: dict | None) -> str:
+    """How the last live move ended (a VM's ``last_migration``): ``h1 -> h2 done in 7.0 s
+    (job 6800 ms, downtime 40 ms)``, or failed with its reason."""
+    if not isinstance(last, dict):
+        return "-"
+    line = f"{last.get('from_host') or '?'} -> {last.get('to_host') or '?'} {last.get('result') or '?'}"
+    t = _num(last.get("total_s"))
+    line += f" in {t:.1f} s" if t is not None else ""
+    line += f" (job {cell(last.get('job_ms'))} ms, downtime {cell(last.get('downtime_ms'))} ms)"
+    if last.get("reason"):
+        line += f": {last['reason']}"
+    return line + (f", {when(_num(last.get('finished')))}" if _num(last.get("finished")) else "")
