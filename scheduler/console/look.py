@@ -27,6 +27,18 @@ def num(v: Any) -> str:
     return str(v)
 
 
+def size(v: Any) -> str:
+    """Bytes as an operator reads them (512 MiB, 1.5 GiB); anything else as ``num``."""
+    if isinstance(v, bool) or not isinstance(v, (int, float)):
+        return num(v)
+    x = float(v)
+    for unit in ("B", "KiB", "MiB", "GiB", "TiB"):
+        if abs(x) < 1024 or unit == "TiB":
+            return f"{x:.0f} {unit}" if unit == "B" or x.is_integer() else f"{x:.1f} {unit}"
+        x /= 1024
+    return num(v)  # not reached
+
+
 def detail_rows(detail: Any) -> list[tuple[str, str]]:
     """An audit record's detail as rows (key, value as text): a table, not raw JSON."""
     if not isinstance(detail, dict):
@@ -69,6 +81,7 @@ def install(env: Any) -> None:
     env.filters["pct"] = lambda v: "-" if v is None else f"{v * 100:.1f} %"
     env.filters["tojson_attr"] = lambda v: json.dumps(v, sort_keys=True)
     env.filters["num"] = num
+    env.filters["size"] = size
     env.filters["detail_rows"] = detail_rows
     env.filters["tone"] = lambda v: TONES.get(str(v), "plain")
     env.globals["policy_label"] = policy_label

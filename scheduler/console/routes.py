@@ -44,7 +44,7 @@ from scheduler.errors import Forbidden, InvalidRequest, SchedulerError
 from scheduler.policies import Principal
 from scheduler.schemas.fleet import FleetHostsPublic
 from scheduler.schemas.hosts import AdminChange
-from scheduler.schemas.vms import VmCreate
+from scheduler.schemas.vms import MigrateRequest, VmCreate
 from scheduler.service.fleet import ALERT_LIMITS
 from scheduler.service.sessions import Session
 
@@ -85,6 +85,7 @@ def may(p: Principal) -> dict[str, bool]:
     return {"fleet": policies.allowed(policies.read_fleet, p), "hosts": policies.allowed(policies.read_hosts, p),
             "hold": policies.allowed(policies.hold_host, p), "rollouts": policies.allowed(policies.rollouts, p),
             "audit": policies.allowed(policies.audit_tenant, p), "vms": policies.allowed(policies.vm_tenant, p),
+            "move": policies.allowed(policies.move_vm, p),
             "all_tenants": policies.allowed(tenants, p)}
 
 
@@ -523,12 +524,17 @@ def carve_picture(h: dict[str, Any], vms: list[Any]) -> list[dict[str, Any]]:
     return out
 
 
-def host_live_ctx(request: Request, name: str) -> dict[str, Any]:
+def host_live_ctx(request: Request, s: Session, name: str) -> dict[str, Any]:
     """What the live part of a host page shows: its state, hold, VMs and free CPUs (one
-    read of the host), and while it drains the drain's plan."""
+    read of the host), the VMs moving live from or to it with their progress, and while
+    it drains the drain's plan."""
     h = request.app.state.hosts.get(name)
     drain = request.app.state.drains.status(name) if h.admin_state == AdminState.DRAINING else None
-    return {"h": h.model_dump(mode="json", by_alias=True), "drain": drain}
+    p = s.principal  # the moves as the VMs' reader sees them; a reader of hosts alone: none
+    moves = request.app.state.vms.moving(name, scope=policies.vm_tenant(p)) \
+        if policies.allowed(policies.vm_tenant, p) else []
+    return {"h": h.model_dump(mode="json", by_alias=True), "drain": drain,
+            "moves": [v.model_dump(mode="json") for v in moves]}
 
 
 @router.get("/live/hosts/{name}", response_class=HTMLResponse)
@@ -537,7 +543,7 @@ def host_live(request: Request, name: str) -> Response:
     s = session(request)
     try:
         policies.read_hosts(s.principal)
-        ctx = host_live_ctx(request, name)
+        ctx = host_live_ctx(request, s, name)
     except SchedulerError as e:
         return page(request, "error_fragment.html", s, http_status=e.status, error=e)
     return page(request, "_host_live.html", s, **ctx)
@@ -551,7 +557,7 @@ def host(request: Request, name: str) -> Response:
     def build() -> dict:
         p = s.principal
         policies.read_hosts(p)
-        live = host_live_ctx(request, name)
+        live = host_live_ctx(request, s, name)
         vms = state.vms.list(scope=policies.vm_tenant(p), host=name, limit=PAGE)
         stats = state.hosts.stats(name, since=time.time() - 86400, until=None)
         hist = state.audit.list(tenant=policies.audit_tenant(p), target=name, limit=HOST_HISTORY)
@@ -605,8 +611,44 @@ def vm(request: Request, vm_id: str) -> Response:
 
     def build() -> dict:
         got = request.app.state.vms.get(vm_id, scope=policies.vm_tenant(s.principal))
-        return {"v": got.model_dump(mode="json", by_alias=True)}
+        v = got.model_dump(mode="json", by_alias=True)
+        targets = None  # the Migrate form: for who may move VMs, on a running VM
+        if policies.allowed(policies.move_vm, s.principal) and v["status"] == VmStatus.RUNNING:
+            targets = [h.name for h in request.app.state.hosts.list().items
+                       if h.state == HostState.ACTIVE and h.name != v["host"]]
+        return {"v": v, "targets": targets}
     return guarded(request, s, "vm.html", build)
+
+
+@router.get("/live/vms/{vm_id}", response_class=HTMLResponse)
+def vm_live(request: Request, vm_id: str) -> Response:
+    """A VM page's live part (its status, a move under way with its progress, the last
+    move's end), polled by the open page: only the fragment."""
+    s = session(request)
+    try:
+        got = request.app.state.vms.get(vm_id, scope=policies.vm_tenant(s.principal))
+    except SchedulerError as e:
+        return page(request, "error_fragment.html", s, http_status=e.status, error=e)
+    return page(request, "_vm_live.html", s, v=got.model_dump(mode="json", by_alias=True))
+
+
+@router.post("/vms/{vm_id}/migrate", response_class=HTMLResponse)
+def vm_migrate(request: Request, vm_id: str, raw: RawBody) -> Response:
+    """The VM page's Migrate button: the API's move (``MigrationService.ask``), with the
+    console's origin and CSRF checks first; the target as the form names it ("": placement
+    picks)."""
+    s = session(request)
+    try:
+        form = form_of(request, raw, s)
+        body = MigrateRequest(target_host=form.get("target_host") or None)
+        policies.move_vm(s.principal)
+        request.app.state.vms.get(vm_id, scope=policies.vm_tenant(s.principal))  # 404 as the API's
+        request.app.state.migrations.ask(vm_id, target=body.target_host, actor=s.principal.name)
+    except ValidationError as e:
+        return page(request, "error.html", s, http_status=422, error=invalid(e))
+    except SchedulerError as e:
+        return page(request, "error.html", s, http_status=e.status, error=e)
+    return RedirectResponse(f"/ui/vms/{quote(vm_id)}", status_code=303)
 
 
 # ---------------------------------------------------------------------- why not

@@ -158,6 +158,14 @@ def moving(*, session: Session) -> Sequence[Vm]:
     return session.scalars(select(Vm).where(Vm.migration_state != "").order_by(Vm.id)).all()
 
 
+def moving_at(*, session: Session, host: str, tenant: str | None = None) -> Sequence[Vm]:
+    """The VMs moving live from or to ``host`` (of ``tenant`` only, when given)."""
+    q = select(Vm).where(Vm.migration_state != "", or_(Vm.host == host, Vm.migration_host == host))
+    if tenant is not None:
+        q = q.where(Vm.tenant == tenant)
+    return session.scalars(q.order_by(Vm.id)).all()
+
+
 def renew_migrations(*, session: Session, vm_ids: Collection[str], owner: str, now: float) -> None:
     """The lease of ``owner`` on the moves of ``vm_ids`` it still owns, renewed."""
     session.execute(update(Vm).where(Vm.id.in_(list(vm_ids)), Vm.migration_owner == owner,

@@ -215,6 +215,14 @@ class MigrationService:
         self._count("started")  # with MigrationResult's done and failed: the counter's labels
         return got, True
 
+    def ask(self, vm_id: str, *, target: str | None, actor: str) -> tuple[Vm, bool]:
+        """An operator's move (the API's ``POST /v1/vms/{id}/migrate``, the console's
+        button): ``start``, then ``run`` in the background when it started."""
+        vm, started = self.start(vm_id, target=target, actor=actor)
+        if started:
+            self.submit(vm.id)
+        return vm, started
+
     def _check_target(self, s: Any, vm: Vm, target: str) -> None:
         try:
             h = host_repo.get_host(session=s, name=target)

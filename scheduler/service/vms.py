@@ -348,6 +348,13 @@ class VmService:
         with self.store.read() as s:
             return vm_public(vm_repo.get_vm(session=s, vm_id=vm_id, tenant=scope), self.clock())
 
+    def moving(self, host: str, *, scope: str | None) -> list[VmPublic]:
+        """The VMs moving live from or to ``host`` (a reader limited to a tenant: its own),
+        each with its move's progress."""
+        with self.store.read() as s:
+            now = self.clock()
+            return [vm_public(v, now) for v in vm_repo.moving_at(session=s, host=host, tenant=scope)]
+
     def list(self, *, scope: str | None, tenant: str | None = None, host: str | None = None,
              status: str | None = None, name: str | None = None, limit: int = 100, after: str = "") -> VmsPublic:
         """By id, ``limit`` after ``after``; ``next`` is the ``after`` of the next page, None

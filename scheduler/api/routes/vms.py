@@ -129,7 +129,5 @@ def migrate_vm(vm_id: str, request: Request, p: CurrentPrincipal, body: MigrateR
     there with the failure in its `reason`."""
     policies.move_vm(p)
     svc = request.app.state.migrations
-    vm, started = svc.start(vm_id, target=body.target_host if body else None, actor=p.name)
-    if started:
-        svc.submit(vm.id)
+    vm, started = svc.ask(vm_id, target=body.target_host if body else None, actor=p.name)
     return JSONResponse(vm_public(vm, svc.clock()).model_dump(mode="json"), status_code=202 if started else 200)
