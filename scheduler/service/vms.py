@@ -34,8 +34,8 @@ from scheduler.repo import audit as audit_repo
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import vms as vm_repo
 from scheduler.resources import Allocation, DiskAlloc, Usage, VfAlloc, split_cells
-from scheduler.schemas.vms import (CandidateOut, IoTuneIn, LastMigrationOut, MigrationOut, PlacementOut, PreviewPublic, RejectionOut, VmCreate,
-                                   VmPublic, VmsPublic)
+from scheduler.schemas.vms import (CandidateOut, IoTuneIn, LastMigrationOut, MigrationOut, PlacementOut,
+                                   PreviewPublic, RejectionOut, VmCreate, VmPublic, VmsPublic)
 from scheduler.service.claimq import ClaimQueue
 from scheduler.service.claims import Affinity, ClaimJob, Placer
 

@@ -325,7 +325,8 @@ def test_a_moves_progress_is_shown_while_it_runs_and_its_end_after(private_fleet
         assert got["host"] == "h2" and last["result"] == "failed" and last["from_host"] == "h2"
         assert "unexpectedly failed" in last["reason"] and last["downtime_ms"] == 0 and last["total_s"] == 0.0
         metrics = api.get("/metrics", headers=ADM).text
-        for line in ('hyb_sched_migrations_total{result="started"} 2.0', 'hyb_sched_migrations_total{result="done"} 1.0',
+        for line in ('hyb_sched_migrations_total{result="started"} 2.0',
+                     'hyb_sched_migrations_total{result="done"} 1.0',
                      'hyb_sched_migrations_total{result="failed"} 1.0',
                      'hyb_sched_migration_seconds_count{result="done"} 1.0',
                      'hyb_sched_migration_seconds_sum{result="done"} 7.0',
