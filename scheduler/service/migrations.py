@@ -333,6 +333,7 @@ class MigrationService:
         watcher = threading.Thread(target=self._watch, args=(mv, record, stop), daemon=True,
                                    name=f"migrate-progress-{mv.vm_id[:8]}")
         watcher.start()
+        failure = ""
         try:
             moved = self.hostd.migrate_vm(mv.source_address, pb.MigrateVMRequest(
                 name=mv.name, target_uri=ready.target_uri, migrate_uri=ready.migrate_uri,
@@ -340,9 +341,11 @@ class MigrationService:
                 bandwidth_mib_s=self.cfg.bandwidth_mib_s, max_downtime_ms=self.cfg.max_downtime_ms,
                 timeout_s=self.cfg.timeout_s, on_timeout=pb.ON_TIMEOUT_ABORT, tls=self.cfg.tls))
         except HostdFailed as e:
+            failure = f"MigrateVM on {mv.source}: {e.message}"
+        finally:  # whatever MigrateVM did, its job is over: no more samples
             self._watched(mv, stop, watcher)
-            return self._settle(mv, f"MigrateVM on {mv.source}: {e.message}")
-        self._watched(mv, stop, watcher)
+        if failure:
+            return self._settle(mv, failure)
         self._crash("migrated")
         return self._settle(mv, "", moved)
 
@@ -469,7 +472,7 @@ class MigrationService:
         """While MigrateVM runs: the source's job sampled every ``progress_s`` and kept on
         the VM's row (what every replica serves; scheduler/migration_view.py)."""
         assert self.hostd is not None
-        while not stop.wait(self.cfg.progress_s):
+        while not stop.wait(self.cfg.progress_s) and not self._closed.is_set():
             try:
                 p = self.hostd.get_migration(mv.source_address, mv.name)
             except HostdFailed as e:  # the move's own calls decide; a sample is only shown

@@ -214,8 +214,9 @@ def test_a_failed_move_leaves_the_vm_running_on_its_source(private_fleet: Fleet)
         assert got["host"] == "h2" and got["reason"] == "" and running_on(f, a) == ["h2"]
 
 
-@pytest.mark.parametrize("point,ends_on", [("claimed", "h2"), ("prepared", "h1"), ("migrated", "h2")])
-def test_a_scheduler_stopped_mid_move_is_resumed_or_undone_by_the_next(private_fleet: Fleet, point: str,
+@pytest.mark.parametrize("point,phase,ends_on", [("claimed", "preparing", "h2"), ("prepared", "starting", "h1"),
+                                                  ("migrated", "settling", "h2")])
+def test_a_scheduler_stopped_mid_move_is_resumed_or_undone_by_the_next(private_fleet: Fleet, point: str, phase: str,
                                                                        ends_on: str) -> None:
     """The first scheduler stops driving the move at ``point`` (what it persisted stays);
     the next one, on the same database, settles it: before PrepareMigration it carries
@@ -229,6 +230,7 @@ def test_a_scheduler_stopped_mid_move_is_resumed_or_undone_by_the_next(private_f
         assert api.post(f"/v1/vms/{a}/migrate", json={"target_host": "h2"}, headers=ADM).status_code == 202
         stopped = wait(lambda: not api.app.state.migrations._busy and vm(api, a), "the first scheduler to stop")
         assert stopped["migration"] is not None and stopped["host"] == "h1"
+        assert stopped["migration"]["phase"] == phase  # where it stopped, as the API shows it
         assert len(running_on(f, a)) == 1
     # the next one, a second later: its drain round resumes the move, the lease having run
     # out (on SQLite, one process, at once)
@@ -239,8 +241,13 @@ def test_a_scheduler_stopped_mid_move_is_resumed_or_undone_by_the_next(private_f
             assert claimed(api, h) == hostd_claims(f, h), h
         other = "h1" if ends_on == "h2" else "h2"
         assert f.hostds[other].manager.list() == []
+        last = got["last_migration"]
+        assert (last["from_host"], last["to_host"], last["result"]) == ("h1", "h2", "done" if ends_on == "h2" else
+                                                                        "failed")
+        assert last["started"] == 1_000_000.0 and last["total_s"] == 1.0  # asked by the first, settled by the next
         if ends_on == "h1":
             assert got["reason"].startswith("migration failed: to h2") and "a scheduler stopped mid-way" in got["reason"]
+            assert "a scheduler stopped mid-way" in last["reason"] and last["downtime_ms"] == 0
 
 
 def test_a_drain_tries_a_failed_move_again_at_once(private_fleet: Fleet) -> None:
