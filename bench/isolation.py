@@ -328,16 +328,10 @@ def vm_neighbour(work: Path, cmdline: str, marker: str, disk: bool = False):
 
 
 def _hugetlbfs(st: ExitStack) -> Path:
-    """A 2 MiB hugetlbfs mount, made (and unmounted at the end) if the host has none."""
-    for line in Path("/proc/mounts").read_text().splitlines():
-        dev, mnt, fstype = line.split()[:3]
-        if fstype == "hugetlbfs":
-            return Path(mnt)
-    mnt = Path("/dev/hugepages")
-    mnt.mkdir(exist_ok=True)
-    subprocess.run(["mount", "-t", "hugetlbfs", "-o", "pagesize=2M", "hugetlbfs", str(mnt)], check=True)
-    st.callback(subprocess.run, ["umount", str(mnt)], check=False)
-    return mnt
+    """A 2 MiB hugetlbfs mount, held until the end (tools/dev/hugetlbfs.py: shared with
+    whatever else on this machine holds it)."""
+    from tools.dev.hugetlbfs import held_2m
+    return st.enter_context(held_2m())
 
 
 def _loop(st: ExitStack, img: Path, size: int = 256 << 20, written: bool = False) -> str:

@@ -116,12 +116,13 @@ def run(args: argparse.Namespace, work: Path, undo: list) -> dict:
                                   text=True).stdout.strip()
         undo.append(lambda dev=loops[h]: subprocess.run(["losetup", "-d", dev], check=False))
 
-    if "hostd" in args.paths and "hugetlbfs" not in Path("/proc/mounts").read_text():
-        # hostd backs VMs only from a mounted pool; unmounted once the hosts' QEMUs are gone
-        mnt = work / "hugetlbfs"
-        mnt.mkdir()
-        subprocess.run(["mount", "-t", "hugetlbfs", "-o", "pagesize=2M", "hugetlbfs", str(mnt)], check=True)
-        undo.append(lambda: subprocess.run(["umount", str(mnt)], check=False))
+    if "hostd" in args.paths:
+        # hostd backs VMs only from a mounted pool; let go once the hosts' QEMUs are gone
+        # (tools/dev/hugetlbfs.py: shared with whatever else on this machine holds it)
+        from tools.dev.hugetlbfs import held_2m
+        held = held_2m()
+        held.__enter__()
+        undo.append(lambda: held.__exit__(None, None, None))
     tls = not args.no_tls
     pair = LibvirtPair(work / "pair", tls=tls)
     undo.append(pair.stop)

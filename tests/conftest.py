@@ -253,22 +253,11 @@ def smoke_guest() -> dict[str, Path]:
 
 @pytest.fixture(scope="session")
 def hugetlbfs_2m(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A 2 MiB hugetlbfs mount (made here if the host has none), unmounted at the end."""
-    for line in Path("/proc/mounts").read_text().splitlines():
-        dev, mnt, fstype, opts = line.split()[:4]
-        if fstype == "hugetlbfs" and ("pagesize=2M" in opts or "pagesize" not in opts):
-            yield Path(mnt)
-            return
-    mnt = Path("/dev/hugepages")
-    created = not mnt.exists()
-    mnt.mkdir(exist_ok=True)
-    subprocess.run(["mount", "-t", "hugetlbfs", "-o", "pagesize=2M", "hugetlbfs", str(mnt)], check=True)
-    try:
+    """A 2 MiB hugetlbfs mount, held for the session (tools/dev/hugetlbfs.py: made if the
+    machine has none, unmounted by its last holder on this machine, whoever made it)."""
+    from tools.dev.hugetlbfs import held_2m
+    with held_2m() as mnt:
         yield mnt
-    finally:
-        subprocess.run(["umount", str(mnt)], check=False)
-        if created:
-            mnt.rmdir()
 
 
 @pytest.fixture(scope="session")

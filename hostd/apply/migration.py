@@ -31,6 +31,7 @@ from __future__ import annotations
 import contextlib
 import dataclasses
 import logging
+import subprocess
 import threading
 import time
 import uuid
@@ -40,6 +41,7 @@ from dataclasses import dataclass
 import libvirt
 
 from api.bounds import check_request_id
+from hostd.apply import streams
 from hostd.apply.ledger import VmRecord
 from hostd.apply.vms import VmManager
 from hostd.carve.vmclaim import claim
@@ -85,6 +87,7 @@ CRASH_POINTS = ("prepared", "migrating", "migrated")
 # always deliver once its domain is gone; the target keeps the record (CompleteMigration).
 EVENT_WAIT_S = 0.5
 POLL_S = 0.5  # job statistics sampled this often while a migration runs (GetMigration, fallback figures)
+CANCEL_GRACE_S = 10  # a cancelled job still running this long after is stuck on a dead link
 
 
 @dataclass(frozen=True)
@@ -461,18 +464,40 @@ class Migrations:
 
     def _watch(self, dom: libvirt.virDomain, req: MigrateRequest, done: threading.Event,
                timed_out: threading.Event) -> None:
-        """Samples the job for GetMigration; cancels it once timeout_s has passed."""
+        """Samples the job for GetMigration; cancels it once timeout_s has passed, and
+        closes its connections to the target if the cancel has not ended the job
+        CANCEL_GRACE_S later (a dead link: hostd/apply/streams.py)."""
         start = time.monotonic()
+        cancelled_at, closed = 0.0, False
         while not done.wait(POLL_S):
             with contextlib.suppress(libvirt.libvirtError):
                 stats = dom.jobStats(0)
                 if stats.get("type", libvirt.VIR_DOMAIN_JOB_NONE) != libvirt.VIR_DOMAIN_JOB_NONE:
                     self._last[req.name] = dict(stats)
-            if req.timeout_s and time.monotonic() - start > req.timeout_s and not timed_out.is_set():
+            now = time.monotonic()
+            if req.timeout_s and now - start > req.timeout_s and not timed_out.is_set():
                 timed_out.set()
+                cancelled_at = now
                 log.warning("migration of %s passed %d s: cancelling", req.name, req.timeout_s)
                 with contextlib.suppress(libvirt.libvirtError):
                     dom.abortJob()
+            elif cancelled_at and not closed and now - cancelled_at > CANCEL_GRACE_S:
+                closed = True
+                self._close_streams(dom, req)
+
+    def _close_streams(self, dom: libvirt.virDomain, req: MigrateRequest) -> None:
+        pid = streams.qemu_pid(dom.UUIDString())
+        if pid is None:
+            log.warning("migration of %s: cancel stuck, and no QEMU process found for it", req.name)
+            return
+        try:
+            conns = streams.close_streams(pid, streams.uri_host(req.migrate_uri))
+        except (OSError, subprocess.SubprocessError) as e:
+            log.warning("migration of %s: cancel stuck; closing its connections failed: %s", req.name, e)
+            return
+        log.warning("migration of %s: the cancel has not ended the job in %d s (a dead link to the target?): "
+                    "closed %d connection(s) of QEMU pid %d: %s", req.name, CANCEL_GRACE_S, len(conns), pid,
+                    ", ".join(map(str, conns)) or "none found")
 
     def progress(self, name: str) -> Progress:
         self._by_name(name)

@@ -106,12 +106,14 @@ def test_a_drain_moves_a_running_vm_live_to_the_other_host(
             console_a = a.hold_console()
             t0 = time.monotonic()
             assert api.post("/v1/hosts/a/drain", json={"reason": "kernel upgrade"}).status_code == 200
-            seen_moving = []
+            seen_moving, progress = [], []
 
             def drained():  # type: ignore[no-untyped-def]
                 v = api.get(f"/v1/vms/{vm_id}").json()
                 if v["migration"]:
                     seen_moving.append((v["host"], v["migration"]["target_host"], v["migration"]["state"]))
+                    if (p := v["migration"]["progress"]) and p["active"]:
+                        progress.append((v["migration"]["phase"], p))
                 return api.get("/v1/hosts/a/drain").json()["drained"]
             wait(drained, "the drain of A", 600)
             wall = time.monotonic() - t0
@@ -128,6 +130,13 @@ def test_a_drain_moves_a_running_vm_live_to_the_other_host(
                       if x["action"] == "vm.migrate" and x["detail"].get("result") == "done"]
             assert done["from"] == "a" and done["to"] == "b" and done["job_ms"] > 0
             assert 0 < done["downtime_ms"] < 10_000
+            # what operators saw meanwhile: the source's job sampled (remaining bytes, a phase),
+            # and afterwards the move's end on the VM
+            assert progress and all(ph in ("disks", "memory") for ph, _ in progress), progress
+            assert any(p["memory_remaining_bytes"] or p["disk_remaining_bytes"] for _, p in progress), progress
+            last = moved["last_migration"]
+            assert (last["from_host"], last["to_host"], last["result"]) == ("a", "b", "done"), last
+            assert last["downtime_ms"] == done["downtime_ms"] and last["total_s"] > 0
             record_property("migration_wall_s", round(wall, 2))
             record_property("migration_job_ms", done["job_ms"])
             record_property("migration_downtime_ms", done["downtime_ms"])

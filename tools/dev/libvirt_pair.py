@@ -224,6 +224,19 @@ class LibvirtPair:
             h.in_ns("ip", "addr", "add", f"{h.addr}/30", "dev", "mig0")
             h.in_ns("ip", "link", "set", "mig0", "up")
 
+    def cut(self) -> None:
+        """The link between the hosts cut as a failed switch cuts it: every packet on the
+        veth dropped, in both namespaces (no reset, no error: TCP just stops hearing back).
+        Each libvirtd's control socket is a file, not on the link: libvirt still talks."""
+        for h in self.hosts:
+            for chain, way in (("INPUT", "-i"), ("OUTPUT", "-o")):
+                h.in_ns("iptables", "-w", "-I", chain, way, "mig0", "-j", "DROP")
+
+    def mend(self) -> None:
+        for h in self.hosts:
+            for chain, way in (("INPUT", "-i"), ("OUTPUT", "-o")):
+                h.in_ns("iptables", "-w", "-D", chain, way, "mig0", "-j", "DROP")
+
     def _alive(self, h: Host) -> None:
         if h.proc is not None and h.proc.poll() is not None:
             out = (h.dir / "libvirtd.out").read_text(errors="replace")[-2000:]

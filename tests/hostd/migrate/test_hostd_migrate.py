@@ -38,6 +38,7 @@ pytestmark = [pytest.mark.integration, pytest.mark.root, pytest.mark.slow]
 NAME = "hyb-test-mig"
 A_TUNE = pb.IoTune(total_bytes_sec=50 * 2**20, total_iops_sec=1000)
 B_TUNE = pb.IoTune(total_bytes_sec=20 * 2**20, total_iops_sec=500)
+CUT_TIMEOUT_S = 20  # the move whose link is cut: hostd cancels it after this
 
 
 def scrape(listen: str) -> dict[str, float]:
@@ -263,12 +264,14 @@ def test_hostd_migrates_a_running_vm_live_and_refuses_cleanly(
 
 
 @pytest.mark.timeout(1500)
-def test_a_hostd_killed_mid_migration_leaves_one_running_copy(
+def test_a_hostd_killed_or_the_link_cut_mid_migration_leaves_one_running_copy(
         smoke_guest: dict, hugetlbfs_2m: Path, hugepages_2m, loop_disk: Path, second_loop: Path,
         tmp_path: Path) -> None:
     """SIGKILL the target's hostd right after it prepared (its row and disk hold made), and
     the source's once libvirt moved the VM but before it released it: each restarted hostd
-    reconciles its ledger with what runs on its host, and exactly one copy runs throughout."""
+    reconciles its ledger with what runs on its host, and exactly one copy runs throughout.
+    Then the link between the hosts is cut while a move back copies: cancelled at its
+    timeout, the VM runs on where it was."""
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs: each host's carve gives VMs a different one")
     hugepages_2m(2 * GUEST_PAGES + 8)
@@ -318,6 +321,37 @@ def test_a_hostd_killed_mid_migration_leaves_one_running_copy(
             assert a.vms() == [] and claimed(a.inventory()) == ([], 0, [(loop_disk.name, "", 0, 0)])
             assert b.stub.CompleteMigration(pb.MigrationRef(name=NAME), timeout=60).vm.state == pb.VM_STATE_RUNNING
             assert {boot for boot, _ in b.wait_ticks(after=seen + 5, timeout=120)} == {boot_id}
+
+            # The link between the hosts cut mid-move (packets dropped, no reset): the job
+            # cannot finish; the source's hostd cancels it at its timeout, the VM runs on
+            # where it was (same boot), and the target's incoming copy is released.
+            on_b = b.stub.GetVM(pb.GetVMRequest(vm_id=vm.vm_id), timeout=10)
+            ready = a.stub.PrepareMigration(prepare_request(on_b, b, request_id="mig-3", iotune=A_TUNE), timeout=120)
+            t0 = time.monotonic()
+            call = b.stub.MigrateVM.future(pb.MigrateVMRequest(
+                name=NAME, target_uri=a.host.uri, migrate_uri=ready.migrate_uri, domain_xml=ready.domain_xml,
+                migrate_disks=[d.target for d in ready.disks], bandwidth_mib_s=4, timeout_s=CUT_TIMEOUT_S,
+                on_timeout=pb.ON_TIMEOUT_ABORT, tls=True), timeout=300)
+            moving = lambda: (p := b.stub.GetMigration(pb.MigrationRef(name=NAME), timeout=10)).active and p  # noqa: E731
+            while not (p := moving()) or p.memory_remaining_bytes + p.disk_remaining_bytes == 0:
+                assert not call.done() and time.monotonic() - t0 < CUT_TIMEOUT_S, "the job never started moving data"
+                time.sleep(0.2)
+            pair.cut()
+            try:
+                with pytest.raises(grpc.RpcError) as e:
+                    call.result()
+                waited = time.monotonic() - t0
+                assert e.value.details().startswith("hyb.migration.timeout"), e.value.details()
+                a.stub.AbortMigration(pb.MigrationRef(name=NAME), timeout=60)
+            finally:
+                pair.mend()
+            print(f"link cut mid-move: cancelled after {waited:.1f} s (timeout_s {CUT_TIMEOUT_S})")
+            assert waited < CUT_TIMEOUT_S + 60  # the cancel does not wait for TCP to give up
+            assert b.vms() == [(NAME, pb.VM_STATE_RUNNING)] and b.domains() == [NAME]
+            assert a.vms() == [] and a.domains() == [] and claimed(a.inventory())[:2] == ([], 0)
+            assert disk_free(loop_disk)
+            seen = b.ticks()[-1][1]
+            assert {boot for boot, _ in b.wait_ticks(after=seen + 3, timeout=120)} == {boot_id}
             b.stub.DeleteVM(pb.DeleteVMRequest(vm_id=vm.vm_id), timeout=60)
             assert b.domains() == [] and claimed(b.inventory())[:2] == ([], 0)
         finally:
