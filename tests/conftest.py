@@ -130,29 +130,53 @@ def _libvirt_guests() -> list[int]:
     return pids
 
 
+# QEMU guests (PID -> command line) that appeared while one of this worker's machine
+# tests ran: this run's, and the only ones a later test waits for.
+_OURS: dict[int, bytes] = {}
+
+
+def _cmdline(pid: int) -> bytes | None:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes()
+    except OSError:
+        return None
+
+
 @pytest.fixture(autouse=True)
-def _no_guest_still_exiting(request: pytest.FixtureRequest) -> None:
+def _no_guest_still_exiting(request: pytest.FixtureRequest) -> Iterator[None]:
     """A machine test starts once the guests earlier tests destroyed are gone: QEMU gives
     its hugepages back only as it exits, which under load takes seconds after libvirt's
     destroy returned (a carve's pool write, or a count of pages in use, saw them). A guest
     still running after 30 s is no exit under way but one left behind: the test errors in
-    its setup, naming it, rather than run on a machine that is not as it expects."""
+    its setup, naming it, rather than run on a machine that is not as it expects. Only
+    this run's guests count, by PID: those that appeared while one of its machine tests
+    ran (another user's guests on a shared machine are none of its business)."""
     mark = request.node.get_closest_marker("xdist_group")  # set at collection (xdist_group_of)
     if mark is None or mark.args[:1] != ("machine",):
+        yield
         return
+
+    def left() -> list[int]:
+        for pid, argv in list(_OURS.items()):
+            if _cmdline(pid) != argv:  # exited (or its PID reused)
+                del _OURS[pid]
+        return sorted(_OURS)
+
     deadline = time.monotonic() + 30
-    while _libvirt_guests() and time.monotonic() < deadline:
+    while left() and time.monotonic() < deadline:
         time.sleep(0.2)
-    if left := _libvirt_guests():
+    if still := left():
         def guest(pid: int) -> str:
-            try:
-                argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
-            except OSError:
-                return f"{pid} (gone now)"
+            argv = (_cmdline(pid) or b"").split(b"\0")
             name = next((a.split(b",")[0].decode() for a in argv if a.startswith(b"guest=")), "?")
             return f"{pid} ({name})"
         pytest.fail("QEMU guests still running 30 s after the tests before destroyed theirs: "
-                    + ", ".join(guest(pid) for pid in left), pytrace=False)
+                    + ", ".join(guest(pid) for pid in still), pytrace=False)
+    before = set(_libvirt_guests())
+    yield
+    for pid in set(_libvirt_guests()) - before:
+        if (argv := _cmdline(pid)) is not None:
+            _OURS[pid] = argv
 
 
 @pytest.hookimpl(wrapper=True)
