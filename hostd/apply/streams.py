@@ -26,8 +26,8 @@ from pathlib import Path
 log = logging.getLogger(__name__)
 
 PROC = Path("/proc")
-# `ss -tnHe state established`: recv-q send-q local:port peer:port ... ino:N ...
-_SS_LINE = re.compile(r"^\s*\d+\s+\d+\s+(\S+):(\d+)\s+(\S+):(\d+)\s.*?\bino:(\d+)")
+# `ss -tnHe state connected`: [state] recv-q send-q local:port peer:port ... ino:N ...
+_SS_LINE = re.compile(r"^\s*(?:[A-Z][A-Z0-9-]*\s+)?\d+\s+\d+\s+(\S+):(\d+)\s+(\S+):(\d+)\s.*?\bino:(\d+)")
 
 
 @dataclass(frozen=True)
@@ -80,11 +80,13 @@ def parse_ss(text: str) -> list[Conn]:
 
 
 def close_streams(pid: int, dst_host: str | None) -> list[Conn]:
-    """Closes process ``pid``'s established TCP connections (to ``dst_host`` only, when
-    given); returns those it asked the kernel to close."""
+    """Closes process ``pid``'s TCP connections, established or connecting (to
+    ``dst_host`` only, when given); returns those it asked the kernel to close."""
     ns = ["nsenter", f"--net=/proc/{pid}/ns/net"]
     inodes = socket_inodes(pid)
-    r = subprocess.run([*ns, "ss", "-tnHe", "state", "established"], capture_output=True, text=True, timeout=30,
+    # connected: established, and those still connecting (a link dead before the stream
+    # began leaves QEMU's connect retrying its SYN)
+    r = subprocess.run([*ns, "ss", "-tnHe", "state", "connected"], capture_output=True, text=True, timeout=30,
                        check=False)
     if r.returncode != 0:
         log.warning("cannot list the connections of pid %d: %s", pid, r.stderr.strip())

@@ -12,7 +12,9 @@ in its audit), its claims are on B only, B's pinning is B's carve (CPU 0; A's is
 and its throttles hold there, A's domain, claim, pages and disk are free. Then back to A
 by hand (``POST /v1/vms/{id}/migrate``) with A's hostd SIGKILLed right after it prepared:
 the VM stays on B, the move waits, and once A's hostd is back it is prepared again and
-the VM moves (same boot still). Once the VM is deleted the marker is on both disks."""
+the VM moves (same boot still). Then to B once more with the link between the hosts cut
+mid-copy: cancelled at the scheduler's timeout and undone, the VM runs on A, named in its
+last move. Once the VM is deleted the marker is on both disks."""
 
 from __future__ import annotations
 
@@ -38,6 +40,9 @@ from api import hostd_pb2 as pb
 pytestmark = [pytest.mark.integration, pytest.mark.root, pytest.mark.slow]
 ADMIN, HOST_TOKEN = "e2e-mig-admin", "e2e-mig-host"
 TUNE = {"total_bytes_sec": 50 * 2**20, "total_iops_sec": 1000}
+# Every move's bound: a move here takes 7-14 s (at 48 MiB/s); the one whose link is cut
+# is cancelled after this
+CUT_TIMEOUT_S = 45
 
 
 def wait(fn, what: str, timeout: float):  # type: ignore[no-untyped-def]
@@ -68,7 +73,7 @@ def test_a_drain_moves_a_running_vm_live_to_the_other_host(
     write_scheduler_config(tmp_path / "scheduler.toml", port=sport, certs=ca, db=tmp_path / "scheduler.db",
                            admin_token=ADMIN, host_token=HOST_TOKEN, log_level="INFO",
                            extra="[reconcile]\ninterval_s = 2\n[drain]\ninterval_s = 1\n"
-                                 "[migration]\nbandwidth_mib_s = 64\ntimeout_s = 300\ntls = true\n")
+                                 f"[migration]\nbandwidth_mib_s = 48\ntimeout_s = {CUT_TIMEOUT_S}\ntls = true\n")
     (tmp_path / "token").write_text(HOST_TOKEN)
     env = {k: v for k, v in os.environ.items() if not k.startswith(("HOSTD_", "HYB_SCHED_"))}
     sched = Scheduler(tmp_path / "scheduler.toml", sport, env, tmp_path / "scheduler.log", ca=ca / "ca.crt")
@@ -202,6 +207,31 @@ def test_a_drain_moves_a_running_vm_live_to_the_other_host(
             assert host_b["vms"] == 0 and host_b["nodes"][0]["used_cpus"] == []
             assert api.get("/v1/hosts/a").json()["nodes"][0]["used_cpus"] == [1]
             b_before = claimed(b.inventory())
+
+            # -- Once more to B, the link between the hosts cut while it copies: A's hostd
+            # cancels the job at the scheduler's timeout_s and closes the stuck streams; the
+            # scheduler undoes the move, naming why: the VM runs on A (same boot), B holds
+            # nothing, both claims as before the move.
+            console_a = a.hold_console()
+            assert api.post(f"/v1/vms/{vm_id}/migrate", json={"target_host": "b"}).status_code == 202
+            wait(lambda: (m := api.get(f"/v1/vms/{vm_id}").json()["migration"]) and m["phase"] in ("disks", "memory"),
+                 "the copy to B to start", 120)
+            pair.cut()
+            try:
+                cut = wait(lambda: (v := api.get(f"/v1/vms/{vm_id}").json())["migration"] is None and v,
+                           "the cut move to be undone", CUT_TIMEOUT_S + 120)
+            finally:
+                pair.mend()
+            assert cut["host"] == "a" and cut["status"] == "running", cut
+            last = cut["last_migration"]
+            assert (last["to_host"], last["result"]) == ("b", "failed") and "hyb.migration.timeout" in last["reason"], last
+            print(f"link cut mid-move: undone after {last['total_s']} s (timeout_s {CUT_TIMEOUT_S})")
+            seen = parse_ticks(console_a.read())[-1][1]
+            console_a.close()
+            assert {boot for boot, _ in a.wait_ticks(after=seen + 3, timeout=120)} == {boot_id}
+            assert b.vms() == [] and b.domains() == [] and claimed(b.inventory()) == b_before
+            assert claimed(a.inventory())[:2] == ([1], GUEST_PAGES)
+            assert api.get("/v1/hosts/b").json()["nodes"][0]["used_cpus"] == []
 
             # deleted through the scheduler: A frees it like any VM of its own
             assert api.delete(f"/v1/vms/{vm_id}").status_code == 204

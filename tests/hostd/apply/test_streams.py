@@ -17,11 +17,13 @@ import pytest
 
 from hostd.apply import streams
 
-# `ss -tnHe state established`, recorded on this machine (loopback, and an IPv6 line)
+# `ss -tnHe state connected`, recorded on this machine (loopback, a stream stuck on a dead
+# link, a connect retrying its SYN, an IPv6 line)
 SS = """\
-0      0               127.0.0.1:41773          127.0.0.1:55174 ino:2286008 sk:1 cgroup:/ <->
-0      2547000       10.79.0.2:49182          10.79.0.1:49305 timer:(on,12sec,7) ino:4411 sk:9 cgroup:/ <->
-0      0                  [::1]:5432                [::1]:40012 ino:77 sk:a cgroup:/ <->
+ESTAB     0      0      127.0.0.1:41773    127.0.0.1:55174 ino:2286008 sk:1 cgroup:/ <->
+ESTAB     0      2547000 10.79.0.2:49182   10.79.0.1:49305 timer:(on,12sec,7) ino:4411 sk:9 cgroup:/ <->
+SYN-SENT  0      1      10.79.0.2:35222    10.79.0.1:49301 timer:(on,3.2sec,2) ino:4420 sk:b cgroup:/ <->
+ESTAB     0      0          [::1]:5432         [::1]:40012 ino:77 sk:a cgroup:/ <->
 """
 
 
@@ -29,6 +31,7 @@ def test_parse_ss_reads_each_connection_and_its_inode() -> None:
     assert streams.parse_ss(SS) == [
         streams.Conn("127.0.0.1", 41773, "127.0.0.1", 55174, 2286008),
         streams.Conn("10.79.0.2", 49182, "10.79.0.1", 49305, 4411),
+        streams.Conn("10.79.0.2", 35222, "10.79.0.1", 49301, 4420),
         streams.Conn("::1", 5432, "::1", 40012, 77)]
     assert streams.parse_ss("") == [] and streams.parse_ss("garbage line\n") == []
 
