@@ -117,17 +117,8 @@ def pytest_runtest_logreport(report: pytest.TestReport) -> None:
 
 def _libvirt_guests() -> list[int]:
     """PIDs of QEMU processes libvirt started for our domains (``-name guest=hyb-...``)."""
-    pids = []
-    for p in Path("/proc").iterdir():
-        if not p.name.isdigit():
-            continue
-        try:
-            argv = (p / "cmdline").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        if argv and argv[0].endswith(b"qemu-system-x86_64") and any(a.startswith(b"guest=hyb-") for a in argv):
-            pids.append(int(p.name))
-    return pids
+    from hostd.apply.streams import qemu_processes
+    return [pid for pid, argv in qemu_processes().items() if any(a.startswith(b"guest=hyb-") for a in argv)]
 
 
 # QEMU guests (PID -> command line) that appeared while one of this worker's machine

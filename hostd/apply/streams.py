@@ -42,9 +42,9 @@ class Conn:
         return f"{self.src}:{self.sport}->{self.dst}:{self.dport}"
 
 
-def qemu_pid(vm_uuid: str, proc: Path = PROC) -> int | None:
-    """The QEMU running the domain ``vm_uuid`` (libvirt passes ``-uuid <uuid>``)."""
-    want = vm_uuid.lower().encode()
+def qemu_processes(proc: Path = PROC) -> dict[int, list[bytes]]:
+    """PID -> command line of every QEMU system emulator on this machine."""
+    out = {}
     for p in proc.iterdir():
         if not p.name.isdigit():
             continue
@@ -52,9 +52,17 @@ def qemu_pid(vm_uuid: str, proc: Path = PROC) -> int | None:
             argv = (p / "cmdline").read_bytes().split(b"\0")
         except OSError:
             continue
-        if argv and b"qemu-system" in argv[0] and any(
-                a == b"-uuid" and i + 1 < len(argv) and argv[i + 1].lower() == want for i, a in enumerate(argv)):
-            return int(p.name)
+        if argv and b"qemu-system" in argv[0]:
+            out[int(p.name)] = argv
+    return out
+
+
+def qemu_pid(vm_uuid: str, proc: Path = PROC) -> int | None:
+    """The QEMU running the domain ``vm_uuid`` (libvirt passes ``-uuid <uuid>``)."""
+    want = vm_uuid.lower().encode()
+    for pid, argv in qemu_processes(proc).items():
+        if any(a == b"-uuid" and i + 1 < len(argv) and argv[i + 1].lower() == want for i, a in enumerate(argv)):
+            return pid
     return None
 
 
