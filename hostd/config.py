@@ -53,6 +53,11 @@ class HostdConfig(BaseSettings):
     # source's MigrateVM dials it. Empty: qemu+tls://<migration_address>/system when
     # migration_address is set, else libvirt_uri (right only on one machine: dev pairs).
     migration_libvirt_uri: str = ""
+    # A directory with cacert.pem, clientcert.pem and clientkey.pem (this host's hostd
+    # certificate, laid out by the bootstrap role) that this host's libvirtd presents when
+    # it dials a peer's qemu+tls URI as a migration's source (libvirt's ``pkipath``).
+    # Empty: libvirt's own files (/etc/pki/libvirt, /etc/pki/CA).
+    migration_client_pki: str = ""
     # Guest images a VM may name (hostd/apply/images.py).
     image_dir: Path = Path("/var/lib/hostd/images")
     # Guest tuning profiles a VM may name (guestimages/profiles/*.toml).

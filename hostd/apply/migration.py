@@ -34,6 +34,7 @@ import logging
 import subprocess
 import threading
 import time
+import urllib.parse
 import uuid
 import xml.etree.ElementTree as ET
 from dataclasses import dataclass
@@ -150,10 +151,12 @@ class Migrations:
     (qemu.conf ``migration_host``). ``target_uri``: the libvirt URI peers' libvirtd dial
     to reach this host's (PrepareMigration answers it; ``peer_uri`` of the config)."""
 
-    def __init__(self, manager: VmManager, *, migration_address: str = "", target_uri: str = ""):
+    def __init__(self, manager: VmManager, *, migration_address: str = "", target_uri: str = "",
+                 client_pki: str = ""):
         self.m = manager
         self.migrate_uri = f"tcp://{migration_address}" if migration_address else ""
         self.target_uri = target_uri
+        self.client_pki = client_pki  # libvirt's pkipath for the qemu+tls URIs this source dials
         self._holds: dict[str, contextlib.ExitStack] = {}  # vm_id -> exclusive hold of its incoming disks
         self._moving: set[str] = set()  # names this host is migrating away now
         self._last: dict[str, dict] = {}  # name -> latest job statistics of its migration
@@ -443,7 +446,7 @@ class Migrations:
                                    name=f"migrate-{req.name}")
         watcher.start()
         try:
-            dom.migrateToURI3(req.target_uri, params, flags)
+            dom.migrateToURI3(with_pkipath(req.target_uri, self.client_pki), params, flags)
         except libvirt.libvirtError as e:
             if timed_out.is_set():
                 raise MigrationTimeout(f"not done within {req.timeout_s} s; cancelled ({e.get_error_message()})",
@@ -546,6 +549,14 @@ def block_targets(xml: str) -> dict[str, str]:
         if src is not None and tgt is not None and src.get("dev"):
             out[src.get("dev", "").rsplit("/", 1)[-1]] = tgt.get("dev", "")
     return out
+
+
+def with_pkipath(uri: str, pki: str) -> str:
+    """``uri`` with libvirt's ``pkipath`` parameter (the client certificate this host's
+    libvirtd presents) when it is a TLS URI that names none; otherwise as it is."""
+    if not pki or not uri.split(":", 1)[0].endswith("+tls") or "pkipath=" in uri:
+        return uri
+    return f"{uri}{'&' if '?' in uri else '?'}pkipath={urllib.parse.quote(pki, safe='/')}"
 
 
 def peer_uri(cfg) -> str:  # type: ignore[no-untyped-def]

@@ -204,7 +204,8 @@ def start(cfg: HostdConfig) -> Daemon:
                      layout_json=layout.to_json(None), health=health, metrics=metrics, callers=callers,
                      sampler=sampler, carver=carver, version=hostd_version(cfg.release_file),
                      migrations=Migrations(manager, migration_address=cfg.migration_address,
-                                           target_uri=peer_uri(cfg))), server)
+                                           target_uri=peer_uri(cfg), client_pki=cfg.migration_client_pki)),
+        server)
     try:
         port = server.add_secure_port(cfg.listen, creds) if creds else server.add_insecure_port(cfg.listen)
     except RuntimeError:  # newer grpcio raises where older ones answered 0

@@ -201,12 +201,20 @@ def test_bootstrap_installs_hostd_in_a_debian_root(debian_root: Path, release_di
         assert _mode(mig) == 0o750
         for name, src, mode in [("ca-cert.pem", "ca.crt", 0o644), ("server-cert.pem", "hostd.crt", 0o644),
                                 ("server-key.pem", "hostd.key", 0o600), ("client-cert.pem", "hostd.crt", 0o644),
-                                ("client-key.pem", "hostd.key", 0o600)]:
+                                ("client-key.pem", "hostd.key", 0o600), ("cacert.pem", "ca.crt", 0o644),
+                                ("servercert.pem", "hostd.crt", 0o644), ("serverkey.pem", "hostd.key", 0o600),
+                                ("clientcert.pem", "hostd.crt", 0o644), ("clientkey.pem", "hostd.key", 0o600)]:
             assert (mig / name).read_bytes() == (secrets / HOST / src).read_bytes(), name
             assert _mode(mig / name) == mode, name
         qemu_conf = (debian_root / "etc/libvirt/qemu.conf").read_text()
         assert re.search(r'^migrate_tls_x509_cert_dir = "/etc/hostd/tls/migration"$', qemu_conf, re.MULTILINE)
         assert re.search(r"^migrate_tls_x509_verify = 1$", qemu_conf, re.MULTILINE)
+        # libvirtd's control connection between hosts (qemu+tls): served with the same
+        # certificate, and presented by this host's libvirtd when it dials a peer
+        libvirtd_conf = (debian_root / "etc/libvirt/libvirtd.conf").read_text()
+        for key, name in (("key_file", "serverkey.pem"), ("cert_file", "servercert.pem"), ("ca_file", "cacert.pem")):
+            assert re.search(rf'^{key} = "/etc/hostd/tls/migration/{name}"$', libvirtd_conf, re.MULTILINE), key
+        assert 'migration_client_pki = "/etc/hostd/tls/migration"' in (etc / "hostd.toml").read_text()
 
     rc, out, recap = _playbook(tmp_path, inventory, *extra)
     assert rc == 0 and recap.get("changed") == 0, out[-6000:]
@@ -219,21 +227,27 @@ def test_bootstrap_installs_hostd_in_a_debian_root(debian_root: Path, release_di
     assert (etc / "policy.toml").read_bytes() == policy.read_bytes()
 
     if not LIGHT:
-        # A hostd certificate that cannot be a migration stream's client is refused before
-        # anything is copied (the preflight), naming what it lacks.
-        srv_only = tmp_path / "secrets-server-only"
-        shutil.copytree(secrets, srv_only)
-        ca, ext = tmp_path / "ca", tmp_path / "server-only.ext"
-        ext.write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
-                       f"extendedKeyUsage=serverAuth\nsubjectAltName=DNS:{HOST}\n")
-        subprocess.run(["openssl", "req", "-new", "-key", str(ca / "hostd.key"), "-subj", f"/CN={HOST}",
-                        "-out", str(tmp_path / "s.csr")], check=True, capture_output=True)
-        subprocess.run(["openssl", "x509", "-req", "-in", str(tmp_path / "s.csr"), "-CA", str(ca / "ca.crt"),
-                        "-CAkey", str(ca / "ca.key"), "-CAcreateserial", "-days", "2", "-extfile", str(ext),
-                        "-out", str(srv_only / HOST / "hostd.crt")], check=True, capture_output=True)
-        rc, out, _ = _playbook(tmp_path, inventory, *extra, "-e", f"hostd_secrets_root={srv_only}")
-        assert rc != 0 and "extendedKeyUsage must hold serverAuth and clientAuth" in out, out[-3000:]
-        assert (etc / "tls/hostd.crt").read_bytes() == (secrets / HOST / "hostd.crt").read_bytes()
+        # A hostd certificate that cannot be a migration stream's client, or that libvirtd
+        # would not serve with, is refused before anything is copied (the preflight),
+        # naming what it lacks.
+        ca = tmp_path / "ca"
+        for name, usage, eku, why in [
+                ("server-only", "digitalSignature,keyEncipherment", "serverAuth",
+                 "extendedKeyUsage must hold serverAuth and clientAuth"),
+                ("no-encipherment", "digitalSignature", "serverAuth,clientAuth",
+                 "keyUsage must hold keyEncipherment")]:
+            bad, ext = tmp_path / f"secrets-{name}", tmp_path / f"{name}.ext"
+            shutil.copytree(secrets, bad)
+            ext.write_text(f"basicConstraints=CA:FALSE\nkeyUsage=critical,{usage}\n"
+                           f"extendedKeyUsage={eku}\nsubjectAltName=DNS:{HOST}\n")
+            subprocess.run(["openssl", "req", "-new", "-key", str(ca / "hostd.key"), "-subj", f"/CN={HOST}",
+                            "-out", str(tmp_path / "s.csr")], check=True, capture_output=True)
+            subprocess.run(["openssl", "x509", "-req", "-in", str(tmp_path / "s.csr"), "-CA", str(ca / "ca.crt"),
+                            "-CAkey", str(ca / "ca.key"), "-CAcreateserial", "-days", "2", "-extfile", str(ext),
+                            "-out", str(bad / HOST / "hostd.crt")], check=True, capture_output=True)
+            rc, out, _ = _playbook(tmp_path, inventory, *extra, "-e", f"hostd_secrets_root={bad}")
+            assert rc != 0 and why in out, (name, out[-3000:])
+            assert (etc / "tls/hostd.crt").read_bytes() == (secrets / HOST / "hostd.crt").read_bytes()
 
 
 def test_hostd_toml_template_loads(tmp_path: Path) -> None:

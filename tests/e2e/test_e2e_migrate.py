@@ -82,11 +82,15 @@ def test_a_drain_moves_a_running_vm_live_to_the_other_host(
         common = dict(smoke_guest=smoke_guest, pool_pages=POOL_PAGES, name="", certs=ca,
                       scheduler_url=f"https://127.0.0.1:{sport}", scheduler_ca=ca / "ca.crt",
                       scheduler_token_file=tmp_path / "token", heartbeat_s=1)
+        # the control connection between the libvirtds over TLS too: each listens on its
+        # link address (qemu+tls), and presents its host's certificate when it dials
         a = HostdSide(tmp_path / "a", pair.a, loop_disk, io_cpu=0, host_name="a", listen=f"127.0.0.1:{ports['a']}",
-                      advertise_address=f"localhost:{ports['a']}", **common)
+                      advertise_address=f"localhost:{ports['a']}", migration_address=pair.a.addr,
+                      migration_libvirt_uri=pair.a.tls_uri, migration_client_pki=str(pair.a.pki), **common)
         b = HostdSide(tmp_path / "b", pair.b, second_loop, io_cpu=1, host_name="b",
                       listen=f"127.0.0.1:{ports['b']}", advertise_address=f"localhost:{ports['b']}",
-                      migration_address=pair.b.addr, **common)
+                      migration_address=pair.b.addr, migration_libvirt_uri=pair.b.tls_uri,
+                      migration_client_pki=str(pair.b.pki), **common)
         api = httpx.Client(base_url=sched.url, verify=sched.verify, timeout=30,
                            headers={"Authorization": f"Bearer {ADMIN}"})
         try:

@@ -80,6 +80,18 @@ migrate_tls_x509_cert_dir = "{pki}"
 migrate_tls_x509_verify = 1
 """
 
+# With TLS, each libvirtd also listens for peers' control connections (qemu+tls, port
+# 16514) on its veth address, with its host's certificate; a peer dials it presenting
+# its own (libvirt's pkipath: hostd's migration_client_pki), checked against the CA.
+LIBVIRTD_TLS_CONF = """\
+listen_tls = 1
+listen_tcp = 0
+listen_addr = "{addr}"
+key_file = "{pki}/serverkey.pem"
+cert_file = "{pki}/servercert.pem"
+ca_file = "{pki}/cacert.pem"
+"""
+
 
 @dataclass
 class Host:
@@ -90,10 +102,16 @@ class Host:
     addr: str
     port_min: int
     proc: subprocess.Popen | None = field(default=None, repr=False)
+    pki: Path | None = None  # this host's certificate files (LibvirtPair(tls=True))
 
     @property
     def uri(self) -> str:
         return f"qemu+unix:///system?socket={self.dir}/run/libvirt-sock"
+
+    @property
+    def tls_uri(self) -> str:
+        """Where a peer's libvirtd reaches this one over TLS (LibvirtPair(tls=True))."""
+        return f"qemu+tls://{self.addr}/system"
 
     @property
     def migrate_uri(self) -> str:
@@ -187,7 +205,11 @@ class LibvirtPair:
     def _prepare(self, h: Host, pki: Path | None) -> None:
         for sub in ("etc", "run", "lib", "log/qemu", "cache", "hugepages"):
             (h.dir / sub).mkdir(parents=True, exist_ok=True)
-        (h.dir / "etc/libvirtd.conf").write_text(LIBVIRTD_CONF.format(host_uuid=uuid.uuid4()))
+        conf = LIBVIRTD_CONF.format(host_uuid=uuid.uuid4())
+        if pki is not None:
+            conf += LIBVIRTD_TLS_CONF.format(addr=h.addr, pki=pki / h.name)
+            h.pki = pki / h.name
+        (h.dir / "etc/libvirtd.conf").write_text(conf)
         conf = QEMU_CONF.format(hugepages=h.hugepages, addr=h.addr, port_min=h.port_min, port_max=h.port_min + 49)
         if pki is not None:
             conf += QEMU_TLS_CONF.format(pki=pki / h.name)
@@ -205,7 +227,7 @@ class LibvirtPair:
         with open(h.dir / "libvirtd.out", "ab") as out:
             h.proc = subprocess.Popen(
                 ["unshare", "-m", "-n", "-u", "--propagation", "private", "--",
-                 "bash", str(NS_SCRIPT), str(h.dir), h.name],
+                 "bash", str(NS_SCRIPT), str(h.dir), h.name, *([h.addr] if self.tls else [])],
                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
     def _link(self) -> None:
@@ -340,14 +362,17 @@ def make_pki(d: Path, hosts: tuple[Host, ...]) -> Path:
         hd = d / h.name
         hd.mkdir(exist_ok=True)
         ext = d / f"{h.name}.ext"
-        ext.write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\n"
+        ext.write_text("basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\n"
                        f"extendedKeyUsage=serverAuth,clientAuth\nsubjectAltName=IP:{h.addr},DNS:{h.name}\n")
         openssl("req", *ec, "-keyout", f"{h.name}/hostd.key", "-out", f"{h.name}.csr", "-subj", f"/CN={h.name}")
         openssl("x509", "-req", "-in", f"{h.name}.csr", "-CA", "ca.crt", "-CAkey", "ca.key",
                 "-CAcreateserial", "-out", f"{h.name}/hostd.crt", "-days", "30", "-extfile", ext.name)
+        # QEMU's names (migrate_tls_x509_cert_dir), then libvirtd's and its client's (pkipath)
         for dest, src in (("ca-cert.pem", d / "ca.crt"), ("server-cert.pem", hd / "hostd.crt"),
                           ("client-cert.pem", hd / "hostd.crt"), ("server-key.pem", hd / "hostd.key"),
-                          ("client-key.pem", hd / "hostd.key")):
+                          ("client-key.pem", hd / "hostd.key"), ("cacert.pem", d / "ca.crt"),
+                          ("servercert.pem", hd / "hostd.crt"), ("serverkey.pem", hd / "hostd.key"),
+                          ("clientcert.pem", hd / "hostd.crt"), ("clientkey.pem", hd / "hostd.key")):
             shutil.copy(src, hd / dest)
     return d
 

@@ -27,7 +27,7 @@ issue() {  # name, extendedKeyUsage, SAN list
   [ -f "$name.crt" ] && return 0
   openssl req -newkey ec -pkeyopt ec_paramgen_curve:prime256v1 -nodes \
     -keyout "$name.key" -out "$name.csr" -subj "/CN=$name" 2>/dev/null
-  printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature\nextendedKeyUsage=%s\nsubjectAltName=%s\n' \
+  printf 'basicConstraints=CA:FALSE\nkeyUsage=critical,digitalSignature,keyEncipherment\nextendedKeyUsage=%s\nsubjectAltName=%s\n' \
     "$eku" "$san" > "$name.ext"
   openssl x509 -req -in "$name.csr" -CA ca.crt -CAkey ca.key -CAcreateserial \
     -out "$name.crt" -days "$days" -extfile "$name.ext" 2>/dev/null
