@@ -172,7 +172,8 @@ def cyclictest_result(p: subprocess.Popen) -> dict[str, float]:
             if acc >= p_ * total:
                 return us
         return hist[-1][0]
-    return {"wake_p50_us": q(0.5), "wake_p99_us": q(0.99), "wake_max_us": hist[-1][0], "wakeups": total}
+    return {"wake_p50_us": q(0.5), "wake_p99_us": q(0.99), "wake_p999_us": q(0.999), "wake_max_us": hist[-1][0],
+            "wakeups": total}
 
 
 def fio(cpu: int, dev: str, seconds: float, iops: int) -> subprocess.Popen:
