@@ -113,3 +113,57 @@ def test_readers_survive_odd_files(tmp_path: Path) -> None:
     p.parent.mkdir(parents=True)
     p.write_text(stat_line(7, "a) (b", 1, 3, 4))
     assert readers.read_threads(fs)[7].comm == "a) (b" and readers.read_threads(fs)[7].ticks == 7
+
+
+def _thread(tid: int, pid: int, comm: str, cpu: int, ticks: int, kthread: bool = False) -> readers.Thread:
+    return readers.Thread(tid, pid, comm, cpu, ticks, kthread)
+
+
+def test_a_live_migrations_threads_on_the_source_count_as_the_vms_and_reach_the_gate() -> None:
+    """A VM moving away, as hostd's signal sees the source host (io_cpus = CPU 0): the
+    threads a live migration adds to the VM's QEMU (the migration thread, and an NBD
+    connection thread born between the samples) and the IO thread running the disk mirror
+    are the VM's CPU, as any QEMU thread in the VMs' cgroup; pinned off io_cpus they are
+    not foreign. Were one on an io_cpu (a wrong pin), it would be foreign user CPU, which
+    the rollout gate's ceiling judges (its Sample, through GetHostStats' answer); the loop
+    device's kworker copying the disk is foreign kernel CPU, which the ceiling leaves out
+    (the exclusive carve takes io_cpus from the unbound workqueues instead)."""
+    from hostd.health.signal import Sample, diff
+    from hostd.rpc.servicer import stats_to_proto
+    from tools.fleet_rollout.clients import sample_of
+    from tools.fleet_rollout.gates import judge
+    from tools.fleet_rollout.spec import Gate
+
+    qemu = 20
+    cpu = {0: readers.CpuTime(0, 0), 1: readers.CpuTime(0, 0)}
+
+    def sample(mono: float, threads: list[readers.Thread]) -> Sample:
+        ts = {t.tid: t for t in threads}
+        return Sample(mono=mono, wall=1000 + mono, cpu=cpu, irqs={}, threads=ts, io_tids=frozenset({10}),
+                      vm_tids=frozenset(t.tid for t in threads if t.pid == qemu))
+
+    before = [_thread(10, 10, "ossd", 0, 100), _thread(20, qemu, "qemu-system-x86", 1, 50),
+              _thread(21, qemu, "CPU 0/KVM", 1, 900), _thread(22, qemu, "IO iothread1", 1, 10),
+              _thread(30, 30, "hostd", 1, 40), _thread(40, 2, "kworker/u8:4+loop1", 0, 7, kthread=True)]
+    during = [_thread(10, 10, "ossd", 0, 100 + HZ // 2), _thread(20, qemu, "qemu-system-x86", 1, 50 + HZ // 10),
+              _thread(21, qemu, "CPU 0/KVM", 1, 900 + HZ // 2), _thread(22, qemu, "IO iothread1", 1, 10 + HZ // 5),
+              _thread(23, qemu, "live_migration", 1, HZ // 4), _thread(24, qemu, "nbd-connect", 1, 3),
+              _thread(30, 30, "hostd", 1, 40 + 2), _thread(40, 2, "kworker/u8:4+loop1", 0, 7 + HZ // 20, kthread=True)]
+    st = diff(sample(0.0, before), sample(1.0, during), (0,))
+    assert st.cpu_vms == pytest.approx((HZ // 10 + HZ // 2 + HZ // 5 + HZ // 4 + 3) / HZ)  # born threads whole
+    assert st.cpu_io_service == pytest.approx((HZ // 2) / HZ) and st.cpu_other == pytest.approx((2 + HZ // 20) / HZ)
+    assert [(f.comm, f.kthread) for f in st.top_foreign] == [("kworker/u8:4+loop1", True)]
+    assert st.foreign_cpu_s == st.foreign_kernel_cpu_s == pytest.approx((HZ // 20) / HZ)
+    gate = Gate(min_samples=3)
+    assert sample_of(stats_to_proto(st)).foreign_cpu == 0.0
+    assert judge([sample_of(stats_to_proto(st))] * 3, None, [], gate).decision == "pass"
+
+    # the migration thread on the IO CPU (as it would run without hostd's emulator pinning)
+    wrong = [dataclasses.replace(t, cpu=0) if t.comm == "live_migration" else t for t in during]
+    st = diff(sample(0.0, before), sample(1.0, wrong), (0,))
+    assert st.cpu_vms == pytest.approx((HZ // 10 + HZ // 2 + HZ // 5 + HZ // 4 + 3) / HZ)  # still the VM's CPU
+    assert [(f.comm, f.kthread) for f in st.top_foreign] == [("live_migration", False), ("kworker/u8:4+loop1", True)]
+    s = sample_of(stats_to_proto(st))
+    assert s.foreign_cpu == pytest.approx((HZ // 4) / HZ)
+    v = judge([s] * 3, None, [], gate)
+    assert v.decision == "fail" and any("foreign CPU on io_cpus" in r for r in v.reasons), v
