@@ -590,6 +590,12 @@ def report_isolation(result: dict) -> None:
             if a and b is not None:
                 ratios.append(f"{h} {b / a:.2f}x")
         print(f"{case}/alone: " + ", ".join(ratios))
+        per = []  # each round's case against the alone of its round: the machine's load drifts between rounds
+        for h, k in ISO_COLS:
+            rs = [b[k] / a[k] for a, b in zip(cases["alone"], cases[case]) if a.get(k) and b.get(k) is not None]
+            if rs:
+                per.append(f"{h} {statistics.median(rs):.2f}x [{min(rs):.2f}-{max(rs):.2f}]")
+        print(f"{case}/alone, round by round (median [range]): " + ", ".join(per))
     print("\nhostd's IO-health signal over each window (the rollout gate's input; CPUs = CPU-s per s):")
     for case in ISO_CASES:
         top: dict[str, float] = {}
