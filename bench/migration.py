@@ -286,6 +286,7 @@ ISO_CASES = ("alone", "uncapped", "capped")
 # them (this machine's system libvirtd: "TC tc-pc.ram" allowed on the VM CPU only); the
 # pair's libvirtds have none (cgroup_controllers = [ ]), so here they may run on the IO CPU.
 PREALLOC = ("TC ", "touch_pages")
+QUIET = 0.05  # CPU-s per s of other processes' user threads on the IO CPU: a window "quiet" below it
 LEAD_S = 1.0  # the IO side runs this long before a move starts (fio takes ~1 s to start its job)
 
 
@@ -596,6 +597,18 @@ def report_isolation(result: dict) -> None:
             if rs:
                 per.append(f"{h} {statistics.median(rs):.2f}x [{min(rs):.2f}-{max(rs):.2f}]")
         print(f"{case}/alone, round by round (median [range]): " + ", ".join(per))
+    # Rounds where nothing else ran on the IO CPU in any of the three windows (hostd's signal:
+    # foreign user CPU there below QUIET), as under the exclusive carve: the move's own effect.
+    quiet = [i for i in range(min(len(cases[c]) for c in ISO_CASES))
+             if all(cases[c][i].get("gate_foreign_user_cpu", 1.0) < QUIET for c in ISO_CASES)]
+    print(f"\nrounds with no other user work on the IO CPU (foreign user CPU < {QUIET} in all three "
+          f"windows): {len(quiet)} of {iso['repeats']}")
+    for i in quiet:
+        print(f"  round {i + 1}: " + "; ".join(
+            f"{c} " + ", ".join(f"{h} {cases[c][i][k]:.0f}" for h, k in ISO_COLS) for c in ISO_CASES))
+        for c in ISO_CASES[1:]:
+            print(f"    {c}/alone: " + ", ".join(f"{h} {cases[c][i][k] / cases['alone'][i][k]:.2f}x"
+                                               for h, k in ISO_COLS if cases["alone"][i][k]))
     print("\nhostd's IO-health signal over each window (the rollout gate's input; CPUs = CPU-s per s):")
     for case in ISO_CASES:
         top: dict[str, float] = {}
