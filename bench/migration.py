@@ -493,10 +493,10 @@ def run_isolation(args: argparse.Namespace, work: Path, undo: list, pair: Libvir
     vm = sides["a"].stub.CreateVM(pb.CreateVMRequest(
         request_id="bench-iso-create", name=NAME, vcpus=1, memory_mib=args.memory_mib, hugepage_size_kb=2048,
         image=IMAGE, disks=[pb.DiskRequest(disk=Path(loops["a"]).name, iotune=tune)]), timeout=300)
-    where = {"a": "a"}  # which side holds the VM (for the cleanup below)
+    holder = {"side": "a"}  # which side holds the VM (for the cleanup below)
 
     def delete() -> None:
-        side = sides[where["a"]]
+        side = sides[holder["side"]]
         try:
             side.stub.DeleteVM(pb.DeleteVMRequest(vm_id=vm.vm_id), timeout=60)
         except Exception as e:  # noqa: BLE001 - the pair's teardown destroys what is left
@@ -510,7 +510,7 @@ def run_isolation(args: argparse.Namespace, work: Path, undo: list, pair: Libvir
         with s.hold_console() as console:
             moved, wall = migrate(s, d, vm.vm_id, iotune=tune, request_id=f"bench-iso-{tick['moves']}",
                                   bandwidth_mib_s=bandwidth, tls=tls, timeout_s=900)
-            where["a"] = dst
+            holder["side"] = dst
             tick["moves"] += 1
             last_src = max((n for b, n in parse_ticks(console.read()) if b == boot_id), default=tick["last"])
         return {"wall_s": round(wall, 3), "job_ms": moved.job_ms, "downtime_ms": moved.downtime_ms,
