@@ -159,7 +159,7 @@ def run(args: argparse.Namespace, work: Path, undo: list) -> dict:
                                   text=True).stdout.strip()
         undo.append(lambda dev=loops[h]: subprocess.run(["losetup", "-d", dev], check=False))
 
-    if "hostd" in args.paths:
+    if "hostd" in args.paths or args.isolation:
         # hostd backs VMs only from a mounted pool; let go once the hosts' QEMUs are gone
         # (tools/dev/hugetlbfs.py: shared with whatever else on this machine holds it)
         from tools.dev.hugetlbfs import held_2m
