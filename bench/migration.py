@@ -137,7 +137,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 def run(args: argparse.Namespace, work: Path, undo: list) -> dict:
-    smoke = smoke_image()
+    smoke = work / "smoke"  # a copy: the shared cache may be rebuilt by another job while this runs
+    shutil.copytree(smoke_image(), smoke)
     before = POOL.read_text().strip()
     pages = 2 * args.memory_mib // 2 + 8  # both ends hold the guest's memory during the copy
 
