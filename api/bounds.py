@@ -16,6 +16,8 @@ from __future__ import annotations
 import re
 from collections.abc import Mapping
 
+from api.states import VfMigration
+
 # CPU ids: the kernel's NR_CPUS (CONFIG_NR_CPUS is at most 8192 on x86_64, Debian's
 # value); a CPU list naming CPU 8192 or more cannot be a host's, and is refused before
 # a range is expanded.
@@ -132,6 +134,13 @@ def check_disk_ref(v: str) -> str:
 
 def check_pf(v: str) -> str:
     return v if v == "" else _fullmatch(_PF, v, "a PF netdev name (1-15 of letters, digits, '_', '.', '@', '-')")
+
+
+def check_vf_migration(v: str) -> str:
+    """A VF's live-move mode: one of ``api.states.VfMigration``."""
+    if v not in set(VfMigration):
+        raise ValueError(f"{v!r} is not one of {', '.join(VfMigration)}")
+    return v
 
 
 def check_vf_ref(v: str) -> str:

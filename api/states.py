@@ -153,3 +153,18 @@ class DrainAction(StrEnum):
     DELETE_OLD = "delete_old"
     WAIT = "wait"
     DONE = "done"
+
+
+class VfMigration(StrEnum):
+    """How a VM's SR-IOV VF takes a live move (a VF request's ``migration``; hostd.proto
+    ``VfMigration``). A passed-through function cannot be migrated, so a VM moves live
+    only when each VF says how: ``failover`` (created with QEMU's virtio-net failover
+    pair: a virtio-net standby on the host's failover bridge, the VF as its primary with
+    the same MAC; the guest's net_failover driver keeps the traffic on the standby while
+    the VF is unplugged for the move, and the target plugs its own VF), ``interrupt``
+    (the VM accepts losing its VF for the move: hostd unplugs it on the source, the target
+    plugs its own after arrival) or ``none`` (the default: refused, naming the field)."""
+
+    NONE = "none"
+    FAILOVER = "failover"
+    INTERRUPT = "interrupt"

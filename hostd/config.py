@@ -58,6 +58,11 @@ class HostdConfig(BaseSettings):
     # it dials a peer's qemu+tls URI as a migration's source (libvirt's ``pkipath``).
     # Empty: libvirt's own files (/etc/pki/libvirt, /etc/pki/CA).
     migration_client_pki: str = ""
+    # The host bridge (already up, outside hostd) a VF's virtio-net standby joins when the
+    # VM asks for failover (VfRequest.migration FAILOVER: QEMU's failover pair, the VF as
+    # primary). Empty: this host offers no failover pair; such a VM is refused naming
+    # vfs[i].migration (CreateVM, PrepareMigration).
+    failover_bridge: str = ""
     # Guest images a VM may name (hostd/apply/images.py).
     image_dir: Path = Path("/var/lib/hostd/images")
     # Guest tuning profiles a VM may name (guestimages/profiles/*.toml).

@@ -35,6 +35,7 @@ class VfReq:
     vlan: int = 0
     max_tx_rate_mbps: int = 0
     min_tx_rate_mbps: int = 0
+    migration: str = "none"  # api.states.VfMigration: how the VF takes a live move
 
 
 @dataclass(frozen=True)

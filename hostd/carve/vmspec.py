@@ -13,6 +13,7 @@ from typing import Any
 
 from api import bounds
 from api.jsonmodel import from_jsonable, to_jsonable
+from api.states import VfMigration
 from hostd.carve.vmclaim import CellReq, DiskReq, VfReq, VmRequest
 from hostd.errors import NoFit
 
@@ -106,6 +107,9 @@ class VmSpec:
         for disk in d["disks"]:
             if not disk.get("atomic_write_bytes"):
                 disk.pop("atomic_write_bytes", None)
+        for vf in d["vfs"]:  # likewise a VF's migration mode when it is the default
+            if vf.get("migration") == VfMigration.NONE:
+                vf.pop("migration", None)
         return d
 
     @classmethod
@@ -141,6 +145,7 @@ def spec_problem(spec: VmSpec) -> NoFit | None:
                        lambda d=d: bounds.check_atomic_write_bytes(d.atomic_write_bytes)))
     for i, v in enumerate(spec.vfs):
         checks.append((f"vfs[{i}].pf", lambda v=v: bounds.check_pf(v.pf)))
+        checks.append((f"vfs[{i}].migration", lambda v=v: bounds.check_vf_migration(v.migration)))
     for i, c in enumerate(spec.cells):
         checks.append((f"placement.cells[{i}].numa_node", lambda c=c: bounds.check_numa_node(c.node)))
         checks.append((f"placement.cells[{i}].cpus", lambda c=c: _cpus(c.prefer_cpus)))

@@ -47,7 +47,14 @@ Policy, decision by decision (each one shows in the golden files):
   guest finds ``/dev/disk/by-id/virtio-<name>``), and
   the spec's ``<iotune>`` (throttle groups included).
 - VFs: ``<interface type='hostdev' managed='yes'>`` with the spec's MAC and VLAN
-  (the tx rate is set on the PF through netlink, not in XML).
+  (the tx rate is set on the PF through netlink, not in XML). A VF that may move live
+  (``migration``, api/states.py ``VfMigration``) carries a user alias ``ua-vf<i>``, by
+  which a move finds it to unplug and plug. ``failover``: QEMU's virtio-net failover
+  pair, the standby first: ``<interface type='bridge'>`` on the host's
+  ``failover_bridge``, virtio, the VF's MAC, ``<teaming type='persistent'/>``, alias
+  ``ua-vf<i>-standby``; the VF as primary with ``<teaming type='transient'
+  persistent='ua-vf<i>-standby'/>``. A host without a failover bridge refuses it
+  (``vfs[i].migration``).
 - Serial console on a pty (``virsh console`` works) logged to
   ``<console_dir>/<name>/console.log`` (``console_dir`` is ``<state_dir>/vms``);
   no USB, no balloon (hugepage RAM is not given back by ballooning), a virtio
@@ -66,6 +73,7 @@ from pathlib import Path
 from hostd.carve.vmclaim import Claim, ClaimCell
 from hostd.carve.vmspec import IoTune as SpecIoTune
 from hostd.carve.vmspec import VmSpec
+from api.states import VfMigration
 from hostd.cpulist import format_cpu_list
 from hostd.domain.elements import (
     Chardev,
@@ -80,8 +88,10 @@ from hostd.domain.elements import (
     Domain,
     ElementError,
     Features,
+    BridgeInterface,
     HostdevInterface,
     HugePage,
+    Interface,
     IoThreadPin,
     IoTune,
     MemBalloon,
@@ -92,6 +102,7 @@ from hostd.domain.elements import (
     Os,
     PciAddress,
     Rng,
+    Teaming,
     Timer,
     VcpuPin,
 )
@@ -118,6 +129,7 @@ class HostFacts:
     siblings: Mapping[int, tuple[int, ...]] = field(default_factory=dict)  # SMT siblings per CPU
     vf_pci: Mapping[tuple[str, int], str] = field(default_factory=dict)  # (pf, vf index) -> PCI
     root: Path = Path("/")  # prefix for /dev reads in check_host (a recorded host tree in tests)
+    failover_bridge: str = ""  # the bridge a failover VF's virtio-net standby joins; "" = none here
 
 
 @dataclass(frozen=True)
@@ -180,7 +192,7 @@ def design(*, vm_id: str, spec: VmSpec, claim: Claim, boot: Boot, host: HostFact
             emulator=host.emulator,
             disks=_disks(spec, claim, boot, host),
             controllers=(Controller("usb", model="none"),),
-            interfaces=_interfaces(claim, host),
+            interfaces=_interfaces(spec, claim, host),
             serials=(Chardev("serial", "pty", log_file=str(console_log(host, spec.name)),
                              log_append=True, target_port=0),),
             consoles=(Chardev("console", "pty", target_type="serial", target_port=0),),
@@ -249,10 +261,35 @@ def _iotune(t: SpecIoTune) -> IoTune | None:
     return IoTune(**values) if any(values.values()) else None
 
 
-def _interfaces(claim: Claim, host: HostFacts) -> tuple[HostdevInterface, ...]:
-    return tuple(HostdevInterface(PciAddress.parse(host.vf_pci[(v.pf, v.index)]), mac=v.mac,
-                                  vlan_tags=(v.vlan,) if v.vlan else (), managed=True)
-                 for v in claim.vfs)
+def _interfaces(spec: VmSpec, claim: Claim, host: HostFacts) -> tuple[Interface, ...]:
+    out: list[Interface] = []
+    for i, v in enumerate(claim.vfs):
+        primary = vf_interface(spec, claim, host.vf_pci, i)
+        if primary.teaming is not None:
+            out.append(BridgeInterface(host.failover_bridge, v.mac, "virtio", Teaming("persistent"),
+                                       standby_alias(i)))
+        out.append(primary)
+    return tuple(out)
+
+
+def vf_alias(i: int) -> str:
+    """The user alias of VF i of a VM whose VF may move (libvirt: ``ua-`` and a name)."""
+    return f"ua-vf{i}"
+
+
+def standby_alias(i: int) -> str:
+    return f"ua-vf{i}-standby"
+
+
+def vf_interface(spec: VmSpec, claim: Claim, vf_pci: Mapping[tuple[str, int], str], i: int) -> HostdevInterface:
+    """VF i of the claim as its ``<interface type='hostdev'>``: what the domain holds,
+    and what a move that interrupts the VF unplugs on the source and plugs on the target."""
+    v = claim.vfs[i]
+    mode = spec.vfs[i].migration if i < len(spec.vfs) else VfMigration.NONE
+    teaming = Teaming("transient", standby_alias(i)) if mode == VfMigration.FAILOVER else None
+    return HostdevInterface(PciAddress.parse(vf_pci[(v.pf, v.index)]), mac=v.mac,
+                            vlan_tags=(v.vlan,) if v.vlan else (), managed=True, teaming=teaming,
+                            alias=vf_alias(i) if mode != VfMigration.NONE else None)
 
 
 # -- refusals -----------------------------------------------------------------
@@ -311,6 +348,13 @@ def _check_inputs(spec: VmSpec, claim: Claim, boot: Boot, host: HostFacts) -> No
                                            "fixed MAC, or it changes on every define)")
         if not 0 <= v.vlan <= 4094:
             raise _refuse(f"vfs[{i}].vlan", "must be 0 (untagged) to 4094")
+    for i, sv in enumerate(spec.vfs):
+        if sv.migration not in set(VfMigration):
+            raise _refuse(f"vfs[{i}].migration", f"{sv.migration!r} is not one of {', '.join(VfMigration)}")
+        if sv.migration == VfMigration.FAILOVER and not host.failover_bridge:
+            raise _refuse(f"vfs[{i}].migration", "failover needs a standby network on this host, and it has none: "
+                          "set failover_bridge in hostd's config (the bridge the virtio-net standby joins), "
+                          "or ask for interrupt (the VF is unplugged for a move)")
 
 
 def _check_boot(boot: Boot) -> None:

@@ -156,12 +156,38 @@ class PciAddress(XmlElement):
 
 
 @dataclass(frozen=True)
+class Teaming(XmlElement):
+    """``<teaming>``: QEMU's virtio-net failover (libvirt 6.1+). ``persistent`` on the
+    virtio-net standby; ``transient`` with ``persistent=<the standby's alias>`` on the
+    hostdev primary, which libvirt and QEMU unplug for a migration (the guest's
+    net_failover driver moves the traffic to the standby meanwhile)."""
+
+    type: str  # persistent | transient
+    persistent: str | None = None  # transient only: the standby's alias (ua-...)
+
+    def to_element(self) -> ET.Element:
+        return ET.Element("teaming", {"type": self.type, **({"persistent": self.persistent}
+                                                              if self.persistent is not None else {})})
+
+    @classmethod
+    def from_element(cls, el: ET.Element) -> "Teaming":
+        return cls(type=el.get("type", ""), persistent=el.get("persistent"))
+
+
+def _alias(el: ET.Element, alias: str | None) -> None:
+    if alias is not None:
+        sub(el, "alias", name=alias)
+
+
+@dataclass(frozen=True)
 class HostdevInterface(XmlElement):
     source: PciAddress
     mac: str | None = None
     vlan_tags: tuple[int, ...] = ()  # more than one: a trunk
     managed: bool = True
     driver: str | None = None  # vfio
+    teaming: Teaming | None = None  # transient: the primary of a failover pair
+    alias: str | None = None  # ua-...: a user alias (a VF that moves: found by it to unplug)
 
     def to_element(self) -> ET.Element:
         el = ET.Element("interface", {"type": "hostdev", "managed": fmt(self.managed)})
@@ -174,19 +200,71 @@ class HostdevInterface(XmlElement):
             vlan = sub(el, "vlan", trunk="yes" if len(self.vlan_tags) > 1 else None)
             for t in self.vlan_tags:
                 sub(vlan, "tag", id=t)
+        if self.teaming is not None:
+            el.append(self.teaming.to_element())
+        _alias(el, self.alias)
         return el
 
     @classmethod
     def from_element(cls, el: ET.Element) -> "HostdevInterface":
         if el.get("type") != "hostdev":
-            raise ElementError(f"interface type {el.get('type')!r}: only 'hostdev' is modelled")
-        mac, drv = el.find("mac"), el.find("driver")
+            raise ElementError(f"interface type {el.get('type')!r}: only 'hostdev' is a HostdevInterface")
+        mac, drv, team, alias = el.find("mac"), el.find("driver"), el.find("teaming"), el.find("alias")
         addr = need(el.find("source/address"), "interface/source/address")
         return cls(source=PciAddress.from_element(addr), mac=None if mac is None else mac.get("address"),
                    vlan_tags=tuple(req_int(t, "id", "interface/vlan/tag@id")
                                    for t in el.findall("vlan/tag")),
                    managed=yes(el.get("managed")) or False,
-                   driver=None if drv is None else drv.get("name"))
+                   driver=None if drv is None else drv.get("name"),
+                   teaming=None if team is None else Teaming.from_element(team),
+                   alias=None if alias is None else alias.get("name"))
+
+
+@dataclass(frozen=True)
+class BridgeInterface(XmlElement):
+    """``<interface type='bridge'>`` with a virtio-net model: the standby of a failover
+    pair (``teaming persistent``), on a host bridge (hostd config ``failover_bridge``)."""
+
+    bridge: str
+    mac: str | None = None
+    model: str = "virtio"
+    teaming: Teaming | None = None
+    alias: str | None = None
+
+    def to_element(self) -> ET.Element:
+        el = ET.Element("interface", {"type": "bridge"})
+        if self.mac is not None:
+            sub(el, "mac", address=self.mac)
+        sub(el, "source", bridge=self.bridge)
+        sub(el, "model", type=self.model)
+        if self.teaming is not None:
+            el.append(self.teaming.to_element())
+        _alias(el, self.alias)
+        return el
+
+    @classmethod
+    def from_element(cls, el: ET.Element) -> "BridgeInterface":
+        if el.get("type") != "bridge":
+            raise ElementError(f"interface type {el.get('type')!r}: only 'bridge' is a BridgeInterface")
+        mac, model, team, alias = el.find("mac"), el.find("model"), el.find("teaming"), el.find("alias")
+        src = need(el.find("source"), "interface/source")
+        return cls(bridge=src.get("bridge", ""), mac=None if mac is None else mac.get("address"),
+                   model="" if model is None else model.get("type", ""),
+                   teaming=None if team is None else Teaming.from_element(team),
+                   alias=None if alias is None else alias.get("name"))
+
+
+Interface = HostdevInterface | BridgeInterface
+_INTERFACES: dict[str, type[HostdevInterface] | type[BridgeInterface]] = {
+    "hostdev": HostdevInterface, "bridge": BridgeInterface}
+
+
+def interface_from_element(el: ET.Element) -> Interface:
+    cls = _INTERFACES.get(el.get("type", ""))
+    if cls is None:
+        raise ElementError(f"interface type {el.get('type')!r}: only {' and '.join(map(repr, _INTERFACES))} "
+                           "are modelled")
+    return cls.from_element(el)
 
 
 # -- devices: serial/console, controller, memballoon, rng ---------------------------------
@@ -278,7 +356,7 @@ class Devices(XmlElement):
     emulator: str | None = None
     disks: tuple[Disk, ...] = ()
     controllers: tuple[Controller, ...] = ()
-    interfaces: tuple[HostdevInterface, ...] = ()
+    interfaces: tuple[Interface, ...] = ()
     serials: tuple[Chardev, ...] = ()
     consoles: tuple[Chardev, ...] = ()
     memballoon: MemBalloon | None = None
@@ -303,7 +381,7 @@ class Devices(XmlElement):
         return cls(emulator=el.findtext("emulator"),
                    disks=tuple(Disk.from_element(d) for d in el.findall("disk")),
                    controllers=tuple(Controller.from_element(c) for c in el.findall("controller")),
-                   interfaces=tuple(HostdevInterface.from_element(i) for i in el.findall("interface")),
+                   interfaces=tuple(interface_from_element(i) for i in el.findall("interface")),
                    serials=tuple(Chardev.from_element(s) for s in el.findall("serial")),
                    consoles=tuple(Chardev.from_element(c) for c in el.findall("console")),
                    memballoon=None if mb is None else MemBalloon.from_element(mb),

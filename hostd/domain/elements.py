@@ -21,16 +21,19 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass
 
 from hostd.domain.devices import (  # noqa: F401
+    BridgeInterface,
     Chardev,
     Controller,
     Devices,
     Disk,
     DiskDriver,
     HostdevInterface,
+    Interface,
     IoTune,
     MemBalloon,
     PciAddress,
     Rng,
+    Teaming,
 )
 from hostd.domain.xmlutil import ElementError, XmlElement, need, opt_int, req_int, sub, to_kib, yes
 

@@ -160,7 +160,8 @@ def start(cfg: HostdConfig) -> Daemon:
     vf_pci = {(n.name, v.index): v.pci for n in topo.nics for v in n.vfs}
     profiles = _profiles(cfg)
     facts = HostFacts(virt_type=cfg.virt_type, lock_memory=cfg.lock_guest_memory,
-                      console_dir=cfg.state_dir / "vms", root=cfg.root, siblings=siblings, vf_pci=vf_pci)
+                      console_dir=cfg.state_dir / "vms", root=cfg.root, siblings=siblings, vf_pci=vf_pci,
+                      failover_bridge=cfg.failover_bridge)
     manager = VmManager(
         layout=layout, siblings=siblings, ledger=Ledger(cfg.state_dir / "ledger.db"), libvirt=lv,
         images=ImageStore(cfg.image_dir), render=DomainRenderer(facts, profiles),

@@ -19,6 +19,7 @@ from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
 from api.bounds import check_vm_id
 from api.jsonmodel import to_jsonable
+from api.states import VfMigration
 from hostd.apply.carve_service import Asker, CarveService
 from hostd.apply.carve_state import boot_changes, boot_pending
 from hostd.apply.ledger import VmRecord
@@ -62,6 +63,13 @@ def _iotune(m: pb.IoTune) -> IoTune:
     return IoTune(**{f.name: getattr(m, f.name) for f in dataclasses.fields(IoTune)})
 
 
+# hostd.proto VfMigration <-> api.states.VfMigration (an unknown number stays a number:
+# spec_problem refuses it naming vfs[i].migration)
+_VF_MIGRATION = {pb.VF_MIGRATION_NONE: VfMigration.NONE, pb.VF_MIGRATION_FAILOVER: VfMigration.FAILOVER,
+                 pb.VF_MIGRATION_INTERRUPT: VfMigration.INTERRUPT}
+_VF_MIGRATION_PB = {v: k for k, v in _VF_MIGRATION.items()}
+
+
 def spec_from_proto(r: pb.CreateVMRequest) -> VmSpec:
     if not r.request_id:
         raise SpecInvalid("required (the idempotency key)", field="request_id")
@@ -76,7 +84,8 @@ def spec_from_proto(r: pb.CreateVMRequest) -> VmSpec:
         request_id=r.request_id, name=r.name, vcpus=r.vcpus, memory_mib=r.memory_mib,
         image=r.image, hugepage_size_kb=r.hugepage_size_kb or 2048, profile=r.profile, node=node,
         disks=tuple(DiskSpec(d.disk, _iotune(d.iotune), atomic_write_bytes=d.atomic_write_bytes) for d in r.disks),
-        vfs=tuple(VfReq(v.pf, v.mac.lower(), v.vlan, v.max_tx_rate_mbps, v.min_tx_rate_mbps) for v in r.vfs),
+        vfs=tuple(VfReq(v.pf, v.mac.lower(), v.vlan, v.max_tx_rate_mbps, v.min_tx_rate_mbps,
+                        _VF_MIGRATION.get(v.migration, str(v.migration))) for v in r.vfs),
         guest_numa=r.guest_numa, labels=dict(r.labels), cpus=cpus, cells=cells)
 
 
@@ -95,7 +104,8 @@ def vm_to_proto(rec: VmRecord, m: VmManager) -> pb.VM:
                for d in c.disks],
         vfs=[pb.ClaimedVf(pf=v.pf, index=v.index, pci=m.vf_pci.get((v.pf, v.index), ""), mac=v.mac,
                           vlan=v.vlan, max_tx_rate_mbps=v.max_tx_rate_mbps,
-                          min_tx_rate_mbps=v.min_tx_rate_mbps) for v in c.vfs],
+                          min_tx_rate_mbps=v.min_tx_rate_mbps, migration=_VF_MIGRATION_PB.get(sv.migration, 0))
+             for v, sv in zip(c.vfs, spec.vfs)],
         image=spec.image, labels=spec.labels, created_unix=int(rec.created),
         cells=[pb.NumaCell(numa_node=cell.node, cpus=list(pins), memory_mib=cell.pages * c.size_kb // 1024)
                for cell, pins in zip(c.numa_cells, c.cell_pins())])

@@ -92,6 +92,15 @@ CASES = (
          spec("vf-vlan", vcpus=2, memory_mib=1024,
               vfs=(VfReq(pf="ens1f0", mac="52:54:00:12:34:56", vlan=100, max_tx_rate_mbps=2000),)),
          KERNEL, host()),
+    # Issue 38 item 3: VFs that may move live. VF 0 as the primary of a failover pair (its
+    # virtio-net standby on the host's failover bridge, the same MAC, teaming), VF 1 to be
+    # unplugged for a move (only its alias). The PCI addresses are the recorded tree's
+    # (tests/data/hosts/1s-8c-nosmt-1pf-8vf): this machine has no SR-IOV.
+    Case("vf-failover",
+         spec("vf-failover", vcpus=2, memory_mib=1024,
+              vfs=(VfReq(pf="ens1f0", mac="52:54:00:12:34:57", migration="failover"),
+                   VfReq(pf="ens1f0", mac="52:54:00:12:34:58", vlan=7, migration="interrupt"))),
+         KERNEL, host(failover_bridge="br-failover")),
     Case("raw-disk-iotune",
          spec("raw-disk-iotune", vcpus=2, memory_mib=1024, disks=(
              DiskSpec("nvme-eui.0025388a01", IoTune(

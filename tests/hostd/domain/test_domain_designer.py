@@ -16,7 +16,7 @@ from hostd.apply.images import ImageStore
 from hostd.carve.vmclaim import Claim, ClaimCell, ClaimedDisk, ClaimedVf, VfReq
 from hostd.carve.vmspec import DiskSpec, IoTune
 from hostd.domain.designer import Boot, DomainDesignError, _target, check_host, design, design_domain
-from hostd.domain.elements import Domain, HugePage, IoThreadPin, MemNode, Os, VcpuPin
+from hostd.domain.elements import Domain, HugePage, IoThreadPin, MemNode, Os, Teaming, VcpuPin
 from hostd.domain.metadata import NS, VmMetadata
 
 BY_NAME = {c.name: c for c in CASES}
@@ -238,3 +238,32 @@ def test_design_domain_is_what_hostd_defines(tmp_path: Path) -> None:
 
 def test_siblings_fixture_is_smt2() -> None:
     assert SIBLINGS[2] == (2, 10) and SIBLINGS[10] == (2, 10)
+
+
+def test_failover_pair_standby_first_same_mac_teaming_and_aliases() -> None:
+    """Issue 38 item 3 on the XML (this machine has no SR-IOV: the VF's PCI address is the
+    recorded tree's): the standby virtio-net on the failover bridge, then the VF as its
+    transient primary, one MAC; an interrupt VF carries only its alias."""
+    d = BY_NAME["vf-failover"].domain()
+    standby, primary, other = d.devices.interfaces
+    assert (standby.bridge, standby.model, standby.mac, standby.teaming, standby.alias) == (
+        "br-failover", "virtio", "52:54:00:12:34:57", Teaming("persistent"), "ua-vf0-standby")
+    assert (str(primary.source), primary.mac, primary.teaming, primary.alias) == (
+        "0000:3b:02.0", "52:54:00:12:34:57", Teaming("transient", "ua-vf0-standby"), "ua-vf0")
+    assert (str(other.source), other.teaming, other.alias, other.vlan_tags) == ("0000:3b:02.1", None, "ua-vf1", (7,))
+    plain = BY_NAME["vf-vlan"].domain().devices.interfaces[0]
+    assert (plain.teaming, plain.alias) == (None, None)  # a VF that never moves: as before
+
+
+@pytest.mark.parametrize("migration, host_kw, reason", [
+    ("failover", {}, "failover needs a standby network on this host, and it has none: set failover_bridge"),
+    ("teleport", {"failover_bridge": "br0"}, "'teleport' is not one of none, failover, interrupt"),
+])
+def test_a_vf_migration_the_host_cannot_render_is_refused_naming_the_field(migration, host_kw, reason) -> None:
+    c = BY_NAME["vf-failover"]
+    s = spec("vf-x", vcpus=2, memory_mib=1024, vfs=(VfReq(pf="ens1f0", mac="52:54:00:12:34:57",
+                                                           migration=migration),))
+    with pytest.raises(DomainDesignError) as e:
+        Case("vf-x", s, KERNEL, host(**host_kw)).domain()
+    assert e.value.field == "vfs[0].migration" and reason in e.value.detail
+    assert c.domain()  # the same VF with a bridge renders

@@ -9,10 +9,10 @@ import xml.etree.ElementTree as ET
 
 import pytest
 
-from hostd.domain.elements import (Chardev, Clock, Controller, Cpu, CpuFeature, CpuTopology, CpuTune,
-                                   Devices, Disk, DiskDriver, Domain, ElementError, Features,
+from hostd.domain.elements import (BridgeInterface, Chardev, Clock, Controller, Cpu, CpuFeature, CpuTopology,
+                                   CpuTune, Devices, Disk, DiskDriver, Domain, ElementError, Features,
                                    HostdevInterface, HugePage, IoThreadPin, IoTune, MemBalloon, MemNode,
-                                   MemoryBacking, NumaCell, NumaTune, Os, PciAddress, Rng, Timer,
+                                   MemoryBacking, NumaCell, NumaTune, Os, PciAddress, Rng, Teaming, Timer,
                                    VcpuPin)
 
 VF = PciAddress(0, 0x3B, 2, 1)
@@ -59,6 +59,10 @@ SAMPLES = [
     MemoryBacking(), MemoryBacking(()), MemoryBacking((HugePage(2048),), False, True), DOMAIN.memory_backing,
     IoTune(), FULL_IOTUNE, DiskDriver(), DISK,
     VF, DEVICES.interfaces[0], DEVICES.interfaces[1],
+    Teaming("persistent"), Teaming("transient", "ua-vf0-standby"),
+    BridgeInterface("br0", "52:54:00:00:00:01", "virtio", Teaming("persistent"), "ua-vf0-standby"),
+    HostdevInterface(VF, "52:54:00:00:00:01", teaming=Teaming("transient", "ua-vf0-standby"), alias="ua-vf0"),
+    Devices(interfaces=(BridgeInterface("br0"), HostdevInterface(VF))),
     *DEVICES.serials, *DEVICES.consoles, *DEVICES.controllers, MemBalloon("virtio"), Rng(),
     DEVICES.rngs[0], Devices(), DEVICES,
     Timer("pit", True, "delay"), Clock(), DOMAIN.clock,
@@ -158,6 +162,7 @@ def test_reads_libvirt_formatting() -> None:
     (CpuTune, "<cputune><vcpupin vcpu='x' cpuset='1'/></cputune>", "cputune/vcpupin@vcpu"),
     (Disk, "<disk type='network' device='disk'><target dev='vda'/></disk>", "disk type 'network'"),
     (HostdevInterface, "<interface type='bridge'><source bridge='br0'/></interface>", "only 'hostdev'"),
+    (Devices, "<devices><interface type='user'/></devices>", "only 'hostdev' and 'bridge' are modelled"),
     (NumaCell, "<cell id='0' cpus='0' memory='1' unit='parsecs'/>", "cpu/numa/cell@unit"),
     (IoTune, "<iotune><total_bytes_sec>lots</total_bytes_sec></iotune>", "iotune/total_bytes_sec"),
     (Rng, "<rng model='virtio'/>", "rng/backend: missing"),
