@@ -42,11 +42,13 @@ from dataclasses import dataclass
 import libvirt
 
 from api.bounds import check_request_id
+from api.states import VfMigration
 from hostd.apply import streams
 from hostd.apply.ledger import VmRecord
 from hostd.apply.vms import VmManager
 from hostd.carve.vmclaim import claim
 from hostd.carve.vmspec import DiskSpec, VmSpec, spec_problem
+from hostd.domain.designer import vf_alias, vf_interface
 from hostd.domain.metadata import NS, VmMetadata
 from hostd.errors import (
     BadMetadata,
@@ -70,11 +72,16 @@ from hostd.errors import (
 
 log = logging.getLogger(__name__)
 # A VF is a passed-through PCI function: its state lives in the device, and libvirt
-# refuses to migrate a domain with one. What would move it (QEMU's virtio-net failover
-# with the VF as primary, or a VF unplugged for the move and plugged on the target) is not
-# offered yet (issue 38, item 3): refused up front instead of failing inside libvirt.
-VF_REASON = ("a VM with an SR-IOV VF does not move live (a passed-through function cannot be migrated; "
-             "a failover pair is not offered yet): replace or stop it for the maintenance")
+# refuses to migrate a domain with one. A VF moves only as its request said it may
+# (api.states.VfMigration): "failover" (QEMU's virtio-net failover pair, the VF the
+# primary: QEMU unplugs it for the move and the target plugs its own), "interrupt" (hostd
+# unplugs it on the source before the job; the target plugs its own after arrival);
+# "none" is refused up front, naming the field, instead of failing inside libvirt.
+VF_REASON = ("a VM with an SR-IOV VF does not move live with migration=none (a passed-through function cannot "
+             "be migrated): create the VM with migration=failover (a virtio-net standby keeps its network while "
+             "the VF is unplugged; the host needs failover_bridge) or migration=interrupt (it accepts losing the "
+             "VF for the move), or replace or stop it for the maintenance")
+UNPLUG_WAIT_S = 10  # how long the guest has to release a VF hostd unplugs before a move
 
 # virsh migrate --live --p2p --copy-storage-all --persistent --undefinesource --auto-converge
 BASE_FLAGS = (libvirt.VIR_MIGRATE_LIVE | libvirt.VIR_MIGRATE_PEER2PEER | libvirt.VIR_MIGRATE_NON_SHARED_DISK
@@ -179,9 +186,9 @@ class Migrations:
         bad = spec_problem(spec)  # CreateVM's bounds, before anything is looked up or written
         if bad:
             raise SpecInvalid(bad.reason, field=f"vm.{bad.field}")
-        if spec.vfs:
-            raise MigrationVf(VF_REASON, field="vm.vfs[0]")
+        _check_vfs_move(spec, "vm.")
         m = self.m
+        spec = m._with_macs(spec)  # the source's MACs: derived from the VM's own request id
         with m._changing("prepare a migration"):
             prior = m.ledger.get(vm_id=vm_id)
             if prior is not None:
@@ -201,6 +208,8 @@ class Migrations:
             m.generation += 1
             m.emit(vm_id, "incoming")
             try:
+                if got.vfs:
+                    m._set_vf_rates(got, spec)  # this host's VFs, the VM's rates
                 hold = contextlib.ExitStack()
                 if m.disk_hold:
                     hold.enter_context(m.disk_hold.hold([(f"disks[{i}].disk", d.name)
@@ -249,7 +258,9 @@ class Migrations:
         spec = VmSpec.from_dict(rec.spec)
         md = VmMetadata(rec.vm_id, rec.request_id, int(rec.created), rec.claim, spec)
         booted = m.overlays.prepare(spec.name, image) if m.overlays else image
-        xml = m.render(md, booted)
+        # a VF the source unplugs for the move is not in the XML the job carries (libvirt
+        # compares the devices): CompleteMigration plugs this host's one
+        xml = without_devices(m.render(md, booted), [vf_alias(i) for i in _moving_vfs(spec, VfMigration.INTERRUPT)])
         targets = block_targets(xml)
         return Prepared(rec, xml, self.migrate_uri, tuple((d.name, targets.get(d.name, "")) for d in rec.claim.disks))
 
@@ -266,15 +277,99 @@ class Migrations:
             if state != libvirt.VIR_DOMAIN_RUNNING:
                 raise NotArrived(f"{name} does not run here ({_STATE_NAMES.get(state, state)}): the migration "
                                  "has not finished (or failed: AbortMigration)", field="name")
-            m.ledger.set_state(rec.vm_id, "running", "migrated here")
+            reason = "migrated here" + self._plug_target_vfs(rec)
+            m.ledger.set_state(rec.vm_id, "running", reason)
             self._unhold(rec.vm_id)  # QEMU has the disks
             m.generation += 1
-            m.emit(rec.vm_id, "running", "migrated here")
+            m.emit(rec.vm_id, "running", reason)
             log.info("migration complete vm=%s name=%s", rec.vm_id, name)
             out = m.ledger.get(vm_id=rec.vm_id)
             assert out is not None
             self._count("target", "done")
             return out, self._completed_job(rec.vm_id)
+
+    def _plug_target_vfs(self, rec: VmRecord) -> str:
+        """Plug this host's VF of every ``interrupt`` VF into the arrived guest (live and
+        in its persistent definition); "" when all are in, else what is missing: the VM
+        runs here either way (one running copy), without that VF until an operator acts."""
+        spec = VmSpec.from_dict(rec.spec)
+        missing = []
+        for i in _moving_vfs(spec, VfMigration.INTERRUPT):
+            xml = vf_interface(spec, rec.claim, self.m.vf_pci, i).to_xml()
+            try:
+                self._attach(rec.vm_id, xml, libvirt.VIR_DOMAIN_AFFECT_LIVE | libvirt.VIR_DOMAIN_AFFECT_CONFIG)
+            except (libvirt.libvirtError, HostdError) as e:
+                why = e.get_error_message() if isinstance(e, libvirt.libvirtError) else str(e)
+                log.error("vm=%s arrived but its VF %d (%s) was not plugged: %s", rec.vm_id, i, vf_alias(i), why)
+                missing.append(f"vfs[{i}] not plugged: {why}")
+        return "; " + "; ".join(missing) if missing else ""
+
+    # --------------------------------------------- VF plug and unplug (libvirt's device API)
+
+    def _domain(self, vm_id: str) -> libvirt.virDomain:
+        return self.m.libvirt.conn().lookupByUUIDString(vm_id)
+
+    def _attach(self, vm_id: str, xml: str, flags: int) -> None:
+        self._domain(vm_id).attachDeviceFlags(xml, flags)
+
+    def _detach(self, vm_id: str, xml: str) -> None:
+        """Ask the guest to release the device (ACPI hot-unplug) and wait until it has:
+        libvirt returns once QEMU was asked, the guest may take its time or refuse."""
+        self._domain(vm_id).detachDeviceFlags(xml, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        alias = ET.fromstring(xml).find("alias")
+        name = "" if alias is None else alias.get("name", "")
+        deadline = time.monotonic() + UNPLUG_WAIT_S
+        while name in self._plugged(vm_id):
+            if time.monotonic() > deadline:
+                raise MigrationVf(f"the guest has not released {name} in {UNPLUG_WAIT_S} s", field="vfs")
+            time.sleep(0.1)
+
+    def _plugged(self, vm_id: str) -> set[str]:
+        """Aliases of the hostdev interfaces the running domain has."""
+        root = ET.fromstring(self._domain(vm_id).XMLDesc(0))
+        return {a.get("name", "") for i in root.iterfind("./devices/interface[@type='hostdev']")
+                if (a := i.find("alias")) is not None}
+
+    def _unplug_source_vfs(self, rec: VmRecord) -> None:
+        """Before the job: unplug every ``interrupt`` VF (the guest loses it for the move).
+        A ``failover`` VF stays: QEMU unplugs the primary itself once the job starts."""
+        spec = VmSpec.from_dict(rec.spec)
+        for i in _moving_vfs(spec, VfMigration.INTERRUPT):
+            xml = vf_interface(spec, rec.claim, self.m.vf_pci, i).to_xml()
+            try:
+                self._detach(rec.vm_id, xml)
+            except libvirt.libvirtError as e:
+                raise MigrationVf(f"cannot unplug VF {i} ({vf_alias(i)}) for the move: {e.get_error_message()}",
+                                  field=f"vfs[{i}]") from None
+            except MigrationVf as e:
+                raise MigrationVf(f"cannot unplug VF {i}: {e.detail}", field=f"vfs[{i}]") from None
+            log.info("vm=%s: VF %d (%s) unplugged for the move", rec.vm_id, i, vf_alias(i))
+
+    def _replug_source_vfs(self, rec: VmRecord) -> str:
+        """After a failed job, the VM still here: every VF that may move and is not in the
+        guest now (hostd unplugged it, or QEMU did and has not put it back) is plugged
+        again, live. "" when all are in, else what is missing (logged; named in the row)."""
+        spec = VmSpec.from_dict(rec.spec)
+        moving = _moving_vfs(spec, VfMigration.INTERRUPT) + _moving_vfs(spec, VfMigration.FAILOVER)
+        if not moving:
+            return ""
+        missing = []
+        try:
+            plugged = self._plugged(rec.vm_id)
+        except libvirt.libvirtError as e:
+            return f"; its VFs could not be checked: {e.get_error_message()}"
+        for i in sorted(moving):
+            if vf_alias(i) in plugged:
+                continue
+            try:
+                self._attach(rec.vm_id, vf_interface(spec, rec.claim, self.m.vf_pci, i).to_xml(),
+                             libvirt.VIR_DOMAIN_AFFECT_LIVE)
+                log.info("vm=%s: VF %d (%s) plugged back after the failed move", rec.vm_id, i, vf_alias(i))
+            except libvirt.libvirtError as e:
+                log.error("vm=%s: VF %d (%s) not plugged back: %s", rec.vm_id, i, vf_alias(i),
+                          e.get_error_message())
+                missing.append(f"vfs[{i}] not plugged back: {e.get_error_message()}")
+        return "; " + "; ".join(missing) if missing else ""
 
     def _completed_job(self, vm_id: str) -> JobFigures:
         def op(c: libvirt.virConnect) -> JobFigures:
@@ -343,8 +438,7 @@ class Migrations:
         m = self.m
         with m._changing("migrate a VM"):
             rec = self._by_name(req.name)
-            if rec.claim.vfs:
-                raise MigrationVf(VF_REASON, field="vfs[0]")
+            _check_vfs_move(VmSpec.from_dict(rec.spec), "")
             _check_target_xml(req.domain_xml, rec)
             if req.name in self._moving or rec.state == "migrating":
                 raise MigrationInProgress(f"{req.name} is being migrated already", field="name")
@@ -360,6 +454,7 @@ class Migrations:
             m.metrics.migrating.inc()
         try:
             m._crash("migrating")
+            self._unplug_source_vfs(rec)
             figures = self._run(rec, req)
             m._crash("migrated")
         except HostdError as e:
@@ -403,9 +498,11 @@ class Migrations:
                 log.error("migration of %s failed (%s) yet its domain left this host; released", rec.name, e)
                 return
             # back to the row as it was: the failure is the caller's answer (the scheduler
-            # names it on the VM), and a refused move leaves this host's ledger unchanged
+            # names it on the VM), and a refused move leaves this host's ledger unchanged;
+            # a VF unplugged for the move is plugged back first (named if it cannot be)
+            vfs = self._replug_source_vfs(rec) if state == libvirt.VIR_DOMAIN_RUNNING else ""
             m.ledger.set_state(rec.vm_id, "running" if state != libvirt.VIR_DOMAIN_SHUTOFF else "stopped",
-                               rec.reason, updated=updated)
+                               rec.reason + vfs, updated=None if vfs else updated)
         m.emit(rec.vm_id, "running", f"migration failed: {e}")
         log.error("migration of %s failed, it runs here still: %s", rec.name, e)
 
@@ -513,6 +610,34 @@ class Migrations:
 
 _STATE_NAMES = {None: "no domain", libvirt.VIR_DOMAIN_PAUSED: "paused", libvirt.VIR_DOMAIN_SHUTOFF: "shut off",
                 libvirt.VIR_DOMAIN_RUNNING: "running"}
+
+
+def _moving_vfs(spec: VmSpec, mode: VfMigration) -> list[int]:
+    """Positions of the spec's VFs that take a move the ``mode`` way."""
+    return [i for i, v in enumerate(spec.vfs) if v.migration == mode]
+
+
+def _check_vfs_move(spec: VmSpec, where: str) -> None:
+    """A VF whose request did not say how it moves refuses the move (``where``: the
+    field's prefix, "vm." in PrepareMigration)."""
+    for i, v in enumerate(spec.vfs):
+        if v.migration not in (VfMigration.FAILOVER, VfMigration.INTERRUPT):
+            raise MigrationVf(VF_REASON, field=f"{where}vfs[{i}].migration")
+
+
+def without_devices(xml: str, aliases: list[str]) -> str:
+    """The domain XML without the interfaces of these user aliases (as text: the rest
+    kept as rendered)."""
+    if not aliases:
+        return xml
+    root = ET.fromstring(xml)
+    devices = root.find("devices")
+    if devices is not None:
+        for el in list(devices.iterfind("interface")):
+            a = el.find("alias")
+            if a is not None and a.get("name") in aliases:
+                devices.remove(el)
+    return ET.tostring(root, encoding="unicode")
 
 
 def _check_target_xml(xml: str, rec: VmRecord) -> None:

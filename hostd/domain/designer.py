@@ -265,6 +265,10 @@ def _interfaces(spec: VmSpec, claim: Claim, host: HostFacts) -> tuple[Interface,
     out: list[Interface] = []
     for i, v in enumerate(claim.vfs):
         primary = vf_interface(spec, claim, host.vf_pci, i)
+        if primary.teaming is not None and not host.failover_bridge:
+            raise _refuse(f"vfs[{i}].migration", "failover needs a standby network on this host, and it has none: "
+                          "set failover_bridge in hostd's config (the bridge the virtio-net standby joins), "
+                          "or ask for interrupt (the VF is unplugged for a move)")
         if primary.teaming is not None:
             out.append(BridgeInterface(host.failover_bridge, v.mac, "virtio", Teaming("persistent"),
                                        standby_alias(i)))
@@ -351,10 +355,6 @@ def _check_inputs(spec: VmSpec, claim: Claim, boot: Boot, host: HostFacts) -> No
     for i, sv in enumerate(spec.vfs):
         if sv.migration not in set(VfMigration):
             raise _refuse(f"vfs[{i}].migration", f"{sv.migration!r} is not one of {', '.join(VfMigration)}")
-        if sv.migration == VfMigration.FAILOVER and not host.failover_bridge:
-            raise _refuse(f"vfs[{i}].migration", "failover needs a standby network on this host, and it has none: "
-                          "set failover_bridge in hostd's config (the bridge the virtio-net standby joins), "
-                          "or ask for interrupt (the VF is unplugged for a move)")
 
 
 def _check_boot(boot: Boot) -> None:

@@ -126,23 +126,36 @@ def test_watch_events_streams_state_changes(api):
 
 
 def test_a_vm_with_a_vf_is_refused_a_live_move_and_nothing_changes(api):
-    """Issue 38, item 3 (recorded SR-IOV tree: this machine has none): a VF cannot move
-    live and no failover pair is offered yet, so MigrateVM on the source and
-    PrepareMigration on a target refuse it up front, naming the VF, and change nothing."""
+    """Issue 38, item 3 (recorded SR-IOV tree: this machine has none): a VF whose request
+    did not say how it moves (migration NONE, the default) cannot move live, so MigrateVM
+    on the source and PrepareMigration on a target refuse it up front, naming the field and
+    both ways to allow it, and change nothing. The mode is kept and shown (GetVM); a bad
+    one is refused at CreateVM. The moves themselves: tests/hostd/apply/test_migration_vf.py."""
     stub, _, m = api
     vfs = [pb.VfRequest(pf="ens1f0", vlan=42, max_tx_rate_mbps=1000)]
     vm = stub.CreateVM(req(vfs=vfs), timeout=10)
+    assert vm.vfs[0].migration == pb.VF_MIGRATION_NONE
     before = [(r.vm_id, r.state, r.reason) for r in m.ledger.list()]
     with pytest.raises(grpc.RpcError) as e:
         stub.MigrateVM(pb.MigrateVMRequest(name="g-1", target_uri="qemu+tls://b/system", domain_xml="<domain/>",
                                            tls=True), timeout=10)
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert e.value.details().startswith("hyb.migration.vf [vfs[0]]: a VM with an SR-IOV VF does not move live")
+    assert e.value.details().startswith("hyb.migration.vf [vfs[0].migration]: a VM with an SR-IOV VF does not "
+                                        "move live with migration=none")
+    assert "migration=failover" in e.value.details() and "migration=interrupt" in e.value.details()
     with pytest.raises(grpc.RpcError) as e:
         stub.PrepareMigration(pb.PrepareMigrationRequest(
             request_id="mig-vf-1", vm_id="6f1c0a5e-7e57-4f00-8000-0000000000aa", source_host="a",
             vm=req(name="g-2", rid="r-2", vfs=vfs)), timeout=10)
     assert e.value.code() == grpc.StatusCode.FAILED_PRECONDITION
-    assert e.value.details().startswith("hyb.migration.vf [vm.vfs[0]]")
+    assert e.value.details().startswith("hyb.migration.vf [vm.vfs[0].migration]")
+    with pytest.raises(grpc.RpcError) as e:
+        stub.CreateVM(req(name="g-3", rid="r-3", vfs=[pb.VfRequest(pf="ens1f0", migration=7)]), timeout=10)
+    assert e.value.code() == grpc.StatusCode.INVALID_ARGUMENT
+    assert e.value.details().startswith("hyb.spec.invalid [vfs[0].migration]: '7' is not one of none, failover, "
+                                        "interrupt"), e.value.details()
     assert [(r.vm_id, r.state, r.reason) for r in m.ledger.list()] == before
+    interrupt = stub.CreateVM(req(name="g-4", rid="r-4", vfs=[pb.VfRequest(
+        pf="ens1f0", migration=pb.VF_MIGRATION_INTERRUPT)]), timeout=10)
+    assert stub.GetVM(pb.GetVMRequest(vm_id=interrupt.vm_id)).vfs[0].migration == pb.VF_MIGRATION_INTERRUPT
     assert stub.GetVM(pb.GetVMRequest(vm_id=vm.vm_id)).state == pb.VM_STATE_RUNNING
