@@ -6,7 +6,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictInt
 
-from api.states import MigrationPhase, MigrationResult, MigrationState, OnMaintenance, VmStatus
+from api.states import MigrationPhase, MigrationResult, MigrationState, OnMaintenance, VfMigration, VmStatus
 
 NAME = r"^[A-Za-z0-9_.-]{1,48}$"
 LABEL_KEY = r"^[A-Za-z0-9_./-]{1,63}$"
@@ -53,6 +53,12 @@ class VfIn(BaseModel):
     vlan: StrictInt = Field(0, ge=0, le=4094)
     max_tx_rate_mbps: StrictInt = Field(0, ge=0, le=10**6)
     min_tx_rate_mbps: StrictInt = Field(0, ge=0, le=10**6)
+    migration: VfMigration = Field(
+        VfMigration.NONE, description="how the VF takes a live move (a passed-through function cannot be "
+        "migrated): failover = created with QEMU's virtio-net failover pair (a virtio-net standby on the "
+        "host's failover bridge, the VF its primary, one MAC; the guest needs the net_failover driver) and "
+        "keeps its network on the standby while the VF is unplugged; interrupt = the VM accepts losing the "
+        "VF for the move (unplugged on the source, the target plugs its own); none = a live move is refused")
 
 
 class AntiAffinity(BaseModel):

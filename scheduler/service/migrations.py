@@ -4,7 +4,8 @@ migration). Asked by an operator (``POST /v1/vms/{id}/migrate``) or by a drain f
 with ``on_maintenance = "migrate"`` (scheduler/service/drains.py), through ``start``
 then ``run``:
 
-1. ``start``: checks (the VM runs, no VF, its disruption group's budget, a named target
+1. ``start``: checks (the VM runs, each VF says how it moves: failover or interrupt, its
+   disruption group's budget, a named target
    exists, is up, active, not the source, and fits), then the target claim through the
    usual placement with the VM's own request (its anti-affinity group, the VM itself not
    counted against itself; its disks of exactly the source disks' sizes: NBD copies to
@@ -47,7 +48,7 @@ from dataclasses import dataclass, replace
 from typing import Any, Protocol
 
 from api import hostd_pb2 as pb
-from api.states import HostState, MigrationResult, MigrationState, VmStatus
+from api.states import HostState, MigrationResult, MigrationState, VfMigration, VmStatus
 from scheduler.config import MigrationConfig
 from scheduler.db.engine import Store
 from scheduler.db.models import Vm
@@ -174,9 +175,11 @@ class MigrationService:
             if vm.status != VmStatus.RUNNING or not vm.host or not vm.allocation or not vm.hostd_vm_id:
                 raise NotMovable(f"the VM is {vm.status}: only a running VM moves live", field="vm_id")
             body = VmCreate.model_validate({k: v for k, v in vm.request.items() if k != "tenant"})
-            if body.vfs:
-                raise NotMovable("a VM with an SR-IOV VF does not move live (a passed-through function cannot "
-                                 "be migrated; a failover pair is not offered yet): replace or stop it", field="vfs")
+            for i, vf in enumerate(body.vfs):
+                if vf.migration == VfMigration.NONE:
+                    raise NotMovable("a VM with an SR-IOV VF does not move live with migration=none (a passed-"
+                                     "through function cannot be migrated): create it with migration=failover "
+                                     "or interrupt, or replace or stop it", field=f"vfs[{i}].migration")
             if check_budget and vm.disruption_group:
                 rows = load(s, [vm.host])  # the drain's own view of the group
                 mine = next(d for d in rows if d.id == vm.id)

@@ -136,7 +136,9 @@ def create_request(vm: Vm, alloc: Allocation) -> pb.CreateVMRequest:
                             atomic_write_bytes=d.atomic_write_bytes)
              for a, d in zip(alloc.disks, body.disks)]
     vfs = [pb.VfRequest(pf=a.pf, mac=v.mac, vlan=v.vlan, max_tx_rate_mbps=v.max_tx_rate_mbps,
-                        min_tx_rate_mbps=v.min_tx_rate_mbps) for a, v in zip(alloc.vfs, body.vfs)]
+                        min_tx_rate_mbps=v.min_tx_rate_mbps,
+                        migration=pb.VfMigration.Value(f"VF_MIGRATION_{v.migration.upper()}"))
+           for a, v in zip(alloc.vfs, body.vfs)]
     if alloc.cell_vcpus:  # spanning: one guest NUMA cell per host node, memory bound to it
         size = body.page_size_kb
         placement = pb.Placement(cells=[pb.NumaCell(numa_node=node, cpus=list(cpus), memory_mib=pages * size // 1024)

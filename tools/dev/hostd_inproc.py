@@ -10,18 +10,22 @@ claims and refusals, where only libvirt's job (which the test driver lacks) is p
 ``InprocMigrations``: the target's domain XML defined and started on the target's test
 driver, the source's domain gone. ``fail_migrations`` makes the next jobs fail as
 libvirt would (the VM stays on the source). The QEMU job itself is tested with two real
-libvirtd hosts (tests/hostd/migrate/)."""
+libvirtd hosts (tests/hostd/migrate/). Device hot-plug, which the test driver lacks too
+(a VF unplugged for a move, plugged on the target), is played the same way: the calls
+recorded, the guest's VFs as they would be."""
 
 from __future__ import annotations
 
 import os
 import subprocess
 import threading
+import xml.etree.ElementTree as ET
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
 
 import grpc
+import libvirt
 
 from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
@@ -104,6 +108,26 @@ class InprocMigrations(Migrations):
         # libvirt's job statistics while a job waits at the gate (GetMigration answers
         # them, as hostd's sampler leaves them for a real job); None: no sample
         self.stats: dict[str, int] | None = None
+        # device hot-plug played: (op, vm_id, device XML, flags) per call, and what the
+        # guest then has beside its defined devices (aliases out, aliases plugged in)
+        self.calls: list[tuple[str, str, str, int]] = []
+        self.out: dict[str, set[str]] = {}
+        self.plugged_in: dict[str, set[str]] = {}
+
+    def _attach(self, vm_id: str, xml: str, flags: int) -> None:
+        self._domain(vm_id)  # the domain must be there, as libvirt's would
+        self.calls.append(("attach", vm_id, xml, flags))
+        alias = _alias(xml)
+        self.out.setdefault(vm_id, set()).discard(alias)
+        self.plugged_in.setdefault(vm_id, set()).add(alias)
+
+    def _detach(self, vm_id: str, xml: str) -> None:
+        self._domain(vm_id)
+        self.calls.append(("detach", vm_id, xml, libvirt.VIR_DOMAIN_AFFECT_LIVE))
+        self.out.setdefault(vm_id, set()).add(_alias(xml))
+
+    def _plugged(self, vm_id: str) -> set[str]:
+        return (super()._plugged(vm_id) | self.plugged_in.get(vm_id, set())) - self.out.get(vm_id, set())
 
     def _run(self, rec, req: MigrateRequest) -> JobFigures:  # type: ignore[no-untyped-def]
         if self.gate is not None:
@@ -122,6 +146,11 @@ class InprocMigrations(Migrations):
             self.m.libvirt.destroy_and_undefine(rec.vm_id)
         self.moved.append(req.name)
         return JobFigures(job_ms=12, downtime_ms=3, data_bytes=4096, memory_bytes=4096, completed_record=True)
+
+
+def _alias(device_xml: str) -> str:
+    a = ET.fromstring(device_xml).find("alias")
+    return "" if a is None else a.get("name", "")
 
 
 @dataclass

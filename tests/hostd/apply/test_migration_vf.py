@@ -10,11 +10,11 @@ PF, picked by B's own claim. The domains carry the designer's own interface XML 
 failover pair, the aliases; the whole domain is validated by virt-xml-validate in
 tests/hostd/domain/test_domain_golden.py, case vf-failover).
 
-What the test driver lacks and is played here, as tools/dev/hostd_inproc.InprocMigrations
-plays libvirt's migration job: device hot-plug (virDomainAttachDeviceFlags /
-DetachDeviceFlags answer "not supported" on it). ``PlayedDevices`` records the plug and
-unplug calls hostd makes, with their device XML and flags, and what the guest then has;
-the tests without it show what hostd does when libvirt refuses the unplug. A run on real
+What the test driver lacks is played by tools/dev/hostd_inproc.InprocMigrations: libvirt's
+migration job, and device hot-plug (virDomainAttachDeviceFlags / DetachDeviceFlags answer
+"not supported" on the test driver): it records the plug and unplug calls hostd makes,
+with their device XML and flags, and what the guest then has. The tests with plain
+``Migrations`` show what hostd does when libvirt refuses the unplug or the plug. A run on real
 SR-IOV hardware (a guest with net_failover) is not done: docs/roadmap.md."""
 
 from __future__ import annotations
@@ -67,32 +67,6 @@ def renderer(facts: HostFacts):  # type: ignore[no-untyped-def]
     return render
 
 
-class PlayedDevices(InprocMigrations):
-    """hostd's migration with libvirt's device hot-plug played (the test driver has none)
-    and the job played by InprocMigrations. ``calls``: (op, vm_id, device XML, flags)."""
-
-    def __init__(self, manager: VmManager, *, target_uri: str):
-        super().__init__(manager, target_uri=target_uri)
-        self.calls: list[tuple[str, str, str, int]] = []
-        self.out: dict[str, set[str]] = {}  # vm_id -> aliases unplugged
-        self.plugged_in: dict[str, set[str]] = {}  # vm_id -> aliases plugged after define
-
-    def _attach(self, vm_id: str, xml: str, flags: int) -> None:
-        self._domain(vm_id)  # the domain must be there, as libvirt's would
-        self.calls.append(("attach", vm_id, xml, flags))
-        alias = ET.fromstring(xml).find("alias").get("name")
-        self.out.setdefault(vm_id, set()).discard(alias)
-        self.plugged_in.setdefault(vm_id, set()).add(alias)
-
-    def _detach(self, vm_id: str, xml: str) -> None:
-        self._domain(vm_id)
-        self.calls.append(("detach", vm_id, xml, libvirt.VIR_DOMAIN_AFFECT_LIVE))
-        self.out.setdefault(vm_id, set()).add(ET.fromstring(xml).find("alias").get("name"))
-
-    def _plugged(self, vm_id: str) -> set[str]:
-        return (super()._plugged(vm_id) | self.plugged_in.get(vm_id, set())) - self.out.get(vm_id, set())
-
-
 @pytest.fixture
 def hosts(tmp_path: Path):
     made: list[tuple[VmManager, LibvirtHost]] = []
@@ -115,7 +89,7 @@ def hosts(tmp_path: Path):
                       vf_rates=rates, pf_drivers={pf.name: driver}, vf_pci=vf_pci)
         hostd_inproc._PRIVATE[lv.uri] = lv
         made.append((m, lv))
-        mig = (PlayedDevices if played else Migrations)(m, target_uri=lv.uri)
+        mig = (InprocMigrations if played else Migrations)(m, target_uri=lv.uri)
         return m, mig, rates
     yield host
     for m, lv in made:
@@ -241,7 +215,7 @@ def test_a_failed_move_plugs_the_vf_back_on_the_source(hosts):
 
 
 def test_when_libvirt_cannot_unplug_the_vf_the_move_is_refused_and_the_vm_keeps_it(hosts):
-    """Without PlayedDevices: the test driver answers the unplug "not supported", as a
+    """Without the played hot-plug: the test driver answers the unplug "not supported", as a
     libvirt would that cannot hot-unplug the device."""
     a, mig_a, _ = hosts("a", played=False)
     b, mig_b, _ = hosts("b")
