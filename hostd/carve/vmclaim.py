@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from api.cpus import cores_of, pick_cpus
 from api.jsonmodel import from_jsonable, to_jsonable
 from api.layout import Layout, NodeLayout
+from api.states import VfMigration
 from hostd.errors import NoFit
 
 _MAC_RE = re.compile(r"([0-9a-f]{2}:){5}[0-9a-f]{2}")
@@ -35,7 +36,7 @@ class VfReq:
     vlan: int = 0
     max_tx_rate_mbps: int = 0
     min_tx_rate_mbps: int = 0
-    migration: str = "none"  # api.states.VfMigration: how the VF takes a live move
+    migration: str = VfMigration.NONE  # how the VF takes a live move
 
 
 @dataclass(frozen=True)
