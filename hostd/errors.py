@@ -316,9 +316,10 @@ class MigrationNoDisk(HostdError):
 
 
 class MigrationVf(HostdError):
-    """A VM with an SR-IOV VF does not move live: a passed-through function cannot be
-    migrated (its state is in the device), and a failover pair is not offered yet;
-    nothing was changed on either host."""
+    """A VM's SR-IOV VF does not take this move: its request did not say how (migration
+    NONE: a passed-through function cannot be migrated; nothing was changed on either
+    host), or the guest or libvirt would not release an INTERRUPT VF before the job (the
+    VM keeps running here with it)."""
 
     code = "hyb.migration.vf"
     grpc_status = "FAILED_PRECONDITION"
