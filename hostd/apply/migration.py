@@ -167,6 +167,7 @@ class Migrations:
         self._holds: dict[str, contextlib.ExitStack] = {}  # vm_id -> exclusive hold of its incoming disks
         self._moving: set[str] = set()  # names this host is migrating away now
         self._last: dict[str, dict] = {}  # name -> latest job statistics of its migration
+        self.unplug_wait_s: float = UNPLUG_WAIT_S
 
     # ------------------------------------------------------------ target
 
@@ -312,16 +313,19 @@ class Migrations:
     def _attach(self, vm_id: str, xml: str, flags: int) -> None:
         self._domain(vm_id).attachDeviceFlags(xml, flags)
 
+    def _request_unplug(self, vm_id: str, xml: str) -> None:
+        self._domain(vm_id).detachDeviceFlags(xml, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+
     def _detach(self, vm_id: str, xml: str) -> None:
         """Ask the guest to release the device (ACPI hot-unplug) and wait until it has:
         libvirt returns once QEMU was asked, the guest may take its time or refuse."""
-        self._domain(vm_id).detachDeviceFlags(xml, libvirt.VIR_DOMAIN_AFFECT_LIVE)
+        self._request_unplug(vm_id, xml)
         alias = ET.fromstring(xml).find("alias")
         name = "" if alias is None else alias.get("name", "")
-        deadline = time.monotonic() + UNPLUG_WAIT_S
+        deadline = time.monotonic() + self.unplug_wait_s
         while name in self._plugged(vm_id):
             if time.monotonic() > deadline:
-                raise MigrationVf(f"the guest has not released {name} in {UNPLUG_WAIT_S} s", field="vfs")
+                raise MigrationVf(f"the guest has not released {name} in {self.unplug_wait_s:g} s", field="vfs")
             time.sleep(0.1)
 
     def _plugged(self, vm_id: str) -> set[str]:

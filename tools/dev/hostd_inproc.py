@@ -113,6 +113,7 @@ class InprocMigrations(Migrations):
         self.calls: list[tuple[str, str, str, int]] = []
         self.out: dict[str, set[str]] = {}
         self.plugged_in: dict[str, set[str]] = {}
+        self.guest_keeps = False  # the guest ignores an unplug request (no ACPI hotplug, busy driver)
 
     def _attach(self, vm_id: str, xml: str, flags: int) -> None:
         self._domain(vm_id)  # the domain must be there, as libvirt's would
@@ -121,10 +122,13 @@ class InprocMigrations(Migrations):
         self.out.setdefault(vm_id, set()).discard(alias)
         self.plugged_in.setdefault(vm_id, set()).add(alias)
 
-    def _detach(self, vm_id: str, xml: str) -> None:
+    def _request_unplug(self, vm_id: str, xml: str) -> None:
+        """The unplug asked; the guest releases the device unless ``guest_keeps``
+        (hostd's own wait, ``Migrations._detach``, then sees it stay)."""
         self._domain(vm_id)
         self.calls.append(("detach", vm_id, xml, libvirt.VIR_DOMAIN_AFFECT_LIVE))
-        self.out.setdefault(vm_id, set()).add(_alias(xml))
+        if not self.guest_keeps:
+            self.out.setdefault(vm_id, set()).add(_alias(xml))
 
     def _plugged(self, vm_id: str) -> set[str]:
         return (super()._plugged(vm_id) | self.plugged_in.get(vm_id, set())) - self.out.get(vm_id, set())

@@ -228,6 +228,22 @@ def test_when_libvirt_cannot_unplug_the_vf_the_move_is_refused_and_the_vm_keeps_
     assert [(r.name, r.state, r.reason) for r in a.list()] == [("vfm-a", "running", src.reason)]
 
 
+def test_a_guest_that_keeps_its_vf_is_not_moved_and_keeps_it(hosts):
+    """The unplug asked, the guest does not release the VF (no ACPI hot-plug in it, say):
+    hostd's wait ends, the move is refused naming the VF, the VM runs here with it."""
+    a, mig_a, _ = hosts("a")
+    b, mig_b, _ = hosts("b")
+    src = a.create(spec("interrupt"))
+    p = prepare(mig_b, on_target(spec("interrupt"), "b"), src.vm_id)
+    mig_a.guest_keeps, mig_a.unplug_wait_s = True, 0.3
+    with pytest.raises(MigrationVf) as e:
+        mig_a.migrate(MigrateRequest(name="vfm-a", target_uri=b.libvirt.uri, domain_xml=p.domain_xml))
+    assert e.value.field == "vfs[0]" and "the guest has not released ua-vf0 in 0.3 s" in e.value.detail
+    assert [c[0] for c in mig_a.calls] == ["detach"] and mig_a.moved == []  # asked once; no job, no re-plug
+    assert "ua-vf0" in mig_a._plugged(src.vm_id)
+    assert [(r.name, r.state, r.reason) for r in a.list()] == [("vfm-a", "running", src.reason)]
+
+
 def test_failover_source_leaves_the_unplug_to_qemu_and_checks_the_vf_after_a_failure(hosts):
     """Failover: hostd unplugs nothing (QEMU unplugs the primary once the job starts and
     plugs it back when the job fails); after a failure it checks, and plugs back what
