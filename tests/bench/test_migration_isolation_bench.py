@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 from bench.migration import PREALLOC
 
-pytestmark = [pytest.mark.integration, pytest.mark.root, pytest.mark.slow, pytest.mark.quiet]
+# Not quiet: what it asserts (pinning, CPU counted as the VMs', one copy, cleanup) holds
+# under other load; the latencies it prints are the bench's to judge on a quiet machine.
+pytestmark = [pytest.mark.integration, pytest.mark.root, pytest.mark.slow]
 REPO = Path(__file__).resolve().parents[2]
 POOL = Path("/sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hugepages")
 
