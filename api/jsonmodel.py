@@ -7,8 +7,10 @@ Errors name the field path ("topology.cpus[3].node: expected an integer").
 from __future__ import annotations
 
 import dataclasses
+import functools
 import types
 import typing
+from collections.abc import Callable
 from typing import Any
 
 
@@ -28,38 +30,92 @@ def to_jsonable(obj: Any) -> Any:
 
 def from_jsonable(tp: Any, value: Any, path: str) -> Any:
     """Build an instance of ``tp`` from JSON data, checking every field."""
+    return _converter(tp)(value, path)
+
+
+_CONVERTERS: dict[Any, Callable[[Any, str], Any]] = {}
+
+
+def _converter(tp: Any) -> Callable[[Any, str], Any]:
+    """The checker-builder for ``tp``, made once per type (a host registration's layout
+    holds hundreds of values: asking ``typing`` what each one's type is, value by value,
+    was most of its parse). Error messages as they always were."""
+    got = _CONVERTERS.get(tp)
+    if got is None:
+        got = _CONVERTERS[tp] = _make(tp)
+    return got
+
+
+def _make(tp: Any) -> Callable[[Any, str], Any]:
     origin = typing.get_origin(tp)
     if dataclasses.is_dataclass(tp):
-        if not isinstance(value, dict):
-            raise SchemaError(f"{path}: expected an object")
-        hints = typing.get_type_hints(tp)
-        kwargs = {}
-        for f in dataclasses.fields(tp):
-            sub = f"{path}.{f.name}"
-            if f.name not in value:
-                if f.default is not dataclasses.MISSING or f.default_factory is not dataclasses.MISSING:
-                    continue
-                raise SchemaError(f"{sub}: missing")
-            kwargs[f.name] = from_jsonable(hints[f.name], value[f.name], sub)
-        return tp(**kwargs)
+        fields: list[tuple[str, Callable[[Any, str], Any], bool]] = []
+
+        def dataclass_of(value: Any, path: str) -> Any:
+            if not isinstance(value, dict):
+                raise SchemaError(f"{path}: expected an object")
+            kwargs = {}
+            for name, conv, optional in fields:
+                if name not in value:
+                    if optional:
+                        continue
+                    raise SchemaError(f"{path}.{name}: missing")
+                kwargs[name] = conv(value[name], f"{path}.{name}")
+            return tp(**kwargs)
+        _CONVERTERS[tp] = dataclass_of  # before its fields: a type may contain itself
+        fields.extend((name, _converter(hint), optional) for name, hint, optional in _fields(tp))
+        return dataclass_of
     if origin is tuple:
-        args = typing.get_args(tp)
-        if not isinstance(value, list):
-            raise SchemaError(f"{path}: expected a list")
-        return tuple(from_jsonable(args[0], v, f"{path}[{i}]") for i, v in enumerate(value))
+        inner = typing.get_args(tp)[0]
+        if inner in _SCALARS:
+            check = _SCALARS[inner]
+
+            def scalars(value: Any, path: str) -> Any:
+                if not isinstance(value, list):
+                    raise SchemaError(f"{path}: expected a list")
+                for i, v in enumerate(value):
+                    if not check(v):
+                        _scalar(inner, v, f"{path}[{i}]")  # raises the message
+                return tuple(value)
+            return scalars
+        conv = _converter(inner)
+
+        def tuple_of(value: Any, path: str) -> Any:
+            if not isinstance(value, list):
+                raise SchemaError(f"{path}: expected a list")
+            return tuple(conv(v, f"{path}[{i}]") for i, v in enumerate(value))
+        return tuple_of
     if origin is dict:
         kt, vt = typing.get_args(tp)
-        if not isinstance(value, dict):
-            raise SchemaError(f"{path}: expected an object")
-        return {_key(kt, k, path): from_jsonable(vt, v, f"{path}.{k}") for k, v in value.items()}
+        vconv = _converter(vt)
+
+        def dict_of(value: Any, path: str) -> Any:
+            if not isinstance(value, dict):
+                raise SchemaError(f"{path}: expected an object")
+            return {_key(kt, k, path): vconv(v, f"{path}.{k}") for k, v in value.items()}
+        return dict_of
     if origin in (typing.Union, types.UnionType):
         args = typing.get_args(tp)
-        if value is None:
-            if type(None) in args:
-                return None
-            raise SchemaError(f"{path}: must not be null")
-        (inner,) = [a for a in args if a is not type(None)]
-        return from_jsonable(inner, value, path)
+        nullable = type(None) in args
+        inner = [a for a in args if a is not type(None)]
+        conv = _converter(inner[0]) if len(inner) == 1 else _make(object)  # a union of several: unsupported
+
+        def union_of(value: Any, path: str) -> Any:
+            if value is None:
+                if nullable:
+                    return None
+                raise SchemaError(f"{path}: must not be null")
+            return conv(value, path)
+        return union_of
+    if tp in _SCALARS:
+        return lambda value, path: _scalar(tp, value, path)
+
+    def unsupported(value: Any, path: str) -> Any:  # raised when such a value comes, as always
+        raise TypeError(f"unsupported type {tp!r} at {path}")  # programming error
+    return unsupported
+
+
+def _scalar(tp: Any, value: Any, path: str) -> Any:
     if tp is bool:
         if not isinstance(value, bool):
             raise SchemaError(f"{path}: expected true/false, got {value!r}")
@@ -68,11 +124,27 @@ def from_jsonable(tp: Any, value: Any, path: str) -> Any:
         if isinstance(value, bool) or not isinstance(value, int):
             raise SchemaError(f"{path}: expected an integer, got {value!r}")
         return value
-    if tp is str:
-        if not isinstance(value, str):
-            raise SchemaError(f"{path}: expected a string, got {value!r}")
-        return value
-    raise TypeError(f"unsupported type {tp!r} at {path}")  # programming error
+    if not isinstance(value, str):
+        raise SchemaError(f"{path}: expected a string, got {value!r}")
+    return value
+
+
+# the scalar types, each with its quick check (a value that fails it gets ``_scalar``'s message)
+_SCALARS: dict[Any, Callable[[Any], bool]] = {
+    bool: lambda v: v is True or v is False,
+    int: lambda v: type(v) is int or (isinstance(v, int) and not isinstance(v, bool)),
+    str: lambda v: isinstance(v, str),
+}
+
+
+@functools.cache
+def _fields(tp: type) -> tuple[tuple[str, Any, bool], ...]:
+    """(name, resolved type, has a default) of each of dataclass ``tp``'s fields, once per
+    class: ``typing.get_type_hints`` evaluates every annotation string on each call, and
+    that was 30 % of a host registration's CPU (a layout holds hundreds of objects)."""
+    hints = typing.get_type_hints(tp)
+    return tuple((f.name, hints[f.name], f.default is not dataclasses.MISSING
+                  or f.default_factory is not dataclasses.MISSING) for f in dataclasses.fields(tp))
 
 
 def _key(kt: Any, k: str, path: str) -> Any:

@@ -81,6 +81,10 @@ class PlacementConfig(BaseModel):
     candidates: int = 3  # hosts ranked per attempt; also bounds dispatch retries to other hosts
     claim_retries: int = 16  # lost generation races before 409 hyb.concurrent_update
     claim_batch: int = 64  # most create requests claimed in one write transaction by the claim thread
+    # Most host registrations written in one write transaction by the registration thread
+    # (each in a savepoint: one refused rolls back alone); 0 = a transaction each, on its
+    # request's thread.
+    register_batch: int = Field(64, ge=0, le=1000)
     # PostgreSQL: "store" = one claim transaction at a time across replicas (advisory lock),
     # "rows" = concurrent claim batches that row-lock their hosts (SQLite is always "store")
     claim_lock: Literal["store", "rows"] = "store"

@@ -25,6 +25,9 @@ class Metrics:
                                        registry=r, buckets=(.001, .0025, .005, .01, .02, .05, .1, .25, 1))
         self.claim_batch = Histogram("hyb_sched_claim_batch_size", "Requests claimed per write transaction",
                                      registry=r, buckets=(1, 2, 4, 8, 16, 32, 64))
+        self.register_batch = Histogram("hyb_sched_register_batch_size",
+                                        "Host registrations written per write transaction",
+                                        registry=r, buckets=(1, 2, 4, 8, 16, 32, 64))
         self.dispatch = Counter("hyb_sched_dispatch_total", "hostd CreateVM calls by outcome",
                                 ["outcome"], registry=r)
         self.migrations = Counter("hyb_sched_migrations_total", "Live moves of VMs: started, then done "

@@ -135,7 +135,8 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
                                   heartbeat_write_s=settings.placement.heartbeat_write_s,
                                   heartbeat_min_interval_s=settings.placement.heartbeat_min_interval_s,
                                   history_days=settings.stats.history_days, metrics=metrics,
-                                  on_draining=app.state.drains.wake.set)
+                                  on_draining=app.state.drains.wake.set,
+                                  register_batch=settings.placement.register_batch)
     app.state.rollouts = RolloutService(store=store, clock=clock)
     app.state.audit = AuditService(store=store, clock=clock)
     app.state.fleet = FleetService(store=store, heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from functools import cache
 from typing import Any
 
@@ -18,6 +18,9 @@ from scheduler.errors import BadLayout, HostNotFound, LayoutShrink
 from scheduler.repo import lite, pg
 from scheduler.repo import pulse as pulse_repo
 from scheduler.resources import HostRes, Usage, host_from_layout, usage_lost
+
+
+LOOKUP = object()  # ``upsert_host``'s ``known`` when the caller did not read the host's row
 
 
 def parse_layout(data: dict[str, Any]) -> Layout:
@@ -41,9 +44,10 @@ def check_layout(data: dict[str, Any], siblings: dict[str, list[int]]) -> Layout
     return layout
 
 
-def host_res(h: Host) -> HostRes:
+def host_res(h: Host, parsed: Layout | None = None) -> HostRes:
+    """``parsed``: ``h.layout`` already parsed (a registration's ``check_layout``)."""
     sib = {int(k): tuple(v) for k, v in (h.siblings or {}).items()}
-    return host_from_layout(h.name, parse_layout(h.layout), siblings=sib, min_rate=h.pf_min_rate,
+    return host_from_layout(h.name, parsed or parse_layout(h.layout), siblings=sib, min_rate=h.pf_min_rate,
                             disk_classes=h.disk_classes, rack=h.rack, labels=h.labels)
 
 
@@ -116,40 +120,51 @@ def state_rows(*, session: Session) -> Sequence[Any]:
 def upsert_host(*, session: Session, name: str, address: str, rack: str, labels: dict[str, str],
                 layout: dict[str, Any], siblings: dict[str, list[int]], pf_min_rate: dict[str, bool],
                 disk_classes: dict[str, str], now: float, owner: str = "",
-                heartbeat_timeout_s: float = float("inf"), scrape: dict[str, str | None] | None = None
-                ) -> tuple[Host, bool]:
+                heartbeat_timeout_s: float = float("inf"), scrape: dict[str, str | None] | None = None,
+                parsed: Layout | None = None, known: Any = LOOKUP,
+                beat_id: Callable[[], int] | None = None, flush: bool = True) -> tuple[Host, bool]:
     """Register or re-register; returns (host, created). A changed layout bumps
     ``layout_rev`` and the generation; allocations are kept (hostd is the truth), and a
     layout that would take resources from them is refused (LayoutShrink: drain first).
     ``scrape``: metrics_url, hostd_version, carved_policy as registered (None each when
     the hostd did not send it); they describe the host to Prometheus, not to placement,
-    so a change bumps nothing."""
-    parsed = check_layout(layout, siblings)  # refuse a bad layout before touching anything
-    h = session.get(Host, name)
+    so a change bumps nothing. ``parsed``: ``check_layout(layout, siblings)`` already
+    done by the caller (outside the write transaction). A batch of registrations
+    (``HostService.register_many``) passes what it read for them all at once: ``known``,
+    the host's row or None (no such host), and ``beat_id``, where new hosts' ids come
+    from (``pulse_repo.beat_id_source``), and ``flush`` False: its rows are flushed
+    together at its end. Every refusal (LayoutShrink here; a bad layout before) is
+    raised before anything is changed."""
+    if parsed is None:
+        parsed = check_layout(layout, siblings)  # refuse a bad layout before touching anything
+    h = session.get(Host, name) if known is LOOKUP else known
     fields = dict(address=address, rack=rack, labels=labels, layout=layout, siblings=siblings,
                   pf_min_rate=pf_min_rate, disk_classes=disk_classes)
     scrape = {k: (scrape or {}).get(k) for k in SCRAPE_FIELDS}
     if h is None:
-        h = Host(name=name, beat_id=pulse_repo.next_beat_id(session=session), layout_rev=1, usage=Usage().to_dict(), generation=1, admin_state=AdminState.ACTIVE,
+        h = Host(name=name, beat_id=beat_id() if beat_id is not None else pulse_repo.next_beat_id(session=session),
+                 layout_rev=1, usage=Usage().to_dict(), generation=1, admin_state=AdminState.ACTIVE,
                  last_heartbeat=now, created=now, updated=now, seq=next_seq(session), owner=owner, **fields,
                  **scrape)
         session.add(h)
-        session.flush()
+        if flush:
+            session.flush()
         return h, True
-    if owner and not h.owner:
-        h.owner = owner  # registered before owners were recorded: claimed now
-        h.seq = next_seq(session)  # every replica's heartbeat check must see it
-    for k, v in scrape.items():
-        if getattr(h, k) != v:
-            setattr(h, k, v)
     changed = any(getattr(h, k) != v for k, v in fields.items())
-    if changed:
+    if changed:  # refused before anything is changed
         res = host_from_layout(name, parsed, siblings={int(k): tuple(v) for k, v in siblings.items()},
                                min_rate=pf_min_rate, disk_classes=disk_classes)
         lost = usage_lost(res, Usage.from_dict(h.usage))
         if lost:
             raise LayoutShrink(f"{name}'s running VMs would lose: {'; '.join(lost)} (drain the host first)",
                                field="layout")
+    if owner and not h.owner:
+        h.owner = owner  # registered before owners were recorded: claimed now
+        h.seq = next_seq(session)  # every replica's heartbeat check must see it
+    for k, v in scrape.items():
+        if getattr(h, k) != v:
+            setattr(h, k, v)
+    if changed:
         for k, v in fields.items():
             setattr(h, k, v)
         h.layout_rev += 1
@@ -160,7 +175,8 @@ def upsert_host(*, session: Session, name: str, address: str, rack: str, labels:
     back_up(session=session, host=h)
     h.last_heartbeat = now
     h.updated = now
-    session.flush()
+    if flush:
+        session.flush()
     return h, False
 
 

@@ -3,7 +3,7 @@ Keyword-only, take the session, never commit."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any
 
 from sqlalchemy import Sequence as DbSequence
@@ -22,6 +22,20 @@ def next_beat_id(*, session: Session) -> int:
     if lite.serves(session):
         return int(session.execute(select(func.coalesce(func.max(Host.beat_id), 0))).scalar_one()) + 1
     return int(session.execute(select(BEAT_IDS.next_value())).scalar_one())
+
+
+def beat_id_source(*, session: Session) -> Callable[[], int]:
+    """New hosts' ``beat_id``s for one write transaction: on SQLite the largest plus one
+    once, then counted on in memory (its writer lock is held to the commit); PostgreSQL's
+    sequence each time."""
+    if not lite.serves(session):
+        return lambda: next_beat_id(session=session)
+    last: list[int] = []
+
+    def take() -> int:
+        last.append(last[-1] + 1 if last else next_beat_id(session=session))
+        return last[-1]
+    return take
 
 
 def beat_ids(*, session: Session) -> dict[str, int]:

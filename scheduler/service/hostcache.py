@@ -486,14 +486,15 @@ class HostCache:
         with self._lock:
             return self.index.views()
 
-    def res(self, session: Session, host: Host | Any) -> HostRes:
-        """The resources of ``host`` (a Host or a claim row with name + layout_rev)."""
+    def res(self, session: Session, host: Host | Any, parsed: Any = None) -> HostRes:
+        """The resources of ``host`` (a Host or a claim row with name + layout_rev);
+        ``parsed``: the Host's layout already parsed (its registration's)."""
         with self._lock:
             got = self._res.get(host.name)
         if got and got[0] == host.layout_rev:
             return got[1]
         h = host if isinstance(host, Host) else host_repo.get_host(session=session, name=host.name)
-        r = host_repo.host_res(h)
+        r = host_repo.host_res(h, parsed if isinstance(host, Host) else None)
         with self._lock:
             self._res[h.name] = (h.layout_rev, r)
         return r

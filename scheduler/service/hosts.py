@@ -2,25 +2,30 @@
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 from datetime import datetime, timezone
 from urllib.parse import urlsplit
 
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 
 from api.states import AdminState, HostClass, HostState, RolloutHostState
 from scheduler.db.engine import Store
 from scheduler.db.models import Host
-from scheduler.errors import BeatTooSoon, HostAdminOwned, HostAdminStale, HostNotYours
+from api.layout import Layout
+from scheduler.errors import BeatTooSoon, HostAdminOwned, HostAdminStale, HostNotYours, SchedulerError
 from scheduler.metrics import Metrics
 from scheduler.repo import audit as audit_repo
 from scheduler.repo import days as days_repo
 from scheduler.repo import hosts as host_repo
+from scheduler.repo import pulse as pulse_repo
 from scheduler.repo import rollouts as rollout_repo
 from scheduler.repo import stats as stats_repo
 from scheduler.repo import vms as vm_repo
@@ -29,6 +34,7 @@ from scheduler.schemas.fleet import FleetHostsPublic, HostDaysIn, PagesOut
 from scheduler.schemas.hosts import (AdminChange, HeartbeatOut, HostDiskOut, HostPublic, HostRegister, HostsPublic,
                                      HostStatsIn, HostStatsPublic, NodeOut, PfOut, PoolOut, StatsBucketOut,
                                      TargetGroup)
+from scheduler.service.claimq import ClaimQueue
 from scheduler.service.fleet import check_day
 from scheduler.service.hostcache import HostCache
 from scheduler.service.rollouts import check_fence
@@ -37,16 +43,32 @@ from scheduler.service.rollouts import owner_of as rollout_owner
 log = logging.getLogger(__name__)
 
 
+@dataclass(frozen=True)
+class RegisterItem:
+    """A registration checked on the request's side (its layout parsed and checked, so a
+    bad one is refused before it queues), ready for the registration thread."""
+
+    body: HostRegister
+    actor: str
+    admin: bool
+    bound_host: str | None
+    parsed: Layout
+
+
 class HostService:
     def __init__(self, *, store: Store, cache: HostCache, heartbeat_timeout_s: float,
                  clock: Callable[[], float] = time.time, stats_bucket_s: int = 300,
                  stats_retention_days: float = 14.0, heartbeat_flush_s: float = 0.0,
                  heartbeat_write_s: float = 0.0, heartbeat_min_interval_s: float = 0.0,
                  history_days: float = 400.0, metrics: Metrics | None = None,
-                 on_draining: Callable[[], None] | None = None):
+                 on_draining: Callable[[], None] | None = None, register_batch: int = 64):
         """``on_draining``: called after a host is set draining (the drain loop's wake-up,
-        so a drain starts now rather than at the loop's next interval)."""
+        so a drain starts now rather than at the loop's next interval). ``register_batch``:
+        the most registrations written in one transaction by the registration thread
+        (``register_async``); 0: each in a transaction of its own on its request's thread."""
         self.store = store
+        self.register_batch = register_batch
+        self.registrations = ClaimQueue(self.register_many, max_batch=max(1, register_batch), name="registrations")
         self.on_draining = on_draining
         self.bucket_s = stats_bucket_s
         self.retention_s = stats_retention_days * 86400
@@ -73,24 +95,124 @@ class HostService:
         self._expired = 0.0
         self.lag: Any = None  # service.liveness.Lag: told how late each flush ran
 
+    async def register_async(self, body: HostRegister, *, actor: str, admin: bool,
+                             bound_host: str | None) -> tuple[HostPublic, bool]:
+        """``register`` through the registration thread: the registrations that queued
+        meanwhile are written with it in one transaction (``register_many``), each
+        answered with its own result or error. The layout is checked here first, so a bad
+        one is refused (BadLayout, naming the field) before it queues. With
+        ``register_batch`` 0, ``register`` on a worker thread (a transaction each)."""
+        if self.register_batch <= 0:
+            return await run_in_threadpool(self.register, body, actor=actor, admin=admin, bound_host=bound_host)
+        parsed = host_repo.check_layout(body.layout, body.cpu_siblings)
+        item = RegisterItem(body, actor, admin, bound_host, parsed)
+        return await self.registrations.submit(item, asyncio.get_running_loop())  # type: ignore[no-any-return]
+
+    def register_many(self, items: list[RegisterItem], more: Callable[[], list[RegisterItem]] | None = None
+                      ) -> list[tuple[HostPublic, bool] | BaseException]:
+        """Register ``items`` in one write transaction (and those ``more`` hands over once
+        it is open: on SQLite, holding the writer lock they queued behind). A
+        registration refused (another principal's host, a layout that would take resources
+        from running VMs) changes nothing and is answered its error, the others are
+        written. One result per item, in order. A batch that cannot commit (a lost
+        connection, a deadlock between replicas' batches, another replica's insert of
+        the same new host) leaves nothing written and is redone one registration at a
+        time, each answered by its own transaction."""
+        items = list(items)
+        now = self.clock()
+        out: list[Any] = []
+        denied: list[tuple[RegisterItem, HostNotYours]] = []
+        try:
+            with self.store.batch_write() as s:
+                beat_id = pulse_repo.beat_id_source(session=s)
+                rows: dict[str, Host | None] = {}
+                while True:
+                    new = sorted({it.body.name for it in items[len(out):]} - rows.keys())  # one read for them all
+                    rows.update(dict.fromkeys(new))
+                    rows.update((h.name, h) for h in host_repo.hosts_by_name(session=s, names=new))
+                    for it in items[len(out):]:
+                        got = self._register_in(s, it, now, rows, beat_id)
+                        out.append(got)
+                        if isinstance(got, HostNotYours):
+                            denied.append((it, got))
+                    got_more = more() if more is not None else []
+                    if not got_more:
+                        break
+                    items.extend(got_more)
+                s.flush()  # every new or changed host's row
+        except Exception as e:  # noqa: BLE001 - nothing of the batch was written: each alone
+            log.warning("registration batch of %d not written (%s); registering one at a time", len(items), e)
+            return [self._register_alone(it) for it in items]
+        if self.metrics is not None:
+            self.metrics.register_batch.observe(len(items))
+        for it, e in denied:
+            log.warning("host host.register denied principal=%s host=%s: %s", it.actor, it.body.name, e.message)
+        for it, got in zip(items, out):
+            if isinstance(got, tuple):
+                log.info("host %s name=%s address=%s", "registered" if got[1] else "re-registered",
+                         got[0].name, got[0].address)
+        return out
+
+    def _register_in(self, s: Session, it: RegisterItem, now: float, rows: dict[str, Host | None],
+                     beat_id: Callable[[], int]) -> Any:
+        """One registration of a batch: (public view, created), or the error that refused
+        it (a refusal for another principal's host audited in the batch). Every refusal
+        is decided before the registration changes anything (``host_repo.upsert_host``),
+        so a refused one leaves the batch as it found it without a savepoint (a savepoint
+        a registration made SQLAlchemy flush each host's row alone: a fifth of a
+        replica's CPU). Any other error fails the batch, which is then redone one
+        registration at a time. ``rows``: the batch's hosts as read at its start, and as
+        it writes them; their rows are flushed together at its end."""
+        b = it.body
+        known = rows.get(b.name, host_repo.LOOKUP)
+        try:
+            self._may_act(s, b.name, actor=it.actor, admin=it.admin, bound_host=it.bound_host, known=known)
+            h, created = self._upsert(s, b, now, actor=it.actor, admin=it.admin, parsed=it.parsed, known=known,
+                                      beat_id=beat_id, flush=False)
+        except HostNotYours as e:
+            audit_repo.record(session=s, principal=it.actor, action="host.register.denied", target=b.name, now=now,
+                              detail={"reason": e.message, "address": b.address, "rack": b.rack})
+            return e
+        except SchedulerError as e:
+            return e
+        rows[b.name] = h
+        return self._public(s, h, now, 0 if created else None, parsed=it.parsed), created
+
+    def _register_alone(self, it: RegisterItem) -> tuple[HostPublic, bool] | BaseException:
+        try:
+            return self.register(it.body, actor=it.actor, admin=it.admin, bound_host=it.bound_host, parsed=it.parsed)
+        except Exception as e:  # noqa: BLE001 - handed to the request
+            return e
+
+    def _upsert(self, s: Session, b: HostRegister, now: float, *, actor: str, admin: bool,
+                parsed: Layout | None, known: Any = host_repo.LOOKUP,
+                beat_id: Callable[[], int] | None = None, flush: bool = True) -> tuple[Host, bool]:
+        """The host's row and its audit entry, in ``s`` (``known``, ``beat_id``, ``flush``:
+        as ``host_repo.upsert_host``)."""
+        h, created = host_repo.upsert_host(
+            session=s, name=b.name, address=b.address, rack=b.rack, labels=b.labels,
+            layout=b.layout, siblings=b.cpu_siblings, pf_min_rate=b.pf_min_rate,
+            disk_classes=b.disk_classes, now=now, owner="" if admin else actor, heartbeat_timeout_s=self.timeout,
+            scrape={k: getattr(b, k) for k in host_repo.SCRAPE_FIELDS}, parsed=parsed, known=known,
+            beat_id=beat_id, flush=flush)
+        audit_repo.record(session=s, principal=actor, action="host.register" if created else "host.update",
+                          target=h.name, now=now, detail={"address": h.address, "layout_rev": h.layout_rev})
+        return h, created
+
     def register(self, body: HostRegister, *, actor: str, admin: bool,
-                 bound_host: str | None) -> tuple[HostPublic, bool]:
+                 bound_host: str | None, parsed: Layout | None = None) -> tuple[HostPublic, bool]:
         """``actor`` registers ``body.name``: refused (403, audited) when its token is bound
         to another host, or when another principal registered the host (admins may). Who
-        the caller is (``actor``, ``admin``, ``bound_host``) has no default."""
+        the caller is (``actor``, ``admin``, ``bound_host``) has no default. One write
+        transaction (``register_async`` batches them)."""
         now = self.clock()
+        if parsed is None:
+            parsed = host_repo.check_layout(body.layout, body.cpu_siblings)  # outside the writer lock
         try:
             with self.store.write() as s:
                 self._may_act(s, body.name, actor=actor, admin=admin, bound_host=bound_host)
-                h, created = host_repo.upsert_host(
-                    session=s, name=body.name, address=body.address, rack=body.rack, labels=body.labels,
-                    layout=body.layout, siblings=body.cpu_siblings, pf_min_rate=body.pf_min_rate,
-                    disk_classes=body.disk_classes, now=now, owner="" if admin else actor,
-                    heartbeat_timeout_s=self.timeout,
-                    scrape={k: getattr(body, k) for k in host_repo.SCRAPE_FIELDS})
-                audit_repo.record(session=s, principal=actor, action="host.register" if created else "host.update",
-                                  target=h.name, now=now, detail={"address": h.address, "layout_rev": h.layout_rev})
-                out = self._public(s, h, now)
+                h, created = self._upsert(s, body, now, actor=actor, admin=admin, parsed=parsed)
+                out = self._public(s, h, now, 0 if created else None, parsed=parsed)
         except HostNotYours as e:
             self._audit_denied(actor, "host.register", body.name, e, address=body.address, rack=body.rack)
             raise
@@ -280,6 +402,7 @@ class HostService:
                 log.exception("heartbeat flush failed")
 
     def close(self) -> None:
+        self.registrations.close()
         self._stop.set()
         if self._flusher is not None:
             self._flusher.join(timeout=5)
@@ -292,12 +415,15 @@ class HostService:
             log.exception("last heartbeat flush failed")
 
     @staticmethod
-    def _may_act(s: Session, name: str, *, actor: str, admin: bool, bound_host: str | None) -> None:
+    def _may_act(s: Session, name: str, *, actor: str, admin: bool, bound_host: str | None,
+                 known: Any = host_repo.LOOKUP) -> None:
+        """``known``: the host's row (None: no such host) when the caller read it."""
         if admin:
             return
         if bound_host is not None and bound_host != name:
             raise HostNotYours(f"{actor} is bound to host {bound_host!r}, not {name!r}", field="name")
-        owner = host_repo.owner_of(session=s, name=name)
+        owner = host_repo.owner_of(session=s, name=name) if known is host_repo.LOOKUP else \
+            (None if known is None else known.owner)
         if owner and owner != actor:
             raise HostNotYours(f"{name} was registered by another principal; {actor} may not act for it",
                                field="name")
@@ -438,8 +564,11 @@ class HostService:
             out[host_repo.effective_state(r, now=now, heartbeat_timeout_s=self.timeout, pulse=self.cache.pulse)] += 1
         return out
 
-    def _public(self, s: Session, h: Host, now: float, vms: int | None = None) -> HostPublic:
-        res = self.cache.res(s, h)
+    def _public(self, s: Session, h: Host, now: float, vms: int | None = None,
+                parsed: Layout | None = None) -> HostPublic:
+        """``vms``: its live VMs, when known (0 for a host just created); ``parsed``: its
+        layout, when the caller parsed it."""
+        res = self.cache.res(s, h, parsed)
         u = Usage.from_dict(h.usage)
         if vms is None:
             vms = len(vm_repo.live_on_host(session=s, host=h.name))

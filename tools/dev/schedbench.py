@@ -227,7 +227,7 @@ class Conn:
         self.w: asyncio.StreamWriter | None = None
 
     async def request(self, method: str, path: str, body: Any = None, headers: dict[str, str] | None = None) -> Reply:
-        data = b"" if body is None else json.dumps(body).encode()
+        data = b"" if body is None else body if isinstance(body, bytes) else json.dumps(body).encode()
         head = [f"{method} {path} HTTP/1.1", f"Host: {self.host}:{self.port}", f"Content-Length: {len(data)}"]
         if body is not None:
             head.append("Content-Type: application/json")

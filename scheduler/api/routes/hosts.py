@@ -25,9 +25,10 @@ def _svc(request: Request) -> HostService:
 
 @router.post("", response_model=HostPublic, status_code=201,
              responses={200: {"model": HostPublic, "description": "re-registered"}, **OVERLOADED})
-def register_host(body: HostRegister, request: Request, response: Response, p: CurrentPrincipal) -> HostPublic:
+async def register_host(body: HostRegister, request: Request, response: Response, p: CurrentPrincipal) -> HostPublic:
     policies.act_as_host(p)
-    out, created = _svc(request).register(body, actor=p.name, admin=p.admin, bound_host=p.host)
+    # written with whatever else queued meanwhile, in one transaction (placement.register_batch)
+    out, created = await _svc(request).register_async(body, actor=p.name, admin=p.admin, bound_host=p.host)
     if not created:
         response.status_code = 200
     return out
