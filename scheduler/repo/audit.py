@@ -32,6 +32,12 @@ def record(*, session: Session, principal: str, action: str, target: str, now: f
         session.connection().execute(_insert(), row)
 
 
+def insert_rows(*, session: Session, rows: Sequence[dict[str, Any]]) -> None:
+    """Rows ``record`` collected (``repo.batch.defer_inserts``), in one statement."""
+    if rows:
+        session.connection().execute(_insert(), list(rows))
+
+
 def record_many(*, session: Session, rows: Sequence[dict[str, Any]]) -> None:
     """Many entries (``record``'s keywords each) in one statement."""
     if rows:

@@ -3,7 +3,7 @@ Keyword-only, take the session, never commit."""
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 from sqlalchemy import Sequence as DbSequence
@@ -24,18 +24,30 @@ def next_beat_id(*, session: Session) -> int:
     return int(session.execute(select(BEAT_IDS.next_value())).scalar_one())
 
 
-def beat_id_source(*, session: Session) -> Callable[[], int]:
-    """New hosts' ``beat_id``s for one write transaction: on SQLite the largest plus one
-    once, then counted on in memory (its writer lock is held to the commit); PostgreSQL's
-    sequence each time."""
-    if not lite.serves(session):
-        return lambda: next_beat_id(session=session)
-    last: list[int] = []
+class BeatIdSource:
+    """New hosts' ``beat_id``s for one write transaction (a registration batch): on SQLite
+    the largest plus one once, then counted on in memory (its writer lock is held to the
+    commit); on PostgreSQL, ``reserve(n)`` takes n from the sequence in one statement
+    (unused ones are skipped ids, as after any rolled-back insert)."""
 
-    def take() -> int:
-        last.append(last[-1] + 1 if last else next_beat_id(session=session))
-        return last[-1]
-    return take
+    def __init__(self, session: Session):
+        self.session = session
+        self.sqlite = lite.serves(session)
+        self._next: list[int] = []
+        self._last = 0
+
+    def reserve(self, n: int) -> None:
+        if n > 0 and not self.sqlite:
+            self._next += [int(i) for i in self.session.execute(
+                select(BEAT_IDS.next_value()).select_from(func.generate_series(1, n))).scalars()]
+
+    def __call__(self) -> int:
+        if self._next:
+            return self._next.pop(0)
+        if self.sqlite:
+            self._last = self._last + 1 if self._last else next_beat_id(session=self.session)
+            return self._last
+        return next_beat_id(session=self.session)
 
 
 def beat_ids(*, session: Session) -> dict[str, int]:

@@ -23,6 +23,7 @@ from api.layout import Layout
 from scheduler.errors import BeatTooSoon, HostAdminOwned, HostAdminStale, HostNotYours, SchedulerError
 from scheduler.metrics import Metrics
 from scheduler.repo import audit as audit_repo
+from scheduler.repo import batch as batch_repo
 from scheduler.repo import days as days_repo
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import pulse as pulse_repo
@@ -124,12 +125,14 @@ class HostService:
         denied: list[tuple[RegisterItem, HostNotYours]] = []
         try:
             with self.store.batch_write() as s:
-                beat_id = pulse_repo.beat_id_source(session=s)
+                beat_id = pulse_repo.BeatIdSource(s)
+                batch_repo.defer_inserts(session=s)  # the audit rows, written together at the end
                 rows: dict[str, Host | None] = {}
                 while True:
                     new = sorted({it.body.name for it in items[len(out):]} - rows.keys())  # one read for them all
                     rows.update(dict.fromkeys(new))
                     rows.update((h.name, h) for h in host_repo.hosts_by_name(session=s, names=new))
+                    beat_id.reserve(sum(1 for n in new if rows[n] is None))
                     for it in items[len(out):]:
                         got = self._register_in(s, it, now, rows, beat_id)
                         out.append(got)
@@ -140,6 +143,9 @@ class HostService:
                         break
                     items.extend(got_more)
                 s.flush()  # every new or changed host's row
+                for table, _cols, _json, deferred in batch_repo.take_deferred(session=s):
+                    if table == "audit":
+                        audit_repo.insert_rows(session=s, rows=deferred)
         except Exception as e:  # noqa: BLE001 - nothing of the batch was written: each alone
             log.warning("registration batch of %d not written (%s); registering one at a time", len(items), e)
             return [self._register_alone(it) for it in items]
