@@ -356,9 +356,11 @@ def registrations(label: str, url: str, hosts: list[tuple], a: argparse.Namespac
         try:
             reps.start(0)
             reps.start(1)
-            c0 = cpu(reps.pids)
+            c0, g0 = cpu(reps.pids), time.process_time()
+            m0 = machine()
             took, shed = register_all(reps.bases, subset)
-            used = cpu(reps.pids) - c0
+            used, gen = cpu(reps.pids) - c0, time.process_time() - g0
+            busy, stolen = machine_load(m0, machine())
             counted = asyncio.run(run_clients(1, reps.bases, [0], lambda c, _: count_hosts(c)))[0]
         finally:
             reps.stop()
@@ -368,6 +370,8 @@ def registrations(label: str, url: str, hosts: list[tuple], a: argparse.Namespac
         out[f"reg_{key}_per_s"] = round(len(subset) / took, 1)
         out[f"reg_{key}_shed"] = shed
         out[f"reg_{key}_server_cpu_ms_per_reg"] = round(used / len(subset) * 1e3, 3)
+        out[f"reg_{key}_generator_cpu_ms_per_reg"] = round(gen / len(subset) * 1e3, 3)  # this process's
+        out[f"reg_{key}_cpus_busy"], out[f"reg_{key}_cpus_stolen"] = round(busy, 2), round(stolen, 2)
         print(f"[{label}] registrations, {key} (register_batch={batch}): {len(subset)} in {took} s "
               f"({out[f'reg_{key}_per_s']}/s, {shed} shed)", file=sys.stderr)
     out["reg_baseline"] = "one write transaction per registration (register_batch = 0)"
