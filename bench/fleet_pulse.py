@@ -3,6 +3,7 @@
 
     .venv/bin/python bench/fleet_pulse.py [--hosts 100000 --rate 1000 --stores sqlite,pg]
     .venv/bin/python bench/fleet_pulse.py --short --json      # ~40 s: 500 hosts, SQLite
+    .venv/bin/python bench/fleet_pulse.py --only registrations --hosts 100000   # ~2 min a store
 
 For each store (a SQLite file; PostgreSQL 15 started here on loopback, stopped by PID),
 two `scheduler serve` replicas, --hosts registered through the API, then, with liveness
@@ -27,6 +28,15 @@ out of play (a timeout no pause reaches, as bench/placement.py):
    that kept beating were marked down (false downs), the liveness events the replicas
    logged (too many hosts silent at once: none marked), and every 5 s how many hosts'
    liveness the database holds from this phase.
+
+The registrations case (--registrations, or --only registrations for it alone): the
+fleet registered through the API as hostd sends it (one request per host, 32 at a time,
+the bodies built before the clock starts) on a fresh database and two fresh replicas
+each way: the baseline, one write transaction per registration (`register_batch = 0`,
+the path before batches), over the first --baseline-hosts (10,000) hosts; then the
+batched path (`register_batch = 64`) over all of them. Registrations/s each way and
+their ratio, the replicas' CPU and this process's per registration, the machine's busy
+and stolen CPUs, and the hosts counted back (`GET /v1/fleet/hosts`).
 
 Two load generators send the heartbeats (--generator); placements, registrations and
 days always come from this Python process. Beats are split over the two replicas: host

@@ -122,7 +122,8 @@ def upsert_host(*, session: Session, name: str, address: str, rack: str, labels:
                 disk_classes: dict[str, str], now: float, owner: str = "",
                 heartbeat_timeout_s: float = float("inf"), scrape: dict[str, str | None] | None = None,
                 parsed: Layout | None = None, known: Any = LOOKUP,
-                beat_id: Callable[[], int] | None = None, flush: bool = True) -> tuple[Host, bool]:
+                beat_id: Callable[[], int] | None = None, flush: bool = True,
+                seq: Callable[[], int] | None = None) -> tuple[Host, bool]:
     """Register or re-register; returns (host, created). A changed layout bumps
     ``layout_rev`` and the generation; allocations are kept (hostd is the truth), and a
     layout that would take resources from them is refused (LayoutShrink: drain first).
@@ -132,9 +133,10 @@ def upsert_host(*, session: Session, name: str, address: str, rack: str, labels:
     done by the caller (outside the write transaction). A batch of registrations
     (``HostService.register_many``) passes what it read for them all at once: ``known``,
     the host's row or None (no such host), and ``beat_id``, where new hosts' ids come
-    from (``pulse_repo.beat_id_source``), and ``flush`` False: its rows are flushed
-    together at its end. Every refusal (LayoutShrink here; a bad layout before) is
+    from (``pulse_repo.BeatIdSource``), ``seq``, the batch's one change stamp, and
+    ``flush`` False: its rows are flushed together at its end. Every refusal (LayoutShrink here; a bad layout before) is
     raised before anything is changed."""
+    stamp = seq or (lambda: next_seq(session))
     if parsed is None:
         parsed = check_layout(layout, siblings)  # refuse a bad layout before touching anything
     h = session.get(Host, name) if known is LOOKUP else known
@@ -144,7 +146,7 @@ def upsert_host(*, session: Session, name: str, address: str, rack: str, labels:
     if h is None:
         h = Host(name=name, beat_id=beat_id() if beat_id is not None else pulse_repo.next_beat_id(session=session),
                  layout_rev=1, usage=Usage().to_dict(), generation=1, admin_state=AdminState.ACTIVE,
-                 last_heartbeat=now, created=now, updated=now, seq=next_seq(session), owner=owner, **fields,
+                 last_heartbeat=now, created=now, updated=now, seq=stamp(), owner=owner, **fields,
                  **scrape)
         session.add(h)
         if flush:
@@ -160,7 +162,7 @@ def upsert_host(*, session: Session, name: str, address: str, rack: str, labels:
                                field="layout")
     if owner and not h.owner:
         h.owner = owner  # registered before owners were recorded: claimed now
-        h.seq = next_seq(session)  # every replica's heartbeat check must see it
+        h.seq = stamp()  # every replica's heartbeat check must see it
     for k, v in scrape.items():
         if getattr(h, k) != v:
             setattr(h, k, v)
@@ -169,10 +171,10 @@ def upsert_host(*, session: Session, name: str, address: str, rack: str, labels:
             setattr(h, k, v)
         h.layout_rev += 1
         h.generation += 1
-        h.seq = next_seq(session)
+        h.seq = stamp()
     elif is_down(h.last_heartbeat, now=now, heartbeat_timeout_s=heartbeat_timeout_s):
-        h.seq = next_seq(session)  # back from down: the index must see it
-    back_up(session=session, host=h)
+        h.seq = stamp()  # back from down: the index must see it
+    back_up(session=session, host=h, seq=stamp)
     h.last_heartbeat = now
     h.updated = now
     if flush:
@@ -241,12 +243,13 @@ def clear_down_flags(*, session: Session, hosts: Sequence[str]) -> None:
                         .values(reason=""))
 
 
-def back_up(*, session: Session, host: Host) -> None:
-    """A host marked down registers again: the mark and its VMs' flags go."""
+def back_up(*, session: Session, host: Host, seq: Callable[[], int] | None = None) -> None:
+    """A host marked down registers again: the mark and its VMs' flags go (``seq``: the
+    change stamp to use, as ``upsert_host``'s)."""
     if host.down_since is None:
         return
     host.down_since = None
-    host.seq = next_seq(session)  # every replica's index must see the mark go
+    host.seq = seq() if seq is not None else next_seq(session)  # every replica's index must see the mark go
     clear_down_flags(session=session, hosts=[host.name])
 
 

@@ -126,6 +126,14 @@ class HostService:
         try:
             with self.store.batch_write() as s:
                 beat_id = pulse_repo.BeatIdSource(s)
+                stamp: list[int] = []
+
+                def seq() -> int:
+                    """The batch's one change stamp (PostgreSQL: its transaction id, a round
+                    trip each time it was asked), taken when a registration first needs it."""
+                    if not stamp:
+                        stamp.append(host_repo.next_seq(s))
+                    return stamp[0]
                 batch_repo.defer_inserts(session=s)  # the audit rows, written together at the end
                 rows: dict[str, Host | None] = {}
                 while True:
@@ -134,7 +142,7 @@ class HostService:
                     rows.update((h.name, h) for h in host_repo.hosts_by_name(session=s, names=new))
                     beat_id.reserve(sum(1 for n in new if rows[n] is None))
                     for it in items[len(out):]:
-                        got = self._register_in(s, it, now, rows, beat_id)
+                        got = self._register_in(s, it, now, rows, beat_id, seq)
                         out.append(got)
                         if isinstance(got, HostNotYours):
                             denied.append((it, got))
@@ -160,7 +168,7 @@ class HostService:
         return out
 
     def _register_in(self, s: Session, it: RegisterItem, now: float, rows: dict[str, Host | None],
-                     beat_id: Callable[[], int]) -> Any:
+                     beat_id: Callable[[], int], seq: Callable[[], int]) -> Any:
         """One registration of a batch: (public view, created), or the error that refused
         it (a refusal for another principal's host audited in the batch). Every refusal
         is decided before the registration changes anything (``host_repo.upsert_host``),
@@ -174,7 +182,7 @@ class HostService:
         try:
             self._may_act(s, b.name, actor=it.actor, admin=it.admin, bound_host=it.bound_host, known=known)
             h, created = self._upsert(s, b, now, actor=it.actor, admin=it.admin, parsed=it.parsed, known=known,
-                                      beat_id=beat_id, flush=False)
+                                      beat_id=beat_id, flush=False, seq=seq)
         except HostNotYours as e:
             audit_repo.record(session=s, principal=it.actor, action="host.register.denied", target=b.name, now=now,
                               detail={"reason": e.message, "address": b.address, "rack": b.rack})
@@ -192,15 +200,16 @@ class HostService:
 
     def _upsert(self, s: Session, b: HostRegister, now: float, *, actor: str, admin: bool,
                 parsed: Layout | None, known: Any = host_repo.LOOKUP,
-                beat_id: Callable[[], int] | None = None, flush: bool = True) -> tuple[Host, bool]:
-        """The host's row and its audit entry, in ``s`` (``known``, ``beat_id``, ``flush``:
-        as ``host_repo.upsert_host``)."""
+                beat_id: Callable[[], int] | None = None, flush: bool = True,
+                seq: Callable[[], int] | None = None) -> tuple[Host, bool]:
+        """The host's row and its audit entry, in ``s`` (``known``, ``beat_id``, ``flush``,
+        ``seq``: as ``host_repo.upsert_host``)."""
         h, created = host_repo.upsert_host(
             session=s, name=b.name, address=b.address, rack=b.rack, labels=b.labels,
             layout=b.layout, siblings=b.cpu_siblings, pf_min_rate=b.pf_min_rate,
             disk_classes=b.disk_classes, now=now, owner="" if admin else actor, heartbeat_timeout_s=self.timeout,
             scrape={k: getattr(b, k) for k in host_repo.SCRAPE_FIELDS}, parsed=parsed, known=known,
-            beat_id=beat_id, flush=flush)
+            beat_id=beat_id, flush=flush, seq=seq)
         audit_repo.record(session=s, principal=actor, action="host.register" if created else "host.update",
                           target=h.name, now=now, detail={"address": h.address, "layout_rev": h.layout_rev})
         return h, created

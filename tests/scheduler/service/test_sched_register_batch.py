@@ -85,6 +85,7 @@ def test_each_registration_its_own_answer(db_url):
             assert {c.key: getattr(a, c.key) for c in Host.__table__.columns} == \
                 {c.key: getattr(b, c.key) for c in Host.__table__.columns}, name
         assert after["h-a"].address == "again:1" and after["h-a"].owner == "hst"
+        assert after["h-a"].seq == after["h-c"].seq > before["h-vm"].seq  # one change stamp for the batch
         ids = [h.beat_id for h in after.values()]
         assert None not in ids and len(set(ids)) == len(ids)
         assert audits(svc, "host.register") == ["h-a", "h-c", "h-old", "h-vm"]
