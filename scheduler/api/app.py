@@ -235,9 +235,13 @@ class SchedulerApp(FastAPI):
             receive = await fastpath.heartbeat(self, scope, receive, send)
             if receive is None:
                 return
-        elif fastpath.registers(scope) and (shed := self.state.shed.check("register")) is not None:
-            await fastpath.refuse(self, send, shed, route=fastpath.REGISTER_ROUTE)
-            return
+        elif fastpath.registers(scope):
+            if (shed := self.state.shed.check("register")) is not None:
+                await fastpath.refuse(self, send, shed, route=fastpath.REGISTER_ROUTE)
+                return
+            receive = await fastpath.register(self, scope, receive, send)
+            if receive is None:
+                return
         await super().__call__(scope, receive, send)
 
     def openapi(self) -> dict[str, Any]:

@@ -32,7 +32,7 @@ from scheduler.db.models import Vm
 from scheduler.errors import InvalidRequest
 from scheduler.migration_view import last_migration_json, migration_json
 from scheduler.policies import Principal
-from scheduler.schemas.hosts import HeartbeatIn, HeartbeatOut
+from scheduler.schemas.hosts import HeartbeatIn, HeartbeatOut, HostRegister
 from scheduler.schemas.vms import VmCreate
 from scheduler.service.vms import cells_json
 
@@ -93,6 +93,17 @@ def read_create(p: Principal, *, dry_run: str | None, key: str | None, ctype: st
     if not key:
         raise InvalidRequest("required: a retry with the same key returns the same VM", field="Idempotency-Key")
     return CreateRequest(body=vm, tenant=tenant, key=key, dry_run=dry, actor=p.name)
+
+
+def read_register(p: Principal, *, ctype: str, body: bytes) -> HostRegister:
+    """``POST /v1/hosts``'s body, for the fast path (``api/fastpath.register``): who may
+    register (403), then JSON ``HostRegister``. The route still reads its body through
+    FastAPI (the contract); the fast path hands it every request this refuses."""
+    policies.act_as_host(p)
+    kind = ctype.split(";", 1)[0].strip().lower()  # FastAPI's rule: application/json or application/*+json
+    if not (kind.startswith("application/") and kind.endswith(("/json", "+json"))):
+        raise invalid(("body",), f"send the host as JSON (Content-Type: application/json), not {ctype!r}")
+    return _model(HostRegister, body)
 
 
 MAX_BEAT_BYTES = 64 << 10

@@ -245,3 +245,73 @@ def test_a_heartbeat_gets_the_same_answer_from_the_fast_path_and_the_route(db_ur
         fast, slow = _twice(api, monkeypatch, "beats", f"/v1/hosts/{host}/heartbeat", content=raw, headers=heads)
         assert (fast.status_code, fast.json()) == (slow.status_code, slow.json())
         assert fast.status_code == status, fast.text
+
+
+def _reg(name: str = "h2", **over) -> bytes:  # type: ignore[no-untyped-def]
+    return orjson.dumps({**host_body(name, SHAPES[0]), **over})
+
+
+_BAD_LAYOUT = host_body("h2", SHAPES[0])
+_BAD_LAYOUT["layout"]["nodes"][0]["vm_cpus"][0] = "x"
+REGISTERS = {  # case: (body bytes, headers, status): h1 is registered by hst first
+    "good": (_reg(), {**HOST, **JSON}, 201),
+    "no-type": (_reg(), HOST, 422),  # FastAPI reads no body without a JSON Content-Type
+    "vendor-json": (_reg(), {**HOST, "Content-Type": "application/vnd.hyb+json; charset=utf-8"}, 201),
+    "text-json": (_reg(), {**HOST, "Content-Type": "text/json"}, 422),
+    "again": (_reg("h1"), {**HOST, **JSON}, 200),
+    "admin": (_reg(), {**ADM, **JSON}, 201),
+    "bad-name": (_reg("no spaces"), {**HOST, **JSON}, 422),
+    "extra-field": (orjson.dumps({**host_body("h2", SHAPES[0]), "surprise": 1}), {**HOST, **JSON}, 422),
+    "bad-json": (b"{not json", {**HOST, **JSON}, 422),
+    "array": (b"[1]", {**HOST, **JSON}, 422),
+    "text": (_reg(), {**HOST, "Content-Type": "text/plain"}, 422),
+    "bad-layout": (orjson.dumps(_BAD_LAYOUT), {**HOST, **JSON}, 422),
+    "tenant": (_reg(), {**TA, **JSON}, 403),
+    "not-yours": (_reg("h1"), {**auth("hst2"), **JSON}, 403),
+    "bound-elsewhere": (_reg("h2"), {**auth("oss1"), **JSON}, 403),
+}
+
+
+@pytest.mark.parametrize("case", sorted(REGISTERS))
+def test_a_registration_gets_the_same_answer_from_the_fast_path_and_the_route(db_url, monkeypatch, case):
+    """The fast path takes only what the route's body would validate to, and renders the
+    registration's answers as the route does: the same status and body each way (each
+    way on a database of its own, so a first registration is a first one both times),
+    and the same host and audit written."""
+    raw, heads, status = REGISTERS[case]
+    got = []
+    for on in (True, False):
+        with make_client(db_url if on else db_url.replace("sched.db", "sched-slow.db") if "sqlite" in db_url
+                         else _fresh_pg(db_url), clock=Clock()) as api:
+            assert api.post("/v1/hosts", json=host_body("h1", SHAPES[0]), headers=HOST).status_code == 201
+            answered: list[bool] = []
+            real = fastpath.register
+
+            async def spy(*a):  # type: ignore[no-untyped-def]
+                replay = await real(*a)
+                answered.append(replay is None)
+                return replay
+            with monkeypatch.context() as m:
+                m.setattr(fastpath, "register", spy)
+                if not on:
+                    m.setattr(fastpath, "registers", lambda scope: False)
+                r = api.post("/v1/hosts", content=raw, headers=heads)
+            # on: the fast path answered what the registration answers, and handed over
+            # what the route refuses before the service; off: it never ran
+            assert answered == ([r.status_code in (200, 201) or r.json()["error"]["code"].startswith("hyb.host.")]
+                                if on else []), (answered, r.text)
+            hosts = api.get("/v1/hosts", headers=ADM).json()["items"]
+            audit = [(a["action"], a["target"], a["principal"]) for a in
+                     api.get("/v1/audit", params={"action": "host."}, headers=ADM).json()["items"]]
+            metric = [ln for ln in api.get("/metrics", headers=ADM).text.splitlines()
+                      if ln.startswith("hyb_sched_http_requests_total") and 'route="/v1/hosts"' in ln
+                      and 'method="POST"' in ln]
+            got.append((r.status_code, r.json(), hosts, audit, metric))
+    fast, slow = got
+    assert fast[0] == status, fast[1]
+    assert fast == slow
+
+
+def _fresh_pg(url: str) -> str:
+    from conftest import new_pg_database  # noqa: PLC0415 - the PostgreSQL server of this session
+    return new_pg_database(url.rsplit("/", 1)[0])
