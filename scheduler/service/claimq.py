@@ -1,4 +1,5 @@
-"""The process's claim thread: create requests queue here and are claimed in batches.
+"""The process's claim thread: create requests queue here and are claimed in batches
+(host registrations use the same queue for their own thread: ``HostService.register_many``).
 
 Every claim in a process already ran one at a time (``Placer``'s FIFO lock; the store
 serialises writers anyway), but each on its own request thread: 32 threads passing the
@@ -83,10 +84,10 @@ class ClaimQueue:
             try:
                 results = self._run([b[0] for b in batch], more)  # type: ignore[index]
             except BaseException as e:  # noqa: BLE001 - every request of the batch gets it
-                log.exception("claim batch failed")
+                log.exception("%s batch failed", self._name)
                 results = [e] * len(batch)
             if len(results) != len(batch):  # never leave a request unanswered
-                results = [RuntimeError(f"claim batch answered {len(results)} of {len(batch)}")] * len(batch)
+                results = [RuntimeError(f"{self._name} batch answered {len(results)} of {len(batch)}")] * len(batch)
             by_loop: dict[asyncio.AbstractEventLoop, list[tuple[asyncio.Future, Any]]] = {}
             for (_, fut), r in zip(batch, results):  # type: ignore[misc]
                 if isinstance(fut, asyncio.Future):

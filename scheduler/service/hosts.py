@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import functools
 import logging
 import threading
 import time
@@ -13,13 +14,13 @@ from typing import Any
 from datetime import datetime, timezone
 from urllib.parse import urlsplit
 
+import anyio.to_thread
 from sqlalchemy.orm import Session
-from starlette.concurrency import run_in_threadpool
 
+from api.layout import Layout
 from api.states import AdminState, HostClass, HostState, RolloutHostState
 from scheduler.db.engine import Store
 from scheduler.db.models import Host
-from api.layout import Layout
 from scheduler.errors import BeatTooSoon, HostAdminOwned, HostAdminStale, HostNotYours, SchedulerError
 from scheduler.metrics import Metrics
 from scheduler.repo import audit as audit_repo
@@ -104,7 +105,8 @@ class HostService:
         one is refused (BadLayout, naming the field) before it queues. With
         ``register_batch`` 0, ``register`` on a worker thread (a transaction each)."""
         if self.register_batch <= 0:
-            return await run_in_threadpool(self.register, body, actor=actor, admin=admin, bound_host=bound_host)
+            return await anyio.to_thread.run_sync(  # the worker threads the sync route ran on
+                functools.partial(self.register, body, actor=actor, admin=admin, bound_host=bound_host))
         parsed = host_repo.check_layout(body.layout, body.cpu_siblings)
         item = RegisterItem(body, actor, admin, bound_host, parsed)
         return await self.registrations.submit(item, asyncio.get_running_loop())  # type: ignore[no-any-return]

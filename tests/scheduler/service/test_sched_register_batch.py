@@ -96,8 +96,11 @@ def test_each_registration_its_own_answer(db_url):
         assert r.status_code == 200, r.text
 
 
-def test_bad_layout_refused_before_it_queues(db_url):
-    with make_client(db_url) as api:
+@pytest.mark.parametrize("batch", [64, 0])
+def test_bad_layout_refused_before_it_queues(db_url, batch):
+    """The same answers with batches and without (``register_batch = 0``: a transaction
+    each on a worker thread, the bench's baseline)."""
+    with make_client(db_url, placement={"register_batch": batch}) as api:
         svc: HostService = api.app.state.hosts
         body = host_body("h-bad", SMALL)
         body["layout"]["nodes"][0]["vm_cpus"][1] = "x"
@@ -110,6 +113,12 @@ def test_bad_layout_refused_before_it_queues(db_url):
         # a good one after it: written, and the API says 201 then 200
         assert api.post("/v1/hosts", json=host_body("h-ok", SMALL), headers=HOST).status_code == 201
         assert api.post("/v1/hosts", json=host_body("h-ok", SMALL), headers=HOST).status_code == 200
+        r = api.post("/v1/hosts", json=host_body("h-ok", SMALL), headers={"Authorization": "Bearer hst2"})
+        assert r.status_code == 403 and r.json()["error"]["code"] == "hyb.host.not_yours", r.text
+        assert audits(svc, "host.register.denied") == ["h-ok"]
+        batches = [ln for ln in api.get("/metrics", headers=ADM).text.splitlines()
+                   if ln.startswith("hyb_sched_register_batch_size_count")]
+        assert batches == [f"hyb_sched_register_batch_size_count {3.0 if batch else 0.0}"], batches
 
 
 def test_two_replicas_at_once(db_url):
