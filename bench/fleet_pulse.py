@@ -14,8 +14,10 @@ out of play (a timeout no pause reaches, as bench/placement.py):
    hostd by default) for --seconds: beats answered and their p99, the servers' CPU per
    beat (the replicas' processes only, never the generator's), and the database's
    writes per beat (PostgreSQL: its own counters, rows inserted + updated + deleted in
-   pg_stat_database; SQLite counts none, so the liveness rows the replicas wrote, from
-   their /metrics);
+   pg_stat_database, and per table, db_writes_by_table; SQLite counts none, so the
+   liveness rows the replicas wrote, from their /metrics), counted from when phase 1's
+   rows are counted (PostgreSQL: its counter still for 11 s, phase1_tail_s: an idle
+   backend reports its rows up to 10 s late, and they were counted here);
 3. placements and heartbeats together: placements/s and p99 against (1);
 4. every host sends its day (POST /v1/hosts/{name}/days): the history's bytes per host
    and day, from the database's own numbers (SQLite dbstat; PostgreSQL: the table's main fork and its index,
@@ -258,6 +260,35 @@ class Db:
             return c.execute("SELECT tup_inserted + tup_updated + tup_deleted FROM pg_stat_database "
                              "WHERE datname = current_database()").fetchone()[0]
 
+    def settle(self, quiet_s: float = 11.0, most_s: float = 90.0) -> float:
+        """Wait until the database's write counter has not moved for ``quiet_s``
+        (PostgreSQL; at most ``most_s``): the seconds waited. An idle backend reports its
+        rows to pg_stat_database up to 10 s late (PGSTAT_IDLE_INTERVAL), so a phase's
+        writes showed up in the next phase's count. SQLite counts no writes: 0 at once."""
+        if self.path is not None:
+            return 0.0
+        t0 = since = time.monotonic()
+        last = self.writes()
+        while time.monotonic() - t0 < most_s:
+            time.sleep(1.0)
+            now = self.writes()
+            if now != last:
+                last, since = now, time.monotonic()
+            elif time.monotonic() - since >= quiet_s:
+                break
+        return round(time.monotonic() - t0, 1)
+
+    def writes_by_table(self) -> dict[str, int]:
+        """Rows written so far per table, the system catalogs' included (PostgreSQL's
+        pg_stat_all_tables); {} on SQLite."""
+        if self.path is not None:
+            return {}
+        import psycopg
+        with psycopg.connect(self.url, autocommit=True) as c:
+            c.execute("SELECT pg_stat_force_next_flush()")
+            return {f"{ns}.{t}": n for ns, t, n in c.execute(
+                "SELECT schemaname, relname, n_tup_ins + n_tup_upd + n_tup_del FROM pg_stat_all_tables")}
+
     def fresh_hosts(self, since: float) -> int:
         """Hosts whose liveness (hosts.last_heartbeat, written by the replicas' flushes)
         is ``since`` or later: what the liveness check reads."""
@@ -467,14 +498,18 @@ def run_phases(label: str, url: str, sqlite_path: Path | None, a: argparse.Names
         out["refused_for_capacity"] = sum(1 for (st, _), _l in got if st == 507)
         out["placement_p99_ms"] = round(percentile(base_ok, 0.99) * 1e3, 2) if base_ok else None
 
-        # 2. heartbeats alone: CPU and database writes per beat
+        # 2. heartbeats alone: CPU and database writes per beat, once phase 1's rows are
+        # counted (PostgreSQL reports an idle backend's rows up to 10 s late: phase 1's
+        # claims were most of the rows counted here)
+        out["phase1_tail_s"] = db.settle()
         n = int(beat_rate * a.seconds)
-        c0, w0, r0 = cpu(reps.pids), db.writes(), liveness_rows(bases)
+        c0, w0, r0, t0 = cpu(reps.pids), db.writes(), liveness_rows(bases), db.writes_by_table()
         m0 = machine()
         got, _ = send_beats(a, bases, names, stream.take(n), n, beat_rate, tmp, "alone")
         busy, stolen = machine_load(m0, machine())
         time.sleep(1.2)  # the last flush
         used, writes, rows = cpu(reps.pids) - c0, db.writes() - w0, liveness_rows(bases) - r0
+        by_table = {k: n - t0.get(k, 0) for k, n in db.writes_by_table().items() if n - t0.get(k, 0) > 0}
         out["generator"] = a.generator
         out["beats_offered_per_s"] = round(beat_rate, 1)
         out["beats_sent"] = got.sent
@@ -487,6 +522,8 @@ def run_phases(label: str, url: str, sqlite_path: Path | None, a: argparse.Names
         # liveness rows the replicas wrote (their hyb_sched_liveness_rows_written_total)
         out["db_writes_per_beat"] = round((writes if sqlite_path is None else rows) / max(1, got.ok), 4)
         out["db_writes_from"] = "pg_stat_database" if sqlite_path is None else "scheduler metrics"
+        if by_table:  # PostgreSQL: where those rows were written, most first
+            out["db_writes_by_table"] = dict(sorted(by_table.items(), key=lambda kv: -kv[1])[:8])
         # the whole machine while the beats were sent (replicas, database, generator): of 2 CPUs
         out["cpus_busy_beats"], out["cpus_stolen_beats"] = round(busy, 2), round(stolen, 2)
 
