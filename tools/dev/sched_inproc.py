@@ -36,10 +36,28 @@ def settings(db_url: str, tokens: dict[str, list[str]], **over: Any) -> Settings
     return Settings(**data)
 
 
+class _Client(TestClient):
+    """A TestClient that closes its scheduler's store when its ``with`` ends: each thread
+    of the app keeps a database connection for the store's life (a batch thread per
+    queue, the drain's pool...), and a PostgreSQL test server ran out of connections
+    ("too many clients") once a suite's clients were left to the garbage collector."""
+
+    store: Store
+
+    def __exit__(self, *exc: Any) -> None:
+        try:
+            super().__exit__(*exc)
+        finally:
+            self.store.dispose()
+
+
 def scheduler_client(db_url: str, tokens: dict[str, list[str]], *, clock: Callable[[], float],
                      hostd=None, **over: Any) -> TestClient:  # type: ignore[no-untyped-def]
-    """The scheduler on ``db_url`` (migrated to the head first), behind a TestClient."""
+    """The scheduler on ``db_url`` (migrated to the head first), behind a TestClient; its
+    store is closed when the client's ``with`` ends."""
     store = Store.from_url(db_url)
     upgrade(store.engine)
     app = create_app(settings(db_url, tokens, **over), store=store, hostd=hostd, clock=clock)
-    return TestClient(app, raise_server_exceptions=False)
+    client = _Client(app, raise_server_exceptions=False)
+    client.store = store
+    return client

@@ -31,7 +31,9 @@ def agent():
         while b"\n" not in buf:
             left = deadline - time.monotonic()
             assert left > 0, f"no line from the agent in {timeout} s: {bytes(buf)!r}"
-            if select.select([master], [], [], left)[0]:
+            ready = select.poll()  # not select(): a worker may hold descriptors past 1,024
+            ready.register(master, select.POLLIN)
+            if ready.poll(left * 1000):
                 buf.extend(os.read(master, 4096))
         out, _, rest = bytes(buf).partition(b"\n")
         buf[:] = rest
