@@ -6,14 +6,13 @@ scheduler app on that database behind a TestClient, on a ``clock`` the test move
 
 from __future__ import annotations
 
-import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sched_helpers import Clock, make_client
+from sched_helpers import Clock, make_client, new_pg_database
 
-from tools.dev.schedbench import PG_BIN, create_database, postgres
+from tools.dev.schedbench import PG_BIN, postgres
 
 
 @pytest.fixture(scope="session")
@@ -26,10 +25,6 @@ def pg_server() -> Iterator[str]:
         yield f"postgresql://postgres@127.0.0.1:{port}"
 
 
-def new_pg_database(base_url: str) -> str:
-    name = "t_" + uuid.uuid4().hex[:12]
-    create_database(int(base_url.rsplit(":", 1)[1]), name)
-    return f"{base_url}/{name}"
 
 
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])

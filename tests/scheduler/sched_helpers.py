@@ -5,12 +5,14 @@ the tests in its subdirectories)."""
 from __future__ import annotations
 
 import json
+import uuid
 from typing import Any
 
 from fastapi.testclient import TestClient
 
 from scheduler.config import Settings
 from tools.dev import sched_inproc
+from tools.dev.schedbench import create_database
 from tools.dev.host_shapes import SHAPES, Shape, make_layout
 
 
@@ -61,3 +63,11 @@ ONE_G = Shape("one-1g", nodes=1, cores_per_node=6, smt=2, io_cores_per_node=1, h
 PLAIN = Shape("plain", nodes=1, cores_per_node=8, smt=2, io_cores_per_node=1, host_cores=1, pages_2m_per_node=12288,
               vfs_per_node=0, disks_per_node=0)  # 12 VM CPUs, 24 GiB 2M
 
+
+
+def new_pg_database(base_url: str) -> str:
+    """A new, empty database on the PostgreSQL server at ``base_url`` (the session's
+    ``pg_server``); its URL."""
+    name = "t_" + uuid.uuid4().hex[:12]
+    create_database(int(base_url.rsplit(":", 1)[1]), name)
+    return f"{base_url}/{name}"

@@ -313,5 +313,5 @@ def test_a_registration_gets_the_same_answer_from_the_fast_path_and_the_route(db
 
 
 def _fresh_pg(url: str) -> str:
-    from conftest import new_pg_database  # noqa: PLC0415 - the PostgreSQL server of this session
+    from sched_helpers import new_pg_database  # noqa: PLC0415 - not conftest: under xdist another one answers to the name
     return new_pg_database(url.rsplit("/", 1)[0])
