@@ -1,9 +1,8 @@
 """tools/dev/hugetlbfs.py: the 2 MiB hugetlbfs mount shared by test runs and benches on
-one machine. Live (root, the machine's real mount table), with a registry of its own so
-the suite's holders are not counted: the mount is made by the first holder, stays while
-a second holds it although the first let go, goes with the last, and a holder SIGKILLed
-before it let go does not keep it forever. Skipped where the machine already has a 2 MiB
-hugetlbfs that no holder made (nothing to take down then)."""
+one machine. Live (root, real mount(2)), on a mount point and registry of the test's own
+so the machine's holders (this suite's among them) are neither counted nor disturbed:
+the mount is made by the first holder, stays while a second holds it although the first
+died (SIGKILL) without letting go, and goes with the last."""
 
 from __future__ import annotations
 
@@ -24,36 +23,35 @@ HOLDER = """
 import sys, time
 from pathlib import Path
 from tools.dev.hugetlbfs import held_2m
-with held_2m(Path(sys.argv[1])) as mnt:
-    print(mnt, flush=True)
+reg, mnt = Path(sys.argv[1]), Path(sys.argv[2])
+find = lambda: mnt if f" {mnt} hugetlbfs " in Path("/proc/mounts").read_text() else None
+with held_2m(reg, mnt, find) as got:
+    print(got, flush=True)
     time.sleep(600)
 """
 
 
 def test_the_last_holder_unmounts_and_a_killed_one_does_not_keep_it(tmp_path: Path) -> None:
-    # The machine's registry locked throughout: no real holder comes or goes meanwhile
-    # (it would find this test's mount, and lose it when the test's last holder lets go).
-    with hugetlbfs._locked(hugetlbfs.REGISTRY):
-        if hugetlbfs.mount_2m() is not None:
-            pytest.skip("this machine has a 2 MiB hugetlbfs already (the suite's own, or the system's)")
-        _scenario(tmp_path / "reg")
+    reg, mnt = tmp_path / "reg", tmp_path / "hugepages"
 
+    def mounted() -> bool:
+        return f" {mnt} hugetlbfs " in Path("/proc/mounts").read_text()
 
-def _scenario(reg: Path) -> None:
-    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(reg)], cwd=REPO, stdout=subprocess.PIPE, text=True)
+    child = subprocess.Popen([sys.executable, "-c", HOLDER, str(reg), str(mnt)], cwd=REPO, stdout=subprocess.PIPE,
+                             text=True)
     try:
-        assert child.stdout.readline().strip() == str(hugetlbfs.MOUNT)
-        with hugetlbfs.held_2m(reg) as mnt:
-            assert mnt == hugetlbfs.MOUNT and hugetlbfs.mount_2m() == mnt
+        assert child.stdout.readline().strip() == str(mnt) and mounted()
+        with hugetlbfs.held_2m(reg, mnt, lambda: mnt if mounted() else None) as got:
+            assert got == mnt
             os.kill(child.pid, signal.SIGKILL)  # the first holder dies without letting go
             child.wait(10)
-            assert hugetlbfs.mount_2m() == mnt  # this one holds it still
-        assert hugetlbfs.mount_2m() is None  # the last holder gone: the mount too
+            assert mounted()  # this one holds it still
+        assert not mounted()  # the last holder gone: the mount too
         assert not (reg / ".made").exists() and [p.name for p in reg.iterdir()] == [".lock"]
     finally:
         if child.poll() is None:
             child.kill()
             child.wait()
         child.stdout.close()
-        if (reg / ".made").exists():
-            subprocess.run(["umount", str(hugetlbfs.MOUNT)], check=False)
+        if mounted():
+            subprocess.run(["umount", str(mnt)], check=False)

@@ -20,7 +20,7 @@ import fcntl
 import itertools
 import os
 import subprocess
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -70,15 +70,18 @@ def _locked(reg: Path) -> Iterator[None]:
 
 
 @contextmanager
-def held_2m(reg: Path = REGISTRY) -> Iterator[Path]:
+def held_2m(reg: Path = REGISTRY, mount: Path = MOUNT,
+            find: Callable[[], Path | None] = mount_2m) -> Iterator[Path]:
+    """``reg``, ``mount`` and ``find`` (the machine's 2 MiB hugetlbfs, if any) are the
+    machine's; a test gives its own."""
     me = reg / f"{os.getpid()}-{next(_seq)}"
     with _locked(reg):
-        mnt = mount_2m()
+        mnt = find()
         if mnt is None:
-            MOUNT.mkdir(exist_ok=True)
-            subprocess.run(["mount", "-t", "hugetlbfs", "-o", "pagesize=2M", "hugetlbfs", str(MOUNT)], check=True)
-            (reg / ".made").write_text(str(MOUNT))
-            mnt = MOUNT
+            mount.mkdir(exist_ok=True)
+            subprocess.run(["mount", "-t", "hugetlbfs", "-o", "pagesize=2M", "hugetlbfs", str(mount)], check=True)
+            (reg / ".made").write_text(str(mount))
+            mnt = mount
         me.touch()
     try:
         yield mnt
