@@ -429,7 +429,11 @@ def postgres(settings: dict[str, str]) -> Iterator[tuple[str, int, int]]:
         subprocess.run([str(PG_BIN / "initdb"), "-D", str(base / "data"), "-U", "postgres", "--auth=trust",
                         "-E", "UTF8", "--no-sync"], check=True, capture_output=True, cwd=base, **as_user)
         port = free_port()
-        opts = [x for k, v in settings.items() for x in ("-c", f"{k}={v}")]
+        # huge_pages off: PostgreSQL's default ("try") takes 2 MiB pages for its shared
+        # memory whenever the pool has free ones, and keeps them for its life. Started
+        # while a machine test had grown the pool, the suite's server held 154 of them
+        # for minutes, and a later test found the pool not free after its guest left.
+        opts = [x for k, v in {"huge_pages": "off", **settings}.items() for x in ("-c", f"{k}={v}")]
         with open(base / "pg.log", "wb") as log:  # the child keeps its own descriptor
             proc = subprocess.Popen([str(PG_BIN / "postgres"), "-D", str(base / "data"), "-p", str(port),
                                      "-h", "127.0.0.1", "-k", str(base), *opts],
