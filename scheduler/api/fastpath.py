@@ -95,7 +95,7 @@ async def register(app: Any, scope: Scope, receive: Receive, send: Send) -> Rece
     try:
         out, created = await app.state.hosts.register_async(reg, actor=p.name, admin=p.admin, bound_host=p.host)
     except SchedulerError as e:
-        await _answer(app, send, e.status, domain_body(e), retry_after_header(e), route=REGISTER_ROUTE)
+        await refuse(app, send, e, route=REGISTER_ROUTE)
         return None
     except Exception as e:  # noqa: BLE001 - as the error mapper's catch-all
         await _answer(app, send, *failure(e), (), route=REGISTER_ROUTE)
@@ -151,7 +151,7 @@ async def heartbeat(app: Any, scope: Scope, receive: Receive, send: Send) -> Rec
     try:
         out = await wire.beat(app.state.hosts, name, p, beat)
     except SchedulerError as e:
-        await _answer(app, send, e.status, domain_body(e), retry_after_header(e), route=BEAT_ROUTE)
+        await refuse(app, send, e, route=BEAT_ROUTE)
         return None
     except Exception as e:  # noqa: BLE001 - as the error mapper's catch-all
         await _answer(app, send, *failure(e), (), route=BEAT_ROUTE)

@@ -30,8 +30,8 @@ import pytest
 
 from tools.dev.fleetsim import write_scheduler_config
 from tools.dev.hostd_inproc import dev_certs
-from tools.dev.hostd_pair import (BOOT_S, GUEST_PAGES, IMAGE, MARK_OFFSET, MEMORY_MIB, POOL_PAGES, HostdSide, claimed,
-                                  disk_free, parse_ticks)
+from tools.dev.hostd_pair import (BOOT_S, GUEST_PAGES, IMAGE, MEMORY_MIB, POOL_PAGES, HostdSide, claimed, disk_free,
+                                  parse_ticks, read_marker, write_marker)
 from tools.dev.libvirt_pair import LibvirtPair
 from tools.dev.procs import Scheduler, free_port
 
@@ -63,11 +63,7 @@ def test_a_drain_moves_a_running_vm_live_to_the_other_host(
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs: each host's carve gives VMs a different one")
     hugepages_2m(2 * GUEST_PAGES + 8)  # both ends hold the guest's memory during the copy
-    marker = f"HYB-E2E-MARK {os.urandom(8).hex()}".encode()
-    with open(loop_disk, "r+b") as f:
-        f.seek(MARK_OFFSET)
-        f.write(marker)
-        os.fsync(f.fileno())
+    marker = write_marker(loop_disk, "HYB-E2E-MARK")
     ca = dev_certs(tmp_path / "ca")  # one CA: the scheduler calls both hostds, both register with it
     sport = free_port()
     write_scheduler_config(tmp_path / "scheduler.toml", port=sport, certs=ca, db=tmp_path / "scheduler.db",
@@ -246,6 +242,4 @@ def test_a_drain_moves_a_running_vm_live_to_the_other_host(
             b.stop()
             sched.stop()
     for disk in (second_loop, loop_disk):  # the disk came along both ways (read once nothing writes it)
-        with open(disk, "rb") as f:
-            f.seek(MARK_OFFSET)
-            assert f.read(len(marker)) == marker
+        assert read_marker(disk, marker) == marker

@@ -123,6 +123,24 @@ def claimed(inv: pb.Inventory) -> tuple:
             [(d.name, d.vm_id, d.bytes_sec_used, d.iops_used) for d in inv.disks])
 
 
+def write_marker(dev: Path, tag: str, offset: int = MARK_OFFSET) -> bytes:
+    """A random marker written (and synced) at ``offset`` of a guest's raw disk, which the
+    smoke guest never writes: read back on the other host after a move. Returns it."""
+    marker = f"{tag} {os.urandom(8).hex()}".encode()
+    with open(dev, "r+b") as f:
+        f.seek(offset)
+        f.write(marker)
+        os.fsync(f.fileno())
+    return marker
+
+
+def read_marker(dev: Path, marker: bytes, offset: int = MARK_OFFSET) -> bytes:
+    """What ``dev`` holds where ``write_marker`` put ``marker``."""
+    with open(dev, "rb") as f:
+        f.seek(offset)
+        return f.read(len(marker))
+
+
 def disk_free(dev: Path) -> bool:
     """Nothing holds the device exclusively (hostd's hold, a mount, ...)."""
     try:

@@ -27,7 +27,8 @@ import httpx
 import libvirt
 import pytest
 from tools.dev.hostd_pair import (BOOT_S, GUEST_PAGES, IMAGE, MARK_OFFSET, MEMORY_MIB, POOL_PAGES, HostdSide, claimed,
-                                  disk_free, migrate, parse_ticks, prepare_request, size_of)
+                                  disk_free, migrate, parse_ticks, prepare_request, read_marker, size_of,
+                                  write_marker)
 from tools.dev.libvirt_pair import LibvirtPair, job_ms, job_stats
 from tools.dev.procs import free_port
 
@@ -55,11 +56,7 @@ def test_hostd_migrates_a_running_vm_live_and_refuses_cleanly(
     if len(os.sched_getaffinity(0)) < 2:
         pytest.skip("needs 2 CPUs: each host's carve gives VMs a different one")
     hugepages_2m(2 * GUEST_PAGES + 8)  # both ends hold the guest's memory during the copy
-    marker = f"HYB-MARK {os.urandom(8).hex()}".encode()
-    with open(loop_disk, "r+b") as f:
-        f.seek(MARK_OFFSET)
-        f.write(marker)
-        os.fsync(f.fileno())
+    marker = write_marker(loop_disk, "HYB-MARK")
 
     metrics_a, metrics_b = f"127.0.0.1:{free_port()}", f"127.0.0.1:{free_port()}"
     with LibvirtPair(tmp_path / "pair", subnet="10.78.0", tls=True) as pair:
@@ -221,11 +218,7 @@ def test_hostd_migrates_a_running_vm_live_and_refuses_cleanly(
             # And back: B is the source now; the guest keeps the name it knows its disk by.
             on_b = b.stub.GetVM(pb.GetVMRequest(vm_id=vm.vm_id), timeout=10)
             assert [(d.disk, d.serial) for d in on_b.disks] == [(second_loop.name, loop_disk.name)]
-            marker2 = f"HYB-MARK2 {os.urandom(8).hex()}".encode()  # the smoke guest never writes its disk
-            with open(second_loop, "r+b") as f:
-                f.seek(2 * MARK_OFFSET)
-                f.write(marker2)
-                os.fsync(f.fileno())
+            marker2 = write_marker(second_loop, "HYB-MARK2", 2 * MARK_OFFSET)
             console_b = b.hold_console()
             moved2, _ = migrate(b, a, vm.vm_id, iotune=A_TUNE, request_id="mig-2", bandwidth_mib_s=64, tls=True)
             back = a.stub.GetVM(pb.GetVMRequest(vm_id=vm.vm_id), timeout=10)
@@ -255,12 +248,8 @@ def test_hostd_migrates_a_running_vm_live_and_refuses_cleanly(
             b.stop()
 
     # The disk came along both ways (read once nothing writes it any more).
-    with open(second_loop, "rb") as f:
-        f.seek(MARK_OFFSET)
-        assert f.read(len(marker)) == marker
-    with open(loop_disk, "rb") as f:
-        f.seek(2 * MARK_OFFSET)
-        assert f.read(len(marker2)) == marker2
+    assert read_marker(second_loop, marker) == marker
+    assert read_marker(loop_disk, marker2, 2 * MARK_OFFSET) == marker2
 
 
 @pytest.mark.timeout(1500)
