@@ -590,18 +590,24 @@ class Migrations:
                 self._close_streams(dom, req)
 
     def _close_streams(self, dom: libvirt.virDomain, req: MigrateRequest) -> None:
-        pid = streams.qemu_pid(dom.UUIDString())
-        if pid is None:
+        dsts = streams.target_addresses(req.migrate_uri, req.target_uri)
+        if not dsts:
+            log.warning("migration of %s: cancel stuck, and neither %r nor %r names the target's address: "
+                        "no connection closed", req.name, req.migrate_uri, req.target_uri)
+            return
+        pids = streams.qemu_pids(dom.UUIDString())
+        if not pids:
             log.warning("migration of %s: cancel stuck, and no QEMU process found for it", req.name)
             return
-        try:
-            conns = streams.close_streams(pid, streams.uri_host(req.migrate_uri))
-        except (OSError, subprocess.SubprocessError) as e:
-            log.warning("migration of %s: cancel stuck; closing its connections failed: %s", req.name, e)
-            return
-        log.warning("migration of %s: the cancel has not ended the job in %d s (a dead link to the target?): "
-                    "closed %d connection(s) of QEMU pid %d: %s", req.name, CANCEL_GRACE_S, len(conns), pid,
-                    ", ".join(map(str, conns)) or "none found")
+        for pid in pids:  # the target's incoming copy, if on this machine, has no connection to dsts
+            try:
+                conns = streams.close_streams(pid, dsts)
+            except (OSError, subprocess.SubprocessError) as e:
+                log.warning("migration of %s: cancel stuck; closing its connections failed: %s", req.name, e)
+                continue
+            log.warning("migration of %s: the cancel has not ended the job in %d s (a dead link to the target?): "
+                        "closed %d connection(s) of QEMU pid %d to %s: %s", req.name, CANCEL_GRACE_S, len(conns),
+                        pid, ",".join(sorted(dsts)), ", ".join(map(str, conns)) or "none found")
 
     def progress(self, name: str) -> Progress:
         self._by_name(name)

@@ -8,10 +8,12 @@ closes a TCP socket from outside (SOCK_DESTROY, what ``ss -K`` sends; kernels wi
 ``CONFIG_INET_DIAG_DESTROY``): the blocked send fails at once, QEMU's mirror and
 migration fail, libvirt ends the job and the VM runs on here.
 
-Only this VM's QEMU's own established connections to the target's address are closed,
-each by its four-tuple, inside the QEMU's network namespace (``nsenter --net``): the
-process is found by the domain's UUID on its command line, its sockets by the inodes
-of its descriptors.
+Only this VM's QEMU's own connections to the target's addresses are closed, each by its
+four-tuple, inside the QEMU's network namespace (``nsenter --net``): the processes are
+found by the domain's UUID on their command lines, their sockets by the inodes of their
+descriptors. More than one QEMU can carry the UUID on one machine (two libvirtd "hosts"
+side by side, the target's incoming copy beside the source): the target's address is
+what tells them apart, so without one nothing is closed.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import socket
 import subprocess
 from dataclasses import dataclass
 from pathlib import Path
@@ -57,13 +60,13 @@ def qemu_processes(proc: Path = PROC) -> dict[int, list[bytes]]:
     return out
 
 
-def qemu_pid(vm_uuid: str, proc: Path = PROC) -> int | None:
-    """The QEMU running the domain ``vm_uuid`` (libvirt passes ``-uuid <uuid>``)."""
+def qemu_pids(vm_uuid: str, proc: Path = PROC) -> list[int]:
+    """The QEMUs running the domain ``vm_uuid`` (libvirt passes ``-uuid <uuid>``), in PID
+    order: one on a host, two where a migration's source and target share a machine."""
     want = vm_uuid.lower().encode()
-    for pid, argv in qemu_processes(proc).items():
-        if any(a == b"-uuid" and i + 1 < len(argv) and argv[i + 1].lower() == want for i, a in enumerate(argv)):
-            return pid
-    return None
+    return sorted(pid for pid, argv in qemu_processes(proc).items()
+                  if any(a == b"-uuid" and i + 1 < len(argv) and argv[i + 1].lower() == want
+                         for i, a in enumerate(argv)))
 
 
 def socket_inodes(pid: int, proc: Path = PROC) -> set[int]:
@@ -87,9 +90,12 @@ def parse_ss(text: str) -> list[Conn]:
     return conns
 
 
-def close_streams(pid: int, dst_host: str | None) -> list[Conn]:
-    """Closes process ``pid``'s TCP connections, established or connecting (to
-    ``dst_host`` only, when given); returns those it asked the kernel to close."""
+def close_streams(pid: int, dst: str | set[str]) -> list[Conn]:
+    """Closes process ``pid``'s TCP connections, established or connecting, to the
+    address(es) ``dst``; returns those it asked the kernel to close."""
+    dsts = {dst} if isinstance(dst, str) else set(dst)
+    if not dsts:
+        raise ValueError("no target address: which connections to close is unknown")
     ns = ["nsenter", f"--net=/proc/{pid}/ns/net"]
     inodes = socket_inodes(pid)
     # connected: established, and those still connecting (a link dead before the stream
@@ -99,7 +105,7 @@ def close_streams(pid: int, dst_host: str | None) -> list[Conn]:
     if r.returncode != 0:
         log.warning("cannot list the connections of pid %d: %s", pid, r.stderr.strip())
         return []
-    conns = [c for c in parse_ss(r.stdout) if c.inode in inodes and (not dst_host or c.dst == dst_host)]
+    conns = [c for c in parse_ss(r.stdout) if c.inode in inodes and c.dst in dsts]
     for c in conns:
         k = subprocess.run([*ns, "ss", "-K", "src", c.src, "sport", "=", f":{c.sport}", "dst", c.dst, "dport", "=",
                             f":{c.dport}"], capture_output=True, text=True, timeout=30, check=False)
@@ -112,3 +118,16 @@ def uri_host(uri: str) -> str | None:
     """``tcp://10.0.0.2:49152`` -> ``10.0.0.2`` (None when the URI names no host)."""
     m = re.match(r"^[a-z+]+://(\[[^\]]+\]|[^:/]+)", uri or "")
     return m[1].strip("[]") if m else None
+
+
+def target_addresses(migrate_uri: str, target_uri: str) -> set[str]:
+    """The addresses the migration's streams go to: the migrate URI's host when the
+    target named one (its ``migration_address``), else the target libvirt URI's host,
+    where libvirt sends them then; a name is resolved. Empty when neither names a host."""
+    host = uri_host(migrate_uri) or uri_host(target_uri)
+    if not host:
+        return set()
+    try:
+        return {ai[4][0] for ai in socket.getaddrinfo(host, None, proto=socket.IPPROTO_TCP)}
+    except OSError:
+        return set()

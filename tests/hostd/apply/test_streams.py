@@ -43,17 +43,32 @@ def test_uri_host() -> None:
     assert streams.uri_host("") is None and streams.uri_host("10.0.0.1") is None
 
 
-def test_qemu_pid_is_found_by_the_domains_uuid_only(tmp_path: Path) -> None:
+def test_qemu_pids_are_found_by_the_domains_uuid_only(tmp_path: Path) -> None:
     uuid = "D65F28BE-a8ef-4c2f-8088-82a486be8efa"
     for pid, argv in {"10": [b"/usr/bin/qemu-system-x86_64", b"-name", b"guest=x", b"-uuid",
                              b"11111111-a8ef-4c2f-8088-82a486be8efa"],
                       "11": [b"/usr/bin/python3", b"-uuid", uuid.lower().encode()],
-                      "12": [b"/usr/bin/qemu-system-x86_64", b"-uuid", uuid.lower().encode(), b"-S"]}.items():
+                      "12": [b"/usr/bin/qemu-system-x86_64", b"-uuid", uuid.lower().encode(), b"-S"],
+                      # the target's incoming copy on the same machine (two libvirtd "hosts")
+                      "9": [b"/usr/bin/qemu-system-x86_64", b"-uuid", uuid.upper().encode(), b"-incoming", b"defer"]
+                      }.items():
         (tmp_path / pid).mkdir()
         (tmp_path / pid / "cmdline").write_bytes(b"\0".join(argv) + b"\0")
     (tmp_path / "self").mkdir()
-    assert streams.qemu_pid(uuid, tmp_path) == 12
-    assert streams.qemu_pid("22222222-a8ef-4c2f-8088-82a486be8efa", tmp_path) is None
+    assert streams.qemu_pids(uuid, tmp_path) == [9, 12]
+    assert streams.qemu_pids("22222222-a8ef-4c2f-8088-82a486be8efa", tmp_path) == []
+
+
+def test_the_target_address_comes_from_the_migrate_uri_else_the_libvirt_uri() -> None:
+    assert streams.target_addresses("tcp://10.79.0.2:49152", "qemu+tls://10.79.0.9/system") == {"10.79.0.2"}
+    # no migration_address on the target: libvirt sends the streams to its URI's host
+    assert streams.target_addresses("", "qemu+tls://10.79.0.1/system") == {"10.79.0.1"}
+    assert streams.target_addresses("", "qemu+tls://localhost/system") >= {"127.0.0.1"}
+    # neither names a host: nothing may be closed (it could be the target's own copy)
+    assert streams.target_addresses("", "qemu:///system") == set()
+    assert streams.target_addresses("", "qemu+tls://no-such-host.invalid/system") == set()
+    with pytest.raises(ValueError):
+        streams.close_streams(os.getpid(), set())
 
 
 SENDER = """
