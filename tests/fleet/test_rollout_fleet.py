@@ -39,10 +39,10 @@ from tools.fleet_rollout.inventory import Host
 from tools.fleet_rollout.plan import make_plan
 from tools.fleet_rollout.spec import parse_spec
 
-# quiet: 20 hostd processes sampling their IO signal on the gates' clock, and a controller
-# with 5 s RPC deadlines; a guest booting under TCG beside them starved both (a host
-# failed its preflight on a TLS handshake that took longer than its deadline)
-pytestmark = [pytest.mark.slow, pytest.mark.quiet]
+# Not quiet: it runs beside the other workers' tests (passed beside `stress-ng --cpu 2`, 80 s
+# against 67 s beside one busy CPU). The RPC deadline leaves room for a TLS handshake on a
+# starved machine (with 5 s, a guest booting under TCG beside it once failed a preflight).
+pytestmark = [pytest.mark.slow]
 N, RACKS = 20, 8  # 14 selected (NVMe) in waves [1, 3, 10]: the last wave holds the four faults
 SPEC = """name = "{name}"
 kind = "convert"
@@ -57,7 +57,7 @@ max_failures = [0, 1, 3]
 [limits]
 concurrency = 12
 per_rack = 2
-rpc_timeout_s = 5
+rpc_timeout_s = 15
 unreachable_s = 5
 [steps]
 baseline_s = 5
