@@ -266,8 +266,10 @@ def test_a_hostd_killed_or_the_link_cut_mid_migration_leaves_one_running_copy(
     hugepages_2m(2 * GUEST_PAGES + 8)
     faults = {"HOSTD_TEST_FAULTS": "1"}
     with LibvirtPair(tmp_path / "pair", subnet="10.79.0", tls=True) as pair:
+        # A's migration_address: the link-cut move B->A names A in its migrate URI, which is
+        # how B's hostd tells the connections to close from those of A's incoming QEMU
         a = HostdSide(tmp_path / "a", pair.a, loop_disk, io_cpu=0, smoke_guest=smoke_guest, pool_pages=POOL_PAGES,
-                      name=NAME)
+                      name=NAME, migration_address=pair.a.addr)
         b = HostdSide(tmp_path / "b", pair.b, second_loop, io_cpu=1, smoke_guest=smoke_guest,
                       pool_pages=POOL_PAGES, name=NAME, migration_address=pair.b.addr)
         try:
