@@ -66,6 +66,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
@@ -508,14 +509,29 @@ def run_isolation(args: argparse.Namespace, work: Path, undo: list, pair: Libvir
 
     def move(src: str, dst: str, bandwidth: int) -> dict:
         s, d = sides[src], sides[dst]
-        with s.hold_console() as console:
-            moved, wall = migrate(s, d, vm.vm_id, iotune=tune, request_id=f"bench-iso-{tick['moves']}",
-                                  bandwidth_mib_s=bandwidth, tls=tls, timeout_s=900)
-            holder["side"] = dst
-            tick["moves"] += 1
-            last_src = max((n for b, n in parse_ticks(console.read()) if b == boot_id), default=tick["last"])
+        speeds: list[int] = []  # the source domain's migration speed as libvirt holds it, MiB/s
+        done = threading.Event()
+
+        def speed() -> None:
+            while not done.wait(0.5):
+                r = s.host.virsh("migrate-getspeed", NAME, check=False, timeout=30)
+                if r.returncode == 0 and r.stdout.strip().isdigit():
+                    speeds.append(int(r.stdout))
+        probe = threading.Thread(target=speed, daemon=True)
+        probe.start()
+        try:
+            with s.hold_console() as console:
+                moved, wall = migrate(s, d, vm.vm_id, iotune=tune, request_id=f"bench-iso-{tick['moves']}",
+                                      bandwidth_mib_s=bandwidth, tls=tls, timeout_s=900)
+                holder["side"] = dst
+                tick["moves"] += 1
+                last_src = max((n for b, n in parse_ticks(console.read()) if b == boot_id), default=tick["last"])
+        finally:
+            done.set()
+            probe.join(35)
         return {"wall_s": round(wall, 3), "job_ms": moved.job_ms, "downtime_ms": moved.downtime_ms,
-                "_last_src": last_src}
+                "data_mib_s": round(moved.data_bytes / 2**20 / max(moved.job_ms / 1000, 1e-3), 1),
+                "libvirt_speed_mib_s": min(speeds) if speeds else None, "_last_src": last_src}
 
     def guest_went_on(dst: str, after: int) -> None:
         boot, tick["last"] = sides[dst].wait_ticks(after=after, timeout=120)[-1]
