@@ -167,7 +167,8 @@ def _rig(api, clock: Clock, n: int, rack: str = "r1") -> None:  # type: ignore[n
 def test_a_silent_host_is_marked_down_once_its_vms_flagged_and_cleared_when_it_beats(db_url) -> None:
     from sched_helpers import TA, vm_body
     clock = Clock(T0)
-    cfg = {"placement": {"heartbeat_timeout_s": 25}, "liveness": {"check_s": 0, "grace_s": 30}}
+    cfg = {"placement": {"heartbeat_timeout_s": 25},
+           "liveness": {"check_s": 0, "grace_s": 30, "lag_bound_s": 1000}}  # the lag gate: its own test
     with make_client(db_url, clock=clock, **cfg) as a, make_client(db_url, clock=clock, **cfg) as b:
         _rig(a, clock, 10)
         vm = a.post("/v1/vms", json=vm_body("web-1", vcpus=1, memory_mib=128), headers=TA | {"Idempotency-Key": "w"})
@@ -201,7 +202,8 @@ def test_a_silent_host_is_marked_down_once_its_vms_flagged_and_cleared_when_it_b
 
 def test_a_rack_going_silent_at_once_is_one_event_not_ten_downs(db_url) -> None:
     clock = Clock(T0)
-    cfg = {"placement": {"heartbeat_timeout_s": 25}, "liveness": {"check_s": 0, "grace_s": 1}}
+    cfg = {"placement": {"heartbeat_timeout_s": 25},
+           "liveness": {"check_s": 0, "grace_s": 1, "lag_bound_s": 1000}}  # the lag gate: its own test
     with make_client(db_url, clock=clock, **cfg) as api:
         _rig(api, clock, 10, "r1")
         _rig(api, clock, 10, "r2")
