@@ -103,16 +103,33 @@ class _GroupsApplied:
 
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_GroupsApplied(), "hyb-groups-applied")
+    controller = not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None)
+    if os.environ.get("HYB_TEST_TIMELINE") and not controller:  # a worker, or a run without xdist
+        from tools.dev.suite_cpu import WorkerCpu
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        _CPU["cpu"] = WorkerCpu(f"hyb-suite-{os.getppid() if worker != 'main' else os.getpid()}-{worker}")
+
+
+_CPU: dict[str, object] = {}
+
+
+def pytest_collection_finish(session: pytest.Session) -> None:
+    if "cpu" in _CPU:  # the collection's CPU is no test's
+        _CPU["cpu"].since_last()  # type: ignore[attr-defined]
 
 
 def pytest_runtest_logreport(report: pytest.TestReport) -> None:
-    """HYB_TEST_TIMELINE=FILE: one line per test phase, "worker start stop phase nodeid"
-    (wall clock), appended by every worker: what ran beside what (tests/README.md)."""
+    """HYB_TEST_TIMELINE=FILE: one line per test phase, "worker start stop phase cpu nodeid"
+    (wall clock; cpu: the CPU seconds of the worker and what it started, since its previous
+    line, tools/dev/suite_cpu.py), appended by every worker: what ran beside what, and
+    where the CPU went (tests/README.md)."""
     path = os.environ.get("HYB_TEST_TIMELINE")
     if path and getattr(report, "node", None) is None:  # xdist's controller gets a copy with .node
+        worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
+        cpu = _CPU["cpu"].since_last() if "cpu" in _CPU else None  # type: ignore[attr-defined]
         with open(path, "a", encoding="utf-8") as f:
-            f.write(f"{os.environ.get('PYTEST_XDIST_WORKER', 'main')} {report.start:.3f} {report.stop:.3f} "
-                    f"{report.when} {report.nodeid}\n")
+            f.write(f"{worker} {report.start:.3f} {report.stop:.3f} {report.when} "
+                    f"{'-' if cpu is None else f'{cpu:.3f}'} {report.nodeid}\n")
 
 
 def _libvirt_guests() -> list[int]:
@@ -232,7 +249,10 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """The warmer has normally finished long before the tests; one still building (a run of
-    a few tests) is given a minute, then stopped with its process group."""
+    a few tests) is given a minute, then stopped with its process group. A worker leaves
+    its CPU-accounting cgroup (the timeline's)."""
+    if (cpu := _CPU.pop("cpu", None)) is not None:
+        cpu.close()  # type: ignore[attr-defined]
     proc = _WARMER.get("proc")
     if not isinstance(proc, subprocess.Popen):
         return
