@@ -101,6 +101,7 @@ TOKENS = {"bench-admin": ["admin"], "bench-host": ["host"], "bench-tenant": ["te
 PG_SETTINGS = {"synchronous_commit": "off", "shared_buffers": "256MB", "max_connections": "400"}
 STORES = "sqlite,pg"
 WRK_SCRIPT = REPO / "bench/wrk/heartbeat.lua"
+FLOOR_APP = REPO / "bench/floor_app.py"
 WRK_FROM_HOSTS = 20000  # the docstring says why
 CONNS = 16  # the heartbeats' connections, either generator: 8 a replica
 
@@ -157,6 +158,28 @@ class Replicas:
 
     def stop(self) -> None:
         stop([p for p in self.procs if p is not None])
+
+
+class Floor(Replicas):
+    """The bare-ASGI floor (bench/floor_app.py): as many processes as replicas, each
+    started as a replica is (uvicorn in one process, its own session), answering the
+    heartbeat's request with the heartbeat's answer and doing nothing else."""
+
+    def start(self, i: int) -> None:
+        log = open(self.tmp / f"floor-{i}.log", "ab")  # noqa: SIM115 - the server keeps its own copy
+        self.procs[i] = subprocess.Popen([sys.executable, str(FLOOR_APP), "--port", str(self.ports[i])], cwd=REPO,
+                                         stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+        log.close()
+        wait_http(self.ports[i], "/healthz", self.procs[i], self.tmp / f"floor-{i}.log", timeout=60)
+
+
+def idle_cpu(groups: list[list[int]], seconds: float) -> list[float]:
+    """Each group's CPU in ms per second and process while nothing is sent to it (its
+    fixed costs: timers, the flusher, the liveness pass)."""
+    c0, t0 = [cpu(g) for g in groups], time.monotonic()
+    time.sleep(seconds)
+    took = time.monotonic() - t0
+    return [round((cpu(g) - c) / took / max(1, len(g)) * 1e3, 3) for g, c in zip(groups, c0)]
 
 
 async def beat(c: Conn, name: str) -> tuple[int, float]:
@@ -375,10 +398,27 @@ def run_cases(label: str, url: str, a: argparse.Namespace, tmp: Path, *, registe
         t = time.perf_counter()
         if case == "registrations":
             out.update(registrations(label, url, hosts, a, tmp))
+        elif case == "beats":
+            out.update(beats_case(url, names, a, tmp))
         else:
             out.update(overload(url, names, a, tmp) if case == "overload" else outage(url, names, a, tmp))
         print(f"[{label}] {case} case in {time.perf_counter() - t:.1f} s", file=sys.stderr)
     return out
+
+
+def beats_case(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> dict:
+    """Phase 2 alone (``--only beats``), on the registered fleet: two replicas started and
+    warmed as for phases 1-3 (liveness out of play), the idle phase, the beats, the floor."""
+    reps = Replicas(config(tmp, url, timeout_s=1e6, write_s=a.write_s, check_s=0, period_s=a.period_s), tmp, 2)
+    path = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite") else None
+    try:
+        reps.start(0)
+        reps.start(1)
+        warm_up(reps.bases, names)
+        n = int(a.hosts / a.interval_s * a.seconds)
+        return beats_alone(a, reps, names, 0, n, tmp, Db(url, path))
+    finally:
+        reps.stop()
 
 
 def registrations(label: str, url: str, hosts: list[tuple], a: argparse.Namespace, tmp: Path) -> dict:
@@ -500,32 +540,10 @@ def run_phases(label: str, url: str, sqlite_path: Path | None, a: argparse.Names
 
         # 2. heartbeats alone: CPU and database writes per beat, once phase 1's rows are
         # counted (PostgreSQL reports an idle backend's rows up to 10 s late: phase 1's
-        # claims were most of the rows counted here)
+        # claims were most of the rows counted here); the replicas idle, the floor
         out["phase1_tail_s"] = db.settle()
         n = int(beat_rate * a.seconds)
-        c0, w0, r0, t0 = cpu(reps.pids), db.writes(), liveness_rows(bases), db.writes_by_table()
-        m0 = machine()
-        got, _ = send_beats(a, bases, names, stream.take(n), n, beat_rate, tmp, "alone")
-        busy, stolen = machine_load(m0, machine())
-        time.sleep(1.2)  # the last flush
-        used, writes, rows = cpu(reps.pids) - c0, db.writes() - w0, liveness_rows(bases) - r0
-        by_table = {k: n - t0.get(k, 0) for k, n in db.writes_by_table().items() if n - t0.get(k, 0) > 0}
-        out["generator"] = a.generator
-        out["beats_offered_per_s"] = round(beat_rate, 1)
-        out["beats_sent"] = got.sent
-        out["beats_per_s"] = round(got.ok / got.took_s, 1) if got.took_s else None
-        out["beat_p99_ms"] = round(got.p99_s * 1e3, 2) if got.p99_s is not None else None
-        out["beats_late"] = got.late
-        out["cpu_us_per_beat"] = round(used / max(1, got.ok) * 1e6, 1)
-        out["generator_cpu_us_per_beat"] = round(got.generator_cpu_s / max(1, got.sent) * 1e6, 1)
-        # PostgreSQL: every row it wrote (its statistics); SQLite has no such counter: the
-        # liveness rows the replicas wrote (their hyb_sched_liveness_rows_written_total)
-        out["db_writes_per_beat"] = round((writes if sqlite_path is None else rows) / max(1, got.ok), 4)
-        out["db_writes_from"] = "pg_stat_database" if sqlite_path is None else "scheduler metrics"
-        if by_table:  # PostgreSQL: where those rows were written, most first
-            out["db_writes_by_table"] = dict(sorted(by_table.items(), key=lambda kv: -kv[1])[:8])
-        # the whole machine while the beats were sent (replicas, database, generator): of 2 CPUs
-        out["cpus_busy_beats"], out["cpus_stolen_beats"] = round(busy, 2), round(stolen, 2)
+        out.update(beats_alone(a, reps, names, stream.take(n), n, tmp, db))
 
         # 3. both
         def placements():  # type: ignore[no-untyped-def]
@@ -561,6 +579,68 @@ def run_phases(label: str, url: str, sqlite_path: Path | None, a: argparse.Names
     finally:
         reps.stop()
     out.update(mark_down(url, names, a, tmp, db))
+    return out
+
+
+def beats_alone(a: argparse.Namespace, reps: Replicas, names: list[str], start: int, n: int, tmp: Path,
+                db: Db) -> dict:
+    """Phase 2: ``n`` heartbeats at the fleet's rate from ``names[start:]`` on, nothing
+    else. Before them, the replicas idle for --idle-s (their fixed CPU a second, beside
+    the floor's, measured at the same time); after them, the same beats at the same rate
+    from the same generator to the bare-ASGI floor (bench/floor_app.py, one process a
+    replica): its CPU per request, the least this stack takes for the beat's request.
+    ``cpu_us_per_beat`` is the replicas' CPU over the beats' window per beat answered,
+    as before; ``cpu_us_per_beat_net`` is that less their idle CPU over the same window,
+    and ``cpu_over_floor`` is the net against the floor's net (the floor's idle CPU
+    taken off its own the same way)."""
+    bases = reps.bases
+    beat_rate = a.hosts / a.interval_s
+    out: dict = {}
+    floor = Floor(reps.cfg, tmp, len(bases))
+    try:
+        for i in range(len(bases)):
+            floor.start(i)
+        idle, floor_idle = idle_cpu([reps.pids, floor.pids], a.idle_s)
+        out["idle_cpu_ms_per_s"] = idle  # a replica's, with nothing sent to it
+        out["floor_idle_cpu_ms_per_s"] = floor_idle
+        c0, w0, r0, t0 = cpu(reps.pids), db.writes(), liveness_rows(bases), db.writes_by_table()
+        m0, wall0 = machine(), time.monotonic()
+        got, _ = send_beats(a, bases, names, start, n, beat_rate, tmp, "alone")
+        busy, stolen = machine_load(m0, machine())
+        time.sleep(1.2)  # the last flush
+        used, writes, rows = cpu(reps.pids) - c0, db.writes() - w0, liveness_rows(bases) - r0
+        window = time.monotonic() - wall0
+        by_table = {k: n - t0.get(k, 0) for k, n in db.writes_by_table().items() if n - t0.get(k, 0) > 0}
+        # the floor: the same generator, rate and count; its CPU counted the same way
+        f0, fwall0 = cpu(floor.pids), time.monotonic()
+        fgot, _ = send_beats(a, floor.bases, names, start, n, beat_rate, tmp, "floor")
+        time.sleep(1.2)
+        fused, fwindow = cpu(floor.pids) - f0, time.monotonic() - fwall0
+    finally:
+        floor.stop()
+    out["generator"] = a.generator
+    out["beats_offered_per_s"] = round(beat_rate, 1)
+    out["beats_sent"] = got.sent
+    out["beats_per_s"] = round(got.ok / got.took_s, 1) if got.took_s else None
+    out["beat_p99_ms"] = round(got.p99_s * 1e3, 2) if got.p99_s is not None else None
+    out["beats_late"] = got.late
+    out["cpu_us_per_beat"] = round(used / max(1, got.ok) * 1e6, 1)
+    net = used - idle * len(bases) / 1e3 * window
+    out["cpu_us_per_beat_net"] = round(net / max(1, got.ok) * 1e6, 1)
+    floor_net = fused - floor_idle * len(bases) / 1e3 * fwindow
+    out["floor_cpu_us_per_beat"] = round(floor_net / max(1, fgot.ok) * 1e6, 1)
+    out["floor_beats_answered"] = fgot.ok
+    out["floor_beat_p99_ms"] = round(fgot.p99_s * 1e3, 2) if fgot.p99_s is not None else None
+    out["cpu_over_floor"] = round(net / floor_net * fgot.ok / max(1, got.ok), 2) if floor_net > 0 else None
+    out["generator_cpu_us_per_beat"] = round(got.generator_cpu_s / max(1, got.sent) * 1e6, 1)
+    # PostgreSQL: every row it wrote (its statistics); SQLite has no such counter: the
+    # liveness rows the replicas wrote (their hyb_sched_liveness_rows_written_total)
+    out["db_writes_per_beat"] = round((writes if db.path is None else rows) / max(1, got.ok), 4)
+    out["db_writes_from"] = "pg_stat_database" if db.path is None else "scheduler metrics"
+    if by_table:  # PostgreSQL: where those rows were written, most first
+        out["db_writes_by_table"] = dict(sorted(by_table.items(), key=lambda kv: -kv[1])[:8])
+    # the whole machine while the beats were sent (replicas, database, generator): of 2 CPUs
+    out["cpus_busy_beats"], out["cpus_stolen_beats"] = round(busy, 2), round(stolen, 2)
     return out
 
 
@@ -1053,7 +1133,9 @@ def main() -> int:
     p.add_argument("--overload", action="store_true", help="add the CPU-hog case (stress-ng --cpu 2, --hog-s)")
     p.add_argument("--outage", action="store_true", help="add the outage case (both replicas down --outage-s)")
     p.add_argument("--only", default="", help="comma list of cases to run instead of the phases 1-5: "
-                                              "overload, outage, registrations")
+                                              "overload, outage, registrations, beats (phase 2 alone)")
+    p.add_argument("--idle-s", type=float, default=None, help="the replicas' idle phase before the beats "
+                                                              "(default 5; --short 2)")
     p.add_argument("--registrations", action="store_true",
                    help="add the registrations case (batched against one transaction each, fresh databases)")
     p.add_argument("--baseline-hosts", type=int, default=10000,
@@ -1074,10 +1156,11 @@ def main() -> int:
         # host is seen within a beat, two periods and a flush (2 + 3 + 1 s) of the 7 s timeout
         a.interval_s, a.timeout_s, a.write_s, a.check_s, a.period_s = 2.0, 7.0, 300.0, 1.0, 1.5
     a.hog_s = a.hog_s if a.hog_s is not None else (8.0 if a.short else 30.0)
+    a.idle_s = a.idle_s if a.idle_s is not None else (2.0 if a.short else 5.0)
     a.outage_s = a.outage_s if a.outage_s is not None else (3 * a.timeout_s if a.short else 300.0)
     a.cases = [c.strip() for c in a.only.split(",") if c.strip()]
-    if any(c not in ("overload", "outage", "registrations") for c in a.cases):
-        p.error(f"--only: overload, outage, registrations; not {a.only!r}")
+    if any(c not in ("overload", "outage", "registrations", "beats") for c in a.cases):
+        p.error(f"--only: overload, outage, registrations, beats; not {a.only!r}")
     if a.registrations and "registrations" not in a.cases:
         a.cases.append("registrations")
     if a.overload and "overload" not in a.cases:

@@ -40,6 +40,12 @@ def test_short_pulse_prints_the_numbers_as_json(tmp_path: Path) -> None:
         assert isinstance(got[key], (int, float)), (key, got)
     assert got["hosts"] == 500 and got["beats_per_s"] > 100 and got["cpu_us_per_beat"] > 0
     assert got["db_writes_per_beat"] <= 0.01, got  # liveness rows per beat (the docstring)
+    # the bare-ASGI floor, driven by the same generator at the same rate (bench/floor_app.py),
+    # and the replicas' idle CPU: measured and printed, not held to issue 39's 1.5x here
+    # (500 hosts at 250 beats/s on a shared machine is not where that bar is set)
+    assert got["floor_beats_answered"] == got["beats_sent"], got
+    assert got["floor_cpu_us_per_beat"] > 0 and got["cpu_over_floor"] > 0, got
+    assert 0 <= got["idle_cpu_ms_per_s"] < 100 and 0 <= got["floor_idle_cpu_ms_per_s"] < 100, got
     assert got["db_writes_from"] == "scheduler metrics", got
     assert got["marked_down"] == got["silent_hosts"] == 5 and got["false_downs"] == 0, got
     assert 7 <= got["mark_down_s_p50"] <= got["mark_down_s_p99"] < 7 + 2 + 4, got  # timeout, lag, checks
