@@ -14,31 +14,35 @@ targets)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import cached_property
 
 from scheduler.errors import Forbidden
 
 
 @dataclass(frozen=True)
 class Principal:
+    """Who a caller is. Its derived properties are computed once (a principal is kept per
+    token, ``api/deps.principal_for``: every heartbeat asked ``host`` three times)."""
+
     name: str
     scopes: frozenset[str]
 
-    @property
+    @cached_property
     def admin(self) -> bool:
         return "admin" in self.scopes
 
-    @property
+    @cached_property
     def tenant(self) -> str | None:
         return next((s.split(":", 1)[1] for s in sorted(self.scopes) if s.startswith("tenant:")), None)
 
-    @property
+    @cached_property
     def host(self) -> str | None:
         """The one host a ``host:<name>`` token may act as; None for other principals."""
         return next((s.split(":", 1)[1] for s in sorted(self.scopes) if s.startswith("host:")), None)
 
     def require(self, *any_of: str) -> None:
         """Any of the scopes, or admin. ``host:<name>`` counts as ``host``."""
-        if self.admin or any(s in self.scopes for s in any_of) or ("host" in any_of and self.host):
+        if self.admin or not self.scopes.isdisjoint(any_of) or ("host" in any_of and self.host):
             return
         raise Forbidden(f"{self.name} lacks scope {' or '.join(any_of) or 'admin'}")
 

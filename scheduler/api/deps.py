@@ -9,7 +9,7 @@ from fastapi import Depends, Request
 
 from scheduler.errors import Unauthenticated
 from scheduler.policies import Principal
-from scheduler.service.tokens import TokenBook
+from scheduler.service.tokens import Entry, TokenBook
 
 
 async def principal(request: Request) -> Principal:
@@ -32,7 +32,15 @@ def principal_for(auth: str, book: TokenBook) -> Principal:
     if scheme.lower() != "bearer" or not token:
         raise Unauthenticated("send Authorization: Bearer <token>", field="Authorization")
     e = book.lookup(token)
-    return Principal(e.name, e.scopes)
+    p = _principals.get(e)
+    if p is None:  # one per token entry (its name and scopes): its properties computed once
+        if len(_principals) >= 4096:
+            _principals.clear()
+        p = _principals[e] = Principal(e.name, e.scopes)
+    return p
+
+
+_principals: dict[Entry, Principal] = {}
 
 
 CurrentPrincipal = Annotated[Principal, Depends(principal)]

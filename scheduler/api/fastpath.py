@@ -128,17 +128,17 @@ async def heartbeat(app: Any, scope: Scope, receive: Receive, send: Send) -> Rec
     """Answer the heartbeat and return None, or return a ``receive`` that replays the
     body for the full application."""
     body, cut = await _body(receive)
-    replay = _replay(body, cut, receive)
     if cut:
-        return replay
+        return _replay(body, cut, receive)
     head = _headers(scope)
     name = _beat_host(scope["path"])
-    shed = app.state.shed.check("beat")
+    state = app.state
+    shed = state.shed.check("beat")
     if shed is not None:  # counted from memory when it may be, its body unread; 503 + Retry-After
         p = scope.get("state", {}).get("principal")
         try:
             if p is not None and (p.admin or "host" in p.scopes or p.host):  # who may beat (``require("host")``)
-                app.state.hosts.heartbeat_shed(name, actor=p.name, admin=p.admin, bound_host=p.host)
+                state.hosts.heartbeat_shed(name, actor=p.name, admin=p.admin, bound_host=p.host)
         except SchedulerError as e:  # too soon
             shed = e
         await _answer(app, send, shed.status, domain_body(shed), retry_after_header(shed), route=BEAT_ROUTE)
@@ -147,16 +147,16 @@ async def heartbeat(app: Any, scope: Scope, receive: Receive, send: Send) -> Rec
         p = _principal(app, scope, head)
         beat = wire.read_heartbeat(p, ctype=_text(head, b"content-type") or "", body=body)
     except (SchedulerError, RequestValidationError):  # 401/403/422, from the route and the error mapper
-        return replay
+        return _replay(body, cut, receive)
     try:
-        out = await wire.beat(app.state.hosts, name, p, beat)
+        out = await wire.beat_answer(state.hosts, name, p, beat)
     except SchedulerError as e:
         await refuse(app, send, e, route=BEAT_ROUTE)
         return None
     except Exception as e:  # noqa: BLE001 - as the error mapper's catch-all
         await _answer(app, send, *failure(e), (), route=BEAT_ROUTE)
         return None
-    await _answer(app, send, 200, out.model_dump(mode="json"), (), route=BEAT_ROUTE)
+    await _answer(app, send, 200, out, (), route=BEAT_ROUTE)
     return None
 
 
@@ -246,8 +246,20 @@ def _replay(body: bytes, cut: bool, receive: Receive) -> Receive:
 
 async def _answer(app: Any, send: Send, status: int, content: Any, headers: Any, route: str = ROUTE) -> None:
     data = orjson.dumps(content)
-    await send({"type": "http.response.start", "status": status, "headers": [
-        (b"content-length", str(len(data)).encode()), (b"content-type", b"application/json"),
-        *((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers)]})
+    head = [(b"content-length", str(len(data)).encode()), (b"content-type", b"application/json")]
+    if headers:
+        head += ((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers)
+    await send({"type": "http.response.start", "status": status, "headers": head})
     await send({"type": "http.response.body", "body": data})
-    app.state.metrics.http.labels("POST", route, str(status)).inc()
+    _counted(app, route, status).inc()
+
+
+def _counted(app: Any, route: str, status: int) -> Any:
+    """The request counter's child for ``POST route status``, looked up once per app
+    (``labels()`` takes the metric's lock and builds its key on every call)."""
+    metrics = app.state.metrics
+    kids = metrics.__dict__.setdefault("_fast_post_counters", {})
+    kid = kids.get((route, status))
+    if kid is None:
+        kid = kids[(route, status)] = metrics.http.labels("POST", route, str(status))
+    return kid

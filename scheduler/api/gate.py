@@ -15,6 +15,7 @@ so the routes and the claim fast path do not hash the token a second time.
 from __future__ import annotations
 
 import logging
+from functools import lru_cache
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
 from typing import Any
 
@@ -54,12 +55,21 @@ def is_console(path: str) -> bool:
 def has_dot_segment(path: str) -> bool:
     """``/ui/../v1/hosts``: no route is under a dot segment, and a prefix rule (the
     console's, an open endpoint's) must not be walked out of."""
+    if "/." not in path and not path.startswith("."):  # a dot segment starts the path or follows a /
+        return False
     return any(seg in (".", "..") for seg in path.split("/"))
 
 
 def is_open(path: str, open_endpoints: Sequence[str]) -> bool:
     """``/docs`` opens ``/docs`` and what is under it (``/docs/oauth2-redirect``)."""
-    return any(path == p or path.startswith(p.rstrip("/") + "/") for p in open_endpoints)
+    exact, under = _open_rules(tuple(open_endpoints))
+    return path in exact or path.startswith(under)
+
+
+@lru_cache(maxsize=16)
+def _open_rules(open_endpoints: tuple[str, ...]) -> tuple[frozenset[str], tuple[str, ...]]:
+    """(the paths themselves, the prefixes of what is under them), once per setting."""
+    return frozenset(open_endpoints), tuple(p.rstrip("/") + "/" for p in open_endpoints)
 
 
 async def admit(scope: Scope, receive: Receive, send: Send, *, tokens: TokenBook,

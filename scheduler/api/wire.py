@@ -135,6 +135,24 @@ async def beat(hosts: Any, name: str, p: Principal, beat: HeartbeatIn | None) ->
                                    stats=stats)
 
 
+async def beat_answer(hosts: Any, name: str, p: Principal, beat: HeartbeatIn | None) -> dict:
+    """``beat``'s answer as the JSON the route renders from ``HeartbeatOut``, built
+    directly when memory answers (``HostService.beat_now``; the model's validation and
+    dump were a tenth of a beat's CPU on the fast path). A test keeps the two equal."""
+    stats = beat.stats if beat else None
+    got = hosts.beat_now(name, actor=p.name, admin=p.admin, bound_host=p.host, stats=stats)
+    if got is not None:
+        return beat_json(name, *got)
+    out = await run_in_threadpool(hosts.heartbeat, name, actor=p.name, admin=p.admin, bound_host=p.host,
+                                  stats=stats)
+    return out.model_dump(mode="json")
+
+
+def beat_json(name: str, state: str, generation: int, last_heartbeat: float) -> dict:
+    """``HeartbeatOut(...).model_dump(mode="json")``, without the model."""
+    return {"name": name, "state": str(state), "generation": generation, "last_heartbeat": last_heartbeat}
+
+
 def body_schemas() -> dict[str, dict]:
     """The OpenAPI component schemas of the bodies read here that no model FastAPI parses
     refers to (the heartbeat's; ``VmCreate`` is in ``VmPublic``): FastAPI lists only the

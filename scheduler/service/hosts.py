@@ -246,6 +246,16 @@ class HostService:
         (404, or registered a moment ago on another replica), or the caller may not beat
         for it (refused and audited by ``heartbeat``), or beats are written through
         (``heartbeat_flush_s = 0``)."""
+        got = self.beat_now(name, actor=actor, admin=admin, bound_host=bound_host, stats=stats)
+        if got is None:
+            return None
+        state, generation, now = got
+        return HeartbeatOut(name=name, state=state, generation=generation, last_heartbeat=now)
+
+    def beat_now(self, name: str, *, actor: str, admin: bool, bound_host: str | None,
+                 stats: HostStatsIn | None = None) -> tuple[str, int, float] | None:
+        """``heartbeat_now``'s answer as (state, generation, last_heartbeat), without the
+        model: what the heartbeat's fast path renders (``api/wire.beat_json``)."""
         if self.flush_s <= 0 or self.cache.cold:
             return None
         got = self.cache.who(name)
@@ -256,7 +266,7 @@ class HostService:
             return None
         now = self.clock()
         self._record(name, now, stats)
-        return HeartbeatOut(name=name, state=state, generation=generation, last_heartbeat=now)
+        return state, generation, now
 
     def heartbeat_shed(self, name: str, *, actor: str, admin: bool, bound_host: str | None) -> bool:
         """A beat this replica sheds (``service.shed``) still counts: its host's liveness is
@@ -337,9 +347,13 @@ class HostService:
                     self._was_down.add(name)
                 else:
                     self._written.setdefault(name, now)  # up: its row is due ``write_s`` from now
-            _, pending = self._beats.get(name, (now, []))
-            self._beats[name] = (now, pending + ([stats] if stats else []))
-            self._start_flusher()
+            kept = self._beats.get(name)
+            pending = kept[1] if kept is not None else []
+            if stats:
+                pending.append(stats)  # the list is this dict's alone (flush swaps the dict out)
+            self._beats[name] = (now, pending)
+            if self._flusher is None:
+                self._start_flusher()
 
     def _start_flusher(self) -> None:
         """The flusher, started by the first beat or day this replica keeps (a day sent

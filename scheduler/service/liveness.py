@@ -56,6 +56,10 @@ class Lag:
         self._flush: list[tuple[float, float]] = []
         self._shed: dict[int, int] = {}  # whole monotonic second -> requests turned away (``service.shed``)
         self._lock = threading.Lock()
+        # loop_late_within's last answer: (within_s, worst, good until): every request the
+        # shedding checks asks it, and it changes only when a sample comes (every 0.5 s)
+        # or the oldest sample it saw leaves the window
+        self._within: tuple[float, float, float] | None = None
 
     def _note(self, into: list[tuple[float, float]], late: float) -> None:
         now = self.monotonic()
@@ -63,6 +67,8 @@ class Lag:
             into.append((now, late))
             while into and into[0][0] < now - self.window_s:
                 into.pop(0)
+            if into is self._loop:
+                self._within = None
 
     def loop_late(self, late: float) -> None:
         self._note(self._loop, late)
@@ -88,8 +94,16 @@ class Lag:
     def loop_late_within(self, within_s: float) -> float:
         """The event loop's worst lateness over the last ``within_s`` (the shedding's signal)."""
         now = self.monotonic()
+        got = self._within
+        if got is not None and got[0] == within_s and now <= got[2]:
+            return got[1]
         with self._lock:
-            return max((x for t, x in self._loop if t >= now - within_s), default=0.0)
+            inside = [(t, x) for t, x in self._loop if t >= now - within_s]
+            worst = max((x for _, x in inside), default=0.0)
+            # the same answer until the oldest sample inside leaves the window (a new
+            # sample clears it); none inside: until a sample comes
+            self._within = (within_s, worst, inside[0][0] + within_s if inside else float("inf"))
+            return worst
 
     def worst(self) -> tuple[float, float]:
         """(event loop, flush) lateness, the worst within the window (s)."""
