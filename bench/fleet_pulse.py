@@ -92,7 +92,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
-from tools.dev.procstat import machine, machine_load, tree_cpu_s  # noqa: E402
+from tools.dev.procstat import cpu_s, machine, machine_load, stat_fields, tree_cpu_s  # noqa: E402
 from tools.dev.schedbench import (WRK, Conn, WrkRun, create_database, fleet, free_port, percentile,  # noqa: E402
                                   postgres, register_body, run_clients, run_open, start_wrk, stop, trace,
                                   wait_http, wait_wrk)
@@ -265,6 +265,11 @@ async def place(c: Conn, r) -> tuple[int, float]:  # type: ignore[no-untyped-def
 
 def cpu(pids: list[int]) -> float:
     return sum(tree_cpu_s(p) for p in pids)
+
+
+def loop_cpu(pids: list[int]) -> float:
+    """The processes' main threads' CPU (uvicorn's event loop: the requests), seconds."""
+    return sum(cpu_s(f) for p in pids if (f := stat_fields(f"/proc/{p}/task/{p}/stat")) is not None)
 
 
 class Db:
@@ -604,18 +609,18 @@ def beats_alone(a: argparse.Namespace, reps: Replicas, names: list[str], start: 
         out["idle_cpu_ms_per_s"] = idle  # a replica's, with nothing sent to it
         out["floor_idle_cpu_ms_per_s"] = floor_idle
         c0, w0, r0, t0 = cpu(reps.pids), db.writes(), liveness_rows(bases), db.writes_by_table()
-        m0, wall0 = machine(), time.monotonic()
+        m0, wall0, l0 = machine(), time.monotonic(), loop_cpu(reps.pids)
         got, _ = send_beats(a, bases, names, start, n, beat_rate, tmp, "alone")
         busy, stolen = machine_load(m0, machine())
         time.sleep(1.2)  # the last flush
         used, writes, rows = cpu(reps.pids) - c0, db.writes() - w0, liveness_rows(bases) - r0
-        window = time.monotonic() - wall0
+        window, loop_used = time.monotonic() - wall0, loop_cpu(reps.pids) - l0
         by_table = {k: n - t0.get(k, 0) for k, n in db.writes_by_table().items() if n - t0.get(k, 0) > 0}
         # the floor: the same generator, rate and count; its CPU counted the same way
-        f0, fwall0 = cpu(floor.pids), time.monotonic()
+        f0, fwall0, fl0 = cpu(floor.pids), time.monotonic(), loop_cpu(floor.pids)
         fgot, _ = send_beats(a, floor.bases, names, start, n, beat_rate, tmp, "floor")
         time.sleep(1.2)
-        fused, fwindow = cpu(floor.pids) - f0, time.monotonic() - fwall0
+        fused, fwindow, floop = cpu(floor.pids) - f0, time.monotonic() - fwall0, loop_cpu(floor.pids) - fl0
     finally:
         floor.stop()
     out["generator"] = a.generator
@@ -629,6 +634,9 @@ def beats_alone(a: argparse.Namespace, reps: Replicas, names: list[str], start: 
     out["cpu_us_per_beat_net"] = round(net / max(1, got.ok) * 1e6, 1)
     floor_net = fused - floor_idle * len(bases) / 1e3 * fwindow
     out["floor_cpu_us_per_beat"] = round(floor_net / max(1, fgot.ok) * 1e6, 1)
+    # of which the event loop's thread (the requests) and the floor's (the same for it)
+    out["cpu_us_per_beat_loop"] = round(loop_used / max(1, got.ok) * 1e6, 1)
+    out["floor_cpu_us_per_beat_loop"] = round(floop / max(1, fgot.ok) * 1e6, 1)
     out["floor_beats_answered"] = fgot.ok
     out["floor_beat_p99_ms"] = round(fgot.p99_s * 1e3, 2) if fgot.p99_s is not None else None
     out["cpu_over_floor"] = round(net / floor_net * fgot.ok / max(1, got.ok), 2) if floor_net > 0 else None

@@ -22,7 +22,7 @@ from scheduler.errors import Forbidden
 @dataclass(frozen=True)
 class Principal:
     """Who a caller is. Its derived properties are computed once (a principal is kept per
-    token, ``api/deps.principal_for``: every heartbeat asked ``host`` three times)."""
+    token, ``api/deps.principal_for``: every heartbeat asked ``host`` three times; ``service.tokens.Entry.principal``)."""
 
     name: str
     scopes: frozenset[str]

@@ -218,11 +218,12 @@ class SchedulerApp(FastAPI):
     async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
         if scope["type"] == "http":
             page = None
+            state = self.state
             if gate.is_console(scope["path"]):
                 send = console_headers.wrap(scope, send)
-                page = console_routes.refusal_page if hasattr(self.state, "console") else None
-            srv = self.state.settings.server
-            receive = await gate.admit(scope, receive, send, tokens=self.state.tokens,
+                page = console_routes.refusal_page if hasattr(state, "console") else None
+            srv = state.settings.server
+            receive = await gate.admit(scope, receive, send, tokens=state.tokens,
                                        open_endpoints=srv.open_endpoints, max_body=srv.max_body_bytes,
                                        max_admin_body=srv.max_admin_body_bytes, page=page)
             if receive is None:

@@ -9,7 +9,7 @@ from fastapi import Depends, Request
 
 from scheduler.errors import Unauthenticated
 from scheduler.policies import Principal
-from scheduler.service.tokens import Entry, TokenBook
+from scheduler.service.tokens import TokenBook
 
 
 async def principal(request: Request) -> Principal:
@@ -31,16 +31,7 @@ def principal_for(auth: str, book: TokenBook) -> Principal:
     scheme, _, token = auth.partition(" ")
     if scheme.lower() != "bearer" or not token:
         raise Unauthenticated("send Authorization: Bearer <token>", field="Authorization")
-    e = book.lookup(token)
-    p = _principals.get(e)
-    if p is None:  # one per token entry (its name and scopes): its properties computed once
-        if len(_principals) >= 4096:
-            _principals.clear()
-        p = _principals[e] = Principal(e.name, e.scopes)
-    return p
-
-
-_principals: dict[Entry, Principal] = {}
+    return book.lookup(token).principal
 
 
 CurrentPrincipal = Annotated[Principal, Depends(principal)]

@@ -18,6 +18,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from functools import cached_property
 
 from sqlalchemy import select, update
 
@@ -25,6 +26,7 @@ from scheduler.config import TokenConfig
 from scheduler.db.engine import Store
 from scheduler.db.models import ApiToken
 from scheduler.errors import InvalidRequest, Unauthenticated
+from scheduler.policies import Principal
 
 log = logging.getLogger(__name__)
 
@@ -41,6 +43,12 @@ class Entry:
     name: str
     scopes: frozenset[str]
     expires: float | None  # unix time; None: never
+
+    @cached_property
+    def principal(self) -> Principal:
+        """The caller this token is, made once per token (``api/deps.principal_for``): its
+        derived properties are then computed once, not on every request."""
+        return Principal(self.name, self.scopes)
 
 
 class TokenBook:
