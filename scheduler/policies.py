@@ -21,8 +21,9 @@ from scheduler.errors import Forbidden
 
 @dataclass(frozen=True)
 class Principal:
-    """Who a caller is. Its derived properties are computed once (a principal is kept per
-    token, ``api/deps.principal_for``: every heartbeat asked ``host`` three times; ``service.tokens.Entry.principal``)."""
+    """Who a caller is. Its derived properties are computed once: a principal is made once
+    per token (``service.tokens.Entry.principal``), and every heartbeat asked ``host``
+    three times."""
 
     name: str
     scopes: frozenset[str]
