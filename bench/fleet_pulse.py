@@ -4,6 +4,7 @@
     .venv/bin/python bench/fleet_pulse.py [--hosts 100000 --rate 1000 --stores sqlite,pg]
     .venv/bin/python bench/fleet_pulse.py --short --json      # ~40 s: 500 hosts, SQLite
     .venv/bin/python bench/fleet_pulse.py --only registrations --hosts 100000   # ~2 min a store
+    .venv/bin/python bench/fleet_pulse.py --only beats --hosts 20000 --stores sqlite  # phase 2 and its floor
 
 For each store (a SQLite file; PostgreSQL 15 started here on loopback, stopped by PID),
 two `scheduler serve` replicas, --hosts registered through the API, then, with liveness
@@ -17,7 +18,15 @@ out of play (a timeout no pause reaches, as bench/placement.py):
    pg_stat_database, and per table, db_writes_by_table; SQLite counts none, so the
    liveness rows the replicas wrote, from their /metrics), counted from when phase 1's
    rows are counted (PostgreSQL: its counter still for 11 s, phase1_tail_s: an idle
-   backend reports its rows up to 10 s late, and they were counted here);
+   backend reports its rows up to 10 s late, and they were counted here). Before the
+   beats the replicas idle for --idle-s (idle_cpu_ms_per_s: a replica's fixed CPU a
+   second, taken off for cpu_us_per_beat_net); after them the same beats, from the same
+   generator at the same rate, go to the bare-ASGI floor (bench/floor_app.py: uvicorn
+   started as a replica is, one process a replica, answering the beat's request with a
+   body of the beat's answer and doing nothing else): floor_cpu_us_per_beat, and
+   cpu_over_floor, the replicas' net CPU per beat over the floor's (issue 39's bar:
+   1.5). cpu_us_per_beat_loop and floor_cpu_us_per_beat_loop: the main threads' share
+   (uvicorn's event loop, where the requests are answered);
 3. placements and heartbeats together: placements/s and p99 against (1);
 4. every host sends its day (POST /v1/hosts/{name}/days): the history's bytes per host
    and day, from the database's own numbers (SQLite dbstat; PostgreSQL: the table's main fork and its index,
@@ -30,6 +39,9 @@ out of play (a timeout no pause reaches, as bench/placement.py):
    that kept beating were marked down (false downs), the liveness events the replicas
    logged (too many hosts silent at once: none marked), and every 5 s how many hosts'
    liveness the database holds from this phase.
+
+The beats case (--only beats): phase 2 alone, with its idle phase and its floor, on a
+fleet registered first (two fresh replicas, warmed, liveness out of play as in 1-3).
 
 The registrations case (--registrations, or --only registrations for it alone): the
 fleet registered through the API as hostd sends it (one request per host, 32 at a time,
