@@ -13,8 +13,10 @@ issue's bound of 0.01 (issue 39)."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
+import signal
 import subprocess
 import sys
 from pathlib import Path
@@ -30,9 +32,19 @@ REPO = Path(__file__).resolve().parents[2]
 def test_short_pulse_prints_the_numbers_as_json(tmp_path: Path) -> None:
     # the bench's own directory (its replicas' config, pulse.toml, is in it) is under this
     # test's, so the processes left are found by that path, never by a name another run shares
-    r = subprocess.run([sys.executable, str(REPO / "bench/fleet_pulse.py"), "--short", "--json"], check=False,
-                       capture_output=True, text=True, timeout=240, cwd=REPO,
-                       env={**os.environ, "TMPDIR": str(tmp_path)})
+    # In a session of its own: a test stopped meanwhile (its timeout, an interrupted run)
+    # takes the bench's replicas with it; killed alone, the bench left them running.
+    proc = subprocess.Popen([sys.executable, str(REPO / "bench/fleet_pulse.py"), "--short", "--json"],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=REPO,
+                            env={**os.environ, "TMPDIR": str(tmp_path)}, start_new_session=True)
+    try:
+        out, err = proc.communicate(timeout=240)
+    except BaseException:  # a bench that ended by itself is checked for leftovers below
+        with contextlib.suppress(ProcessLookupError):
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+        raise
+    r = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
     assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
     got = json.loads(r.stdout)
     for key in ("beats_per_s", "cpu_us_per_beat", "db_writes_per_beat", "placed_ratio_with_beats",
