@@ -258,6 +258,17 @@ class LibvirtHost:
                 dom.destroy()
         self._retrying(f"domain {uuid}", op)
 
+    def active(self, uuid: str) -> bool | None:
+        """Whether the domain runs now (None: no such domain)."""
+        def op(c: libvirt.virConnect) -> bool | None:
+            try:
+                return bool(c.lookupByUUIDString(uuid).isActive())
+            except libvirt.libvirtError as e:
+                if e.get_error_code() == libvirt.VIR_ERR_NO_DOMAIN:
+                    return None
+                raise
+        return self._retrying(f"domain {uuid}", op)  # type: ignore[return-value]
+
     def xml(self, uuid: str, *, live: bool = True) -> str:
         flags = 0 if live else libvirt.VIR_DOMAIN_XML_INACTIVE
         return str(self._retrying(f"domain {uuid}", lambda c: c.lookupByUUIDString(uuid).XMLDesc(flags)))

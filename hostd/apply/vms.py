@@ -560,6 +560,18 @@ class VmManager:
         rec = self.ledger.get(vm_id=vm_id)
         if rec is None or rec.state in BUSY_STATES or rec.state == state:
             return
+        # Each event is handled on a thread of its own (libvirt_host._call), so a STARTED
+        # can be handled after the STOPPED that followed it: the event says that the
+        # domain changed, the domain says what it is now. One that disagrees is stale.
+        try:
+            active = self.libvirt.active(vm_id)
+        except DomainError as e:
+            log.warning("domain event vm=%s %s: cannot read the domain (%s); reconcile decides", vm_id, state, e)
+            return
+        if active is None or active != (state == "running"):
+            log.info("domain event vm=%s %s (%s): stale, the domain is %s now", vm_id, state, reason,
+                     "gone" if active is None else "running" if active else "shut off")
+            return
         self.ledger.set_state(vm_id, state, reason)
         log.info("domain event vm=%s %s -> %s (%s)", vm_id, rec.state, state, reason)
         self.emit(vm_id, state, reason)

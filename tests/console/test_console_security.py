@@ -150,14 +150,22 @@ def test_script_in_what_a_page_shows_is_text(app) -> None:  # type: ignore[no-un
 
 
 def test_a_revoked_token_ends_its_sessions(app) -> None:  # type: ignore[no-untyped-def]
-    """(Dot segments are refused before routing: tests/console/test_console_browser.py
-    sends them raw to a real server; an HTTP client library normalises them away.)"""
-    b, _ = login(app, "ta")
+    """A database token revoked (as `hybctl token revoke` does) ends the console sessions
+    made with it once the replica's token book has read the change (within its
+    ``refresh_s``; forced here). (Dot segments are refused before routing:
+    tests/console/test_console_browser.py sends them raw to a real server; an HTTP client
+    library normalises them away.)"""
+    from scheduler.service.tokens import create_token, revoke_tokens
+    store, book = app.app.state.store, app.app.state.tokens
+    new = create_token(store, name="tenant-a-ops", scopes=["tenant:a"], ttl_s=None, now=T0)
+    b, _ = login(app, new.token)
     assert b.get("/ui/static/console.css").status_code == 200
     assert b.get("/ui/vms").status_code == 200
-    app.app.state.tokens._config = [(sha, e) for sha, e in app.app.state.tokens._config if e.name != "ta"]
+    assert revoke_tokens(store, token_id=new.id, now=T0 + 1) == [new.id]
+    book._refresh(force=True)
     r = b.get("/ui/vms")
     assert r.status_code == 303 and r.headers["location"].startswith("/ui/login")
+    assert browser(app).post("/ui/login", data={"token": new.token, "next": "/ui/hosts"}).status_code != 303
 
 
 # Origins that are not this https console's: nobody's (null), its own name over plain

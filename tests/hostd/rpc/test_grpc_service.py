@@ -159,3 +159,21 @@ def test_a_vm_with_a_vf_is_refused_a_live_move_and_nothing_changes(api):
         pf="ens1f0", migration=pb.VF_MIGRATION_INTERRUPT)]), timeout=10)
     assert stub.GetVM(pb.GetVMRequest(vm_id=interrupt.vm_id)).vfs[0].migration == pb.VF_MIGRATION_INTERRUPT
     assert stub.GetVM(pb.GetVMRequest(vm_id=vm.vm_id)).state == pb.VM_STATE_RUNNING
+
+
+def test_a_late_lifecycle_event_does_not_undo_the_domains_state(api):
+    """Events are handled on threads of their own, so the STARTED of a create can be
+    handled after the STOPPED of the StopVM that followed (seen in the RPC fuzzer: a
+    stopped VM shown running, reason "libvirt event 2/0"). The ledger follows the domain,
+    not a stale event; an event the domain agrees with is applied."""
+    stub, _, m = api
+    vm = stub.CreateVM(req(), timeout=10)
+    stub.StopVM(pb.StopVMRequest(vm_id=vm.vm_id), timeout=10)
+    assert m.ledger.get(vm_id=vm.vm_id).state == "stopped"
+    m.on_domain_event(vm.vm_id, "running", "libvirt event 2/0")  # the create's, late
+    assert m.ledger.get(vm_id=vm.vm_id).state == "stopped"
+    assert stub.GetVM(pb.GetVMRequest(vm_id=vm.vm_id), timeout=10).state == pb.VM_STATE_STOPPED
+    m.libvirt.start(vm.vm_id)  # started behind hostd's back: the event agrees, it is applied
+    m.on_domain_event(vm.vm_id, "running", "libvirt event 2/0")
+    assert m.ledger.get(vm_id=vm.vm_id).state == "running"
+    stub.DeleteVM(pb.DeleteVMRequest(vm_id=vm.vm_id), timeout=10)
