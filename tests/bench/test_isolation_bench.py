@@ -28,7 +28,9 @@ def test_quota_bursts_at_10ms_and_a_vm_never_exceeds_its_vcpus(libvirtd) -> None
     assert r.returncode == 0, r.stderr[-3000:]
     out = json.loads(r.stdout)
     b1, vm = out["b1"][0], out["c"][0]
-    assert b1["cpu_p99_10ms"] > 180, b1  # quota 1 CPU: bursts on both CPUs within each period
+    # quota 1 CPU: bursts over it within a 10 ms period (on both CPUs: 190+ % on a quiet
+    # machine; 146 % beside `stress-ng --cpu 1`, which takes a CPU's share from the burst)
+    assert b1["cpu_p99_10ms"] > 120, b1
     assert 80 < b1["cpu_max_1s"] <= 100 * 1.05, b1  # ...averaging to the quota at 1 s
     assert b1["nr_throttled"] > 0
     assert vm["cpu_p99_10ms"] <= 100 * 1.05 and vm["cpu_max_1s"] <= 100 * 1.05, vm
