@@ -216,6 +216,13 @@ class SchedulerApp(FastAPI):
     back, goes through the application as usual."""
 
     async def __call__(self, scope, receive, send):  # type: ignore[no-untyped-def]
+        name = fastpath.beat_name(scope)
+        beat = bool(name)
+        if beat:  # the fleet's beats first, admitted by the gate's rules (``fastpath.beat_first``)
+            got = await fastpath.beat_first(self, scope, receive, send, name)
+            if got is None:
+                return
+            receive, beat = got
         if scope["type"] == "http":
             page = None
             state = self.state
@@ -232,7 +239,7 @@ class SchedulerApp(FastAPI):
             receive = await fastpath.create(self, scope, receive, send)
             if receive is None:
                 return
-        elif fastpath.beats(scope):
+        elif beat:
             receive = await fastpath.heartbeat(self, scope, receive, send)
             if receive is None:
                 return

@@ -28,6 +28,13 @@ Heartbeats (``POST /v1/hosts/{name}/heartbeat``) take the same way for the same 
 scope, with a body that does not validate or is not JSON, is handed over (401/403/422 and
 the ``auth.denied`` audit come from the application); the service's own answers (the
 heartbeat, 404, 403 ``hyb.host.not_yours``, which the service audits) are rendered here.
+
+A heartbeat is also the first thing the application looks for (``beat_first``), before
+the console's checks and the gate's general ones: one that the gate would admit as it
+is (a valid bearer token, a ``Content-Length`` within the limit, a path neither open nor
+with dot segments, each header once) is admitted here with the gate's own functions and
+answered; any other goes the whole way, its body unread, and the gate answers it (401,
+413, ...) as before.
 """
 
 from __future__ import annotations
@@ -42,7 +49,7 @@ from fastapi.exceptions import RequestValidationError
 from starlette.concurrency import run_in_threadpool
 
 from api.states import VmStatus
-from scheduler.api import wire
+from scheduler.api import gate, wire
 from scheduler.api.deps import principal_for
 from scheduler.api.errors import domain_body, failure, retry_after_header
 from scheduler.errors import SchedulerError
@@ -58,6 +65,7 @@ Send = Callable[[Message], Awaitable[None]]
 ROUTE = "/v1/vms"
 BEAT_PREFIX, BEAT_SUFFIX, BEAT_ROUTE = "/v1/hosts/", "/heartbeat", "/v1/hosts/{name}/heartbeat"
 _WANT = (b"authorization", b"idempotency-key", b"content-type")
+_BEAT_WANT = frozenset((b"authorization", b"content-length", b"content-type"))
 
 
 def claims(scope: Scope) -> bool:
@@ -120,25 +128,71 @@ def _beat_host(path: str) -> str:
 
 def beats(scope: Scope) -> bool:
     """Is this request a heartbeat?"""
-    return (scope["type"] == "http" and scope["method"] == "POST" and not scope.get("query_string")
-            and bool(_beat_host(scope["path"])))
+    return bool(beat_name(scope))
 
 
-async def heartbeat(app: Any, scope: Scope, receive: Receive, send: Send) -> Receive | None:
+def beat_name(scope: Scope) -> str:
+    """The host a heartbeat request names, or "" when the request is not a heartbeat."""
+    if scope["type"] != "http" or scope["method"] != "POST" or scope.get("query_string"):
+        return ""
+    return _beat_host(scope["path"])
+
+
+async def beat_first(app: Any, scope: Scope, receive: Receive, send: Send,
+                     name: str) -> tuple[Receive, bool] | None:
+    """A heartbeat for host ``name`` (``beat_name``) ahead of everything else: None when answered here,
+    else (the ``receive`` to go on with, whether ``heartbeat`` is still to be tried after
+    the gate). Taken only when ``gate.admit`` would admit it unchanged, decided by the
+    gate's own rules: not an open path nor one with dot segments, each of Authorization,
+    Content-Length and Content-Type at most once (the gate reads the last of a repeated
+    header, the routes the first), a bearer token the book knows, a Content-Length within
+    ``server.max_body_bytes`` (an admin's: ``max_admin_body_bytes``). Anything else is
+    handed over unread, (receive, True): the gate answers it (401 and its log line, 413,
+    400) or admits it, and ``heartbeat`` is tried after it as before."""
+    path = scope["path"]
+    state = app.state._state  # the app's state as a dict: ``State.__getattr__`` is a call a name
+    srv = state["settings"].server
+    if gate.has_dot_segment(path) or gate.is_open(path, srv.open_endpoints):
+        return receive, True
+    head: dict[bytes, bytes] = {}
+    for k, v in scope["headers"]:
+        if k in _BEAT_WANT:
+            if k in head:
+                return receive, True
+            head[k] = v
+    auth, length = head.get(b"authorization"), head.get(b"content-length")
+    if auth is None or length is None:
+        return receive, True
+    try:
+        p = principal_for(auth.decode("latin-1"), state["tokens"])
+        n = int(length)
+    except (SchedulerError, ValueError):
+        return receive, True
+    if n > (srv.max_admin_body_bytes if p.admin else srv.max_body_bytes):
+        return receive, True
+    scope.setdefault("state", {})[gate.PRINCIPAL] = p
+    got = await heartbeat(app, scope, receive, send, head=head, name=name)
+    return None if got is None else (got, False)
+
+
+async def heartbeat(app: Any, scope: Scope, receive: Receive, send: Send,
+                    head: dict[bytes, bytes] | None = None, name: str = "") -> Receive | None:
     """Answer the heartbeat and return None, or return a ``receive`` that replays the
-    body for the full application."""
+    body for the full application. ``head``, ``name``: the request's headers as
+    ``_headers`` reads them and its host, when the caller has them."""
     body, cut = await _body(receive)
     if cut:
         return _replay(body, cut, receive)
-    head = _headers(scope)
-    name = _beat_host(scope["path"])
-    state = app.state
-    shed = state.shed.check("beat")
+    if head is None:
+        head = _headers(scope)
+    name = name or _beat_host(scope["path"])
+    state = app.state._state
+    shed = state["shed"].check("beat")
     if shed is not None:  # counted from memory when it may be, its body unread; 503 + Retry-After
         p = scope.get("state", {}).get("principal")
         try:
             if p is not None and (p.admin or "host" in p.scopes or p.host):  # who may beat (``require("host")``)
-                state.hosts.heartbeat_shed(name, actor=p.name, admin=p.admin, bound_host=p.host)
+                state["hosts"].heartbeat_shed(name, actor=p.name, admin=p.admin, bound_host=p.host)
         except SchedulerError as e:  # too soon
             shed = e
         await _answer(app, send, shed.status, domain_body(shed), retry_after_header(shed), route=BEAT_ROUTE)
@@ -149,7 +203,7 @@ async def heartbeat(app: Any, scope: Scope, receive: Receive, send: Send) -> Rec
     except (SchedulerError, RequestValidationError):  # 401/403/422, from the route and the error mapper
         return _replay(body, cut, receive)
     try:
-        out = await wire.beat_answer(state.hosts, name, p, beat)
+        out = await wire.beat_answer(state["hosts"], name, p, beat)
     except SchedulerError as e:
         await refuse(app, send, e, route=BEAT_ROUTE)
         return None
@@ -257,9 +311,10 @@ async def _answer(app: Any, send: Send, status: int, content: Any, headers: Any,
 def _counted(app: Any, route: str, status: int) -> Any:
     """The request counter's child for ``POST route status``, looked up once per app
     (``labels()`` takes the metric's lock and builds its key on every call)."""
-    metrics = app.state.metrics
-    kids = metrics.__dict__.setdefault("_fast_post_counters", {})
+    kids = app.__dict__.get("_fast_post_counters")
+    if kids is None:
+        kids = app.__dict__["_fast_post_counters"] = {}
     kid = kids.get((route, status))
     if kid is None:
-        kid = kids[(route, status)] = metrics.http.labels("POST", route, str(status))
+        kid = kids[(route, status)] = app.state.metrics.http.labels("POST", route, str(status))
     return kid

@@ -352,9 +352,11 @@ class HostCache:
         return recorded if self.pulse is None else self.pulse.seen(name, recorded)
 
     def is_down(self, name: str) -> bool:
-        """Down as the index last judged it (the down check, every ``down_check_s``)."""
-        with self._lock:
-            return name in self._down
+        """Down as the index last judged it (the down check, every ``down_check_s``).
+        Without the index lock: ``_down`` is only changed in place (add, discard, under the
+        lock), and a set's membership test is one step under the GIL, so it answers as the
+        set was before or after a change, as the lock would (a beat's record asks it)."""
+        return name in self._down
 
     def skip_own(self, seq: int) -> None:
         """SQLite: a batch that read the feed under the writer lock and then committed

@@ -91,7 +91,9 @@ class HostService:
         self._written: dict[str, float] = {}  # host -> the beat time this replica last wrote
         self._was_down: set[str] = set()  # beaten since the last flush while down (``cache.pulse``)
         self._beats: dict[str, tuple[float, list[HostStatsIn]]] = {}
-        self._beats_lock = threading.Lock()
+        # the beats' maps and, with the shared liveness, the pulse's: one lock a beat's record
+        # takes (``_record``), the pulse's own, so its maps are changed under it as well
+        self._beats_lock = cache.pulse.lock if cache.pulse is not None else threading.Lock()
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
         self._expired = 0.0
@@ -341,7 +343,7 @@ class HostService:
             if pulse is not None:
                 # down as the shared liveness has it, or as the index last judged (a host no
                 # replica heard from within the rows kept, ``prev`` None, is there if down)
-                prev = pulse.beat(name, now)
+                prev = pulse.beat_held(name, now)  # ``_beats_lock`` is the pulse's lock
                 if (prev is not None and host_repo.is_down(prev, now=now, heartbeat_timeout_s=self.timeout)) \
                         or self.cache.is_down(name):
                     self._was_down.add(name)

@@ -41,7 +41,9 @@ class Pulse:
         self.period_s = period_s
         self.keep_s = keep_s
         self.clock = clock
-        self._lock = threading.Lock()
+        # ``lock``: what a beat's record holds; the heartbeat service holds it for its own
+        # maps too (``HostService._record``: one lock a beat, ``beat_held``)
+        self.lock = self._lock = threading.Lock()
         self._own: dict[str, float] = {}  # host -> the last beat this replica answered
         self._period: set[str] = set()  # heard in the period being collected
         self._start = clock()
@@ -60,12 +62,16 @@ class Pulse:
     def beat(self, name: str, now: float) -> float | None:
         """Record a beat; returns when the host was last heard before it (None: unknown)."""
         with self._lock:
-            prev = self._last(name)
-            if self.flowing_since is None:
-                self.flowing_since = now
-            self._own[name] = now
-            self._period.add(name)
-            return prev
+            return self.beat_held(name, now)
+
+    def beat_held(self, name: str, now: float) -> float | None:
+        """``beat`` by a caller that holds ``lock``."""
+        prev = self._last(name)
+        if self.flowing_since is None:
+            self.flowing_since = now
+        self._own[name] = now
+        self._period.add(name)
+        return prev
 
     def last(self, name: str) -> float | None:
         with self._lock:

@@ -242,9 +242,122 @@ def test_a_heartbeat_gets_the_same_answer_from_the_fast_path_and_the_route(db_ur
     raw, heads, host, status = BEATS[case]
     with make_client(db_url, clock=Clock()) as api:
         assert api.post("/v1/hosts", json=host_body("h1", SHAPES[0]), headers=HOST).status_code == 201
-        fast, slow = _twice(api, monkeypatch, "beats", f"/v1/hosts/{host}/heartbeat", content=raw, headers=heads)
+        fast, slow = _twice(api, monkeypatch, "beat_name", f"/v1/hosts/{host}/heartbeat", content=raw, headers=heads)
         assert (fast.status_code, fast.json()) == (slow.status_code, slow.json())
         assert fast.status_code == status, fast.text
+
+
+def _asgi(app, path: str, headers: list[tuple[bytes, bytes]], chunks: list[bytes]):  # type: ignore[no-untyped-def]
+    """One request straight into the ASGI app (no client to tidy its path or headers):
+    (status, headers, body)."""
+    scope = {"type": "http", "asgi": {"version": "3.0"}, "http_version": "1.1", "method": "POST",
+             "scheme": "http", "path": path, "raw_path": path.encode(), "query_string": b"", "root_path": "",
+             "headers": headers, "client": ("127.0.0.1", 5), "server": ("127.0.0.1", 80)}
+    msgs = [{"type": "http.request", "body": c, "more_body": i < len(chunks) - 1} for i, c in enumerate(chunks)]
+    out: list[dict] = []
+
+    async def receive() -> dict:
+        return msgs.pop(0) if msgs else {"type": "http.disconnect"}
+
+    async def send(m: dict) -> None:
+        out.append(m)
+
+    async def go() -> None:
+        await app(scope, receive, send)
+    asyncio.run(go())
+    return out[0]["status"], dict(out[0]["headers"]), b"".join(m.get("body", b"") for m in out[1:])
+
+
+def _h(token: str | None = "hst", length: int | None = 0, *extra: tuple[bytes, bytes]) -> list[tuple[bytes, bytes]]:
+    h = [(b"host", b"t")]
+    if token is not None:
+        h.append((b"authorization", f"Bearer {token}".encode()))
+    if length is not None:
+        h.append((b"content-length", str(length).encode()))
+    return h + list(extra)
+
+
+BIG = b"{" + b" " * (1 << 20) + b"}"  # over server.max_body_bytes (1 MiB), under an admin's limit
+DISPATCH = {  # case: (path, headers, body chunks): the gate's cases, ahead of which a beat is now taken
+    "good": ("/v1/hosts/h1/heartbeat", _h(), [b""]),
+    "no-token": ("/v1/hosts/h1/heartbeat", _h(None), [b""]),
+    "bad-token": ("/v1/hosts/h1/heartbeat", _h("nope"), [b""]),
+    "not-bearer": ("/v1/hosts/h1/heartbeat", [(b"authorization", b"Basic aHN0Og=="), (b"content-length", b"0")],
+                   [b""]),
+    "token-twice-last-bad": ("/v1/hosts/h1/heartbeat", _h("hst", 0, (b"authorization", b"Bearer nope")), [b""]),
+    "token-twice-last-good": ("/v1/hosts/h1/heartbeat",
+                              [(b"authorization", b"Bearer nope")] + _h("hst", 0), [b""]),
+    "length-twice": ("/v1/hosts/h1/heartbeat", _h("hst", 2, (b"content-length", str(len(BIG)).encode())), [b"{}"]),
+    "too-large": ("/v1/hosts/h1/heartbeat", _h("hst", len(BIG)), [BIG]),
+    "too-large-admin": ("/v1/hosts/h1/heartbeat", _h("adm", len(BIG)), [BIG]),
+    "bad-length": ("/v1/hosts/h1/heartbeat", _h("hst", None, (b"content-length", b"x")), [b""]),
+    "chunked": ("/v1/hosts/h1/heartbeat", _h("hst", None, (b"content-type", b"application/json")),
+                [b'{"sta', b'ts": null}']),
+    "chunked-too-large": ("/v1/hosts/h1/heartbeat", _h("hst", None), [BIG[:600_000], BIG[600_000:]]),
+    "dot": ("/v1/hosts/../heartbeat", _h(), [b""]),
+    "dot-one": ("/v1/hosts/./heartbeat", _h(), [b""]),
+    "unknown": ("/v1/hosts/h9/heartbeat", _h(), [b""]),
+    "tenant": ("/v1/hosts/h1/heartbeat", _h("ta"), [b""]),
+}
+
+
+@pytest.mark.parametrize("case", sorted(DISPATCH))
+def test_a_beat_taken_first_is_answered_as_the_gate_and_route_answer_it(db_url, monkeypatch, case):
+    """A heartbeat is taken ahead of the console's and the gate's checks
+    (``fastpath.beat_first``), only when the gate would admit it as it is: for every
+    case the gate decides (no token, a bad one, a header twice, a body too large, a
+    chunked one, dot segments) the answer is the one the application gave before, with
+    beats taken after the gate (``beat_name`` off: the gate, then the route)."""
+    path, heads, chunks = DISPATCH[case]
+    with make_client(db_url, clock=Clock()) as api:
+        assert api.post("/v1/hosts", json=host_body("h1", SHAPES[0]), headers=HOST).status_code == 201
+        first = _asgi(api.app, path, heads, chunks)
+        with monkeypatch.context() as m:
+            m.setattr(fastpath, "beat_name", lambda scope: "")
+            before = _asgi(api.app, path, heads, chunks)
+        strip = ("content-length", b"content-length")
+        assert first[0] == before[0], (first, before)
+        assert {k: v for k, v in first[1].items() if k not in strip} == \
+            {k: v for k, v in before[1].items() if k not in strip}
+        assert orjson.loads(first[2]) == orjson.loads(before[2]) or first[2] == before[2]
+
+
+def test_an_open_beat_path_is_left_to_the_gate(db_url, monkeypatch):
+    """``server.open_endpoints`` covering the beat's path: the gate lets it through
+    unauthenticated, so ``beat_first`` must not refuse it (it hands it over)."""
+    with make_client(db_url, clock=Clock(), server={"open_endpoints": ["/healthz", "/v1/hosts"]}) as api:
+        assert api.post("/v1/hosts", json=host_body("h1", SHAPES[0]), headers=HOST).status_code == 201
+        seen: list[str] = []
+        real = fastpath.heartbeat
+
+        async def spy(app, scope, receive, send, head=None, name=""):  # type: ignore[no-untyped-def]
+            seen.append("first" if name else "after-gate")
+            return await real(app, scope, receive, send, head, name)
+        monkeypatch.setattr(fastpath, "heartbeat", spy)
+        got = _asgi(api.app, "/v1/hosts/h1/heartbeat", _h(), [b""])
+        assert got[0] == 200 and seen == ["after-gate"], (got, seen)
+        got = _asgi(api.app, "/v1/hosts/h1/heartbeat", _h(None), [b""])  # no token: the route's 401
+        assert got[0] == 401 and seen == ["after-gate"] * 2, (got, seen)
+
+
+def test_a_good_beat_does_not_pass_the_gates_general_checks(db_url, monkeypatch):
+    """The steady beat is admitted by ``beat_first`` (the gate's own rules) and answered
+    without ``gate.admit``'s pass (the console's check, the settings' lookups, the
+    headers' dict) or the router; anything it hands over still goes through the gate."""
+    from scheduler.api import gate
+    with make_client(db_url, clock=Clock()) as api:
+        assert api.post("/v1/hosts", json=host_body("h1", SHAPES[0]), headers=HOST).status_code == 201
+        calls: list[str] = []
+        real = gate.admit
+
+        async def counted(scope, *a, **kw):  # type: ignore[no-untyped-def]
+            calls.append(scope["path"])
+            return await real(scope, *a, **kw)
+        monkeypatch.setattr(gate, "admit", counted)
+        assert _asgi(api.app, "/v1/hosts/h1/heartbeat", _h(), [b""])[0] == 200
+        assert calls == []
+        assert _asgi(api.app, "/v1/hosts/h1/heartbeat", _h("nope"), [b""])[0] == 401
+        assert calls == ["/v1/hosts/h1/heartbeat"]
 
 
 def _reg(name: str = "h2", **over) -> bytes:  # type: ignore[no-untyped-def]
