@@ -274,7 +274,12 @@ async def create(app: Any, scope: Scope, receive: Receive, send: Send) -> Receiv
 
 async def _body(receive: Receive) -> tuple[bytes, bool]:
     """(body, True if the client disconnected before its end)."""
-    chunks = []
+    msg = await receive()
+    if msg["type"] == "http.disconnect":
+        return b"", True
+    if not msg.get("more_body", False):  # the whole body in one message: a beat's
+        return msg.get("body", b""), False
+    chunks = [msg.get("body", b"")]
     while True:
         msg = await receive()
         if msg["type"] == "http.disconnect":
