@@ -90,10 +90,9 @@ def parse_ss(text: str) -> list[Conn]:
     return conns
 
 
-def close_streams(pid: int, dst: str | set[str]) -> list[Conn]:
+def close_streams(pid: int, dsts: set[str]) -> list[Conn]:
     """Closes process ``pid``'s TCP connections, established or connecting, to the
-    address(es) ``dst``; returns those it asked the kernel to close."""
-    dsts = {dst} if isinstance(dst, str) else set(dst)
+    addresses ``dsts``; returns those it asked the kernel to close."""
     if not dsts:
         raise ValueError("no target address: which connections to close is unknown")
     ns = ["nsenter", f"--net=/proc/{pid}/ns/net"]

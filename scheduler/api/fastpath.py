@@ -126,11 +126,6 @@ def _beat_host(path: str) -> str:
     return name if "/" not in name else ""
 
 
-def beats(scope: Scope) -> bool:
-    """Is this request a heartbeat?"""
-    return bool(beat_name(scope))
-
-
 def beat_name(scope: Scope) -> str:
     """The host a heartbeat request names, or "" when the request is not a heartbeat."""
     if scope["type"] != "http" or scope["method"] != "POST" or scope.get("query_string"):
@@ -203,7 +198,7 @@ async def heartbeat(app: Any, scope: Scope, receive: Receive, send: Send,
     except (SchedulerError, RequestValidationError):  # 401/403/422, from the route and the error mapper
         return _replay(body, cut, receive)
     try:
-        out = await wire.beat_answer(state["hosts"], name, p, beat)
+        out = await wire.beat(state["hosts"], name, p, beat)
     except SchedulerError as e:
         await refuse(app, send, e, route=BEAT_ROUTE)
         return None

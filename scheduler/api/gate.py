@@ -15,8 +15,8 @@ so the routes and the claim fast path do not hash the token a second time.
 from __future__ import annotations
 
 import logging
-from functools import lru_cache
 from collections.abc import Awaitable, Callable, MutableMapping, Sequence
+from functools import lru_cache
 from typing import Any
 
 import orjson

@@ -238,26 +238,17 @@ class HostService:
         log.info("host %s name=%s address=%s", "registered" if created else "re-registered", h.name, h.address)
         return out, created
 
-    def heartbeat_now(self, name: str, *, actor: str, admin: bool, bound_host: str | None,
-                      stats: HostStatsIn | None = None) -> HeartbeatOut | None:
+    def beat_now(self, name: str, *, actor: str, admin: bool, bound_host: str | None,
+                 stats: HostStatsIn | None = None) -> tuple[str, int, float] | None:
         """The steady-state heartbeat, answered from memory on the caller's thread: who may
         beat for the host and what to answer come from the placement index (kept current
         from the change feed, which carries registrations, owners and admin states from
         every replica), the beat is recorded for the flusher. No database read or write.
+        Returns (state, generation, last_heartbeat), what ``api/wire.beat_json`` renders.
         None when the database must answer: the index is cold or does not know the host
         (404, or registered a moment ago on another replica), or the caller may not beat
         for it (refused and audited by ``heartbeat``), or beats are written through
         (``heartbeat_flush_s = 0``)."""
-        got = self.beat_now(name, actor=actor, admin=admin, bound_host=bound_host, stats=stats)
-        if got is None:
-            return None
-        state, generation, now = got
-        return HeartbeatOut(name=name, state=state, generation=generation, last_heartbeat=now)
-
-    def beat_now(self, name: str, *, actor: str, admin: bool, bound_host: str | None,
-                 stats: HostStatsIn | None = None) -> tuple[str, int, float] | None:
-        """``heartbeat_now``'s answer as (state, generation, last_heartbeat), without the
-        model: what the heartbeat's fast path renders (``api/wire.beat_json``)."""
         if self.flush_s <= 0 or self.cache.cold:
             return None
         got = self.cache.who(name)
@@ -272,7 +263,7 @@ class HostService:
 
     def heartbeat_shed(self, name: str, *, actor: str, admin: bool, bound_host: str | None) -> bool:
         """A beat this replica sheds (``service.shed``) still counts: its host's liveness is
-        kept from memory as ``heartbeat_now`` keeps it (its stats are dropped). False when
+        kept from memory as ``beat_now`` keeps it (its stats are dropped). False when
         memory cannot say who may beat for the host (nothing kept: the caller's refusal
         stands alone). BeatTooSoon as for any beat."""
         if self.cache.cold:
@@ -290,7 +281,7 @@ class HostService:
                   stats: HostStatsIn | None = None) -> HeartbeatOut:
         """``actor`` says host ``name`` is alive, under the same rule as ``register``: a
         caller who forgets who it is gets a TypeError, never an admin's rights. Checked
-        against the database (``heartbeat_now`` is the same from memory)."""
+        against the database (``beat_now`` is the same from memory)."""
         now = self.clock()
         try:
             with self.store.read() as s:  # no writer lock: the check, and 404 for an unknown host
@@ -428,7 +419,7 @@ class HostService:
                 self.lag.flush_late(max(0.0, time.monotonic() - began - self.flush_s))
             began = time.monotonic()
             try:
-                # keeps the index, which ``heartbeat_now`` answers from, current with no placements
+                # keeps the index, which ``beat_now`` answers from, current with no placements
                 self.cache.refresh(self.store, now=self.clock())
                 self.flush()
             except Exception:  # noqa: BLE001 - the next round retries what is pending again

@@ -97,9 +97,7 @@ class TokenBook:
             self._refresh()  # a revocation seen here empties ``_known``: ask again
             if self._known.get(token) is not got:
                 return self._lookup_new(token)
-        if entry.expires is not None and entry.expires <= self.clock():
-            raise Unauthenticated(f"the token of {entry.name} expired", field="Authorization")
-        return entry
+        return self._unexpired(entry)
 
     def _lookup_new(self, token: str) -> Entry:
         """``lookup`` by the token's sha256; a token found is remembered (``_known``)
@@ -125,6 +123,9 @@ class TokenBook:
             entry = self._db.get(d)
         if entry is None:
             raise Unauthenticated("unknown or revoked token", field="Authorization")
+        return self._unexpired(entry)
+
+    def _unexpired(self, entry: Entry) -> Entry:
         if entry.expires is not None and entry.expires <= self.clock():
             raise Unauthenticated(f"the token of {entry.name} expired", field="Authorization")
         return entry

@@ -42,7 +42,7 @@ _BEAT_INPUTS = {"requestBody": {"content": {"application/json": {"schema": {
 
 
 @router.post("/{name}/heartbeat", response_model=HeartbeatOut, openapi_extra=_BEAT_INPUTS, responses=OVERLOADED)
-async def heartbeat(name: str, request: Request, p: CurrentPrincipal) -> HeartbeatOut:
+async def heartbeat(name: str, request: Request, p: CurrentPrincipal) -> dict:
     """Alive; with ``stats``, the host's IO-health signal since its last heartbeat (stored,
     downsampled: ``GET /v1/hosts/{name}/stats``)."""
     beat = wire.read_heartbeat(p, ctype=request.headers.get("content-type", ""), body=await request.body())

@@ -109,7 +109,7 @@ def test_close_streams_fails_the_blocked_send_and_spares_other_peers(tmp_path: P
                 break
             assert time.monotonic() < deadline, out
             time.sleep(0.1)
-        closed = streams.close_streams(child.pid, "127.0.0.1")
+        closed = streams.close_streams(child.pid, {"127.0.0.1"})
         assert [(c.dst, c.dport) for c in closed] == [("127.0.0.1", la.getsockname()[1])]
         out, _ = child.communicate(timeout=30)
         assert "a failed" in out and "b ok" in out, out
