@@ -101,6 +101,9 @@ class _GroupsApplied:
                                     "see the pins in setup.cfg")
 
 
+_CPU: dict[str, object] = {}  # "cpu": this worker's WorkerCpu, while the timeline is on
+
+
 def pytest_configure(config: pytest.Config) -> None:
     config.pluginmanager.register(_GroupsApplied(), "hyb-groups-applied")
     controller = not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None)
@@ -108,9 +111,6 @@ def pytest_configure(config: pytest.Config) -> None:
         from tools.dev.suite_cpu import WorkerCpu
         worker = os.environ.get("PYTEST_XDIST_WORKER", "main")
         _CPU["cpu"] = WorkerCpu(f"hyb-suite-{os.getppid() if worker != 'main' else os.getpid()}-{worker}")
-
-
-_CPU: dict[str, object] = {}
 
 
 def pytest_collection_finish(session: pytest.Session) -> None:

@@ -25,8 +25,6 @@ def pg_server() -> Iterator[str]:
         yield f"postgresql://postgres@127.0.0.1:{port}"
 
 
-
-
 @pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
     if request.param == "sqlite":

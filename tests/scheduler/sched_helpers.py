@@ -64,7 +64,6 @@ PLAIN = Shape("plain", nodes=1, cores_per_node=8, smt=2, io_cores_per_node=1, ho
               vfs_per_node=0, disks_per_node=0)  # 12 VM CPUs, 24 GiB 2M
 
 
-
 def new_pg_database(base_url: str) -> str:
     """A new, empty database on the PostgreSQL server at ``base_url`` (the session's
     ``pg_server``); its URL."""
