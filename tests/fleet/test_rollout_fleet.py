@@ -70,6 +70,10 @@ controls = 3
 # animator, starved on a busy 2-CPU machine, catches up in bursts: 0.05 fails healthy hosts
 # here. The degraded host's scrubber burns 0.9 CPU there.
 foreign_cpu_max = 0.5
+# The trees' TCP probes are round trips on this one machine, which the other workers load and
+# unload between a host's baseline and its soak: a healthy host once rose from its baseline
+# 0.14 ms to 0.40 ms (allowed 0.35) in CI. The degraded host fails on PSI and refused probes.
+probe_p99_rise_pct = 1000
 """
 
 

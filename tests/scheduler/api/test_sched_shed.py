@@ -62,8 +62,8 @@ def _stall(s: Scheduler, seconds: float) -> None:
 
 def test_an_overloaded_scheduler_sheds_with_retry_after_and_marks_nobody(tmp_path: Path) -> None:
     s = Scheduler(_config(tmp_path), free_port(), dict(os.environ), tmp_path / "s.log").start()
+    c = httpx.Client(base_url=s.url, timeout=10)
     try:
-        c = httpx.Client(base_url=s.url, timeout=10)
         for i in range(3):
             assert c.post("/v1/hosts", json=host_body(f"oss-{i}"), headers=HOST).status_code == 201
         for i in range(3):
@@ -104,6 +104,7 @@ def test_an_overloaded_scheduler_sheds_with_retry_after_and_marks_nobody(tmp_pat
         assert downs == []
         assert all(c.get(f"/v1/hosts/oss-{i}", headers=ADM).json()["state"] == "active" for i in range(3))
     finally:
+        c.close()  # its pooled connection, else a ResourceWarning in whichever test runs GC next
         s.stop()
 
 
@@ -138,8 +139,8 @@ def test_hostds_heartbeat_client_waits_the_retry_after_with_jitter(tmp_path: Pat
                 assert 0.85 <= b[0] - a[0] <= 1.3, sent
         assert [x[1] for x in sent].count("hosts") == 1, sent  # registered once
         assert sum(x[2] == 200 for x in sent[first + 1:]) >= 2
-        c = httpx.Client(base_url=s.url, timeout=10)
-        assert c.get("/v1/audit?action=host.down", headers=ADM).json()["items"] == []
+        with httpx.Client(base_url=s.url, timeout=10) as c:
+            assert c.get("/v1/audit?action=host.down", headers=ADM).json()["items"] == []
     finally:
         reg.stop()
         s.stop()
