@@ -23,6 +23,12 @@ HUGE_2M = Path("/sys/devices/system/node/node0/hugepages/hugepages-2048kB/nr_hug
 # Fixtures that change this machine as a whole: a test using one runs in the "machine"
 # group, one test at a time, as do the tests marked integration or root.
 MACHINE_FIXTURES = frozenset({"libvirtd", "libvirtd_state", "hugetlbfs_2m", "hugepages_2m", "loop_disk"})
+# Directories whose integration and root tests touch the machine only where no test outside
+# them does: they form a group of their own, one test at a time, beside the machine group.
+# kvm-utils' live tests drive the bench helper's tiny guests through /dev/kvm and read the
+# host's KVM tracepoints; libvirt's guests in the tests run under TCG (virt_type "qemu")
+# and fire none, and no other test makes a kvm-utils ftrace instance.
+OWN_GROUPS = {"tests/tools/kvm_utils/": "kvm-host"}
 
 
 def xdist_group_of(item: pytest.Item) -> str | None:
@@ -40,7 +46,7 @@ def xdist_group_of(item: pytest.Item) -> str | None:
     if _on_postgres(item):
         return "postgres"
     if item.get_closest_marker("integration") or item.get_closest_marker("root"):
-        return "machine"
+        return next((g for d, g in OWN_GROUPS.items() if item.nodeid.startswith(d)), "machine")
     info = getattr(item, "_fixtureinfo", None)
     defs = info.name2fixturedefs.values() if info is not None else ()
     if any(d.scope in ("module", "class", "package") for ds in defs for d in ds):

@@ -6,8 +6,9 @@
 # CI runs on too: a third of the suite's time is spent waiting on processes it started,
 # guests under TCG, simulated fleets, soak windows; 3 workers took 7 min 13 s where 2
 # took 9 min 00 s, same tests, same machine). tests/conftest.py puts every test that
-# touches the machine as a whole (libvirtd, hugepages, cgroups, tracing, the real carve)
-# in one group, which one worker runs in order; the rest spread over the others; a test
+# touches the machine as a whole (libvirtd, hugepages, cgroups, the real carve) in one
+# group, which one worker runs in order (kvm-utils' live tests, which share nothing with
+# it, in another); the rest spread over the others; a test
 # marked quiet (it measures the machine) runs alone. HYB_TEST_WORKERS=0 runs everything
 # in this process, in the same order.
 set -uo pipefail

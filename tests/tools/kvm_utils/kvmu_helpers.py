@@ -110,9 +110,11 @@ def only_pid(path: Path, pid: int) -> dict:
     return to_dict(summarize_lines(mine))
 
 
-def wait_counting(proc: subprocess.Popen, timeout: float = 60) -> str:
+def wait_counting(proc: subprocess.Popen, timeout: float = 120) -> str:
     """Read the tool's stderr until it says it counts ("Counting kvm exits ..."); what it
-    read (for the caller's later checks). Fails if the tool ends first or takes longer."""
+    read (for the caller's later checks). Fails if the tool ends first or takes longer,
+    with where each of its threads waits in the kernel (once, in a full run beside a
+    pip install, the system-wide counters took over 60 s to open; 0.5 s otherwise)."""
     import select
     import time
     got, deadline = [], time.monotonic() + timeout
@@ -124,7 +126,22 @@ def wait_counting(proc: subprocess.Popen, timeout: float = 60) -> str:
             got.append(line)
             if line.startswith("Counting kvm exits"):
                 return "".join(got)
-    raise AssertionError(f"the tool never said it counts: exit {proc.poll()}, stderr {''.join(got)[-2000:]}")
+    raise AssertionError(f"the tool never said it counts: exit {proc.poll()}, stderr {''.join(got)[-2000:]}\n"
+                         f"{kernel_stacks(proc.pid)}")
+
+
+def kernel_stacks(pid: int) -> str:
+    """Each thread of ``pid``: its state, wait channel and kernel stack (the stack as root)."""
+    out = []
+    for task in sorted(Path(f"/proc/{pid}/task").glob("*")):
+        def read(name: str) -> str:
+            try:
+                return (task / name).read_text(errors="replace").strip()
+            except OSError as e:
+                return f"({e.strerror})"
+        state = next((ln for ln in read("status").splitlines() if ln.startswith("State:")), "")
+        out.append(f"thread {task.name} {state} wchan {read('wchan')}\n{read('stack')}")
+    return "\n".join(out) or f"(no /proc/{pid}: the tool is gone)"
 
 
 def stop(proc: subprocess.Popen, sig: int = 2, timeout: float = 30) -> tuple[str, str]:
