@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import cache
 from pathlib import Path
 
 from alembic import command
@@ -30,3 +31,12 @@ def current(engine: Engine) -> str | None:
     from alembic.runtime.migration import MigrationContext
     with engine.connect() as c:
         return MigrationContext.configure(c).get_current_revision()
+
+
+@cache
+def head() -> str:
+    """The newest revision of scheduler/migrations (read once per process)."""
+    from alembic.script import ScriptDirectory
+    found = ScriptDirectory(str(HERE)).get_current_head()
+    assert found is not None, f"no migrations under {HERE}"
+    return found
