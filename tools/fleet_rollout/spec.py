@@ -20,6 +20,7 @@ from pydantic import (
     model_validator,
 )
 
+from api.bounds import POLICY_BYTES_MAX, check_policy_text
 from api.policy import policy_digest
 
 NAME = r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$"
@@ -177,12 +178,30 @@ def parse_spec(data: dict, base: Path | None = None) -> RolloutSpec:
         path = Path(spec.policy)
         if base is not None and not path.is_absolute():
             path = base / path
-        try:
-            text = path.read_text()
-        except OSError as e:
-            raise SpecError("policy", f"{path}: {e.strerror}") from None
-        spec = spec.model_copy(update={"policy_text": text})
+        spec = spec.model_copy(update={"policy_text": read_policy(path)})
     return spec
+
+
+def read_policy(path: Path) -> str:
+    """The policy file's text, refused here, naming the file, when hostd would refuse it
+    for its size, its nesting or its syntax (api.bounds; checked before TOML parses it):
+    before any host is asked, and without reading more than hostd takes."""
+    try:
+        with open(path, "rb") as f:
+            raw = f.read(POLICY_BYTES_MAX + 1)
+    except OSError as e:
+        raise SpecError("policy", f"{path}: {e.strerror}") from None
+    try:
+        text = raw.decode()
+        check_policy_text(text)
+        tomllib.loads(text)
+    except UnicodeDecodeError:
+        raise SpecError("policy", f"{path}: not UTF-8 text") from None
+    except tomllib.TOMLDecodeError as e:
+        raise SpecError("policy", f"{path}: not TOML: {e}") from None
+    except ValueError as e:
+        raise SpecError("policy", f"{path}: {e}") from None
+    return text
 
 
 def load_spec(path: Path) -> RolloutSpec:

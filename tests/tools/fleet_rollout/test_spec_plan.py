@@ -54,6 +54,25 @@ def test_a_missing_policy_file_is_named(tmp_path: Path) -> None:
     assert e.value.field == "policy" and "nope.toml" in e.value.reason
 
 
+@pytest.mark.parametrize("text, why", [
+    ("a = 1\n" + "#" * (64 * 1024), "larger than 65536 bytes"),
+    ("x = " + "[" * 40 + "]" * 40 + "\n", "nests 40 deep; at most 8"),
+    ("a." * 40 + "b = 1\n", "a dotted key nests deeper than"),
+    ("[host\n", "not TOML"),
+])
+def test_a_policy_hostd_would_refuse_is_refused_before_any_host(tmp_path: Path, text: str, why: str) -> None:
+    (tmp_path / "big.toml").write_text(text)
+    with pytest.raises(SpecError) as e:
+        parse_spec({"name": "x", "policy": "big.toml"}, tmp_path)
+    assert e.value.field == "policy" and "big.toml" in e.value.reason and why in e.value.reason, e.value.reason
+
+
+def test_a_policy_that_never_ends_is_read_no_further_than_hostd_takes(tmp_path: Path) -> None:
+    with pytest.raises(SpecError) as e:
+        parse_spec({"name": "x", "policy": "/dev/zero"}, tmp_path)
+    assert e.value.field == "policy" and "larger than" in e.value.reason, e.value.reason
+
+
 def test_waves_cover_every_host_once_canary_first(tmp_path: Path) -> None:
     s = load_spec(spec(tmp_path))
     hosts = fleet(7000, 140)
