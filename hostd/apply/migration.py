@@ -442,6 +442,8 @@ class Migrations:
         m = self.m
         with m._changing("migrate a VM"):
             rec = self._by_name(req.name)
+            if m._idle(rec.vm_id):  # it was being stopped: as it is now
+                rec = self._by_name(req.name)
             _check_vfs_move(VmSpec.from_dict(rec.spec), "")
             _check_target_xml(req.domain_xml, rec)
             if req.name in self._moving or rec.state == "migrating":

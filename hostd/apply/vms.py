@@ -120,6 +120,12 @@ class VmManager:
         self.host_lock = host_lock
         self.carved_for = carved_for  # None: no check (libvirt's test driver backs nothing)
         self._lock = threading.RLock()
+        # VMs a call works on outside the lock (a guest's shutdown: up to its grace, 300 s
+        # at most), vm_id -> what: other VMs' changes go on meanwhile, while a change to
+        # one of these waits for the call to end (``_idle``) and reconcile and libvirt's
+        # events leave it to the call.
+        self._busy: dict[str, str] = {}
+        self._quiet = threading.Condition(self._lock)
         self._watchers: list[Callable[[VmEvent], None]] = []
         self.generation = 0
         self._crash_at = os.environ.get("HOSTD_CRASH_AT") if os.environ.get("HOSTD_TEST_FAULTS") == "1" else None
@@ -141,6 +147,15 @@ class VmManager:
         shared = self.host_lock.shared(what, wait_s=CARVE_WAIT_S) if self.host_lock else contextlib.nullcontext()
         with shared, self._lock:
             yield
+
+    def _idle(self, vm_id: str) -> bool:
+        """Under the lock: wait until no call works on ``vm_id`` outside it (the lock is
+        released meanwhile). True if it waited: what the caller read before is stale."""
+        waited = False
+        while vm_id in self._busy:
+            waited = True
+            self._quiet.wait()
+        return waited
 
     def set_layout(self, layout: Layout, disk_check: DiskCheck | None = None) -> None:
         """Serve VMs with ``layout`` from now on (after a carve). Every reader of the
@@ -349,6 +364,7 @@ class VmManager:
     def delete(self, vm_id: str, grace_s: float = 0) -> None:
         _check_grace(grace_s)
         with self._changing("delete a VM"):
+            self._idle(vm_id)
             rec = self.get(vm_id)
             if rec.state in ("incoming", "migrating"):
                 raise MigrationInProgress(f"{rec.name} is {rec.state}: AbortMigration on the target first "
@@ -365,16 +381,39 @@ class VmManager:
             log.info("deleted vm=%s name=%s", vm_id, rec.name)
 
     def stop(self, vm_id: str, grace_s: float = 30) -> VmRecord:
+        """The guest's shutdown (ACPI, destroyed after ``grace_s``) runs outside the
+        manager's lock, the VM marked busy: a guest that takes its whole grace holds up
+        changes to itself only, not to the host's other VMs (it held every change, and
+        the reconcile, for up to 300 s). The carve lock stays shared throughout."""
         _check_grace(grace_s)
         with self._changing("stop a VM"):
+            self._idle(vm_id)
             self.get(vm_id)
-            self.libvirt.shutdown(vm_id, grace_s)
-            self.ledger.set_state(vm_id, "stopped", "stopped by request")
-            self.emit(vm_id, "stopped", "stopped by request")
-            return self.get(vm_id)
+            self._busy[vm_id] = "stopping"
+            log.info("stopping vm=%s grace_s=%s", vm_id, grace_s)
+            try:
+                with self._unlocked():
+                    self.libvirt.shutdown(vm_id, grace_s)
+                self.ledger.set_state(vm_id, "stopped", "stopped by request")
+                self.emit(vm_id, "stopped", "stopped by request")
+                return self.get(vm_id)
+            finally:
+                del self._busy[vm_id]
+                self._quiet.notify_all()
+
+    @contextlib.contextmanager
+    def _unlocked(self) -> Iterator[None]:
+        """The manager's lock released for the block (held once here: ``_changing``'s) and
+        taken again after it."""
+        self._lock.release()
+        try:
+            yield
+        finally:
+            self._lock.acquire()
 
     def start(self, vm_id: str) -> VmRecord:
         with self._changing("start a VM"):
+            self._idle(vm_id)
             rec = self.get(vm_id)
             if rec.state != "running":
                 self.libvirt.start(vm_id)
@@ -391,6 +430,7 @@ class VmManager:
         if not disks and not vf_rates:
             return self.get(vm_id)
         with self._changing("change a VM's IO limits"):
+            self._idle(vm_id)
             rec = self.get(vm_id)
             spec = VmSpec.from_dict(rec.spec)
             own = {d.name: d for d in rec.claim.disks}
@@ -488,6 +528,8 @@ class VmManager:
             domains = {d.uuid: d for d in self.libvirt.owned()}
             for rec in self.ledger.list():
                 dom = domains.pop(rec.vm_id, None)
+                if rec.vm_id in self._busy:
+                    continue  # a call works on it (its guest shutting down): the call sets its row
                 if rec.state == "incoming":
                     actions.append(self._reconcile_incoming(rec, dom))
                 elif rec.state in ("creating", "deleting"):
@@ -555,10 +597,10 @@ class VmManager:
 
     def on_domain_event(self, vm_id: str, state: str, reason: str) -> None:
         """A libvirt lifecycle event for one of our domains (from the event loop).
-        Rows mid-create, mid-delete or mid-migration belong to the call in progress and
-        are left alone."""
+        Rows mid-create, mid-delete or mid-migration, and VMs being stopped, belong to
+        the call in progress and are left alone."""
         rec = self.ledger.get(vm_id=vm_id)
-        if rec is None or rec.state in BUSY_STATES or rec.state == state:
+        if rec is None or rec.state in BUSY_STATES or rec.state == state or vm_id in self._busy:
             return
         # Each event is handled on a thread of its own (libvirt_host._call), so a STARTED
         # can be handled after the STOPPED that followed it: the event says that the

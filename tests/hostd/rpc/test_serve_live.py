@@ -263,6 +263,58 @@ def test_libvirt_events_and_libvirtd_restart(hostd_env, libvirtd_state):
         ch.close()
 
 
+def test_a_guest_slow_to_stop_holds_up_changes_to_itself_only(hostd_env):
+    """The smoke guest has no handler for ACPI's power button, so StopVM waits its whole
+    grace before hostd destroys the domain. Meanwhile a change to the host (a CreateVM,
+    refused: the one VM CPU is the stopping VM's) is answered at once, not after the
+    grace; a StartVM of the stopping VM waits for the stop to end, then starts it."""
+    import threading
+    grace = 8
+    h: Hostd = hostd_env["hostd"].start()
+    stub, ch = stub_for(h, hostd_env["certs"])
+    try:
+        vm = stub.CreateVM(create_req(hostd_env["disk"]), timeout=120)
+        wait_console(hostd_env["state"], "HYB-SMOKE-OK")
+        done: dict[str, object] = {}
+
+        def call(what: str, fn) -> None:  # type: ignore[no-untyped-def]
+            try:
+                done[what] = fn()
+            except grpc.RpcError as e:
+                done[what] = e
+            done[what + "_at"] = time.monotonic()
+        t0 = time.monotonic()
+        stop = threading.Thread(target=call, args=("stop", lambda: stub.StopVM(
+            pb.StopVMRequest(vm_id=vm.vm_id, grace_seconds=grace), timeout=120)))
+        stop.start()
+        while f"stopping vm={vm.vm_id}" not in h.log.read_text():  # hostd sent the ACPI shutdown
+            assert time.monotonic() - t0 < 60 and stop.is_alive(), done
+            time.sleep(0.1)
+        t1 = time.monotonic()
+        other = create_req(hostd_env["disk"], rid="req-2")
+        other.name = "hyb-test-serve-2"
+        other.ClearField("disks")  # the disk is the stopping VM's too (and held by its QEMU)
+        with pytest.raises(grpc.RpcError) as e:
+            stub.CreateVM(other, timeout=120)
+        answered = time.monotonic() - t1
+        assert "hyb.vm.refused [vcpus]" in e.value.details(), e.value.details()  # the claim, under the lock
+        assert stop.is_alive() and answered < grace / 2, (answered, done)
+        start = threading.Thread(target=call, args=("start", lambda: stub.StartVM(
+            pb.VMRef(vm_id=vm.vm_id), timeout=120)))
+        start.start()
+        stop.join(120)
+        start.join(120)
+        assert done["stop"].state == pb.VM_STATE_STOPPED, done  # type: ignore[union-attr]
+        assert done["stop_at"] - t0 >= grace  # type: ignore[operator]
+        assert done["start"].state == pb.VM_STATE_RUNNING, done  # type: ignore[union-attr]
+        assert done["start_at"] >= done["stop_at"]  # type: ignore[operator]
+        assert virsh("domstate", "hyb-test-serve").strip() == "running"
+        stub.DeleteVM(pb.DeleteVMRequest(vm_id=vm.vm_id), timeout=60)
+        assert domains() == []
+    finally:
+        ch.close()
+
+
 def test_serve_boots_the_online_image_on_a_per_vm_root_overlay(hostd_env):
     """The guestimages/ online image (Debian 12 + systemd, built once and cached; a cold
     build takes ~2.5 min): direct kernel boot of its root filesystem through a per-VM
