@@ -372,10 +372,11 @@ class VmManager:
             self.ledger.set_state(vm_id, "deleting")
             self.emit(vm_id, "deleting")
             if grace_s > 0:
-                try:
-                    self.libvirt.shutdown(vm_id, grace_s)
-                except DomainError as e:
-                    log.warning("shutdown vm=%s: %s; destroying", vm_id, e)
+                with self._busy_unlocked(vm_id, "deleting"):  # as StopVM's: the other VMs' changes go on
+                    try:
+                        self.libvirt.shutdown(vm_id, grace_s)
+                    except DomainError as e:
+                        log.warning("shutdown vm=%s: %s; destroying", vm_id, e)
             self.teardown(vm_id, rec.claim, rec.name)
             self.emit(vm_id, "deleted")
             log.info("deleted vm=%s name=%s", vm_id, rec.name)
@@ -389,27 +390,27 @@ class VmManager:
         with self._changing("stop a VM"):
             self._idle(vm_id)
             self.get(vm_id)
-            self._busy[vm_id] = "stopping"
-            log.info("stopping vm=%s grace_s=%s", vm_id, grace_s)
-            try:
-                with self._unlocked():
-                    self.libvirt.shutdown(vm_id, grace_s)
-                self.ledger.set_state(vm_id, "stopped", "stopped by request")
-                self.emit(vm_id, "stopped", "stopped by request")
-                return self.get(vm_id)
-            finally:
-                del self._busy[vm_id]
-                self._quiet.notify_all()
+            with self._busy_unlocked(vm_id, "stopping"):
+                self.libvirt.shutdown(vm_id, grace_s)
+            self.ledger.set_state(vm_id, "stopped", "stopped by request")
+            self.emit(vm_id, "stopped", "stopped by request")
+            return self.get(vm_id)
 
     @contextlib.contextmanager
-    def _unlocked(self) -> Iterator[None]:
-        """The manager's lock released for the block (held once here: ``_changing``'s) and
-        taken again after it."""
+    def _busy_unlocked(self, vm_id: str, what: str) -> Iterator[None]:
+        """Under the lock (held once: ``_changing``'s): the block runs with ``vm_id`` marked
+        busy and the lock released, taken again after it. The mark is cleared under the
+        lock, so whoever waits in ``_idle`` for the VM goes on only once the caller has
+        finished under the lock (set the row, torn it down) and released it."""
+        self._busy[vm_id] = what
+        log.info("%s vm=%s (a guest's shutdown, outside the manager's lock)", what, vm_id)
         self._lock.release()
         try:
             yield
         finally:
             self._lock.acquire()
+            del self._busy[vm_id]
+            self._quiet.notify_all()
 
     def start(self, vm_id: str) -> VmRecord:
         with self._changing("start a VM"):

@@ -264,10 +264,11 @@ def test_libvirt_events_and_libvirtd_restart(hostd_env, libvirtd_state):
 
 
 def test_a_guest_slow_to_stop_holds_up_changes_to_itself_only(hostd_env):
-    """The smoke guest has no handler for ACPI's power button, so StopVM waits its whole
-    grace before hostd destroys the domain. Meanwhile a change to the host (a CreateVM,
-    refused: the one VM CPU is the stopping VM's) is answered at once, not after the
-    grace; a StartVM of the stopping VM waits for the stop to end, then starts it."""
+    """The smoke guest has no handler for ACPI's power button, so StopVM (and DeleteVM
+    with a grace) waits its whole grace before hostd destroys the domain. Meanwhile a
+    change to the host (a CreateVM, refused: the one VM CPU is the stopping VM's) is
+    answered at once, not after the grace; a StartVM of the stopping VM waits for the
+    stop to end, then starts it."""
     import threading
     grace = 8
     h: Hostd = hostd_env["hostd"].start()
@@ -309,8 +310,25 @@ def test_a_guest_slow_to_stop_holds_up_changes_to_itself_only(hostd_env):
         assert done["start"].state == pb.VM_STATE_RUNNING, done  # type: ignore[union-attr]
         assert done["start_at"] >= done["stop_at"]  # type: ignore[operator]
         assert virsh("domstate", "hyb-test-serve").strip() == "running"
-        stub.DeleteVM(pb.DeleteVMRequest(vm_id=vm.vm_id), timeout=60)
-        assert domains() == []
+        n = h.log.read_text().count(f"deleting vm={vm.vm_id}")
+        t2 = time.monotonic()
+        delete = threading.Thread(target=call, args=("delete", lambda: stub.DeleteVM(
+            pb.DeleteVMRequest(vm_id=vm.vm_id, grace_seconds=grace), timeout=120)))
+        delete.start()
+        while h.log.read_text().count(f"deleting vm={vm.vm_id}") == n:
+            assert time.monotonic() - t2 < 60 and delete.is_alive(), done
+            time.sleep(0.1)
+        t3 = time.monotonic()
+        with pytest.raises(grpc.RpcError) as e:
+            stub.CreateVM(other, timeout=120)
+        assert "hyb.vm.refused [vcpus]" in e.value.details(), e.value.details()
+        assert delete.is_alive() and time.monotonic() - t3 < grace / 2, (time.monotonic() - t3, done)
+        delete.join(120)
+        assert not isinstance(done["delete"], grpc.RpcError), done
+        assert done["delete_at"] - t2 >= grace and domains() == []  # type: ignore[operator]
+        with pytest.raises(grpc.RpcError) as e:
+            stub.GetVM(pb.GetVMRequest(vm_id=vm.vm_id), timeout=10)
+        assert e.value.code() == grpc.StatusCode.NOT_FOUND
     finally:
         ch.close()
 
