@@ -14,7 +14,7 @@ from typing import Any
 from api import bounds
 from api.jsonmodel import from_jsonable, to_jsonable
 from api.states import VfMigration
-from hostd.carve.vmclaim import CellReq, DiskReq, VfReq, VmRequest
+from hostd.carve.vmclaim import CellReq, DiskReq, VfReq, VmRequest, validate_request
 from hostd.errors import NoFit
 
 
@@ -160,7 +160,10 @@ def spec_problem(spec: VmSpec) -> NoFit | None:
         bad = d.iotune.check(f"disks[{i}].iotune")
         if bad:
             return NoFit(*bad)
-    return None
+    # the request's own shape (a page multiple, emulator_policy, a VF's MAC, VLAN and
+    # rates, the cells): the caller's to fix on any host, so refused here as invalid, not
+    # by the claim as "cannot be honoured here" (the claim checks it again: it is pure)
+    return validate_request(spec.request())
 
 
 def _cpus(cpus: tuple[int, ...]) -> None:

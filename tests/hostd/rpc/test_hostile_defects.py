@@ -212,6 +212,24 @@ def test_d7_labels_out_of_bounds_are_refused(host: DesignerHost, labels: dict[st
     nothing_changed(host)
 
 
+@pytest.mark.parametrize("kw, field_, words", [
+    ({"hugepage_size_kb": 1048576}, "memory_mib", "multiple of the 1048576 kB page size"),
+    ({"vfs": [pb.VfRequest(pf="enp1s0f0np0", mac="52:54:00:zz:00:01")]}, "vfs[0].mac", "lower-case MAC"),
+    ({"vfs": [pb.VfRequest(pf="enp1s0f0np0", vlan=4095)]}, "vfs[0].vlan", "0 (untagged) to 4094"),
+    ({"vfs": [pb.VfRequest(pf="enp1s0f0np0", max_tx_rate_mbps=10, min_tx_rate_mbps=20)]},
+     "vfs[0].min_tx_rate_mbps", "exceeds max_tx_rate_mbps"),
+], ids=["page-multiple", "mac", "vlan", "rates"])
+def test_a_request_wrong_on_any_host_is_invalid_not_refused_here(host: DesignerHost, kw: dict, field_: str,
+                                                                 words: str) -> None:
+    """The request's own shape is the caller's to fix, whichever host it goes to:
+    INVALID_ARGUMENT (``hyb.spec.invalid``), not FAILED_PRECONDITION (``hyb.vm.refused``,
+    "not on this host"), found before the manager's lock and the claim."""
+    e = refused(lambda: host.stub("scheduler").CreateVM(vm_request(**kw), timeout=10))
+    invalid(e, "hyb.spec.invalid", field_)
+    assert words in e.details(), e.details()
+    nothing_changed(host)
+
+
 # ---------------------------------------------------------------- smaller ones
 
 
