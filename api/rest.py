@@ -5,15 +5,29 @@ The scheduler answers a refusal with ``{"error": {"code", "field", "message"}}``
 (scheduler/api/errors.py); ``ApiError`` carries those three and the HTTP status, so a
 client can name the field at fault and branch on the code. No answer at all (refused
 connection, timeout, a TLS certificate that does not match) or a 5xx is
-``ApiUnreachable``: worth asking again, and never the caller's fault."""
+``ApiUnreachable``: worth asking again, and never the caller's fault.
+
+A request the scheduler shed (503 ``hyb.scheduler.overloaded``: nothing was done, come
+back after ``Retry-After``) is sent again after that wait and up to ``RETRY_AFTER_JITTER``
+more, at most ``SHED_RETRIES`` times, each wait at most ``SHED_WAIT_MAX_S``: an operator's
+command goes through a replica's short overload instead of failing on it."""
 
 from __future__ import annotations
 
+import email.utils
+import random
 import ssl
+import time
 from pathlib import Path
 from typing import Any
 
 import httpx
+
+from api.bounds import RETRY_AFTER_JITTER
+
+SHED_CODE = "hyb.scheduler.overloaded"  # scheduler/service/shed.py: refused before anything was done
+SHED_RETRIES = 4
+SHED_WAIT_MAX_S = 10.0
 
 
 class ApiError(Exception):
@@ -35,6 +49,41 @@ def tls_trust(ca: Path | None) -> ssl.SSLContext | bool:
     """What the client verifies the scheduler's certificate against: ``ca``, else the
     system's roots."""
     return ssl.create_default_context(cafile=str(ca)) if ca else True
+
+
+def retry_after(r: httpx.Response, *, now: float | None = None) -> float | None:
+    """A response's ``Retry-After`` in seconds (delay-seconds or an HTTP date), None when
+    it has none or it does not parse."""
+    v = r.headers.get("retry-after")
+    if not v:
+        return None
+    try:
+        return max(0.0, float(v))
+    except ValueError:
+        pass
+    try:
+        when = email.utils.parsedate_to_datetime(v).timestamp()
+    except (TypeError, ValueError, IndexError):
+        return None
+    return max(0.0, when - (time.time() if now is None else now))
+
+
+def shed_wait(r: httpx.Response, rng: random.Random | None = None) -> float | None:
+    """How long to wait before sending ``r``'s request again, where the scheduler shed it
+    (503 ``hyb.scheduler.overloaded`` with a Retry-After: it did nothing); else None. Any
+    other 5xx may have done something, and is the caller's to judge."""
+    if r.status_code != 503:
+        return None
+    later = retry_after(r)
+    if later is None:
+        return None
+    try:
+        code = r.json()["error"]["code"]
+    except (ValueError, KeyError, TypeError):
+        return None
+    if code != SHED_CODE:
+        return None
+    return min(later, SHED_WAIT_MAX_S) * (1 + (rng or random).uniform(0, RETRY_AFTER_JITTER))
 
 
 def describe_transport_error(e: httpx.HTTPError) -> str:
@@ -74,11 +123,20 @@ class RestClient:
         self.close()
 
     def send(self, method: str, path: str, **kw: Any) -> httpx.Response:
-        """The raw answer, whatever its status; ApiUnreachable when there is none."""
-        try:
-            return self.http.request(method, path, **kw)
-        except httpx.HTTPError as e:
-            raise ApiUnreachable(f"scheduler {method} {path}: {describe_transport_error(e)}", url=self.url) from None
+        """The raw answer, whatever its status; ApiUnreachable when there is none. A shed
+        request is sent again (the module's docstring)."""
+        retries = 0
+        while True:
+            try:
+                r = self.http.request(method, path, **kw)
+            except httpx.HTTPError as e:
+                raise ApiUnreachable(f"scheduler {method} {path}: {describe_transport_error(e)}",
+                                     url=self.url) from None
+            wait = shed_wait(r)
+            if wait is None or retries == SHED_RETRIES:
+                return r
+            retries += 1
+            time.sleep(wait)
 
     def request(self, method: str, path: str, **kw: Any) -> Any:
         r = self.send(method, path, **kw)

@@ -17,7 +17,6 @@ fleet re-registering at once was the heaviest part of the return).
 
 from __future__ import annotations
 
-import email.utils
 import logging
 import os
 import random
@@ -29,6 +28,7 @@ from pathlib import Path
 import httpx
 
 from api.bounds import RETRY_AFTER_JITTER
+from api.rest import retry_after
 from api.layout import Layout
 from hostd.discover.model import Topology
 from hostd.health.daily import DayFold
@@ -94,23 +94,6 @@ class Later(Exception):
     def __init__(self, message: str, retry_after_s: float | None = None):
         super().__init__(message)
         self.retry_after_s = retry_after_s
-
-
-def retry_after(r: httpx.Response, *, now: float | None = None) -> float | None:
-    """A response's ``Retry-After`` in seconds (delay-seconds or an HTTP date), None when
-    it has none or it does not parse."""
-    v = r.headers.get("retry-after")
-    if not v:
-        return None
-    try:
-        return max(0.0, float(v))
-    except ValueError:
-        pass
-    try:
-        when = email.utils.parsedate_to_datetime(v).timestamp()
-    except (TypeError, ValueError, IndexError):
-        return None
-    return max(0.0, when - (time.time() if now is None else now))
 
 
 def wait_after(*, interval_s: float, failures: int, later: float | None, rng: random.Random) -> float:

@@ -21,6 +21,7 @@ import httpx
 import pytest
 from tools.dev.procs import Scheduler, free_port
 
+from api.rest import RestClient
 from hostd.rpc.register import Registrar
 from sched_helpers import ADM, HOST, TA, host_body, vm_body
 from scheduler.liveness_rule import beat_retry_after
@@ -165,3 +166,33 @@ def test_an_unreachable_scheduler_is_retried_with_capped_jittered_backoff() -> N
             assert cap / 2 <= w <= cap, (n, waits)
     finally:
         reg.stop()
+
+
+def test_the_operators_client_sends_a_shed_request_again_after_its_retry_after(tmp_path: Path) -> None:
+    """hybctl's and fleet-rollout's REST client (api.rest): a create shed by the stalled
+    scheduler (503 overloaded, Retry-After 1, nothing recorded) is sent again after the
+    Retry-After and up to half as long again, until it is served; one VM is placed."""
+    s = Scheduler(_config(tmp_path), free_port(), dict(os.environ), tmp_path / "s.log").start()
+    sent: list[tuple[float, int]] = []
+    try:
+        with RestClient(s.url, "hst", timeout_s=10) as host:
+            host.request("POST", "/v1/hosts", json=host_body("oss-0"))
+        with RestClient(s.url, "ta", timeout_s=10) as c:
+            send = c.http.request
+
+            def traced(*a, **kw):  # type: ignore[no-untyped-def]
+                r = send(*a, **kw)
+                sent.append((time.monotonic(), r.status_code))
+                return r
+            c.http.request = traced  # type: ignore[method-assign]
+            _stall(s, 1.5)
+            vm = c.request("POST", "/v1/vms", json=vm_body("web-1", vcpus=1, memory_mib=128),
+                           headers={"Idempotency-Key": "k-shed"})
+            assert vm["name"] == "web-1", vm
+            assert [st for _, st in sent][0] == 503 and sent[-1][1] == 202, sent
+            assert all(st == 503 for _, st in sent[:-1]), sent
+            for (a, _), (b, _) in zip(sent, sent[1:]):
+                assert 1.0 <= b - a <= 1.5 + 0.5, sent  # Retry-After 1 s, jitter up to half of it
+            assert [v["name"] for v in c.request("GET", "/v1/vms")["items"]] == ["web-1"]
+    finally:
+        s.stop()
