@@ -106,8 +106,8 @@ sys.path.insert(0, str(REPO))
 
 from tools.dev.procstat import cpu_s, machine, machine_load, stat_fields, tree_cpu_s  # noqa: E402
 from tools.dev.schedbench import (WRK, Conn, WrkRun, create_database, fleet, free_port, percentile,  # noqa: E402
-                                  postgres, register_body, run_clients, run_open, start_wrk, stop, trace,
-                                  wait_http, wait_wrk)
+                                  postgres, register_body, run_clients, run_open, start_wrk, stop, stop_wrk,
+                                  trace, wait_http, wait_wrk)
 
 TOKENS = {"bench-admin": ["admin"], "bench-host": ["host"], "bench-tenant": ["tenant:bench"]}
 PG_SETTINGS = {"synchronous_commit": "off", "shared_buffers": "256MB", "max_connections": "400"}
@@ -771,10 +771,14 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
 def keep_beating_wrk(reps: Replicas, talking: list[str], silent: list[str], timed_beat, rate: float,  # type: ignore[no-untyped-def]
                      span: float, tmp: Path) -> list[WrkRun]:
     """Phase 5's beats through wrk: the hosts that keep beating for ``span`` seconds,
-    one wrk a replica (a wrk connection that loses its server never reconnects, so
-    replica 1's stops before the restart and a new one starts after it, skipping the
-    beats that fell due meanwhile); the silent hosts' last beats from this process,
-    timed."""
+    one wrk a replica, routed as a load balancer would while replica 1 restarts. A wrk
+    connection that loses its server never reconnects, so replica 1's wrk runs until
+    the restart; just before replica 1 is stopped a wrk takes its hosts' beats to
+    replica 0 from where the stream stopped, and once replica 1 answers again that one
+    is stopped (SIGINT: wrk still reports) and a new wrk beats replica 1's hosts to it
+    from where the stream then is: no beat skipped, none sent twice (each starts up to a
+    wrk's start-up late). The silent hosts' last beats come from this process, timed.
+    All the runs are returned (their beats are the phase's)."""
     half = [talking[0::2], talking[1::2]]
     bases = reps.bases
     t0 = time.monotonic()
@@ -784,14 +788,20 @@ def keep_beating_wrk(reps: Replicas, talking: list[str], silent: list[str], time
     w1 = start_beats(bases[1:], half[1], start=0, count=int(rate / 2 * first), rate=rate / 2, seconds=first,
                      tmp=tmp, label="talk-1a")
     running, runs = [w0, w1], []
+
+    def from_here(base: tuple[str, int], pos: int, label: str) -> subprocess.Popen:
+        left = max(1.0, span - (time.monotonic() - t0))
+        return start_beats([base], half[1], start=pos, count=int(rate / 2 * left), rate=rate / 2, seconds=left + 1,
+                           tmp=tmp, label=label)
     try:
         asyncio.run(run_clients(8, bases, silent, timed_beat))
         runs.append(wait_wrk(running.pop()))
+        pos = runs[-1].sent  # replica 1's hosts' stream stopped here
+        running.append(from_here(bases[0], pos, "talk-1-to-0"))  # the balancer: replica 1 is going away
         reps.restart(1)
-        gone = time.monotonic() - t0
-        running.append(start_beats(bases[1:], half[1], start=int(rate / 2 * gone),
-                                   count=int(rate / 2 * (span - gone)), rate=rate / 2, seconds=span - gone + 1,
-                                   tmp=tmp, label="talk-1b"))
+        runs.append(stop_wrk(running.pop()))  # replica 1 answers again: its hosts go back to it
+        pos += runs[-1].sent
+        running.append(from_here(bases[1], pos, "talk-1b"))
     finally:
         runs += [wait_wrk(w) for w in running]
     return runs

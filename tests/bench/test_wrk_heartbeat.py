@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from tools.dev.schedbench import WRK, WrkRun, parse_wrk_report, start_wrk, wait_wrk
+from tools.dev.schedbench import WRK, WrkRun, parse_wrk_report, start_wrk, stop_wrk, wait_wrk
 
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "bench/wrk/heartbeat.lua"
@@ -93,3 +93,57 @@ def test_the_script_beats_each_host_in_turn_at_the_rate(tmp_path: Path) -> None:
     # machine may stretch it, not shorten it
     assert 0.9 <= times[-1] - times[0] <= 2.0
     assert run.cpu_s > 0 and 0.9 <= run.window_s <= 2.2
+
+
+@pytest.mark.skipif(not WRK.exists(), reason=f"{WRK} not installed")
+def test_a_stopped_wrk_reports_and_the_next_takes_the_stream_on_from_there(tmp_path: Path) -> None:
+    """bench/fleet_pulse.py's phase 5 hands a restarting replica's hosts to the other
+    replica and back: a wrk stopped by SIGINT (stop_wrk) before its -d ends still prints
+    its report, and a wrk started at HYB_WRK_START = what the first sent continues the
+    hosts' turn: over both, every host beat as often as the others, give or take one
+    (nothing skipped, nothing sent twice)."""
+    got: list[str] = []
+
+    class Beat(BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"
+        disable_nagle_algorithm = True
+
+        def do_POST(self) -> None:  # noqa: N802 - the name http.server calls
+            got.append(self.path)
+            self.send_response(200)
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *_: object) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Beat)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    names = tmp_path / "names"
+    names.write_text("".join(f"h{i}\n" for i in range(7)))
+    addr = f"127.0.0.1:{server.server_port}"
+
+    def wrk(start: int, count: int, seconds: float) -> object:
+        return start_wrk(SCRIPT, f"http://{addr}", threads=1, conns=4, seconds=seconds,
+                         env={"HYB_WRK_ADDRS": addr, "HYB_WRK_NAMES": str(names), "HYB_WRK_RATE": "100",
+                              "HYB_WRK_COUNT": str(count), "HYB_WRK_START": str(start), "HYB_WRK_TOKEN": "t"})
+    try:
+        p = wrk(3, 100_000, 30)
+        time.sleep(1.5)
+        t = time.monotonic()
+        first = stop_wrk(p)  # type: ignore[arg-type]
+        assert time.monotonic() - t < 5  # not the 30 s of -d
+        time.sleep(0.3)  # anything in flight has landed
+        n1 = len(got)
+        second = wait_wrk(wrk(3 + first.sent, 40, 2))  # type: ignore[arg-type]
+        time.sleep(0.3)
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert 50 <= first.sent <= 200 and first.answered(200) <= first.sent
+    assert n1 == first.sent  # what the report says went out is what arrived
+    assert second.sent == 40 and len(got) == first.sent + 40
+    per_host = Counter(got)
+    assert set(per_host) == {f"/v1/hosts/h{i}/heartbeat" for i in range(7)}
+    assert max(per_host.values()) - min(per_host.values()) <= 1, per_host

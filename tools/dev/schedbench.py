@@ -565,9 +565,19 @@ def wait_wrk(p: subprocess.Popen) -> WrkRun:
     """Wait for a wrk started by ``start_wrk``; its report and its CPU (user + system,
     from wait4, so the time of its threads is counted after they are gone)."""
     assert p.stdout is not None
-    out = p.stdout.read()
+    with p.stdout:
+        out = p.stdout.read()
     _, status, ru = os.wait4(p.pid, 0)
     p.returncode = os.waitstatus_to_exitcode(status)
     if p.returncode != 0:
         raise RuntimeError(f"wrk exited {p.returncode}: {out[-2000:]}")
     return WrkRun(parse_wrk_report(out), ru.ru_utime + ru.ru_stime)
+
+
+def stop_wrk(p: subprocess.Popen) -> WrkRun:
+    """Stop a wrk started by ``start_wrk`` before its -d ends: SIGINT, on which wrk 4
+    stops its threads and still runs the script's done() (the report line); then as
+    ``wait_wrk``."""
+    p.send_signal(signal.SIGINT)
+    return wait_wrk(p)
+
