@@ -89,14 +89,15 @@ class PlacementConfig(BaseModel):
     # "rows" = concurrent claim batches that row-lock their hosts (SQLite is always "store")
     claim_lock: Literal["store", "rows"] = "store"
     # A host silent this long is "down" (no new VMs; marked down and its VMs flagged at
-    # the next [liveness] check): with hostd's 10 s beats, marked within 30 s of its last.
-    heartbeat_timeout_s: float = 25.0
+    # the next [liveness] check). A dead host is marked at most a period (its last beat in
+    # a peer's row), this and a check after its last beat: 2 + 22 + 2 = 26 s with the
+    # defaults. A live host may look a beat interval plus liveness_rule.silent_allowance
+    # stale (10 + 2 x 2 + 1 = 15 s with hostd's 10 s beats): keep the timeout above that.
+    heartbeat_timeout_s: float = 22.0
     # Each replica writes one row per this many seconds naming the hosts it heard from
     # (scheduler/service/pulse.py): the liveness every replica judges "down" by, shared
-    # without a write per beat. A live host may look up to 3 periods + a liveness check
-    # stale to a replica (liveness_rule.silent_allowance): keep the timeout above that
-    # plus a beat interval.
-    heartbeat_period_s: float = Field(5.0, gt=0, le=60)
+    # without a write per beat.
+    heartbeat_period_s: float = Field(2.0, gt=0, le=60)
     # A host's ``last_heartbeat`` row is written when it comes back from down and else at
     # most once per this many seconds per replica: a floor under the shared liveness
     # (what tools reading the table see), not what "down" is judged by. 0: every flushed
@@ -138,10 +139,14 @@ class ReconcileConfig(BaseModel):
 
 
 class LivenessConfig(BaseModel):
-    check_s: float = Field(4.0, ge=0)  # between checks for hosts to mark down; 0 = off
+    check_s: float = Field(2.0, ge=0)  # between checks for hosts to mark down; 0 = off
     grace_s: float = Field(0.0, ge=0)  # after start, mark nothing for this long; 0 = placement.heartbeat_timeout_s
     rack_share: float = Field(0.5, gt=0, le=1)  # a rack newly silent above this share: one event, nobody marked
     fleet_share: float = Field(0.2, gt=0, le=1)  # the fleet newly silent above this share: likewise
+    # hostd's beat interval (its heartbeat_s). With liveness_rule.silent_allowance, the
+    # most a live host can look silent: a host silent longer missed a beat and counts
+    # towards a rack's or the fleet's event before it is past the timeout.
+    beat_interval_s: float = Field(10.0, gt=0, le=3600)
     min_hosts: int = Field(3, ge=1)  # a rack (or fleet) smaller than this makes no event
     # A replica whose event loop or heartbeat flush ran later than this (the worst of the
     # last 30 s) marks nothing down and is not ready: the silences may be its own doing.

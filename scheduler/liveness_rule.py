@@ -6,6 +6,15 @@ same check, that is reported as one event and those hosts are not marked one by 
 top-of-rack switch, a network partition or the scheduler's own connectivity is the
 likelier cause, as Kubernetes' node lifecycle controller treats an unhealthy zone.
 Hosts already marked do not count towards an event (it is about what went silent now).
+
+Hosts silenced at one instant do not cross the timeout at one instant: their beats are
+spread over a beat interval (and a peer's period), so they cross it over that long, a
+few at each check. Judged on the hosts past the timeout alone, the first check saw a
+share of them, marked those, and the event came a check or two later (a replica's half of
+a fleet, 2026-11-29: 3,546 hosts marked before the fleet's event). So an event also
+counts the hosts that have missed a beat but are not past the timeout yet
+(``missed``: silent longer than a live host can look, ``missed_beat_after``): the check
+that would mark the first of them sees most of the group.
 """
 
 from __future__ import annotations
@@ -43,20 +52,26 @@ class Judgement:
     events: list[str] = field(default_factory=list)  # what an operator reads, one line each
 
 
-def judge(silent: dict[str, str], marked: set[str], sizes: dict[str, int], rules: Rules = Rules()) -> Judgement:
+def judge(silent: dict[str, str], marked: set[str], sizes: dict[str, int], rules: Rules = Rules(),
+          missed: dict[str, str] | None = None) -> Judgement:
     """``silent``: host -> rack of every host silent past the timeout; ``marked``: the
-    hosts already marked down; ``sizes``: hosts per rack, the whole fleet."""
+    hosts already marked down; ``sizes``: hosts per rack, the whole fleet; ``missed``:
+    host -> rack of the hosts that missed a beat (``missed_beat_after``) and are not
+    past the timeout yet: never marked, but they count towards an event, which is only
+    raised where it holds a host this check would mark."""
     new = {h: r for h, r in silent.items() if h not in marked}
+    going = {**{h: r for h, r in (missed or {}).items() if h not in marked}, **new}
     fleet = sum(sizes.values())
     held: dict[str, str] = {}
     events: list[str] = []
-    if fleet >= rules.min_hosts and len(new) / fleet > rules.fleet_share:
-        why = (f"fleet: {len(new)} of {fleet} hosts went silent at once (over {rules.fleet_share:.0%}); "
+    if new and fleet >= rules.min_hosts and len(going) / fleet > rules.fleet_share:
+        why = (f"fleet: {len(going)} of {fleet} hosts went silent at once (over {rules.fleet_share:.0%}); "
                "not marked down one by one")
         events.append(why)
         held = dict.fromkeys(new, why)
     else:
-        for rack, n in sorted(Counter(new.values()).items()):
+        racks = set(new.values())
+        for rack, n in sorted(Counter(r for r in going.values() if r in racks).items()):
             size = sizes.get(rack, 0)
             if size >= rules.min_hosts and n / size > rules.rack_share:
                 why = (f"rack {rack or '(none)'}: {n} of {size} hosts went silent at once "
@@ -124,6 +139,14 @@ def silent_allowance(*, period_s: float, flush_s: float) -> float:
     to a live replica: it looks at most a beat interval plus a period old meanwhile.
     So the heartbeat timeout must exceed the beat interval plus this."""
     return 2 * period_s + flush_s
+
+
+def missed_beat_after(*, interval_s: float, period_s: float, flush_s: float) -> float:
+    """How long a live host can look silent: a beat interval (hostd's, ``liveness.
+    beat_interval_s``) plus ``silent_allowance``. A host silent longer has missed a beat:
+    it counts towards a rack's or the fleet's event (``judge``'s ``missed``) before it is
+    past the timeout, which must exceed this."""
+    return interval_s + silent_allowance(period_s=period_s, flush_s=flush_s)
 
 
 def beat_retry_after(*, timeout_s: float, period_s: float, flush_s: float, jitter: float) -> int:

@@ -7,7 +7,9 @@ marked yet, and still the same last beat), so with several replicas a host is ma
 once; it is audited (``host.down``, with how many VMs were flagged) and its running VMs
 get the reason "host <name> silent since <time>: marked down". A beat or registration
 clears both (``repo.hosts.back_up``). An event (a rack or the fleet newly silent at
-once) is logged and audited once while it lasts, and its hosts are left unmarked.
+once, counting the hosts that missed a beat and are not past the timeout yet: a group
+silenced at once crosses the timeout over a beat interval) is logged and audited once
+while it lasts, and its hosts are left unmarked.
 
 No false alarms after a restart: nothing is marked until ``grace_s`` after this
 replica started (hosts whose beats went to a scheduler that was down or paused beat
@@ -128,10 +130,13 @@ class Lag:
 class LivenessWatch:
     def __init__(self, *, store: Store, cfg: LivenessConfig, heartbeat_timeout_s: float,
                  clock: Callable[[], float] = time.time, pulse: Pulse | None = None, lag: Lag | None = None,
-                 cache: HostCache | None = None):
+                 cache: HostCache | None = None, missed_beat_s: float | None = None):
         self.store = store
         self.cfg = cfg
         self.timeout = heartbeat_timeout_s
+        # silent longer than this: a missed beat (``liveness_rule.missed_beat_after``),
+        # counted towards an event before the timeout; None: only the hosts past it count
+        self.missed_beat_s = missed_beat_s
         self.clock = clock
         self.pulse = pulse
         self.cache = cache
@@ -160,8 +165,14 @@ class LivenessWatch:
             log.warning("liveness check skipped: this replica lags (%s); no host marked down", why)
             return None
         down = host_repo.down_before(now=now, heartbeat_timeout_s=self.timeout)
-        sv = self.survey(now, down)
-        got = judge(sv.silent, sv.marked, sv.sizes, self.rules)
+        # the hosts past the timeout, and those that missed a beat and will be past it
+        # soon: a group silenced at once crosses the timeout over a beat interval, and is
+        # judged whole at the check that would mark its first (``liveness_rule``)
+        missed_before = down if self.missed_beat_s is None else max(down, now - self.missed_beat_s)
+        sv = self.survey(now, missed_before)
+        past = {n: r for n, r in sv.silent.items() if sv.last[n] < down}
+        got = judge(past, sv.marked, sv.sizes, self.rules,
+                    missed={n: r for n, r in sv.silent.items() if n not in past})
         marks = {n: sv.last[n] for n in got.mark
                  if self.pulse is None or self.pulse.seen(n, sv.recorded[n]) < down}  # not beaten here since
         events = set(got.events) - self._events

@@ -6,7 +6,8 @@ from __future__ import annotations
 
 import random
 
-from scheduler.liveness_rule import Rules, decode_ids, encode_ids, judge, lag_reason, silent_allowance
+from scheduler.liveness_rule import (Rules, decode_ids, encode_ids, judge, lag_reason, missed_beat_after,
+                                     silent_allowance)
 
 SIZES = {"r1": 10, "r2": 10, "r3": 2, "r4": 40}
 
@@ -42,6 +43,27 @@ def test_hosts_marked_before_do_not_count_towards_an_event() -> None:
     assert got.mark == ["r1-5"] and got.events == []
 
 
+def test_hosts_that_missed_a_beat_count_towards_an_event_but_are_never_marked() -> None:
+    """A group silenced at once crosses the timeout over a beat interval: the check that
+    would mark its first ones counts the rest (missed a beat, not past the timeout yet)."""
+    past = {"r4-0": "r4", "r4-1": "r4"}  # 2 of 62: alone, marked
+    assert judge(past, marked=set(), sizes=SIZES).mark == ["r4-0", "r4-1"]
+    missed = {f"r4-{i}": "r4" for i in range(2, 13)} | {"r1-0": "r1"}  # with these, 14 of 62
+    got = judge(past, marked=set(), sizes=SIZES, missed=missed)
+    assert got.mark == [] and set(got.held) == set(past)  # the missed are not the check's to mark
+    assert got.events == ["fleet: 14 of 62 hosts went silent at once (over 20%); not marked down one by one"]
+    # a rack: 2 past and 4 missed of 10 is over half
+    got = judge({"r1-0": "r1", "r1-1": "r1"}, marked=set(), sizes=SIZES,
+                missed={f"r1-{i}": "r1" for i in range(2, 6)})
+    assert got.mark == [] and got.events == [
+        "rack r1: 6 of 10 hosts went silent at once (over 50%); not marked down one by one"]
+    # no event where nothing would be marked: missed beats alone (the next check judges them)
+    assert judge({}, marked=set(), sizes=SIZES, missed=missed) == judge({}, marked=set(), sizes=SIZES)
+    assert judge({"r2-0": "r2"}, marked=set(), sizes=SIZES, missed={f"r1-{i}": "r1" for i in range(8)}).events == []
+    # marked hosts count for neither
+    assert judge(past, marked={f"r4-{i}" for i in range(2, 13)}, sizes=SIZES, missed=missed).mark == list(past)
+
+
 def test_the_shares_are_configurable() -> None:
     silent = {f"r1-{i}": "r1" for i in range(3)}
     assert judge(silent, marked=set(), sizes=SIZES, rules=Rules(rack_share=0.25, fleet_share=0.9)).mark == []
@@ -69,5 +91,11 @@ def test_a_lagging_replica_says_why_and_the_allowance_covers_a_period_twice() ->
     assert lag_reason(loop_lag_s=0.1, flush_late_s=0.3, bound_s=2) is None
     assert lag_reason(loop_lag_s=2.5, flush_late_s=0, bound_s=2) == "event loop 2.50 s late (bound 2 s)"
     assert lag_reason(loop_lag_s=0, flush_late_s=3, bound_s=2) == "heartbeat flush 3.00 s late (bound 2 s)"
-    # the shipped timings: 10 s beats, 5 s periods, 1 s flushes, 25 s timeout
-    assert 10 + silent_allowance(period_s=5, flush_s=1) < 25
+    # the shipped timings: 10 s beats, 2 s periods, 1 s flushes, 22 s timeout; a host is
+    # marked at most a period (a peer's row), the timeout and a check (2 s) after its last
+    # beat: 26 s, under the 30 s asked
+    from scheduler.config import LivenessConfig, PlacementConfig, StatsConfig
+    p, lv, st = PlacementConfig(), LivenessConfig(), StatsConfig()
+    assert (lv.beat_interval_s, p.heartbeat_period_s, st.heartbeat_flush_s, p.heartbeat_timeout_s) == (10, 2, 1, 22)
+    assert missed_beat_after(interval_s=10, period_s=2, flush_s=1) == 10 + silent_allowance(period_s=2, flush_s=1) == 15
+    assert 15 < 22 and 2 + 22 + lv.check_s <= 26

@@ -345,3 +345,56 @@ def test_a_replica_that_lags_marks_nothing_and_is_not_ready(db_url) -> None:
         got = watch.check()
         assert got is not None and got.mark == ["r1-0"]
         assert a.get("/readyz").status_code == 200
+
+
+def test_a_replicas_half_of_the_fleet_silenced_at_once_is_held_before_any_is_marked(db_url) -> None:
+    """Forty hosts in two racks beat every 10 s, their beats spread over the interval,
+    every other host to replica b. b dies and nothing takes its hosts' beats elsewhere
+    (or a partition cuts them off): half the fleet goes silent at one instant, but its
+    hosts cross the 22 s timeout one after another over a beat interval and a period.
+    a checks every 2 s. Judged on the hosts past the timeout alone, its first check saw a
+    few of them (under a fifth of the fleet, and half of each rack is not over half) and
+    marked those; the fleet's event came later (2026-11-29: 3,546 false downs at 100,000
+    hosts). Counting the hosts that missed a beat, the check that would mark the first
+    sees most of them: one event, none marked."""
+    clock = Clock(T0)
+    cfg = {"stats": {"heartbeat_flush_s": 1},  # the shipped timings; flushed by the test, on its clock
+           "placement": {"heartbeat_timeout_s": 22, "heartbeat_period_s": 2},
+           "liveness": {"check_s": 0, "grace_s": 1, "lag_bound_s": 1000, "beat_interval_s": 10}}
+    with make_client(db_url, clock=clock, **cfg) as a, make_client(db_url, clock=clock, **cfg) as b:
+        for api in (a, b):
+            api.app.state.hosts._stop.set()  # no flusher thread: the test flushes on its clock
+        names = [f"r{1 + i // 20}-{i % 20}" for i in range(40)]
+        for n in names:
+            assert a.post("/v1/hosts", json=host_body(n, rack=n.split("-")[0]), headers=HOST).status_code == 201
+        warm(a, clock)
+        warm(b, clock)
+        watch = a.app.state.liveness
+        assert watch.missed_beat_s == 10 + 2 * 2 + 1  # the beat interval and silent_allowance
+        killed = 40.0  # b dies
+        marked: list[str] = []
+        events: list[str] = []
+        for step in range(1, 4 * 100 + 1):  # every 0.25 s for 100 s
+            t = step / 4
+            clock.t = T0 + t
+            for i, n in enumerate(names):
+                if (t - i / 4) % 10 == 0:  # host i beats at i/4 s into each interval
+                    to = b if i % 2 else a
+                    if to is b and t >= killed:
+                        continue
+                    assert to.post(f"/v1/hosts/{n}/heartbeat", headers=HOST).status_code == 200
+            if t % 1 == 0:
+                a.app.state.hosts.flush()
+                if t < killed:
+                    b.app.state.hosts.flush()
+            if t % 2 == 0:
+                got = watch.check()
+                if got is not None:
+                    marked += got.mark
+                    events += got.events
+        assert marked == [], marked
+        assert events and all(e.startswith("fleet: ") for e in events), events
+        rows = [x for x in a.get("/v1/audit", headers=ADM).json()["items"] if x["action"] == "fleet.silence"]
+        assert rows and set(rows[-1]["detail"]["hosts"]) <= {n for i, n in enumerate(names) if i % 2}
+        assert all(a.get(f"/v1/hosts/{n}", headers=ADM).json()["down_since"] is None
+                   for i, n in enumerate(names) if i % 2)
