@@ -735,7 +735,9 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
         if a.generator == "wrk":
             runs = [wait_wrk(start_beats(bases, names, start=0, count=warm, rate=rate, seconds=warm / rate + 1,
                                          tmp=tmp, label="warm"))]
-            runs += keep_beating_wrk(reps, talking, sorted(silent), timed_beat, rate, span, tmp)
+            got_runs, restart_s = keep_beating_wrk(reps, talking, sorted(silent), timed_beat, rate, span, a.timeout_s,
+                                                   tmp)
+            runs += got_runs
             sent, ok = sum(r.sent for r in runs) + len(silent), sum(r.answered(200) for r in runs) + len(last)
             late: int | None = sum(int(r.report.get("late_1ms", 0)) for r in runs)
         else:
@@ -744,11 +746,17 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
 
             async def keep_beating():  # type: ignore[no-untyped-def]
                 loop = asyncio.get_running_loop()
-                restart = loop.run_in_executor(None, lambda: (time.sleep(span / 3), reps.restart(1)))
+
+                def restart() -> float:
+                    time.sleep(span / 3)
+                    r0 = time.monotonic()
+                    reps.restart(1)
+                    return time.monotonic() - r0
+                restarted = loop.run_in_executor(None, restart)
                 got = await run_open(rate, CONNS, bases, items, timed_beat)
-                await restart
-                return got
-            got += asyncio.run(keep_beating())
+                return got, await restarted
+            more, restart_s = asyncio.run(keep_beating())
+            got += more
             sent, ok, late = len(got), sum(1 for (st, _), _l in got if st == 200), None
 
         async def audit(c: Conn, action: str) -> list[dict]:
@@ -775,6 +783,7 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
             # what the generator sent in this phase and what was answered 200, and the
             # liveness events the replicas logged (many hosts silent at once: none marked)
             "mark_down_beats_sent": sent, "mark_down_beats_answered": ok, "mark_down_beats_late": late,
+            "replica_restart_s": round(restart_s, 1),  # replica 1 stopped to answering again
             "liveness_events": [f"{time.strftime('%H:%M:%S', time.gmtime(e['at']))} {e['detail'].get('event')}"
                                 for e in sorted(events, key=lambda e: e["at"])],
             "liveness_in_db": seen,
@@ -783,42 +792,45 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
 
 
 def keep_beating_wrk(reps: Replicas, talking: list[str], silent: list[str], timed_beat, rate: float,  # type: ignore[no-untyped-def]
-                     span: float, tmp: Path) -> list[WrkRun]:
-    """Phase 5's beats through wrk: the hosts that keep beating for ``span`` seconds,
-    one wrk a replica, routed as a load balancer would while replica 1 restarts. A wrk
-    connection that loses its server never reconnects, so replica 1's wrk runs until
-    the restart; just before replica 1 is stopped a wrk takes its hosts' beats to
-    replica 0 from where the stream stopped, and once replica 1 answers again that one
-    is stopped (SIGINT: wrk still reports) and a new wrk beats replica 1's hosts to it
-    from where the stream then is: no beat skipped, none sent twice (each starts up to a
-    wrk's start-up late). The silent hosts' last beats come from this process, timed.
-    All the runs are returned (their beats are the phase's)."""
+                     span: float, after_s: float, tmp: Path) -> tuple[list[WrkRun], float]:
+    """Phase 5's beats through wrk: the hosts that keep beating for ``span`` seconds, and
+    at least ``after_s`` after replica 1 is back, one wrk a replica, routed as a load
+    balancer would while replica 1 restarts. A wrk connection that loses its server never
+    reconnects, so replica 1's wrk runs until the restart; just before replica 1 is
+    stopped a wrk takes its hosts' beats to replica 0 from where the stream stopped, and
+    once replica 1 answers again that one is stopped (SIGINT: wrk still reports) and a new
+    wrk beats replica 1's hosts to it from where the stream then is: no beat skipped, none
+    sent twice (each starts up to a wrk's start-up late). However long the restart takes
+    (at 100,000 hosts its index's first pass), the beats go on: the wrks that run to the
+    end are started long and stopped. The silent hosts' last beats come from this
+    process, timed. Returns every run (their beats are the phase's) and the restart's time."""
     half = [talking[0::2], talking[1::2]]
     bases = reps.bases
     t0 = time.monotonic()
     first = span / 3
-    w0 = start_beats(bases[:1], half[0], start=0, count=int(rate / 2 * span), rate=rate / 2, seconds=span + 1,
-                     tmp=tmp, label="talk-0")
-    w1 = start_beats(bases[1:], half[1], start=0, count=int(rate / 2 * first), rate=rate / 2, seconds=first,
-                     tmp=tmp, label="talk-1a")
-    running, runs = [w0, w1], []
+    most = span + 300  # the longest a replica's start is waited for (Replicas.start)
 
-    def from_here(base: tuple[str, int], pos: int, label: str) -> subprocess.Popen:
-        left = max(1.0, span - (time.monotonic() - t0))
-        return start_beats([base], half[1], start=pos, count=int(rate / 2 * left), rate=rate / 2, seconds=left + 1,
-                           tmp=tmp, label=label)
+    def beats(base: tuple[str, int], names: list[str], pos: int, seconds: float, label: str) -> subprocess.Popen:
+        return start_beats([base], names, start=pos, count=int(rate / 2 * seconds), rate=rate / 2,
+                           seconds=seconds + (1 if seconds < most else 0), tmp=tmp, label=label)
+    running: list[subprocess.Popen] = [beats(bases[0], half[0], 0, most, "talk-0")]
+    runs: list[WrkRun] = []
     try:
+        w1 = beats(bases[1], half[1], 0, first, "talk-1a")
         asyncio.run(run_clients(8, bases, silent, timed_beat))
-        runs.append(wait_wrk(running.pop()))
+        runs.append(wait_wrk(w1))
         pos = runs[-1].sent  # replica 1's hosts' stream stopped here
-        running.append(from_here(bases[0], pos, "talk-1-to-0"))  # the balancer: replica 1 is going away
+        running.append(beats(bases[0], half[1], pos, most, "talk-1-to-0"))  # the balancer: replica 1 goes away
+        r0 = time.monotonic()
         reps.restart(1)
+        back = time.monotonic()
         runs.append(stop_wrk(running.pop()))  # replica 1 answers again: its hosts go back to it
         pos += runs[-1].sent
-        running.append(from_here(bases[1], pos, "talk-1b"))
+        running.append(beats(bases[1], half[1], pos, most, "talk-1b"))
+        time.sleep(max(0.0, max(t0 + span, back + after_s) - time.monotonic()))
     finally:
-        runs += [wait_wrk(w) for w in running]
-    return runs
+        runs += [stop_wrk(w) for w in running]
+    return runs, back - r0
 
 
 # ---------------------------------------------------------------- hostd's own clients

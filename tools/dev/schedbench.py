@@ -577,7 +577,9 @@ def wait_wrk(p: subprocess.Popen) -> WrkRun:
 def stop_wrk(p: subprocess.Popen) -> WrkRun:
     """Stop a wrk started by ``start_wrk`` before its -d ends: SIGINT, on which wrk 4
     stops its threads and still runs the script's done() (the report line); then as
-    ``wait_wrk``."""
-    p.send_signal(signal.SIGINT)
+    ``wait_wrk``. One that ended by itself is only waited for: its PID is not reaped
+    until then, so the signal reaches it or its zombie, never another process
+    (``Popen.send_signal`` would reap it first and lose its rusage)."""
+    os.kill(p.pid, signal.SIGINT)
     return wait_wrk(p)
 
