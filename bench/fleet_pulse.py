@@ -735,8 +735,13 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
         if a.generator == "wrk":
             runs = [wait_wrk(start_beats(bases, names, start=0, count=warm, rate=rate, seconds=warm / rate + 1,
                                          tmp=tmp, label="warm"))]
+            def settled() -> bool:
+                try:
+                    return len(asyncio.run(audit_rows(bases[:1], "host.down"))) >= len(silent)
+                except (OSError, ValueError, KeyError):
+                    return False
             got_runs, restart_s = keep_beating_wrk(reps, talking, sorted(silent), timed_beat, rate, span, a.timeout_s,
-                                                   tmp)
+                                                   tmp, settled)
             runs += got_runs
             sent, ok = sum(r.sent for r in runs) + len(silent), sum(r.answered(200) for r in runs) + len(last)
             late: int | None = sum(int(r.report.get("late_1ms", 0)) for r in runs)
@@ -771,6 +776,7 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
                     return rows
                 before = f"&before={page['next']}"
         rows, events = asyncio.run(run_clients(1, bases[:1], ["host.down", "fleet.silence"], audit))
+        shed = shed_counts(bases)  # replica 0's, and replica 1's since its restart
     finally:
         done.set()
         reps.stop()
@@ -784,6 +790,10 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
             # liveness events the replicas logged (many hosts silent at once: none marked)
             "mark_down_beats_sent": sent, "mark_down_beats_answered": ok, "mark_down_beats_late": late,
             "replica_restart_s": round(restart_s, 1),  # replica 1 stopped to answering again
+            "mark_down_shed": shed,
+            # liveness checks a replica skipped because it lagged or shed (its log's warnings)
+            "liveness_checks_skipped": [sum(1 for ln in (tmp / f"replica-{i}.log").read_text(errors="replace")
+                                            .splitlines() if "liveness check skipped" in ln) for i in range(2)],
             "liveness_events": [f"{time.strftime('%H:%M:%S', time.gmtime(e['at']))} {e['detail'].get('event')}"
                                 for e in sorted(events, key=lambda e: e["at"])],
             "liveness_in_db": seen,
@@ -792,7 +802,7 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
 
 
 def keep_beating_wrk(reps: Replicas, talking: list[str], silent: list[str], timed_beat, rate: float,  # type: ignore[no-untyped-def]
-                     span: float, after_s: float, tmp: Path) -> tuple[list[WrkRun], float]:
+                     span: float, after_s: float, tmp: Path, settled=lambda: True) -> tuple[list[WrkRun], float]:
     """Phase 5's beats through wrk: the hosts that keep beating for ``span`` seconds, and
     at least ``after_s`` after replica 1 is back, one wrk a replica, routed as a load
     balancer would while replica 1 restarts. A wrk connection that loses its server never
@@ -802,8 +812,11 @@ def keep_beating_wrk(reps: Replicas, talking: list[str], silent: list[str], time
     wrk beats replica 1's hosts to it from where the stream then is: no beat skipped, none
     sent twice (each starts up to a wrk's start-up late). However long the restart takes
     (at 100,000 hosts its index's first pass), the beats go on: the wrks that run to the
-    end are started long and stopped. The silent hosts' last beats come from this
-    process, timed. Returns every run (their beats are the phase's) and the restart's time."""
+    end are started long and stopped; past the time, they go on until ``settled()`` (every
+    silent host marked: a replica that carried the whole fleet during the restart may
+    have shed and so judged nothing for a while) or the wrks' length. The silent hosts'
+    last beats come from this process, timed. Returns every run (their beats are the
+    phase's) and the restart's time."""
     half = [talking[0::2], talking[1::2]]
     bases = reps.bases
     t0 = time.monotonic()
@@ -828,6 +841,8 @@ def keep_beating_wrk(reps: Replicas, talking: list[str], silent: list[str], time
         pos += runs[-1].sent
         running.append(beats(bases[1], half[1], pos, most, "talk-1b"))
         time.sleep(max(0.0, max(t0 + span, back + after_s) - time.monotonic()))
+        while time.monotonic() < t0 + most - 5 and not settled():
+            time.sleep(2)
     finally:
         runs += [stop_wrk(w) for w in running]
     return runs, back - r0
