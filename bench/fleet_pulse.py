@@ -39,7 +39,11 @@ out of play (a timeout no pause reaches, as bench/placement.py):
    down after its last beat (p50/p99, from the audit's host.down rows), how many hosts
    that kept beating were marked down (false downs), the liveness events the replicas
    logged (too many hosts silent at once: none marked), and every 5 s how many hosts'
-   liveness the database holds from this phase.
+   liveness the database holds from this phase. The phase lasts the timeout, two checks
+   and a beat interval, and at least a timeout after the restarted replica answers; with
+   wrk it then goes on until every silent host is marked (at most 5 minutes: replicas
+   that shed skip their checks, mark_down_shed and liveness_checks_skipped say so);
+   replica_restart_s is how long the restarted replica took to answer again.
 
 The beats case (--only beats): phase 2 alone, with its idle phase and its floor, on a
 fleet registered first (two fresh replicas, warmed, liveness out of play as in 1-3).
