@@ -704,6 +704,7 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
                           period_s=a.period_s, interval_s=a.interval_s), tmp, 2)
     silent = set(names[::100])
     last: dict[str, float] = {}
+    answered: set[str] = set()  # the silent hosts whose last beat was answered 200
     seen: list[str] = []  # every 5 s: how many hosts' liveness the database holds from this phase
     done = threading.Event()
 
@@ -728,8 +729,10 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
                     got = await beat(other, name)
                 finally:
                     other.close()
-            if got[0] == 200:
+            if got[0] in (200, 503):  # a beat shed (503, Retry-After) still counts for its host's liveness
                 last[name] = time.time()
+                if got[0] == 200:
+                    answered.add(name)
             return got
 
         # every host beats once (the replicas mark nothing during their grace period anyway)
@@ -747,7 +750,7 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
             got_runs, restart_s = keep_beating_wrk(reps, talking, sorted(silent), timed_beat, rate, span, a.timeout_s,
                                                    tmp, settled)
             runs += got_runs
-            sent, ok = sum(r.sent for r in runs) + len(silent), sum(r.answered(200) for r in runs) + len(last)
+            sent, ok = sum(r.sent for r in runs) + len(silent), sum(r.answered(200) for r in runs) + len(answered)
             late: int | None = sum(int(r.report.get("late_1ms", 0)) for r in runs)
         else:
             got = asyncio.run(run_open(rate, CONNS, bases, [names[k % len(names)] for k in range(warm)], timed_beat))
