@@ -71,13 +71,16 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         g = groups[item] = xdist_group_of(item) or item.nodeid
         if g != item.nodeid and not item.get_closest_marker("xdist_group"):
             item.add_marker(pytest.mark.xdist_group(g))
-    # The machine group is the longest chain, then the slow ones: with
-    # --no-loadscope-reorder xdist hands groups out in this order, so the long ones
-    # start first and the short ones fill the other worker's gaps.
+    # The machine group is the longest chain, then the slow ones and OWN_GROUPS' (serial,
+    # ~100 s: handed out last, kvm-host once ran after the machine group on the same
+    # worker, at the run's end): with --no-loadscope-reorder xdist hands groups out in
+    # this order, so the long ones start first and the short ones fill the other
+    # worker's gaps.
     weight: dict[str, int] = {}
     for item in items:
         g = groups[item]
-        w = 2 if g == "machine" else 1 if item.get_closest_marker("slow") or g == "postgres" else 0
+        w = 2 if g == "machine" else 1 if item.get_closest_marker("slow") or g == "postgres" or \
+            g in OWN_GROUPS.values() else 0
         weight[g] = max(weight.get(g, 0), w)
     # Within a group, quiet tests last: by then the other workers run short tests, so a
     # quiet test waits little for theirs to end (first, it would wait for the longest).
