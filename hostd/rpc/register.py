@@ -28,8 +28,8 @@ from pathlib import Path
 import httpx
 
 from api.bounds import RETRY_AFTER_JITTER
-from api.rest import retry_after
 from api.layout import Layout
+from api.rest import retry_after
 from hostd.discover.model import Topology
 from hostd.health.daily import DayFold
 from hostd.health.sampler import Sampler

@@ -43,7 +43,7 @@ class Pulse:
         self.clock = clock
         # ``lock``: what a beat's record holds; the heartbeat service holds it for its own
         # maps too (``HostService._record``: one lock a beat, ``beat_held``)
-        self.lock = self._lock = threading.Lock()
+        self.lock = threading.Lock()
         self._own: dict[str, float] = {}  # host -> the last beat this replica answered
         self._period: set[str] = set()  # heard in the period being collected
         self._start = clock()
@@ -61,7 +61,7 @@ class Pulse:
 
     def beat(self, name: str, now: float) -> float | None:
         """Record a beat; returns when the host was last heard before it (None: unknown)."""
-        with self._lock:
+        with self.lock:
             return self.beat_held(name, now)
 
     def beat_held(self, name: str, now: float) -> float | None:
@@ -74,7 +74,7 @@ class Pulse:
         return prev
 
     def last(self, name: str) -> float | None:
-        with self._lock:
+        with self.lock:
             return self._last(name)
 
     def _last(self, name: str) -> float | None:
@@ -94,7 +94,7 @@ class Pulse:
         """``seen`` of many hosts (name -> its recorded ``last_heartbeat``) under one lock:
         a liveness pass over the fleet from memory."""
         out: dict[str, float] = {}
-        with self._lock:
+        with self.lock:
             own, ids, peers = self._own, self._ids, self._peers
             for name, rec in recorded.items():
                 t = own.get(name)
@@ -108,7 +108,7 @@ class Pulse:
         return out
 
     def forget(self, name: str) -> None:
-        with self._lock:
+        with self.lock:
             self._own.pop(name, None)
 
     def due(self, now: float) -> bool:
@@ -121,7 +121,7 @@ class Pulse:
         looked up first. ``force``: the period so far, over or not (a replica stopping)."""
         if not force and not self.due(now):
             return False
-        with self._lock:
+        with self.lock:
             heard, self._period = self._period, set()
             start, self._start = self._start, now
         if not heard:
@@ -148,7 +148,7 @@ class Pulse:
                 self.flowing_since = min(fresh)
             if any(i not in self._names for _, ids in decoded for i in ids):
                 self._load_ids(session)
-            with self._lock:
+            with self.lock:
                 got = self._peers
                 for end, ids in decoded:
                     for i in ids:
@@ -163,6 +163,6 @@ class Pulse:
 
     def _load_ids(self, session: Session) -> None:
         ids = pulse_repo.beat_ids(session=session)
-        with self._lock:
+        with self.lock:
             self._ids = ids
             self._names = {i: n for n, i in ids.items()}

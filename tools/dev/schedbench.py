@@ -582,4 +582,3 @@ def stop_wrk(p: subprocess.Popen) -> WrkRun:
     (``Popen.send_signal`` would reap it first and lose its rusage)."""
     os.kill(p.pid, signal.SIGINT)
     return wait_wrk(p)
-
