@@ -771,18 +771,8 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
             got += more
             sent, ok, late = len(got), sum(1 for (st, _), _l in got if st == 200), None
 
-        async def audit(c: Conn, action: str) -> list[dict]:
-            rows: list[dict] = []
-            before = ""
-            while True:  # pages of 1,000 (the API's most): 100,000 hosts have 1,000 silent
-                r = await c.request("GET", f"/v1/audit?action={action}&limit=1000{before}", None,
-                                    auth("bench-admin"))
-                page = json.loads(r.body)
-                rows += page["items"]
-                if not page.get("next"):
-                    return rows
-                before = f"&before={page['next']}"
-        rows, events = asyncio.run(run_clients(1, bases[:1], ["host.down", "fleet.silence"], audit))
+        rows = asyncio.run(audit_rows(bases[:1], "host.down"))  # paged: 100,000 hosts have 1,000 silent
+        events = asyncio.run(audit_rows(bases[:1], "fleet.silence"))
         shed = shed_counts(bases)  # replica 0's, and replica 1's since its restart
     finally:
         done.set()
