@@ -36,6 +36,13 @@ M_HLT = 40
 HALT = f"--deadline-cycles 60000000 tscdeadline_halt {M_HLT}"
 # the LAPIC setup's MSR accesses, then a deadline write and an EOI per operation
 MSR_EXITS = 4 + 2 * M_HLT
+# A halted vCPU can be woken by something other than its timer and halt once more for the
+# same HLT exit (kvm_vcpu_halt returns on a signal or an unblock request while the vCPU is
+# not runnable; vcpu_run then halts it again). CI on 2026-11-29 saw 41 wake-ups for 40 HLT
+# exits, in both wake-up views, beside one external interrupt: exits are exact, wake-ups
+# are the workload's M plus at most this many from the outer guest
+SPARE_WAKEUPS = 3
+WAKEUPS = range(M_HLT, M_HLT + SPARE_WAKEUPS + 1)
 
 
 def around(guest, helper: str, *args: str, background: str | None = None, timeout: float = 150) -> dict:
@@ -119,8 +126,8 @@ def test_kprobe_wakeups_sees_every_timer_wake_up_though_wake_up_is_inlined(neste
     the never-hit symbol is named under `blind`."""
     doc = around(nested_svm, HALT, "kprobe", "wakeups", "-p", "{pid}", "--format", "json")
     d = doc["result"]
-    assert sum(r["count"] for r in d["woke_halted"]) == M_HLT, d
-    assert sum(b["count"] for b in d["halted_ns_hist"]) == M_HLT, d["halted_ns_hist"]
+    assert sum(r["count"] for r in d["woke_halted"]) in WAKEUPS, d
+    assert sum(b["count"] for b in d["halted_ns_hist"]) in WAKEUPS, d["halted_ns_hist"]
     assert d["halts_unslept"] == [], d
     assert sum(r["count"] for r in d["kicks"]) >= M_HLT, d["kicks"]
     # this kernel: the symbol is in kallsyms and BTF, yet never fires; the engine says so
@@ -138,9 +145,11 @@ def test_diagnose_hlt_wakeups_and_memory_faults_live(nested_svm) -> None:
     found = {f["rule"]: f for f in d["findings"] if f["vm"] == "quiet"}
     assert set(found) >= {"hlt-wakeups", "memory-faults"}, d
     got = found["hlt-wakeups"]["data"]["vcpus"]["0"]
-    # the workload fixes the halts and their timer wake-ups; an external interrupt of the
-    # outer guest's own may land on the vCPU now and then (1 in a full suite run)
-    assert (got["hlt"], got["wakeups"]) == (M_HLT, M_HLT) and got["external_interrupts"] <= 3, found["hlt-wakeups"]
+    # the workload fixes the halts; their wake-ups are its timer's plus a spare one now and
+    # then (SPARE_WAKEUPS), as an external interrupt of the outer guest's own may land on the
+    # vCPU (1 in a full suite run)
+    assert got["hlt"] == M_HLT and got["wakeups"] in WAKEUPS and got["external_interrupts"] <= 3, \
+        found["hlt-wakeups"]
     assert found["memory-faults"]["data"]["faults"] == 4, found["memory-faults"]
     assert all(n["rule"] not in ("hlt-wakeups", "memory-faults") for n in d["not_evaluated"]), d["not_evaluated"]
 
@@ -178,8 +187,9 @@ def test_exits_tracepoint_engine_counts_svm_io_exits(nested_svm) -> None:
 @long_only
 def test_kprobe_halts_and_timers_count_the_workload(nested_svm) -> None:
     h = around(nested_svm, HALT, "kprobe", "halts", "-p", "{pid}", "--format", "json")["result"]
-    assert [r["count"] for r in h["halts"]] == [M_HLT], h
-    assert sum(b["count"] for b in h["halt_ns_hist"]) == M_HLT
+    # kvm_vcpu_halt calls: one per HLT exit, and another for a halt woken spuriously
+    assert len(h["halts"]) == 1 and h["halts"][0]["count"] in WAKEUPS, h
+    assert sum(b["count"] for b in h["halt_ns_hist"]) in WAKEUPS, h["halt_ns_hist"]
     t = around(nested_svm, HALT, "kprobe", "timers", "-p", "{pid}", "--format", "json")["result"]
     assert [r["count"] for r in t["tsc_deadline_wrmsr"]] == [M_HLT], t
     assert sum(r["count"] for r in t["apic_timer_fn"]) >= M_HLT, t
