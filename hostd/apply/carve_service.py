@@ -54,7 +54,7 @@ from hostd.apply.carve_state import (
 )
 from hostd.apply.hostlock import HostLock
 from hostd.apply.layout_steps import plan_steps
-from hostd.apply.ledger import Ledger, VmRecord
+from hostd.apply.ledger import ON_HOST, Ledger, VmRecord, VmState
 from hostd.apply.steps import Step
 from hostd.carve.conflicts import vm_conflicts
 from hostd.carve.plan import plan_host
@@ -80,7 +80,6 @@ log = logging.getLogger(__name__)
 
 CARVE_STATE = "carve state"  # Served.source of a carved host
 
-BUSY_STATES = ("running", "creating", "deleting")
 LEDGER_NAME = "ledger.db"
 WAIT_S = 60.0  # how long a carve waits for the lock before CarveBusy
 
@@ -285,7 +284,7 @@ class CarveService:
         served = self.served
         return Info(carved_digest=st.digest if st else "", journal_steps=len(journal_steps(self.where.state_dir)),
                     reboot_pending=boot_pending(served.layout, self.where.root) if st and served else [],
-                    vms=len(vms), vms_running=sum(r.state == "running" for r in vms), started_unix=self.started,
+                    vms=len(vms), vms_running=sum(r.state == VmState.RUNNING for r in vms), started_unix=self.started,
                     policy_digest=served.digest if served else "", carved_policy_toml=st.policy_toml if st else "",
                     carve_operation=st.operation if st else "", carved_by=st.by if st else "",
                     carved_unix=st.carved_unix if st else 0.0)
@@ -363,7 +362,7 @@ class CarveService:
         with hold:
             self._compare(asker, target="")
             vms = self.vms.list()
-            busy = [f"{r.name} ({r.vm_id}, {r.state})" for r in vms if r.state in BUSY_STATES]
+            busy = [f"{r.name} ({r.vm_id}, {r.state})" for r in vms if r.state in ON_HOST]
             if busy:
                 raise VmsRunning(f"VMs are running: {', '.join(busy)}; drain the host first", field="vms")
             if vms and not drained:

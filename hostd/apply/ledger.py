@@ -24,6 +24,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from enum import StrEnum
 from pathlib import Path
 
 from hostd.carve.vmclaim import Claim, Usage
@@ -63,6 +64,27 @@ CREATE TABLE disk_claims (
 _UPGRADES = {
     1: (_PAGES, "INSERT INTO page_claims SELECT vm_id, node, size_kb, pages FROM vms"),
 }
+
+
+class VmState(StrEnum):
+    """A ledger row's state, and the state hostd reports for a VM (WatchEvents,
+    ListVMs, the ``hostd_vms`` gauge)."""
+    CREATING = "creating"
+    RUNNING = "running"
+    STOPPED = "stopped"
+    FAILED = "failed"
+    DELETING = "deleting"
+    INCOMING = "incoming"  # a live migration's target, its QEMU receiving
+    MIGRATING = "migrating"  # a live migration's source, its job running
+    DELETED = "deleted"  # never a row's: the event that a VM's row is gone
+
+
+# Rows a call in progress owns (CreateVM, DeleteVM, a migration on either side):
+# libvirt's lifecycle events and the reconcile leave them to that call
+CALL_OWNED = frozenset({VmState.CREATING, VmState.DELETING, VmState.INCOMING, VmState.MIGRATING})
+# Rows whose QEMU runs or may be running: an uncarve is refused while one exists,
+# whatever the caller says of a drain
+ON_HOST = CALL_OWNED | {VmState.RUNNING}
 
 
 @dataclass(frozen=True)
@@ -136,7 +158,7 @@ class Ledger:
         )
 
     def record(self, db: sqlite3.Connection, *, vm_id: str, request_id: str, name: str,
-               claim: Claim, spec: dict, state: str = "creating") -> None:
+               claim: Claim, spec: dict, state: str = VmState.CREATING) -> None:
         """Insert a VM and its claim rows; primary keys refuse any double booking."""
         now = time.time()
         with _conflicts():

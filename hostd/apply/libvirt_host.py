@@ -24,6 +24,7 @@ from typing import Protocol
 
 import libvirt
 
+from hostd.apply.ledger import VmState
 from hostd.errors import DomainError, LibvirtUnavailable
 
 log = logging.getLogger(__name__)
@@ -35,11 +36,11 @@ KEEPALIVE = (5, 3)  # seconds between probes, probes missed before libvirt drops
 
 # Lifecycle events hostd acts on, and the VM state each one means.
 EVENT_STATES = {
-    libvirt.VIR_DOMAIN_EVENT_STARTED: "running",
-    libvirt.VIR_DOMAIN_EVENT_RESUMED: "running",
-    libvirt.VIR_DOMAIN_EVENT_STOPPED: "stopped",
-    libvirt.VIR_DOMAIN_EVENT_SHUTDOWN: "stopped",
-    libvirt.VIR_DOMAIN_EVENT_CRASHED: "failed",
+    libvirt.VIR_DOMAIN_EVENT_STARTED: VmState.RUNNING,
+    libvirt.VIR_DOMAIN_EVENT_RESUMED: VmState.RUNNING,
+    libvirt.VIR_DOMAIN_EVENT_STOPPED: VmState.STOPPED,
+    libvirt.VIR_DOMAIN_EVENT_SHUTDOWN: VmState.STOPPED,
+    libvirt.VIR_DOMAIN_EVENT_CRASHED: VmState.FAILED,
 }
 _event_loop_started = False
 

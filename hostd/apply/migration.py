@@ -44,7 +44,7 @@ import libvirt
 from api.bounds import check_request_id
 from api.states import VfMigration
 from hostd.apply import streams
-from hostd.apply.ledger import VmRecord
+from hostd.apply.ledger import VmRecord, VmState
 from hostd.apply.vms import VmManager
 from hostd.carve.vmclaim import claim
 from hostd.carve.vmspec import DiskSpec, VmSpec, spec_problem
@@ -193,7 +193,7 @@ class Migrations:
         with m._changing("prepare a migration"):
             prior = m.ledger.get(vm_id=vm_id)
             if prior is not None:
-                if prior.state == "incoming" and prior.name == spec.name and prior.reason.endswith(f"(migration {request_id})"):
+                if prior.state == VmState.INCOMING and prior.name == spec.name and prior.reason.endswith(f"(migration {request_id})"):
                     return self._answer(prior, m.images.get(spec.image))
                 raise Conflict(f"VM {vm_id} is here already ({prior.name}, {prior.state})", field="vm_id")
             spec = dataclasses.replace(spec, disks=self._pick_disks(spec, source_disks))
@@ -203,11 +203,11 @@ class Migrations:
                 if isinstance(got, NoFit):
                     raise Refused(got.reason, field=got.field)
                 m.ledger.record(db, vm_id=vm_id, request_id=spec.request_id, name=spec.name, claim=got,
-                                spec=spec.to_dict(), state="incoming")
+                                spec=spec.to_dict(), state=VmState.INCOMING)
                 db.execute("UPDATE vms SET reason=? WHERE vm_id=?",
                            (f"incoming from {source_host or 'another host'} (migration {request_id})", vm_id))
             m.generation += 1
-            m.emit(vm_id, "incoming")
+            m.emit(vm_id, VmState.INCOMING)
             try:
                 if got.vfs:
                     m._set_vf_rates(got, spec)  # this host's VFs, the VM's rates
@@ -224,7 +224,7 @@ class Migrations:
                 log.error("prepare failed vm=%s name=%s error=%s; releasing", vm_id, spec.name, e)
                 self._unhold(vm_id)
                 m.teardown(vm_id, got, spec.name)
-                m.emit(vm_id, "deleted", str(e))
+                m.emit(vm_id, VmState.DELETED, str(e))
                 raise
             log.info("prepared incoming vm=%s name=%s from=%s cpus=%s disks=%s", vm_id, spec.name, source_host,
                      got.vcpu_pins, [d.name for d in got.disks])
@@ -270,19 +270,19 @@ class Migrations:
         m = self.m
         with m._changing("complete a migration"):
             rec = self._by_name(name)
-            if rec.state == "running":
+            if rec.state == VmState.RUNNING:
                 return rec, self._completed_job(rec.vm_id)  # a retry
-            if rec.state != "incoming":
+            if rec.state != VmState.INCOMING:
                 raise NotIncoming(f"{name} is {rec.state} here, not incoming", field="name")
             state = self._domain_state(rec.vm_id)
             if state != libvirt.VIR_DOMAIN_RUNNING:
                 raise NotArrived(f"{name} does not run here ({_STATE_NAMES.get(state, state)}): the migration "
                                  "has not finished (or failed: AbortMigration)", field="name")
             reason = "migrated here" + self._plug_target_vfs(rec)
-            m.ledger.set_state(rec.vm_id, "running", reason)
+            m.ledger.set_state(rec.vm_id, VmState.RUNNING, reason)
             self._unhold(rec.vm_id)  # QEMU has the disks
             m.generation += 1
-            m.emit(rec.vm_id, "running", reason)
+            m.emit(rec.vm_id, VmState.RUNNING, reason)
             log.info("migration complete vm=%s name=%s", rec.vm_id, name)
             out = m.ledger.get(vm_id=rec.vm_id)
             assert out is not None
@@ -394,14 +394,14 @@ class Migrations:
             rec = next((r for r in m.ledger.list() if r.name == name), None)
             if rec is None:
                 return []
-            if rec.state != "incoming":
+            if rec.state != VmState.INCOMING:
                 raise NotIncoming(f"{name} is {rec.state} here, not incoming", field="name")
             if self._domain_state(rec.vm_id) == libvirt.VIR_DOMAIN_RUNNING:
                 raise MigrationArrived(f"{name} runs here: the migration finished (CompleteMigration)",
                                        field="name")
             m.teardown(rec.vm_id, rec.claim, rec.name)
             self._unhold(rec.vm_id)
-            m.emit(rec.vm_id, "deleted", "migration aborted")
+            m.emit(rec.vm_id, VmState.DELETED, "migration aborted")
             log.info("migration aborted vm=%s name=%s", rec.vm_id, name)
             self._count("target", "aborted")
             return [f"released incoming vm {rec.vm_id} ({name}): CPUs {list(rec.claim.vcpu_pins)}, "
@@ -446,14 +446,14 @@ class Migrations:
                 rec = self._by_name(req.name)
             _check_vfs_move(VmSpec.from_dict(rec.spec), "")
             _check_target_xml(req.domain_xml, rec)
-            if req.name in self._moving or rec.state == "migrating":
+            if req.name in self._moving or rec.state == VmState.MIGRATING:
                 raise MigrationInProgress(f"{req.name} is being migrated already", field="name")
-            if rec.state != "running":
+            if rec.state != VmState.RUNNING:
                 raise MigrationNotRunning(f"{req.name} is {rec.state}: only a running VM moves live", field="name")
             was = m.ledger.updated(rec.vm_id)
-            m.ledger.set_state(rec.vm_id, "migrating", f"to {req.target_uri}")
+            m.ledger.set_state(rec.vm_id, VmState.MIGRATING, f"to {req.target_uri}")
             self._moving.add(req.name)
-        m.emit(rec.vm_id, "migrating", f"to {req.target_uri}")
+        m.emit(rec.vm_id, VmState.MIGRATING, f"to {req.target_uri}")
         log.info("migrating vm=%s name=%s to=%s bandwidth=%d MiB/s tls=%s", rec.vm_id, req.name, req.target_uri,
                  req.bandwidth_mib_s, req.tls)
         if m.metrics:
@@ -479,7 +479,7 @@ class Migrations:
         self._count("source", "done", figures)
         with m._changing("release a migrated VM"):
             m.teardown(rec.vm_id, rec.claim, rec.name)
-        m.emit(rec.vm_id, "deleted", f"migrated to {req.target_uri}")
+        m.emit(rec.vm_id, VmState.DELETED, f"migrated to {req.target_uri}")
         log.info("migrated vm=%s name=%s job_ms=%d downtime_ms=%d", rec.vm_id, req.name, figures.job_ms,
                  figures.downtime_ms)
         return figures
@@ -500,16 +500,16 @@ class Migrations:
             state = self._domain_state(rec.vm_id)
             if state is None:  # it left after all (the error came after the switchover)
                 m.teardown(rec.vm_id, rec.claim, rec.name)
-                m.emit(rec.vm_id, "deleted", f"migration reported failure but the domain left: {e}")
+                m.emit(rec.vm_id, VmState.DELETED, f"migration reported failure but the domain left: {e}")
                 log.error("migration of %s failed (%s) yet its domain left this host; released", rec.name, e)
                 return
             # back to the row as it was: the failure is the caller's answer (the scheduler
             # names it on the VM), and a refused move leaves this host's ledger unchanged;
             # a VF unplugged for the move is plugged back first (named if it cannot be)
             vfs = self._replug_source_vfs(rec) if state == libvirt.VIR_DOMAIN_RUNNING else ""
-            m.ledger.set_state(rec.vm_id, "running" if state != libvirt.VIR_DOMAIN_SHUTOFF else "stopped",
+            m.ledger.set_state(rec.vm_id, VmState.RUNNING if state != libvirt.VIR_DOMAIN_SHUTOFF else VmState.STOPPED,
                                rec.reason + vfs, updated=None if vfs else updated)
-        m.emit(rec.vm_id, "running", f"migration failed: {e}")
+        m.emit(rec.vm_id, VmState.RUNNING, f"migration failed: {e}")
         log.error("migration of %s failed, it runs here still: %s", rec.name, e)
 
     def _run(self, rec: VmRecord, req: MigrateRequest) -> JobFigures:

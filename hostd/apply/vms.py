@@ -39,7 +39,7 @@ from api.layout import Layout
 from hostd.apply.diskhold import DiskHold
 from hostd.apply.hostlock import HostLock
 from hostd.apply.images import ImageStore
-from hostd.apply.ledger import Ledger, VmRecord
+from hostd.apply.ledger import CALL_OWNED, Ledger, VmRecord, VmState
 from hostd.apply.libvirt_host import LibvirtHost
 from hostd.apply.overlays import Overlays
 from hostd.apply.steps import VfRates
@@ -72,8 +72,6 @@ MIN_RATE_DRIVERS = frozenset({"mlx5_core", "ice", "bnxt_en", "qede", "netdevsim"
 # Fault injection for the crash tests: HOSTD_CRASH_AT=<point> with HOSTD_TEST_FAULTS=1
 # makes hostd SIGKILL itself at that point of CreateVM.
 CRASH_POINTS = ("claimed", "vf_set", "defined", "started")
-# Ledger states owned by a call in progress: lifecycle events do not change them.
-BUSY_STATES = frozenset({"creating", "deleting", "incoming", "migrating"})
 # How long a VM change waits for a carve of this host (the carve lock) to finish.
 CARVE_WAIT_S = 120.0
 
@@ -217,9 +215,9 @@ class VmManager:
                     raise Refused(got.reason, field=got.field)
                 md = VmMetadata(vm_id, spec.request_id, int(time.time()), got, spec)
                 self.ledger.record(db, vm_id=vm_id, request_id=spec.request_id, name=spec.name,
-                                   claim=got, spec=spec.to_dict(), state="creating")
+                                   claim=got, spec=spec.to_dict(), state=VmState.CREATING)
             self.generation += 1
-            self.emit(vm_id, "creating")
+            self.emit(vm_id, VmState.CREATING)
             self._crash("claimed")
             try:
                 self._set_vf_rates(got, spec)
@@ -234,12 +232,12 @@ class VmManager:
             except Exception as e:
                 log.error("create failed vm=%s name=%s error=%s; rolling back", vm_id, spec.name, e)
                 self.teardown(vm_id, got, spec.name)
-                self.emit(vm_id, "failed", str(e))
+                self.emit(vm_id, VmState.FAILED, str(e))
                 if isinstance(e, HostdError):
                     raise
                 raise CreateFailed(str(e)) from e
-            self.ledger.set_state(vm_id, "running")
-            self.emit(vm_id, "running")
+            self.ledger.set_state(vm_id, VmState.RUNNING)
+            self.emit(vm_id, VmState.RUNNING)
             log.info("created vm=%s name=%s node=%d cpus=%s", vm_id, spec.name, got.node, got.vcpu_pins)
             rec = self.ledger.get(vm_id=vm_id)
             assert rec is not None
@@ -366,11 +364,11 @@ class VmManager:
         with self._changing("delete a VM"):
             self._idle(vm_id)
             rec = self.get(vm_id)
-            if rec.state in ("incoming", "migrating"):
+            if rec.state in (VmState.INCOMING, VmState.MIGRATING):
                 raise MigrationInProgress(f"{rec.name} is {rec.state}: AbortMigration on the target first "
                                           "(or wait for MigrateVM)", field="vm_id")
-            self.ledger.set_state(vm_id, "deleting")
-            self.emit(vm_id, "deleting")
+            self.ledger.set_state(vm_id, VmState.DELETING)
+            self.emit(vm_id, VmState.DELETING)
             if grace_s > 0:
                 with self._busy_unlocked(vm_id, "deleting"):  # as StopVM's: the other VMs' changes go on
                     try:
@@ -378,7 +376,7 @@ class VmManager:
                     except DomainError as e:
                         log.warning("shutdown vm=%s: %s; destroying", vm_id, e)
             self.teardown(vm_id, rec.claim, rec.name)
-            self.emit(vm_id, "deleted")
+            self.emit(vm_id, VmState.DELETED)
             log.info("deleted vm=%s name=%s", vm_id, rec.name)
 
     def stop(self, vm_id: str, grace_s: float = 30) -> VmRecord:
@@ -392,8 +390,8 @@ class VmManager:
             self.get(vm_id)
             with self._busy_unlocked(vm_id, "stopping"):
                 self.libvirt.shutdown(vm_id, grace_s)
-            self.ledger.set_state(vm_id, "stopped", "stopped by request")
-            self.emit(vm_id, "stopped", "stopped by request")
+            self.ledger.set_state(vm_id, VmState.STOPPED, "stopped by request")
+            self.emit(vm_id, VmState.STOPPED, "stopped by request")
             return self.get(vm_id)
 
     @contextlib.contextmanager
@@ -416,10 +414,10 @@ class VmManager:
         with self._changing("start a VM"):
             self._idle(vm_id)
             rec = self.get(vm_id)
-            if rec.state != "running":
+            if rec.state != VmState.RUNNING:
                 self.libvirt.start(vm_id)
-                self.ledger.set_state(vm_id, "running")
-                self.emit(vm_id, "running")
+                self.ledger.set_state(vm_id, VmState.RUNNING)
+                self.emit(vm_id, VmState.RUNNING)
             return self.get(vm_id)
 
     def update_io(self, vm_id: str, disks: list[DiskSpec],
@@ -531,21 +529,21 @@ class VmManager:
                 dom = domains.pop(rec.vm_id, None)
                 if rec.vm_id in self._busy:
                     continue  # a call works on it (its guest shutting down): the call sets its row
-                if rec.state == "incoming":
+                if rec.state == VmState.INCOMING:
                     actions.append(self._reconcile_incoming(rec, dom))
-                elif rec.state in ("creating", "deleting"):
+                elif rec.state in (VmState.CREATING, VmState.DELETING):
                     self.teardown(rec.vm_id, rec.claim, rec.name)
                     actions.append(f"rolled back {rec.state} vm {rec.vm_id} ({rec.name})")
-                    self.emit(rec.vm_id, "failed" if rec.state == "creating" else "deleted",
+                    self.emit(rec.vm_id, VmState.FAILED if rec.state == VmState.CREATING else VmState.DELETED,
                               "hostd restarted during " + rec.state)
                 elif dom is None:
                     self._reset_vf_rates(rec.claim)
                     with self.ledger.tx() as db:
                         self.ledger.release(db, rec.vm_id)
                     actions.append(f"released vm {rec.vm_id} ({rec.name}): its domain is gone")
-                    self.emit(rec.vm_id, "failed", "domain disappeared")
+                    self.emit(rec.vm_id, VmState.FAILED, "domain disappeared")
                 else:
-                    state = "running" if dom.active else "stopped"
+                    state = VmState.RUNNING if dom.active else VmState.STOPPED
                     if state != rec.state:
                         self.ledger.set_state(rec.vm_id, state, "" if dom.active else "found shut off")
                         actions.append(f"vm {rec.vm_id} ({rec.name}) is {state}, ledger said {rec.state}")
@@ -561,7 +559,7 @@ class VmManager:
         if dom is not None and dom.active:
             return f"incoming vm {rec.vm_id} ({rec.name}) runs here: waits for CompleteMigration or AbortMigration"
         self.teardown(rec.vm_id, rec.claim, rec.name)
-        self.emit(rec.vm_id, "deleted", "incoming migration with no running domain after a restart")
+        self.emit(rec.vm_id, VmState.DELETED, "incoming migration with no running domain after a restart")
         return f"released incoming vm {rec.vm_id} ({rec.name}): no running domain"
 
     def reconcile_logged(self) -> None:
@@ -590,10 +588,10 @@ class VmManager:
             with self.ledger.tx() as db:
                 self.ledger.record(db, vm_id=md.vm_id, request_id=md.request_id, name=dom.name,
                                    claim=md.claim, spec=md.spec.to_dict(),
-                                   state="running" if dom.active else "stopped")
+                                   state=VmState.RUNNING if dom.active else VmState.STOPPED)
         except HostdError as e:
             return f"left domain {dom.name} alone: its claim conflicts with the ledger ({e})"
-        self.emit(md.vm_id, "running" if dom.active else "stopped", "adopted")
+        self.emit(md.vm_id, VmState.RUNNING if dom.active else VmState.STOPPED, "adopted")
         return f"adopted domain {dom.name} ({md.vm_id}) from its metadata"
 
     def on_domain_event(self, vm_id: str, state: str, reason: str) -> None:
@@ -601,7 +599,7 @@ class VmManager:
         Rows mid-create, mid-delete or mid-migration, and VMs being stopped, belong to
         the call in progress and are left alone."""
         rec = self.ledger.get(vm_id=vm_id)
-        if rec is None or rec.state in BUSY_STATES or rec.state == state or vm_id in self._busy:
+        if rec is None or rec.state in CALL_OWNED or rec.state == state or vm_id in self._busy:
             return
         # Each event is handled on a thread of its own (libvirt_host._call), so a STARTED
         # can be handled after the STOPPED that followed it: the event says that the
@@ -611,7 +609,7 @@ class VmManager:
         except DomainError as e:
             log.warning("domain event vm=%s %s: cannot read the domain (%s); reconcile decides", vm_id, state, e)
             return
-        if active is None or active != (state == "running"):
+        if active is None or active != (state == VmState.RUNNING):
             log.info("domain event vm=%s %s (%s): stale, the domain is %s now", vm_id, state, reason,
                      "gone" if active is None else "running" if active else "shut off")
             return

@@ -33,7 +33,7 @@ from hostd.apply.migration import Migrations, peer_uri
 from hostd.apply.hostlock import HostLock
 from hostd.apply.images import ImageStore
 from hostd.apply.layout_steps import IO_CGROUP
-from hostd.apply.ledger import Ledger
+from hostd.apply.ledger import Ledger, VmState
 from hostd.apply.libvirt_host import LibvirtHost, start_event_loop
 from hostd.apply.overlays import Overlays
 from hostd.apply.vms import VmManager
@@ -236,8 +236,9 @@ def _refresh_metrics(metrics: Metrics, lv: LibvirtHost, manager: VmManager) -> N
     states: dict[str, int] = {}
     for r in manager.list():
         states[r.state] = states.get(r.state, 0) + 1
-    for st in ("creating", "running", "stopped", "failed", "deleting"):
-        metrics.vms.labels(st).set(states.get(st, 0))
+    for st in VmState:
+        if st is not VmState.DELETED:  # a row's state, never a gone VM's
+            metrics.vms.labels(st).set(states.get(st, 0))
     inv = manager.inventory()
     for n in inv["nodes"]:
         metrics.free_cpus.labels(str(n["node"])).set(len(n["vm_cpus"]) - len(n["used_cpus"]))

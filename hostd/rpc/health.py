@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from api import hostd_pb2 as pb
+from hostd.apply.ledger import VmState
 from hostd.apply.libvirt_host import LibvirtHost
 from hostd.apply.overlays import unreachable_for_qemu
 from hostd.apply.vms import VmManager
@@ -40,7 +41,7 @@ class HealthCheck:
             problems.append("io_cpus are not exclusive: " + ", ".join(f"{f.comm} (pid {f.pid}, {f.cpu_s:.2f} s)"
                                                                      for f in user) + " ran there last interval")
         vms = self.manager.list()
-        failed = [r.name for r in vms if r.state == "failed"]
+        failed = [r.name for r in vms if r.state == VmState.FAILED]
         if failed:
             problems.append(f"failed VMs: {', '.join(failed)}")
         return pb.HealthResponse(ok=lv_state == "connected", libvirt=lv_state, virt_type=self.virt_type,

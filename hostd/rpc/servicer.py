@@ -22,7 +22,7 @@ from api.jsonmodel import to_jsonable
 from api.states import VfMigration
 from hostd.apply.carve_service import Asker, CarveService
 from hostd.apply.carve_state import boot_changes, boot_pending
-from hostd.apply.ledger import VmRecord
+from hostd.apply.ledger import VmRecord, VmState
 from hostd.apply.migration import MigrateRequest, Migrations, SourceDisk
 from hostd.apply.vms import VmEvent, VmManager
 from hostd.carve.vmclaim import CellReq, VfReq
@@ -35,10 +35,10 @@ from hostd.rpc.callers import CallerCheck, peer_identities
 
 log = logging.getLogger(__name__)
 
-_STATES = {"creating": pb.VM_STATE_CREATING, "running": pb.VM_STATE_RUNNING,
-           "stopped": pb.VM_STATE_STOPPED, "failed": pb.VM_STATE_FAILED,
-           "deleting": pb.VM_STATE_DELETING, "deleted": pb.VM_STATE_DELETING,
-           "incoming": pb.VM_STATE_INCOMING, "migrating": pb.VM_STATE_MIGRATING}
+_STATES = {VmState.CREATING: pb.VM_STATE_CREATING, VmState.RUNNING: pb.VM_STATE_RUNNING,
+           VmState.STOPPED: pb.VM_STATE_STOPPED, VmState.FAILED: pb.VM_STATE_FAILED,
+           VmState.DELETING: pb.VM_STATE_DELETING, VmState.DELETED: pb.VM_STATE_DELETING,
+           VmState.INCOMING: pb.VM_STATE_INCOMING, VmState.MIGRATING: pb.VM_STATE_MIGRATING}
 
 EVENT_QUEUE = 1024  # per WatchEvents stream; a stream that falls this far behind is ended
 # A status message carries the code, the field and the reason; never a caller's 4 MB

@@ -285,6 +285,25 @@ def test_uncarve_is_refused_while_vms_run_and_until_drained(host: Host) -> None:
     assert stub.GetHostInfo(pb.GetHostInfoRequest(), timeout=10).carved_policy_digest == ""
 
 
+@pytest.mark.parametrize("state", ["incoming", "migrating"])
+def test_uncarve_is_refused_while_a_vm_moves_though_drained_is_said(host: Host, state: str) -> None:
+    """A live migration's target (its QEMU receiving) and its source (the job running) hold
+    the carve's CPUs and pages as a running VM does: an uncarve told the host is drained is
+    refused all the same (the list used to name running, creating and deleting only)."""
+    stub = host.stub()
+    carve(stub, UPGRADE)
+    vm = create_vm(stub)
+    assert host.d is not None
+    host.d.manager.ledger.set_state(vm.vm_id, state, "a move in progress (set by the test)")
+    carved = snapshot(host.root)
+    e = refused(lambda: uncarve(stub, drained=True))
+    assert e.code() == grpc.StatusCode.FAILED_PRECONDITION
+    assert e.details() == (f"hyb.carve.vms_running [vms]: VMs are running: rc-1 ({vm.vm_id}, {state}); "
+                           "drain the host first")
+    assert snapshot(host.root) == carved
+    assert stub.GetHostInfo(pb.GetHostInfoRequest(), timeout=10).carved_policy_digest == digest(UPGRADE)
+
+
 # ---------------------------------------------------------------- who, and across restarts
 
 
