@@ -557,10 +557,12 @@ class Engine:
             soak = self._window(h, self.spec.steps.soak_s, since=since)
         except HostError as e:
             return self._fail(h, f"soak: {e}")
-        controls, used = self._controls(h, since)
         baseline = [Sample.from_dict(d) for d in h.data.get("baseline", [])]
-        v: Verdict = judge(soak, baseline if self.spec.steps.baseline_s > 0 else None, controls, self.spec.gate)
-        detail = {"verdict": v.to_dict(), "controls": used, "samples": len(soak)}
+        measured = self.spec.steps.baseline_s > 0
+        controls, controls_baseline, used = self._controls(h, since, baseline if measured else [])
+        v: Verdict = judge(soak, baseline if measured else None, controls, self.spec.gate, controls_baseline)
+        detail = {"verdict": v.to_dict(), "controls": used, "samples": len(soak),
+                  "controls_baseline_samples": len(controls_baseline)}
         if v.decision == "undecided":
             self.store.note(self.name, h.name, {"gate": "undecided", **detail})
             raise Pause(f"{h.name}: the gate could not decide ({'; '.join(v.reasons)})")
@@ -580,28 +582,50 @@ class Engine:
             return self._fail(h, str(e))
         self._move(h, RolloutHostState.VERIFIED)
 
-    def _controls(self, h: HostRow, since: float) -> tuple[list[Sample], list[str]]:
+    def _controls(self, h: HostRow, since: float,
+                  baseline: list[Sample]) -> tuple[list[Sample], list[Sample], list[str]]:
         """Unconverted hosts of this rollout over the same window, other racks first; a
-        host that did not answer, or sampled too little of the window, is passed over."""
+        host that did not answer, or sampled too little of the window, is passed over.
+        Also their samples over the host's ``baseline`` window, where their history
+        (hostd keeps 900 samples) still holds it: a rise they share is the fleet's
+        (``gates.judge``)."""
         want = self.spec.gate.controls
         if not want:
-            return [], []
+            return [], [], []
         pending = [c for c in self.store.brief(self.name) if c.state == RolloutHostState.PENDING]
         pending.sort(key=lambda c: (c.rack == h.rack, c.seq))
+        start = since
+        if baseline:
+            b0, b1 = min(s.at for s in baseline), max(s.at for s in baseline)
+            start = min(start, b0)
         out: list[Sample] = []
+        out_baseline: list[Sample] = []
         used: list[str] = []
         for c in pending:
             if len(used) >= want:
                 break
             try:
-                _, samples = self.hostd.stats(c.address, last=math.ceil(self.spec.steps.soak_s) + 5)
+                samples = self._history(c.address, start)
             except HostError:
                 continue
             got = [s for s in samples if s.at >= since]
             if judgeable(got) >= self.spec.gate.min_samples:  # one silent for part of the window is no control
                 out += got
                 used.append(c.name)
-        return out, used
+                if baseline:
+                    out_baseline += [s for s in samples if b0 <= s.at <= b1]
+        return out, out_baseline, used
+
+    def _history(self, address: str, start: float) -> list[Sample]:
+        """A control's IO-health samples since ``start``, as far as its history (hostd
+        keeps 900) reaches: asked for a window's worth at one a second, then again for
+        enough at the interval the host answered with, if that is finer. Not retried: a
+        control that does not answer is passed over (``HostError``)."""
+        want = math.ceil(time.time() - start) + 5
+        interval, samples = self.hostd.stats(address, last=min(900, want))
+        if 0 < interval < 1 and want < 900:
+            _, samples = self.hostd.stats(address, last=min(900, math.ceil(want / interval)))
+        return samples
 
     # ---------------------------------------------------------------- rollback
 

@@ -11,6 +11,12 @@ metric at zero does not fail on noise). Ceilings (PSI, foreign CPU on io_cpus, f
 probes) fail on their own. Too few samples, or none, is *undecided*: the rollout
 pauses for the operator instead of passing the host.
 
+A rise over the host's own baseline that the controls share is the fleet's, not the
+conversion's: when the controls' samples over the host's baseline window are known too,
+and the controls rose significantly from then to the soak window, the host's baseline
+allowance grows by the controls' rise (their soak median over their baseline median; a
+difference in differences). The host must still not be worse than the controls now.
+
 Pure: samples in, verdict out; the engine fetches the samples (GetHostStats).
 """
 
@@ -91,9 +97,24 @@ def compare(soak: list[float], ref: list[float], rise_pct: float, floor: float, 
     return ("fail" if p < alpha and m_soak > allowed else "pass"), nums
 
 
+def fleet_rise(controls: list[float], controls_baseline: list[float], alpha: float,
+               min_samples: int) -> tuple[float, dict] | None:
+    """How much the controls rose from the host's baseline window to its soak window (the
+    ratio of their medians), if they rose significantly; None if not, or if either window
+    has too few samples or a baseline median of zero."""
+    if len(controls) < min_samples or len(controls_baseline) < min_samples:
+        return None
+    d, nums = compare(controls, controls_baseline, 0.0, 0.0, alpha, min_samples)
+    if d != "fail" or nums["median_ref"] <= 0:
+        return None
+    return nums["median"] / nums["median_ref"], nums
+
+
 def judge(soak: Sequence[Sample], baseline: Sequence[Sample] | None, controls: Sequence[Sample],
-          gate: Gate) -> Verdict:
-    """``baseline`` None: the spec measures no baseline (steps.baseline_s = 0)."""
+          gate: Gate, controls_baseline: Sequence[Sample] = ()) -> Verdict:
+    """``baseline`` None: the spec measures no baseline (steps.baseline_s = 0).
+    ``controls_baseline``: the controls' samples over the host's baseline window (empty:
+    not known, and a rise over the baseline is judged on the host's samples alone)."""
     v = Verdict("pass")
     if len(soak) < gate.min_samples:
         return Verdict("undecided", [f"soak window has {len(soak)} samples, fewer than {gate.min_samples}"])
@@ -107,6 +128,18 @@ def judge(soak: Sequence[Sample], baseline: Sequence[Sample] | None, controls: S
             refs.append(("controls", _values(controls, metric)))
         for ref_name, ref in refs:
             d, nums = compare(s, ref, pct, RISE_FLOOR[metric], gate.alpha, gate.min_samples)
+            if d == "fail" and ref_name == "baseline" and controls_baseline and (
+                    rise := fleet_rise(_values(controls, metric), _values(controls_baseline, metric),
+                                       gate.alpha, gate.min_samples)) is not None:
+                factor, fleet = rise
+                v.numbers[f"{metric}/fleet"] = {**fleet, "rise": round(factor, 4)}
+                # the allowance over the baseline, grown by what the controls rose
+                nums["allowed"] = round(nums["median_ref"] * factor * (1 + pct / 100) + RISE_FLOOR[metric], 4)
+                nums["fleet_rise"] = round(factor, 4)
+                if nums["median"] <= nums["allowed"]:
+                    d = "pass"
+                    v.reasons.append(f"{metric} rose over its baseline (median {nums['median_ref']} -> "
+                                     f"{nums['median']}) as its controls did (x{factor:.2f}): the fleet's, passed")
             v.numbers[f"{metric}/{ref_name}"] = nums
             if d == "fail":
                 v.reasons.append(f"{metric} rose over its {ref_name}: median {nums['median']} > allowed "

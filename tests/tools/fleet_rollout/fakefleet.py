@@ -31,6 +31,23 @@ class FakeHost:
     broken_carve: bool = False
     unreachable: bool = False
     started: float = field(default_factory=time.time)
+    # the IO-health history stats plays back: the level before the first change, then
+    # (since, level) for each change made through set_psi
+    before: float | None = None
+    changes: list[tuple[float, float]] = field(default_factory=list)
+
+    def set_psi(self, psi: float) -> None:
+        if not self.changes:
+            self.before = self.psi
+        self.psi = psi
+        self.changes.append((time.time(), psi))
+
+    def psi_at(self, t: float) -> float:
+        """The PSI level the host had at ``t``."""
+        for since, level in reversed(self.changes):
+            if since <= t:
+                return level
+        return self.psi if self.before is None else self.before
 
 
 class FakeFleet:
@@ -45,6 +62,7 @@ class FakeFleet:
         self.effects = 0
         self.dead = False
         self.scheduler_down = False  # every scheduler call gets no answer
+        self.fleet_rise_at_carve: float | None = None  # every host's PSI goes to this at the next carve
         self.lock = threading.Lock()
 
     def _h(self, address: str) -> FakeHost:
@@ -87,7 +105,11 @@ class FakeFleet:
             h.digest, h.policy = digest, policy
             h.carves += 1
             if h.degraded_after_carve:
-                h.psi = 30.0
+                h.set_psi(30.0)
+            if self.fleet_rise_at_carve is not None:  # load rose across the fleet, carve or not
+                for other in self.hosts.values():
+                    other.set_psi(self.fleet_rise_at_carve)
+                self.fleet_rise_at_carve = None
             self._effect()
         return SimpleNamespace(changed=changed, steps=["x"] * 3 if changed else [], cannot_move=[],
                                reboot_required=[])
@@ -98,7 +120,7 @@ class FakeFleet:
         if h.digest:
             h.digest = h.policy = h.operation = ""
             h.uncarves += 1
-            h.psi = 1.0
+            h.set_psi(1.0)
             self._effect()
         return SimpleNamespace(steps=[])
 
@@ -106,8 +128,8 @@ class FakeFleet:
         h = self._h(address)
         rnd = random.Random(hash(address))
         now = time.time()
-        return 0.05, [Sample(now - i * 0.05, max(0.0, h.psi + rnd.gauss(0, 0.2)), None, 0.0, 0)
-                      for i in range(min(last, 200))][::-1]
+        times = [now - i * 0.05 for i in range(min(last, 200))][::-1]
+        return 0.05, [Sample(t, max(0.0, h.psi_at(t) + rnd.gauss(0, 0.2)), None, 0.0, 0) for t in times]
 
     def vm_ids(self, address: str) -> set[str]:
         self._h(address)

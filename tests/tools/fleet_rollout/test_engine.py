@@ -73,6 +73,25 @@ def test_a_degraded_host_fails_its_gate_and_is_rolled_back(rollouts) -> None:  #
     assert fail["detail"]["verdict"]["numbers"]["psi_some_avg10/baseline"]["p"] < 0.05
 
 
+def test_a_rise_across_the_fleet_during_the_canarys_soak_is_not_the_canarys(rollouts) -> None:  # type: ignore[no-untyped-def]
+    """Every host's PSI goes from 1 to 3 when the canary is carved (the fleet's load
+    changed, not the carve): the canary rose over its own baseline, but its controls rose
+    alike over the same windows and it is no worse than they are now, so it passes, and
+    its gate says why. Each host after it soaks against a baseline already at 3."""
+    fleet = FakeFleet(NAMES)
+    fleet.fleet_rise_at_carve = 3.0
+    store, eng = rollout(rollouts, fleet)
+    canary = store.hosts("r1", wave=0)[0].name
+    assert eng.run() == "done"
+    assert states(store)[canary] == "verified", store.transitions("r1", canary)
+    soaked = next(t for t in store.transitions("r1", canary) if t["to"] == "restoring")["detail"]
+    assert soaked["controls_baseline_samples"] > 0
+    nums = soaked["verdict"]["numbers"]
+    assert nums["psi_some_avg10/fleet"]["rise"] > 2, nums
+    assert any("psi_some_avg10 rose over its baseline" in r and "as its controls did" in r
+               for r in soaked["verdict"]["reasons"]), soaked["verdict"]
+
+
 def test_a_policy_upgrade_rolls_a_failed_host_back_to_its_earlier_policy(rollouts) -> None:  # type: ignore[no-untyped-def]
     fleet = FakeFleet(NAMES)
     for h in fleet.hosts.values():

@@ -62,3 +62,38 @@ def test_a_host_without_a_probe_is_judged_on_what_it_has() -> None:
     v = judge(window(30, 1.0, p99=None), window(30, 1.0, p99=None, seed=2), [], Gate())
     assert v.decision == "pass" and not any(k.startswith("probe_p99") for k in v.numbers)
     assert judge(window(30, 1.0, p99=None), None, [], Gate()).decision == "pass"
+
+
+def test_a_rise_the_controls_share_over_the_same_windows_is_the_fleets() -> None:
+    """Load rose across the fleet between the baseline and the soak (probe p99 2 -> 3 ms on
+    the host and on its controls alike): the host is no worse than its controls, and its
+    rise over its own baseline is the controls' rise, so it passes and says why. Without
+    the controls' baseline samples the same host fails, as before."""
+    soak, base = window(30, 2.0, p99=3.0, seed=1), window(30, 2.0, p99=2.0, seed=2)
+    controls, controls_base = window(60, 2.0, p99=3.0, seed=3), window(60, 2.0, p99=2.0, seed=4)
+    v = judge(soak, base, controls, Gate(), controls_base)
+    assert v.decision == "pass", v.reasons
+    assert 1.4 < v.numbers["probe_p99_ms/fleet"]["rise"] < 1.6, v.numbers
+    assert v.numbers["probe_p99_ms/baseline"]["fleet_rise"] == v.numbers["probe_p99_ms/fleet"]["rise"]
+    assert any("probe_p99_ms rose over its baseline" in r and "as its controls did" in r for r in v.reasons)
+    assert judge(soak, base, controls, Gate()).decision == "fail"
+
+
+def test_a_host_that_rose_more_than_its_controls_still_fails() -> None:
+    """The controls rose 2 -> 3 ms, the host 2 -> 4.5: over its baseline grown by the
+    controls' rise (2 x 1.5 x 1.1 + 0.2 = 3.5) and over its controls now."""
+    v = judge(window(30, 2.0, p99=4.5, seed=1), window(30, 2.0, seed=2), window(60, 2.0, p99=3.0, seed=3),
+              Gate(), window(60, 2.0, seed=4))
+    assert v.decision == "fail", v.reasons
+    assert any("probe_p99_ms rose over its baseline" in r and "allowed 3." in r for r in v.reasons), v.reasons
+    assert any("probe_p99_ms rose over its controls" in r for r in v.reasons)
+
+
+def test_controls_that_did_not_rise_explain_nothing() -> None:
+    """The controls' p99 stayed at 2 ms while the host's went to 3: no fleet rise, the
+    baseline comparison fails as it would without them."""
+    v = judge(window(30, 2.0, p99=3.0, seed=1), window(30, 2.0, seed=2), window(60, 2.0, seed=3), Gate(),
+              window(60, 2.0, seed=4))
+    assert v.decision == "fail"
+    assert "probe_p99_ms/fleet" not in v.numbers
+    assert any("probe_p99_ms rose over its baseline" in r for r in v.reasons)
