@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import replace
 from functools import cache
 from typing import Any
 
+import orjson
 from sqlalchemy import bindparam, func, select, text, update
 from sqlalchemy.orm import Session
 
@@ -44,8 +46,22 @@ def check_layout(data: dict[str, Any], siblings: dict[str, list[int]]) -> Layout
     return layout
 
 
-def host_res(h: Host, parsed: Layout | None = None) -> HostRes:
-    """``parsed``: ``h.layout`` already parsed (a registration's ``check_layout``)."""
+def host_res(h: Host, parsed: Layout | None = None, *, shapes: dict[bytes, HostRes] | None = None) -> HostRes:
+    """``parsed``: ``h.layout`` already parsed (a registration's ``check_layout``).
+    ``shapes``: the pools built so far in one pass over many hosts, by what they are
+    built from (layout, siblings, PF and disk settings), filled as it goes: hosts of one
+    shape share them, and only the name, rack and labels are the host's own. A replica's
+    first pass over 100,000 hosts spent 8 of its 17 CPU-s building each host's pools."""
+    if shapes is not None and parsed is None:
+        try:
+            key = orjson.dumps((h.layout, h.siblings, h.pf_min_rate, h.disk_classes),
+                               option=orjson.OPT_SORT_KEYS | orjson.OPT_NON_STR_KEYS)
+        except orjson.JSONEncodeError:  # an integer past 64 bits: built on its own
+            return host_res(h)
+        if (same := shapes.get(key)) is not None:
+            return replace(same, name=h.name, rack=h.rack, labels=tuple(sorted((h.labels or {}).items())))
+        shapes[key] = built = host_res(h)
+        return built
     sib = {int(k): tuple(v) for k, v in (h.siblings or {}).items()}
     return host_from_layout(h.name, parsed or parse_layout(h.layout), siblings=sib, min_rate=h.pf_min_rate,
                             disk_classes=h.disk_classes, rack=h.rack, labels=h.labels)

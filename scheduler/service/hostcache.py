@@ -315,8 +315,9 @@ class HostCache:
         return got is None or got[0] != rev
 
     def _load_res(self, s: Session, names: Sequence[str]) -> None:
+        shapes: dict[bytes, HostRes] = {}  # a fleet of few shapes builds each once
         for h in host_repo.hosts_by_name(session=s, names=list(names)):
-            r = host_repo.host_res(h)
+            r = host_repo.host_res(h, shapes=shapes)
             with self._lock:
                 self._res[h.name] = (h.layout_rev, r)
                 self._owner[h.name] = h.owner

@@ -158,3 +158,25 @@ def test_keep_1g_falls_back_to_1g_nodes_when_nothing_else_fits():
     idx.put(HostView(plain.res, plain.usage.plus(full)), generation=1, layout_rev=1)
     got, _ = idx.walk(VmWant(4, 8192, keep_1g=True))
     assert got.candidates[0].host == "one-1g-0"
+
+
+def test_hosts_of_one_shape_share_their_pools_and_keep_their_own_name_rack_labels():
+    """``host_res(..., shapes=)`` (the index's first pass over the fleet): each host's pools
+    are the ones built for it alone, whether built or shared, and a host of another
+    shape, siblings or PF setting gets its own."""
+    from scheduler.db.models import Host
+    from scheduler.repo.hosts import host_res
+
+    def row(i: int, shape: Shape, **over) -> Host:  # type: ignore[no-untyped-def]
+        layout, sib = make_layout(shape)
+        fields = dict(name=f"h{i}", layout=layout.to_dict(), siblings={str(k): list(v) for k, v in sib.items()},
+                      pf_min_rate={}, disk_classes={}, rack=f"r{i % 3}", labels={"disk": ["nvme", "hdd"][i % 2]})
+        return Host(**{**fields, **over})
+    rows = [row(i, SMALL[i % 2]) for i in range(12)]
+    rows.append(row(12, SMALL[0], siblings={}))  # no SMT known: cores of one thread
+    rows.append(row(13, SMALL[0], pf_min_rate={"pf0": False}))
+    shapes: dict = {}
+    for h in rows:
+        alone, shared = host_res(h), host_res(h, shapes=shapes)
+        assert shared == alone and shared.label_map == alone.label_map, h.name
+    assert len(shapes) == 4
