@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import functools
+import threading
 import types
 import typing
 from collections.abc import Callable
@@ -34,16 +35,37 @@ def from_jsonable(tp: Any, value: Any, path: str) -> Any:
 
 
 _CONVERTERS: dict[Any, Callable[[Any, str], Any]] = {}
+# Converters of the build under way (``_BUILD`` held), published to ``_CONVERTERS`` when
+# it ends. A dataclass's converter exists before its fields' (a type may contain itself),
+# and one published then was found by another thread with no fields: hostd's first
+# ledger read of a claim, on a CreateVM and a libvirt event at once, built a Claim from
+# nothing ("missing 7 required positional arguments").
+_BUILDING: dict[Any, Callable[[Any, str], Any]] = {}
+_BUILD = threading.RLock()
 
 
 def _converter(tp: Any) -> Callable[[Any, str], Any]:
     """The checker-builder for ``tp``, made once per type (a host registration's layout
     holds hundreds of values: asking ``typing`` what each one's type is, value by value,
-    was most of its parse). Error messages as they always were."""
+    was most of its parse). Error messages as they always were. Thread-safe: a converter
+    is published only once every converter it calls is complete."""
     got = _CONVERTERS.get(tp)
-    if got is None:
-        got = _CONVERTERS[tp] = _make(tp)
-    return got
+    if got is not None:
+        return got
+    with _BUILD:
+        got = _CONVERTERS.get(tp) or _BUILDING.get(tp)
+        if got is not None:
+            return got
+        # nothing under way: what this call builds depends on nothing unfinished
+        outermost = not _BUILDING
+        try:
+            got = _BUILDING[tp] = _make(tp)
+            if outermost:
+                _CONVERTERS.update(_BUILDING)
+        finally:
+            if outermost:
+                _BUILDING.clear()
+        return got
 
 
 def _make(tp: Any) -> Callable[[Any, str], Any]:
@@ -62,7 +84,7 @@ def _make(tp: Any) -> Callable[[Any, str], Any]:
                     raise SchemaError(f"{path}.{name}: missing")
                 kwargs[name] = conv(value[name], f"{path}.{name}")
             return tp(**kwargs)
-        _CONVERTERS[tp] = dataclass_of  # before its fields: a type may contain itself
+        _BUILDING[tp] = dataclass_of  # before its fields: a type may contain itself
         fields.extend((name, _converter(hint), optional) for name, hint, optional in _fields(tp))
         return dataclass_of
     if origin is tuple:

@@ -91,3 +91,46 @@ def test_scalars_unions_dicts_and_an_unsupported_type():
 def test_the_same_data_twice_is_read_the_same():
     d = _data(SHAPES[1])
     assert Layout.from_dict(copy.deepcopy(d)) == Layout.from_dict(d)
+
+
+def test_threads_asking_for_a_new_types_converter_at_once_all_get_a_whole_one():
+    """hostd's first read of a claim happened on a CreateVM and a libvirt event's thread at
+    once; one of them got the converter published before its fields were made and built
+    the object from no fields at all. Eight threads parse values of fresh types (made
+    here, so no converter exists yet) at the same moment, over and over, with the
+    interpreter switching threads every microsecond: every parse returns the whole value."""
+    import sys
+    old = sys.getswitchinterval()
+    sys.setswitchinterval(1e-6)
+    try:
+        _parse_fresh_types_at_once()
+    finally:
+        sys.setswitchinterval(old)
+
+
+def _parse_fresh_types_at_once() -> None:
+    import threading
+
+    from api.jsonmodel import to_jsonable
+
+    for round_ in range(20):
+        leaf = dataclasses.make_dataclass(f"Leaf{round_}", [(f"x{i}", int) for i in range(8)], frozen=True)
+        mid = dataclasses.make_dataclass(f"Mid{round_}", [(f"l{i}", leaf) for i in range(6)], frozen=True)
+        top = dataclasses.make_dataclass(f"Top{round_}", [(f"m{i}", tuple[mid, ...]) for i in range(6)],
+                                         frozen=True)
+        value = top(**{f"m{i}": (mid(**{f"l{j}": leaf(*range(8)) for j in range(6)}),) for i in range(6)})
+        doc = to_jsonable(value)
+        start, got, errors = threading.Barrier(8), [], []
+
+        def parse() -> None:
+            start.wait()
+            try:
+                got.append(from_jsonable(top, doc, "top"))
+            except Exception as e:  # noqa: BLE001 - what the test counts
+                errors.append(e)
+        threads = [threading.Thread(target=parse) for _ in range(8)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors and got == [value] * 8, (round_, errors[:2])

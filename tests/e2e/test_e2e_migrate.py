@@ -137,7 +137,10 @@ def test_a_drain_moves_a_running_vm_live_to_the_other_host(
             assert 0 < done["downtime_ms"] < 10_000
             # what operators saw meanwhile: the source's job sampled (remaining bytes, a phase),
             # and afterwards the move's end on the VM
-            assert progress and all(ph in ("disks", "memory") for ph, _ in progress), progress
+            # (the job's last sample, taken while it ran, stays on the VM while the move
+            # settles: a CI run saw it shown with phase "settling")
+            assert progress and all(ph in ("disks", "memory", "settling") for ph, _ in progress), progress
+            assert any(ph in ("disks", "memory") for ph, _ in progress), progress
             assert any(p["memory_remaining_bytes"] or p["disk_remaining_bytes"] for _, p in progress), progress
             last = moved["last_migration"]
             assert (last["from_host"], last["to_host"], last["result"]) == ("a", "b", "done"), last
