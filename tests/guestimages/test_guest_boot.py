@@ -60,6 +60,11 @@ def online_image() -> dict:
 # Marking stable"), not a slow one, and every quiet test would wait behind it for the
 # whole timeout: such a boot is killed and booted once more, and the test says so.
 STALL_S = 90
+# The guest's own watchdog on such a stuck vCPU: "watchdog: BUG: soft lockup - CPU#0 stuck
+# for 365s!" every ~28 s, so the log grows while nothing else happens (a CI run waited
+# its whole 400 s so). A lockup of STALL_S or more counts as a stall; a shorter one can be
+# the host starving a slow but live guest.
+LOCKUP = re.compile(r"soft lockup - CPU#\d+ stuck for (\d+)s!")
 
 
 class _Stalled(Exception):
@@ -69,17 +74,19 @@ class _Stalled(Exception):
 def boot_report(tmp_path: Path, *, kernel: Path, initrd: Path, cmdline: str, disk: Path, snapshot: bool,
                 timeout: float) -> tuple[dict, str, float]:
     """Boot, wait for the report line; returns (report, serial log, seconds to the report).
-    A boot whose serial log stops for ``STALL_S`` is booted again, once."""
+    A boot whose serial log stops for ``STALL_S``, or whose kernel reports a CPU stuck
+    that long, is booted again, once."""
     try:
         return _boot_once(tmp_path / "boot-1", kernel=kernel, initrd=initrd, cmdline=cmdline, disk=disk,
                           snapshot=snapshot, timeout=timeout)
     except _Stalled as first:
-        print(f"boot 1 stalled (serial silent {STALL_S} s), booting again; its tail:\n{str(first)[-1500:]}")
+        print(f"boot 1 stalled (serial silent or a CPU stuck {STALL_S} s), booting again; its tail:\n"
+              f"{str(first)[-1500:]}")
         try:
             return _boot_once(tmp_path / "boot-2", kernel=kernel, initrd=initrd, cmdline=cmdline, disk=disk,
                               snapshot=snapshot, timeout=timeout)
         except _Stalled as second:
-            pytest.fail(f"the guest stalled twice (serial silent {STALL_S} s each time); first tail:\n"
+            pytest.fail(f"the guest stalled twice (serial silent or a CPU stuck {STALL_S} s each time); first tail:\n"
                         f"{str(first)[-1500:]}\nsecond tail:\n{str(second)[-1500:]}")
 
 
@@ -111,6 +118,8 @@ def _boot_once(work: Path, *, kernel: Path, initrd: Path, cmdline: str, disk: Pa
                 size, grew = len(text), time.monotonic()
             elif time.monotonic() - grew > STALL_S:
                 raise _Stalled(text[-3000:])
+            if max((int(n) for n in LOCKUP.findall(text)), default=0) >= STALL_S:
+                raise _Stalled(text[-3000:])  # stuck, though its watchdog keeps the log growing
             time.sleep(0.5)
         pytest.fail(f"no {MARK.strip()} line within {timeout} s; serial log tail:\n"
                     f"{(log.read_text(errors='replace') if log.exists() else '')[-3000:]}")
