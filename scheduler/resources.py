@@ -223,7 +223,12 @@ def host_from_layout(name: str, layout: Layout, *, siblings: Mapping[int, Sequen
     disks = tuple(DiskRes(d.name, d.id or "", d.node, disk_classes.get(d.name) or disk_class(d.name),
                           d.size_bytes, d.bytes_sec, d.iops, d.atomic_write_bytes, d.atomic_note)
                   for d in sorted(layout.disks, key=lambda d: d.name))
-    return HostRes(name, nodes, pfs, disks, rack, tuple(sorted((labels or {}).items())))
+    return HostRes(name, nodes, pfs, disks, rack, label_items(labels))
+
+
+def label_items(labels: Mapping[str, str] | None) -> tuple[tuple[str, str], ...]:
+    """A host's labels as ``HostRes`` keeps them: (key, value) pairs in key order."""
+    return tuple(sorted((labels or {}).items()))
 
 
 def usage_lost(res: HostRes, u: Usage) -> list[str]:

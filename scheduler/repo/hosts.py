@@ -19,7 +19,7 @@ from scheduler.db.models import Host, Vm
 from scheduler.errors import BadLayout, HostNotFound, LayoutShrink
 from scheduler.repo import lite, pg
 from scheduler.repo import pulse as pulse_repo
-from scheduler.resources import HostRes, Usage, host_from_layout, usage_lost
+from scheduler.resources import HostRes, Usage, host_from_layout, label_items, usage_lost
 
 
 LOOKUP = object()  # ``upsert_host``'s ``known`` when the caller did not read the host's row
@@ -59,7 +59,7 @@ def host_res(h: Host, parsed: Layout | None = None, *, shapes: dict[bytes, HostR
         except orjson.JSONEncodeError:  # an integer past 64 bits: built on its own
             return host_res(h)
         if (same := shapes.get(key)) is not None:
-            return replace(same, name=h.name, rack=h.rack, labels=tuple(sorted((h.labels or {}).items())))
+            return replace(same, name=h.name, rack=h.rack, labels=label_items(h.labels))
         shapes[key] = built = host_res(h)
         return built
     sib = {int(k): tuple(v) for k, v in (h.siblings or {}).items()}

@@ -82,8 +82,10 @@ def _quantile(v: list[float], q: float) -> float:
 
 
 def compare(soak: list[float], ref: list[float], rise_pct: float, floor: float, alpha: float,
-            min_samples: int) -> tuple[str, dict]:
-    """One metric, one reference: ("pass" | "fail" | "undecided", the numbers)."""
+            min_samples: int, scale: float = 1.0) -> tuple[str, dict]:
+    """One metric, one reference: ("pass" | "fail" | "undecided", the numbers). ``scale``:
+    the reference's median is taken as this many times itself (the fleet's rise over a
+    host's baseline, ``fleet_rise``)."""
     if len(soak) < min_samples or len(ref) < min_samples:
         return "undecided", {"n": len(soak), "n_ref": len(ref), "why": f"fewer than {min_samples} samples"}
     m_soak, m_ref = statistics.median(soak), statistics.median(ref)
@@ -91,9 +93,11 @@ def compare(soak: list[float], ref: list[float], rise_pct: float, floor: float, 
         p = 1.0  # identical constants: nothing to test (scipy would warn)
     else:
         p = float(mannwhitneyu(soak, ref, alternative="greater").pvalue)
-    allowed = m_ref * (1 + rise_pct / 100) + floor
+    allowed = m_ref * scale * (1 + rise_pct / 100) + floor
     nums = {"median": round(m_soak, 4), "median_ref": round(m_ref, 4), "p": round(p, 6),
             "allowed": round(allowed, 4), "n": len(soak), "n_ref": len(ref)}
+    if scale != 1.0:
+        nums["fleet_rise"] = round(scale, 4)
     return ("fail" if p < alpha and m_soak > allowed else "pass"), nums
 
 
@@ -134,10 +138,8 @@ def judge(soak: Sequence[Sample], baseline: Sequence[Sample] | None, controls: S
                 factor, fleet = rise
                 v.numbers[f"{metric}/fleet"] = {**fleet, "rise": round(factor, 4)}
                 # the allowance over the baseline, grown by what the controls rose
-                nums["allowed"] = round(nums["median_ref"] * factor * (1 + pct / 100) + RISE_FLOOR[metric], 4)
-                nums["fleet_rise"] = round(factor, 4)
-                if nums["median"] <= nums["allowed"]:
-                    d = "pass"
+                d, nums = compare(s, ref, pct, RISE_FLOOR[metric], gate.alpha, gate.min_samples, scale=factor)
+                if d == "pass":
                     v.reasons.append(f"{metric} rose over its baseline (median {nums['median_ref']} -> "
                                      f"{nums['median']}) as its controls did (x{factor:.2f}): the fleet's, passed")
             v.numbers[f"{metric}/{ref_name}"] = nums
