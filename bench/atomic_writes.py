@@ -45,6 +45,9 @@ from contextlib import ExitStack
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+from tools.dev.procs import free_port  # noqa: E402
+
 INSTALL = REPO / "tools/dev/install-bench-db.sh"
 # Published by others (sysbench OLTP read-write, doublewrite off on an atomic-write device).
 PUBLISHED = {"tps": +28.0, "p95_ms": -39.0, "write_bytes_per_trx": -53.0}
@@ -119,12 +122,6 @@ def report_lines(summary: dict[str, dict[str, float]], conditions: str) -> list[
 def ensure_installed() -> None:
     if subprocess.run(["bash", str(INSTALL)]).returncode != 0:
         raise SystemExit("atomic_writes: mariadb-server/sysbench missing and could not be installed")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def loop_ext4(st: ExitStack, work: Path, size: int) -> tuple[str, Path]:

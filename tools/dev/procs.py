@@ -3,7 +3,10 @@ SIGKILL), never by name, and always in a finally."""
 
 from __future__ import annotations
 
+import fcntl
 import json
+import os
+import random
 import signal
 import socket
 import ssl
@@ -20,10 +23,35 @@ from api import hostd_pb2_grpc as pb_grpc
 REPO = Path(__file__).resolve().parents[2]
 
 
+# Ports the tests hand their daemons: below the kernel's ephemeral range (32768-60999),
+# so no outgoing connection and no ``bind(0)`` elsewhere takes one between the pick and
+# the daemon's bind, and each reserved for this process's life by a lock file, so two
+# pytest workers (or a bench beside the suite) never pick the same one.
+PORTS = range(20000, 32000)
+PORT_LOCKS = Path("/tmp/hyb-ports")
+_held: list[int] = []  # the lock files' descriptors, open until this process exits
+
+
 def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
+    PORT_LOCKS.mkdir(mode=0o1777, exist_ok=True)
+    rng = random.Random()
+    for _ in range(500):
+        port = rng.choice(PORTS)
+        fd = os.open(PORT_LOCKS / str(port), os.O_RDWR | os.O_CREAT, 0o666)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            continue
+        try:
+            with socket.socket() as s:
+                s.bind(("127.0.0.1", port))
+        except OSError:
+            os.close(fd)
+            continue
+        _held.append(fd)
+        return port
+    raise RuntimeError(f"no free port in {PORTS.start}-{PORTS.stop - 1} after 500 tries")
 
 
 def grpc_stub(port: int, certs: Path) -> tuple[pb_grpc.HostdStub, grpc.Channel]:

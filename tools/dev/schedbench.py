@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.dev.host_shapes import Shape, make_layout
+from tools.dev.procs import free_port  # noqa: F401 (the benches import it from here)
 from tools.dev.procstat import cpu_s, stat_fields
 from scheduler.fit import DiskWant, HostView, VfWant, VmWant, fit_host
 from scheduler.resources import Allocation, HostRes, Usage, host_from_layout
@@ -348,12 +349,6 @@ def percentile(xs: list[float], p: float) -> float:
 
 
 # ---------------------------------------------------------------- processes
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
 
 
 def wait_http(port: int, path: str, proc: subprocess.Popen, log: Path, timeout: float = 60) -> None:
