@@ -162,10 +162,11 @@ def beat_retry_after(*, timeout_s: float, period_s: float, flush_s: float, jitte
 def lag_reason(*, loop_lag_s: float, flush_late_s: float, bound_s: float, shed: int = 0) -> str | None:
     """Why this replica must not judge silences now (None: it may): behind on its own
     beats by more than ``bound_s`` (its event loop late to run a timer, or its flush late),
-    or turning requests away (``shed`` of them lately: a host told to come back later may
-    be silent for it), a host's silence may be this replica's own doing."""
+    or turning registrations away (``shed`` of them lately: a host told to register later
+    does not beat meanwhile), a host's silence may be this replica's own doing. Shed beats
+    are not counted here: they count for their hosts (``service.shed``)."""
     if shed:
-        return f"shed {shed} requests lately (overloaded)"
+        return f"shed {shed} registrations lately (overloaded)"
     if loop_lag_s > bound_s:
         return f"event loop {loop_lag_s:.2f} s late (bound {bound_s:g} s)"
     if flush_late_s > bound_s:

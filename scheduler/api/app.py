@@ -189,11 +189,14 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
             if refused is not None:
                 since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(refused[0]))
                 return _not_ready(f"database refuses writes since {since}: {refused[1]}")
-        lagging = app.state.liveness.lag.reason(settings.liveness.lag_bound_s)
+        lag = app.state.liveness.lag
+        lagging = lag.reason(settings.liveness.lag_bound_s)
         if lagging is not None:
             metrics.lagging.set(1)
             return _not_ready(f"behind on its own work, marking no host down: {lagging}")
         metrics.lagging.set(0)
+        if shed := lag.shed_lately():  # beats and claims: still judging, but send work elsewhere
+            return _not_ready(f"overloaded: shed {shed} requests lately")
         return Response('{"status":"ready"}', media_type="application/json")
 
     @app.get("/metrics", tags=["ops"], response_class=Response)

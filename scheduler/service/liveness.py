@@ -57,6 +57,7 @@ class Lag:
         self._loop: list[tuple[float, float]] = []  # (when, how late)
         self._flush: list[tuple[float, float]] = []
         self._shed: dict[int, int] = {}  # whole monotonic second -> requests turned away (``service.shed``)
+        self._shed_silencing: dict[int, int] = {}  # the same, of those whose host may look silent for it
         self._lock = threading.Lock()
         # loop_late_within's last answer: (within_s, worst, good until): every request the
         # shedding checks asks it, and it changes only when a sample comes (every 0.5 s)
@@ -78,20 +79,26 @@ class Lag:
     def flush_late(self, late: float) -> None:
         self._note(self._flush, late)
 
-    def shed(self) -> None:
-        """A request turned away for overload: no host is judged for the window after."""
+    def shed(self, *, silences: bool) -> None:
+        """A request turned away for overload. ``silences``: its host may look silent for
+        it (a registration: the host does not beat until it is registered), so no host is
+        judged for the window after. A shed beat does not: it is counted as a served
+        beat's, and its Retry-After lands the host's next beat before the timeout."""
         sec = int(self.monotonic())
         with self._lock:
-            self._shed[sec] = self._shed.get(sec, 0) + 1
-            if len(self._shed) > 2 * self.window_s + 2:
-                for k in [k for k in self._shed if k < sec - self.window_s - 1]:
-                    del self._shed[k]
+            for into in (self._shed, self._shed_silencing) if silences else (self._shed,):
+                into[sec] = into.get(sec, 0) + 1
+                if len(into) > 2 * self.window_s + 2:
+                    for k in [k for k in into if k < sec - self.window_s - 1]:
+                        del into[k]
 
-    def shed_lately(self) -> int:
-        """Requests turned away within the window."""
+    def shed_lately(self, *, silencing: bool = False) -> int:
+        """Requests turned away within the window (``silencing``: only those that may
+        leave a live host looking silent)."""
         now = self.monotonic()
         with self._lock:
-            return sum(n for k, n in self._shed.items() if k + 1 >= now - self.window_s)
+            got = self._shed_silencing if silencing else self._shed
+            return sum(n for k, n in got.items() if k + 1 >= now - self.window_s)
 
     def loop_late_within(self, within_s: float) -> float:
         """The event loop's worst lateness over the last ``within_s`` (the shedding's signal)."""
@@ -115,8 +122,10 @@ class Lag:
                     max((x for t, x in self._flush if t >= now - self.window_s), default=0.0))
 
     def reason(self, bound_s: float) -> str | None:
+        """Why this replica must not judge silences now (None: it may)."""
         loop, flush = self.worst()
-        return lag_reason(loop_lag_s=loop, flush_late_s=flush, bound_s=bound_s, shed=self.shed_lately())
+        return lag_reason(loop_lag_s=loop, flush_late_s=flush, bound_s=bound_s,
+                          shed=self.shed_lately(silencing=True))
 
     async def watch_loop(self, every_s: float = 0.5) -> None:
         """Runs on the server's event loop until cancelled: how late each timer fires."""

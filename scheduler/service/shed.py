@@ -16,8 +16,13 @@ answers: everything it answers now is that late), or, for a claim, more than
   with ``Retry-After`` (``shed_retry_s``): nothing is recorded, the client retries.
 
 Each shed request is noted in the replica's ``Lag``: while it sheds, and for the lag
-window after, this replica marks no host down and ``/readyz`` says why (a host told to
-come back later may be silent because of it), as for its own lag.
+window after, ``/readyz`` answers 503 and says why (a load balancer sends the work
+elsewhere). A shed registration also stops this replica marking hosts down for that long,
+as its own lag does: a host told to register later does not beat meanwhile. A shed beat
+does not: it is counted, and its Retry-After lands the next beat before the timeout, so
+a replica that sheds beats but keeps up with reading them goes on judging (at 100,000
+hosts, with one replica restarting and the other carrying the fleet, judging stopped for
+the whole restart and 30 s after).
 """
 
 from __future__ import annotations
@@ -67,7 +72,7 @@ class Shed:
                 why = f"{n} creates wait for the claim thread (over server.shed_claim_queue {self.claim_queue})"
         if why is None:
             return None
-        self.lag.shed()
+        self.lag.shed(silences=kind == "register")
         if self.metrics is not None:
             self.metrics.shed.labels(kind).inc()
         retry = self.beat_retry_s if kind == "beat" else self.retry_s

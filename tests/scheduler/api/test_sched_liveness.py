@@ -347,6 +347,37 @@ def test_a_replica_that_lags_marks_nothing_and_is_not_ready(db_url) -> None:
         assert a.get("/readyz").status_code == 200
 
 
+def test_a_replica_that_sheds_beats_still_marks_and_one_that_sheds_a_registration_does_not(db_url) -> None:
+    """A shed beat is counted for its host and its Retry-After lands the next beat before
+    the timeout: it cannot make a live host look silent, so a replica that sheds beats
+    (one carrying a restarting peer's share of the fleet) goes on judging; /readyz is 503
+    all the same, so a load balancer sends work elsewhere. A shed registration can (the
+    host does not beat until it is registered): no host is marked for the window after."""
+    clock = Clock(T0)
+    cfg = {**SHARED, "liveness": {"check_s": 0, "grace_s": 1, "lag_bound_s": 2}}
+    with make_client(db_url, clock=clock, **cfg) as a:
+        _rig(a, clock, 10)
+        warm(a, clock)
+        for t in (1, 11, 21, 31):  # all but r1-0 beat every 10 s
+            clock.t = T0 + t
+            for i in range(1, 10):
+                assert a.post(f"/v1/hosts/r1-{i}/heartbeat", headers=HOST).status_code == 200
+            a.app.state.hosts.flush()
+        watch = a.app.state.liveness
+        for _ in range(50):
+            watch.lag.shed(silences=False)  # beats answered 503, counted
+        r = a.get("/readyz")
+        assert r.status_code == 503 and "shed 50 requests lately" in r.json()["error"]["message"], r.text
+        watch.lag.shed(silences=True)  # a registration turned away
+        assert watch.check() is None and watch.held_for_lag == 1
+        assert "shed 1 registrations lately" in a.get("/readyz").json()["error"]["message"]
+        assert a.get("/v1/hosts/r1-0", headers=ADM).json()["down_since"] is None
+        watch.lag._shed_silencing.clear()  # the registration's window passed; the beats' has not
+        got = watch.check()
+        assert got is not None and got.mark == ["r1-0"] and watch.held_for_lag == 1
+        assert a.get("/readyz").status_code == 503
+
+
 def test_a_replicas_half_of_the_fleet_silenced_at_once_is_held_before_any_is_marked(db_url) -> None:
     """Forty hosts in two racks beat every 10 s, their beats spread over the interval,
     every other host to replica b. b dies and nothing takes its hosts' beats elsewhere
