@@ -43,7 +43,8 @@ out of play (a timeout no pause reaches, as bench/placement.py):
    liveness the database holds from this phase. The phase lasts the timeout, two checks
    and a beat interval, and at least a timeout after the restarted replica answers; with
    wrk it then goes on until every silent host is marked (at most 5 minutes: replicas
-   that shed skip their checks, mark_down_shed and liveness_checks_skipped say so);
+   that lag or shed registrations skip their checks, mark_down_shed and
+   liveness_checks_skipped say so);
    replica_restart_s is how long the restarted replica took to answer again.
 
 The beats case (--only beats): phase 2 alone, with its idle phase and its floor, on a

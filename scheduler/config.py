@@ -149,7 +149,8 @@ class LivenessConfig(BaseModel):
     beat_interval_s: float = Field(10.0, gt=0, le=3600)
     min_hosts: int = Field(3, ge=1)  # a rack (or fleet) smaller than this makes no event
     # A replica whose event loop or heartbeat flush ran later than this (the worst of the
-    # last 30 s) marks nothing down and is not ready: the silences may be its own doing.
+    # last beat interval and a bit: liveness_rule.lag_window, 16.5 s with the defaults)
+    # marks nothing down and is not ready: the silences may be its own doing.
     lag_bound_s: float = Field(2.0, gt=0)
 
 

@@ -159,6 +159,18 @@ def beat_retry_after(*, timeout_s: float, period_s: float, flush_s: float, jitte
     return max(1, int(room / (1 + jitter)))
 
 
+def lag_window(*, missed_beat_s: float, retry_s: float, jitter: float) -> float:
+    """How long after its lag (or a shed registration) a replica still judges nothing.
+    While it lagged, a beat that reached its socket was recorded late (its host looks
+    fresher, not staler); a host whose connection was refused or timed out tries again
+    within its beat interval, and a host whose registration was shed within ``retry_s``
+    and up to ``jitter`` more of it, then beats. So after a beat interval, the allowance
+    for a peer's row (``missed_beat_s``) and a registration's retry, every live host's
+    beat is counted again; a longer window only delays the marks (after a replica's
+    restart, the peer that carried the fleet judges nothing for that long)."""
+    return missed_beat_s + retry_s * (1 + jitter)
+
+
 def lag_reason(*, loop_lag_s: float, flush_late_s: float, bound_s: float, shed: int = 0) -> str | None:
     """Why this replica must not judge silences now (None: it may): behind on its own
     beats by more than ``bound_s`` (its event loop late to run a timer, or its flush late),

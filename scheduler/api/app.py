@@ -27,7 +27,7 @@ from scheduler.console import headers as console_headers
 from scheduler.console import routes as console_routes
 from scheduler.db.engine import Store
 from scheduler.db.migrate import HERE, current
-from scheduler.liveness_rule import beat_retry_after, missed_beat_after
+from scheduler.liveness_rule import beat_retry_after, lag_window, missed_beat_after
 from scheduler.metrics import Metrics
 from scheduler.service.audit import AuditService
 from scheduler.service.claims import Placer
@@ -141,7 +141,12 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
     app.state.audit = AuditService(store=store, clock=clock)
     app.state.fleet = FleetService(store=store, heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,
                                    clock=clock, pulse=pulse)
-    app.state.hosts.lag = lag = Lag()
+    missed_beat_s = missed_beat_after(interval_s=settings.liveness.beat_interval_s,
+                                      period_s=settings.placement.heartbeat_period_s,
+                                      flush_s=settings.stats.heartbeat_flush_s)
+    app.state.hosts.lag = lag = Lag(window_s=lag_window(missed_beat_s=missed_beat_s,
+                                                        retry_s=settings.server.shed_retry_s,
+                                                        jitter=RETRY_AFTER_JITTER))
     app.state.shed = Shed(lag=lag, loop_lag_s=settings.server.shed_loop_lag_s, hold_s=settings.server.shed_hold_s,
                           claim_queue=settings.server.shed_claim_queue, retry_s=settings.server.shed_retry_s,
                           beat_retry_s=beat_retry_after(timeout_s=settings.placement.heartbeat_timeout_s,
@@ -151,9 +156,7 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
                           depth=app.state.vms.claims.depth, metrics=metrics)
     app.state.liveness = LivenessWatch(store=store, cfg=settings.liveness, clock=clock, pulse=pulse, lag=lag, cache=cache,
                                        heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,
-                                       missed_beat_s=missed_beat_after(interval_s=settings.liveness.beat_interval_s,
-                                                                       period_s=settings.placement.heartbeat_period_s,
-                                                                       flush_s=settings.stats.heartbeat_flush_s))
+                                       missed_beat_s=missed_beat_s)
     errors.install(app)
     if settings.console.enabled:
         app.state.console = SessionBook(store, app.state.tokens, ttl_s=settings.console.session_ttl_s, clock=clock)

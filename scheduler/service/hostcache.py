@@ -260,7 +260,7 @@ class HostCache:
                         self._admin[r.name] = r.admin_state
                     if r.name in usages:
                         gen, u = usages[r.name]
-                        self._apply(r.name, gen, r.layout_rev, Usage.from_dict(u), now=now,
+                        self._apply(r.name, gen, r.layout_rev, u, now=now,
                                     heartbeat=r.last_heartbeat)
                     elif e is not None:  # usage unchanged; state or heartbeat may have
                         self._apply(r.name, e.generation, r.layout_rev, e.view.usage, now=now,
@@ -315,12 +315,10 @@ class HostCache:
         return got is None or got[0] != rev
 
     def _load_res(self, s: Session, names: Sequence[str]) -> None:
-        shapes: dict[bytes, HostRes] = {}  # a fleet of few shapes builds each once
-        for h in host_repo.hosts_by_name(session=s, names=list(names)):
-            r = host_repo.host_res(h, shapes=shapes)
+        for name, owner, rev, r in host_repo.res_by_name(session=s, names=list(names)):
             with self._lock:
-                self._res[h.name] = (h.layout_rev, r)
-                self._owner[h.name] = h.owner
+                self._res[name] = (rev, r)
+                self._owner[name] = owner
 
     def _apply(self, name: str, generation: int, rev: int, usage: Usage | dict[str, Any], *, now: float,
                heartbeat: float | None = None) -> None:

@@ -20,9 +20,8 @@ window after, ``/readyz`` answers 503 and says why (a load balancer sends the wo
 elsewhere). A shed registration also stops this replica marking hosts down for that long,
 as its own lag does: a host told to register later does not beat meanwhile. A shed beat
 does not: it is counted, and its Retry-After lands the next beat before the timeout, so
-a replica that sheds beats but keeps up with reading them goes on judging (at 100,000
-hosts, with one replica restarting and the other carrying the fleet, judging stopped for
-the whole restart and 30 s after).
+a replica that sheds beats but keeps up with reading them goes on judging: the one
+that carries the fleet while its peer restarts is the one left to mark the dead hosts.
 """
 
 from __future__ import annotations

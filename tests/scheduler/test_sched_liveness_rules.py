@@ -99,3 +99,17 @@ def test_a_lagging_replica_says_why_and_the_allowance_covers_a_period_twice() ->
     assert (lv.beat_interval_s, p.heartbeat_period_s, st.heartbeat_flush_s, p.heartbeat_timeout_s) == (10, 2, 1, 22)
     assert missed_beat_after(interval_s=10, period_s=2, flush_s=1) == 10 + silent_allowance(period_s=2, flush_s=1) == 15
     assert 15 < 22 and 2 + 22 + lv.check_s <= 26
+
+
+def test_the_lag_window_lasts_until_every_live_host_has_beaten_again() -> None:
+    """With the shipped timings: a beat interval (10 s), the allowance for a peer's row
+    (2 periods of 2 s and a 1 s flush), and a shed registration's retry (1 s and half
+    again): 16.5 s, where a fixed 30 s held the checks after a restart at 100,000 hosts."""
+    from scheduler.config import Settings
+    from api.bounds import RETRY_AFTER_JITTER
+    from scheduler.liveness_rule import lag_window
+    cfg = Settings()
+    missed = missed_beat_after(interval_s=cfg.liveness.beat_interval_s, period_s=cfg.placement.heartbeat_period_s,
+                               flush_s=cfg.stats.heartbeat_flush_s)
+    assert missed == 15.0
+    assert lag_window(missed_beat_s=missed, retry_s=cfg.server.shed_retry_s, jitter=RETRY_AFTER_JITTER) == 16.5

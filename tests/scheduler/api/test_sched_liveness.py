@@ -16,6 +16,9 @@ from sqlalchemy import event
 
 from sched_helpers import ADM, HOST, Clock, auth, host_body, make_client
 
+from api.bounds import RETRY_AFTER_JITTER
+from scheduler.liveness_rule import lag_window
+
 T0 = 1_764_000_000.0
 BUFFERED = {"stats": {"heartbeat_flush_s": 30}, "placement": {"heartbeat_write_s": 5}}
 
@@ -335,6 +338,9 @@ def test_a_replica_that_lags_marks_nothing_and_is_not_ready(db_url) -> None:
                 assert a.post(f"/v1/hosts/r1-{i}/heartbeat", headers=HOST).status_code == 200
             a.app.state.hosts.flush()
         watch = a.app.state.liveness
+        # the window: until every live host has beaten again (a beat interval and the
+        # allowance for a peer's row, and a shed registration's retry), not a fixed 30 s
+        assert watch.lag.window_s == lag_window(missed_beat_s=watch.missed_beat_s, retry_s=1.0, jitter=RETRY_AFTER_JITTER)
         watch.lag.loop_late(3.5)  # a timer on the event loop fired 3.5 s late
         assert watch.check() is None and watch.held_for_lag == 1
         r = a.get("/readyz")

@@ -160,23 +160,38 @@ def test_keep_1g_falls_back_to_1g_nodes_when_nothing_else_fits():
     assert got.candidates[0].host == "one-1g-0"
 
 
-def test_hosts_of_one_shape_share_their_pools_and_keep_their_own_name_rack_labels():
-    """``host_res(..., shapes=)`` (the index's first pass over the fleet): each host's pools
-    are the ones built for it alone, whether built or shared, and a host of another
-    shape, siblings or PF setting gets its own."""
-    from scheduler.db.models import Host
-    from scheduler.repo.hosts import host_res
+def test_hosts_of_one_shape_share_their_pools_and_keep_their_own_name_rack_labels(db_url: str) -> None:
+    """``res_by_name`` (the index's pass over the fleet, from the stored rows): each
+    host's pools are the ones built for it alone, whether built or shared, a host of
+    another shape, siblings or PF setting gets its own, and a host's JSON past 64-bit
+    integers reads as stored (no JSON library's number limits in the sharing)."""
+    from scheduler.db.engine import Store
+    from scheduler.db.models import Base, Host
+    from scheduler.repo.hosts import host_res, res_by_name
 
     def row(i: int, shape: Shape, **over) -> Host:  # type: ignore[no-untyped-def]
         layout, sib = make_layout(shape)
-        fields = dict(name=f"h{i}", layout=layout.to_dict(), siblings={str(k): list(v) for k, v in sib.items()},
-                      pf_min_rate={}, disk_classes={}, rack=f"r{i % 3}", labels={"disk": ["nvme", "hdd"][i % 2]})
+        fields = dict(name=f"h{i:02d}", address="x", layout=layout.to_dict(), created=0.0, updated=0.0,
+                      siblings={str(k): list(v) for k, v in sib.items()}, pf_min_rate={}, disk_classes={},
+                      rack=f"r{i % 3}", labels={"disk": ["nvme", "hdd"][i % 2]} if i % 4 else {}, owner=f"o{i % 2}")
         return Host(**{**fields, **over})
     rows = [row(i, SMALL[i % 2]) for i in range(12)]
     rows.append(row(12, SMALL[0], siblings={}))  # no SMT known: cores of one thread
     rows.append(row(13, SMALL[0], pf_min_rate={"pf0": False}))
-    shapes: dict = {}
-    for h in rows:
-        alone, shared = host_res(h), host_res(h, shapes=shapes)
-        assert shared == alone and shared.label_map == alone.label_map, h.name
-    assert len(shapes) == 4
+    rows.append(row(14, SMALL[0], disk_classes={"big": str(2 ** 70)}, labels={"n": str(2 ** 70)}))
+    store = Store.from_url(db_url)
+    try:
+        Base.metadata.create_all(store.engine)
+        with store.write() as s:
+            s.add_all(rows)
+        with store.read() as s:
+            alone = {h.name: (h.owner, h.layout_rev, host_res(h)) for h in s.query(Host)}
+            got = list(res_by_name(session=s, names=sorted(alone)))
+    finally:
+        store.dispose()
+    assert sorted(n for n, *_ in got) == sorted(alone)
+    for name, owner, rev, res in got:
+        assert (owner, rev, res) == alone[name] and res.label_map == alone[name][2].label_map, name
+    pools = {n: r for n, _, _, r in got}
+    assert pools["h00"].nodes is pools["h02"].nodes  # one shape: built once
+    assert len({id(r.nodes) for r in pools.values()}) == 5  # two shapes, no SMT, a PF setting, disk classes
