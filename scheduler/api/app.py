@@ -27,7 +27,7 @@ from scheduler.console import headers as console_headers
 from scheduler.console import routes as console_routes
 from scheduler.db.engine import Store
 from scheduler.db.migrate import HERE, current
-from scheduler.liveness_rule import beat_retry_after, lag_window, missed_beat_after
+from scheduler.liveness_rule import beat_retry_after, lag_window, missed_beat_after, silent_allowance
 from scheduler.metrics import Metrics
 from scheduler.service.audit import AuditService
 from scheduler.service.claims import Placer
@@ -156,7 +156,9 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
                           depth=app.state.vms.claims.depth, metrics=metrics)
     app.state.liveness = LivenessWatch(store=store, cfg=settings.liveness, clock=clock, pulse=pulse, lag=lag, cache=cache,
                                        heartbeat_timeout_s=settings.placement.heartbeat_timeout_s,
-                                       missed_beat_s=missed_beat_s)
+                                       missed_beat_s=missed_beat_s,
+                                       heard_late_s=silent_allowance(period_s=settings.placement.heartbeat_period_s,
+                                                                     flush_s=settings.stats.heartbeat_flush_s))
     errors.install(app)
     if settings.console.enabled:
         app.state.console = SessionBook(store, app.state.tokens, ttl_s=settings.console.session_ttl_s, clock=clock)

@@ -19,6 +19,10 @@ beat, or a peer's first period since: ``Pulse.flowing_since``). A replica's star
 (migrations, the index's first pass: a minute at 100,000 hosts) does not eat into the
 time the fleet has to beat again (a host's first beat since may sit in another
 replica's unwritten period for up to one period: the grace counts from the beats).
+Where the shared rows show the fleet heard without a gap up to now (``Pulse.
+heard_since``: a replica restarted while its peers answered the beats), the grace counts
+from the start of that stretch: the restart hid nothing, and the replica judges from its
+first read of the rows instead of a timeout later.
 
 A host's last beat is the newer of its row's ``last_heartbeat`` and the replicas' shared
 liveness (``service.pulse``, read at each check). No false alarms from this replica's own
@@ -139,13 +143,17 @@ class Lag:
 class LivenessWatch:
     def __init__(self, *, store: Store, cfg: LivenessConfig, heartbeat_timeout_s: float,
                  clock: Callable[[], float] = time.time, pulse: Pulse | None = None, lag: Lag | None = None,
-                 cache: HostCache | None = None, missed_beat_s: float | None = None):
+                 cache: HostCache | None = None, missed_beat_s: float | None = None,
+                 heard_late_s: float | None = None):
         self.store = store
         self.cfg = cfg
         self.timeout = heartbeat_timeout_s
         # silent longer than this: a missed beat (``liveness_rule.missed_beat_after``),
         # counted towards an event before the timeout; None: only the hosts past it count
         self.missed_beat_s = missed_beat_s
+        # how old the newest shared row may be while the fleet still counts as heard up to
+        # now (``liveness_rule.silent_allowance``); None: the grace always counts in full
+        self.heard_late_s = heard_late_s
         self.clock = clock
         self.pulse = pulse
         self.cache = cache
@@ -166,6 +174,11 @@ class LivenessWatch:
             if self.pulse.flowing_since is None:
                 return None
             since = max(since, self.pulse.flowing_since)
+            # the rows show the fleet heard without a gap since then: this replica's own
+            # start (a restart beside its peers) hid no beat from it
+            heard = None if self.heard_late_s is None else self.pulse.heard_since(now, late_s=self.heard_late_s)
+            if heard is not None:
+                since = min(since, heard)
         if now - since < grace:
             return None
         why = self.lag.reason(self.cfg.lag_bound_s)

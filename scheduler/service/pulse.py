@@ -58,6 +58,9 @@ class Pulse:
         # first peer period begun since (None: not yet). The liveness grace counts from here.
         self.flowing_since: float | None = None
         self.rows_written = 0
+        # the periods of the rows read (every replica's, this one's too): where they join
+        # up without a gap, some replica was hearing the fleet (``heard_since``)
+        self._covered: list[tuple[float, float]] = []
 
     def beat(self, name: str, now: float) -> float | None:
         """Record a beat; returns when the host was last heard before it (None: unknown)."""
@@ -158,8 +161,34 @@ class Pulse:
                 | {(r.replica, r.period_start) for r in peers}
         if rows:
             self._read_to = max(self._read_to, rows[-1].period_end)
+            with self.lock:
+                self._covered = sorted({x for x in self._covered if x[1] > now - self.keep_s - self.period_s}
+                                       | {(r.period_start, r.period_end) for r in rows})
         self.read_at = now
         return len(peers)
+
+    def heard_since(self, now: float, *, late_s: float) -> float | None:
+        """Since when the rows read show the fleet heard without a gap up to now (None: they
+        do not reach now). Each replica's rows follow each other (a row starts where its
+        last period ended) unless it heard nothing in a period or stopped, so where the
+        rows' periods join up some replica was answering beats all along; the newest may
+        end up to ``late_s`` ago (written at its period's end, read at the next check).
+        A replica restarted while its peers heard the fleet has lost nothing but its own
+        unwritten period, which ``liveness_rule.silent_allowance`` covers already, so it
+        can judge from the rows it read; after an outage of every replica (a gap) the
+        grace counts again (``LivenessWatch``). Gaps under half a period are clock skew
+        between replicas' machines."""
+        with self.lock:
+            covered = list(self._covered)
+        if not covered:
+            return None
+        tol = self.period_s / 2
+        start, end = covered[0]
+        for s, e in covered[1:]:
+            if s > end + tol:  # a gap: nobody wrote a period covering it
+                start = s
+            end = max(end, e)
+        return start if end >= now - late_s else None
 
     def _load_ids(self, session: Session) -> None:
         ids = pulse_repo.beat_ids(session=session)

@@ -323,6 +323,44 @@ def test_two_replicas_share_liveness_without_a_write_per_beat(db_url) -> None:
         assert shown["state"] == "active" and shown["down_since"] is None and _host_rows(a)["r1-8"] == T0 + 75
 
 
+@pytest.mark.parametrize("outage", [False, True])
+def test_a_replica_restarted_beside_a_peer_judges_from_the_shared_rows_at_once(db_url, outage: bool) -> None:
+    """Ten hosts beat every 10 s to replica a, spread over the interval (r1-i at t = i mod
+    10), and a writes a row every 5 s period; r1-8 and r1-9 are dead after their first
+    beat. At t=40 a new replica c starts (the other replica, restarted): a's rows join up
+    to now, so the fleet was heard all along and c's start hid nothing. c marks the two
+    at its first check, where it used to wait a grace of a timeout (25 s). After an outage
+    of every replica (a stops at t=20, c starts at t=65: longer than a row may be late
+    here, 2 periods and the 30 s flush) the rows do not reach now, the live hosts' beats
+    went nowhere meanwhile, and c waits the grace."""
+    clock = Clock(T0)
+    cfg = {**SHARED, "liveness": {"check_s": 0, "grace_s": 0, "lag_bound_s": 1000}}  # grace: the timeout, 25 s
+    with make_client(db_url, clock=clock, **cfg) as a:
+        _rig(a, clock, 10)
+        warm(a, clock)
+        a_until = 20 if outage else 40
+        for t in range(1, a_until + 1):
+            clock.t = T0 + t
+            for i in range(10):
+                if (t - i) % 10 == 0 and (i < 8 or t < 10):
+                    assert a.post(f"/v1/hosts/r1-{i}/heartbeat", headers=HOST).status_code == 200
+            a.app.state.hosts.flush()
+        clock.t = T0 + (65 if outage else 40) + 0.5
+        with make_client(db_url, clock=clock, **cfg) as c:
+            warm(c, clock)  # its start: the index's first pass reads the shared rows
+            clock.t += 0.5
+            for i in range(1 if outage else 8):  # beats reach c (the live hosts', to c too)
+                assert c.post(f"/v1/hosts/r1-{i}/heartbeat", headers=HOST).status_code == 200
+            got = c.app.state.liveness.check()
+            if outage:
+                assert got is None  # the grace
+                assert all(c.get(f"/v1/hosts/r1-{i}", headers=ADM).json()["down_since"] is None
+                           for i in range(10))
+            else:
+                assert got is not None and got.mark == ["r1-8", "r1-9"] and got.events == [], got
+                assert all(c.get(f"/v1/hosts/r1-{i}", headers=ADM).json()["state"] == "active" for i in range(8))
+
+
 def test_a_replica_that_lags_marks_nothing_and_is_not_ready(db_url) -> None:
     """Its event loop or its flush late past ``liveness.lag_bound_s``: a silent host is not
     marked (the silence may be this replica's own doing), the check says why, /readyz is
