@@ -147,6 +147,8 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
     app.state.hosts.lag = lag = Lag(window_s=lag_window(missed_beat_s=missed_beat_s,
                                                         retry_s=settings.server.shed_retry_s,
                                                         jitter=RETRY_AFTER_JITTER))
+    if pulse is not None:  # its rows say when this replica lags: its peers hold their checks too
+        pulse.lag_reason = lambda: lag.reason(settings.liveness.lag_bound_s)
     app.state.shed = Shed(lag=lag, loop_lag_s=settings.server.shed_loop_lag_s, hold_s=settings.server.shed_hold_s,
                           claim_queue=settings.server.shed_claim_queue, retry_s=settings.server.shed_retry_s,
                           beat_retry_s=beat_retry_after(timeout_s=settings.placement.heartbeat_timeout_s,

@@ -62,13 +62,15 @@ class HostBeat(Base):
     """One replica's liveness for one period (``scheduler.service.pulse``): the hosts it
     heard from between ``period_start`` and ``period_end``, as a set over their
     ``beat_id`` (``scheduler.liveness_rule.encode_ids``). One row per replica and period,
-    whatever the beat rate; rows older than the heartbeat timeout are deleted."""
+    whatever the beat rate; rows older than the heartbeat timeout are deleted. ``lag``:
+    why the replica could not vouch for the period (it lagged), or NULL."""
     __tablename__ = "host_beats"
 
     replica: Mapped[str] = mapped_column(String(64), primary_key=True)
     period_start: Mapped[float] = mapped_column(Float, primary_key=True)
     period_end: Mapped[float] = mapped_column(Float, index=True)
     hosts: Mapped[bytes] = mapped_column(LargeBinary)
+    lag: Mapped[str | None] = mapped_column(String(200), nullable=True)
 
 
 class Fleet(Base):

@@ -55,15 +55,18 @@ def beat_ids(*, session: Session) -> dict[str, int]:
     return {n: i for n, i in session.execute(select(Host.name, Host.beat_id).where(Host.beat_id.is_not(None)))}
 
 
-def write_period(*, session: Session, replica: str, start: float, end: float, hosts: bytes) -> None:
-    session.add(HostBeat(replica=replica, period_start=start, period_end=end, hosts=hosts))
+def write_period(*, session: Session, replica: str, start: float, end: float, hosts: bytes,
+                 lag: str | None = None) -> None:
+    session.add(HostBeat(replica=replica, period_start=start, period_end=end, hosts=hosts,
+                         lag=None if lag is None else lag[:200]))
     session.flush()
 
 
 def periods_since(*, session: Session, after: float) -> Sequence[Any]:
-    """(replica, period_start, period_end, hosts) of every row written for a period that
-    ended after ``after``, oldest first (indexed on period_end)."""
-    return session.execute(select(HostBeat.replica, HostBeat.period_start, HostBeat.period_end, HostBeat.hosts)
+    """(replica, period_start, period_end, hosts, lag) of every row written for a period
+    that ended after ``after``, oldest first (indexed on period_end)."""
+    return session.execute(select(HostBeat.replica, HostBeat.period_start, HostBeat.period_end, HostBeat.hosts,
+                                  HostBeat.lag)
                            .where(HostBeat.period_end > after).order_by(HostBeat.period_end)).all()
 
 

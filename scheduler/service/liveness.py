@@ -29,7 +29,10 @@ liveness (``service.pulse``, read at each check). No false alarms from this repl
 lag: a replica behind on its own work (its event loop late to run a timer, its
 heartbeat flush late: CPU starved or stolen) may have left beats unanswered or
 unshared, so while its lag (``lag``) exceeds ``lag_bound_s`` it marks nothing, logs why
-and ``/readyz`` answers 503 with the reason.
+and ``/readyz`` answers 503 with the reason. Nor from a peer's: a replica's shared row
+says why it lagged (``host_beats.lag``), and while a peer's newest row says so, within
+the lag window, this replica marks nothing either (the peer's unread beats are missing
+from its rows).
 """
 
 from __future__ import annotations
@@ -185,6 +188,10 @@ class LivenessWatch:
         if why is not None:
             self.held_for_lag += 1
             log.warning("liveness check skipped: this replica lags (%s); no host marked down", why)
+            return None
+        if self.pulse is not None and (why := self.pulse.peer_lag(now, within_s=self.lag.window_s)) is not None:
+            self.held_for_lag += 1
+            log.warning("liveness check skipped: %s; no host marked down", why)
             return None
         down = host_repo.down_before(now=now, heartbeat_timeout_s=self.timeout)
         # the hosts past the timeout, and those that missed a beat and will be past it

@@ -61,6 +61,10 @@ class Pulse:
         # the periods of the rows read (every replica's, this one's too): where they join
         # up without a gap, some replica was hearing the fleet (``heard_since``)
         self._covered: list[tuple[float, float]] = []
+        # why this replica cannot vouch for a period now (its ``Lag.reason``): written in its
+        # row, so its peers hold their checks too; set by the app
+        self.lag_reason: Callable[[], str | None] = lambda: None
+        self._peer_lag: dict[str, tuple[float, str | None]] = {}  # replica -> (its newest row's end, lag)
 
     def beat(self, name: str, now: float) -> float | None:
         """Record a beat; returns when the host was last heard before it (None: unknown)."""
@@ -132,7 +136,8 @@ class Pulse:
         if any(n not in self._ids for n in heard):
             self._load_ids(session)
         ids = [self._ids[n] for n in heard if n in self._ids]
-        pulse_repo.write_period(session=session, replica=self.replica, start=start, end=now, hosts=encode_ids(ids))
+        pulse_repo.write_period(session=session, replica=self.replica, start=start, end=now, hosts=encode_ids(ids),
+                                lag=self.lag_reason())
         pulse_repo.expire_periods(session=session, before=now - self.keep_s)
         self.rows_written += 1
         return True
@@ -164,8 +169,26 @@ class Pulse:
             with self.lock:
                 self._covered = sorted({x for x in self._covered if x[1] > now - self.keep_s - self.period_s}
                                        | {(r.period_start, r.period_end) for r in rows})
+                for r in rows:
+                    if r.replica != self.replica and r.period_end >= self._peer_lag.get(r.replica, (-1.0, None))[0]:
+                        self._peer_lag[r.replica] = (r.period_end, r.lag)
+                for k in [k for k, (end, _) in self._peer_lag.items() if end < now - self.keep_s]:
+                    del self._peer_lag[k]
         self.read_at = now
         return len(peers)
+
+    def peer_lag(self, now: float, *, within_s: float) -> str | None:
+        """Why a peer could not vouch for its newest row, if that row ended within the
+        last ``within_s`` (the lag window): a host whose beats sit unread at a lagging
+        peer is missing from its rows, so this replica must not judge it silent either.
+        A peer that stops writing while it lags (stuck, or dead) is held for that long."""
+        with self.lock:
+            lagging = [(end, replica, why) for replica, (end, why) in self._peer_lag.items()
+                       if why is not None and end >= now - within_s]
+        if not lagging:
+            return None
+        _, replica, why = max(lagging)
+        return f"replica {replica} lags ({why})"
 
     def heard_since(self, now: float, *, late_s: float) -> float | None:
         """Since when the rows read show the fleet heard without a gap up to now (None: they

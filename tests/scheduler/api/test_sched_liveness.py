@@ -361,6 +361,44 @@ def test_a_replica_restarted_beside_a_peer_judges_from_the_shared_rows_at_once(d
                 assert all(c.get(f"/v1/hosts/r1-{i}", headers=ADM).json()["state"] == "active" for i in range(8))
 
 
+def test_a_replica_holds_its_checks_while_a_peer_says_it_lags(db_url) -> None:
+    """Hosts beat to a and b alike, r1-0 is dead. a lags (its event loop 3.5 s late): the
+    beats that wait unread at a are missing from its rows, so b must not judge from them
+    either. a's row says why it lags; b, on time itself, marks nothing while a's newest
+    row says so and logs which replica lags; once a's row says it is on time, b marks."""
+    clock = Clock(T0)
+    cfg = {**SHARED, "liveness": {"check_s": 0, "grace_s": 1, "lag_bound_s": 2}}
+    with make_client(db_url, clock=clock, **cfg) as a, make_client(db_url, clock=clock, **cfg) as b:
+        _rig(a, clock, 10)
+        warm(a, clock)
+        warm(b, clock)
+        for t in range(1, 36):
+            clock.t = T0 + t
+            if t % 10 == 1:
+                for i in range(1, 10):
+                    assert (a if i % 2 else b).post(f"/v1/hosts/r1-{i}/heartbeat", headers=HOST).status_code == 200
+            if t == 29:
+                a.app.state.liveness.lag.loop_late(3.5)
+            a.app.state.hosts.flush()
+            b.app.state.hosts.flush()
+        watch = b.app.state.liveness
+        assert watch.lag.reason(2) is None  # b itself is on time
+        assert watch.check() is None and watch.held_for_lag == 1
+        assert watch.pulse.peer_lag(clock.t, within_s=watch.lag.window_s).startswith(
+            f"replica {a.app.state.hosts.cache.pulse.replica} lags (event loop 3.50 s late")
+        assert b.get("/v1/hosts/r1-0", headers=ADM).json()["down_since"] is None
+        a.app.state.liveness.lag.window_s = 0  # a is on time again: its next row says so
+        for t in range(36, 42):
+            clock.t = T0 + t
+            if t == 37:
+                for i in range(1, 10):
+                    assert (a if i % 2 else b).post(f"/v1/hosts/r1-{i}/heartbeat", headers=HOST).status_code == 200
+            a.app.state.hosts.flush()
+            b.app.state.hosts.flush()
+        got = watch.check()
+        assert got is not None and got.mark == ["r1-0"], got
+
+
 def test_a_replica_that_lags_marks_nothing_and_is_not_ready(db_url) -> None:
     """Its event loop or its flush late past ``liveness.lag_bound_s``: a silent host is not
     marked (the silence may be this replica's own doing), the check says why, /readyz is

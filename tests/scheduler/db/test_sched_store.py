@@ -34,7 +34,7 @@ def test_migrations_up_down_up(db_url):
     store = Store.from_url(db_url)
     try:
         upgrade(store.engine)
-        assert current(store.engine) == "0019"
+        assert current(store.engine) == "0020"
         rollouts = {"rollouts", "rollout_hosts", "rollout_transitions", "rollout_leases"}
         assert {"hosts", "vms", "audit", "host_beats"} | rollouts <= set(inspect(store.engine).get_table_names())
         assert {"owner", "beat_id", "metrics_url", "hostd_version", "carved_policy", "admin_owner", "admin_reason",
@@ -78,7 +78,7 @@ def test_migrations_up_down_up(db_url):
         assert "hosts" not in inspect(store.engine).get_table_names()
         out = subprocess.run([sys.executable, "-m", "scheduler.cli", "db", "upgrade", "--url", db_url],
                              capture_output=True, text=True, cwd=REPO, check=True)
-        assert out.stdout.strip() == "0019"
+        assert out.stdout.strip() == "0020"
     finally:
         store.dispose()
 

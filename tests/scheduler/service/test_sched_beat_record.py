@@ -39,7 +39,7 @@ def test_concurrent_beats_are_all_recorded(tmp_path: Path, monkeypatch, fast_swi
     pulse._ids = {n: i for i, n in enumerate(names)}  # as read from the hosts' rows
     pulse._names = {i: n for n, i in pulse._ids.items()}
     periods: list[set[str]] = []
-    monkeypatch.setattr(pulse_repo, "write_period", lambda *, session, replica, start, end, hosts:
+    monkeypatch.setattr(pulse_repo, "write_period", lambda *, session, replica, start, end, hosts, lag=None:
                         periods.append({pulse._names[i] for i in decode_ids(hosts)}))
     monkeypatch.setattr(pulse_repo, "expire_periods", lambda *, session, before: 0)
     def beat_held(name: str, now: float) -> float | None:
