@@ -57,6 +57,9 @@ class Pulse:
         # When beats first reached this replica after it started: its first own beat, or the
         # first peer period begun since (None: not yet). The liveness grace counts from here.
         self.flowing_since: float | None = None
+        # this replica's first own beat: its rows claim hearing from here on, not from its
+        # creation (a replica starting, its index's first pass under way, hears nothing)
+        self._first_heard: float | None = None
         self.rows_written = 0
         # the periods of the rows read (every replica's, this one's too): where they join
         # up without a gap, some replica was hearing the fleet (``heard_since``)
@@ -76,6 +79,8 @@ class Pulse:
         prev = self._last(name)
         if self.flowing_since is None:
             self.flowing_since = now
+        if self._first_heard is None:
+            self._first_heard = now
         self._own[name] = now
         self._period.add(name)
         return prev
@@ -131,8 +136,11 @@ class Pulse:
         with self.lock:
             heard, self._period = self._period, set()
             start, self._start = self._start, now
+            first = self._first_heard
         if not heard:
             return False
+        if first is not None and first > start:  # its first period: heard from its first beat
+            start = first
         if any(n not in self._ids for n in heard):
             self._load_ids(session)
         ids = [self._ids[n] for n in heard if n in self._ids]

@@ -361,6 +361,34 @@ def test_a_replica_restarted_beside_a_peer_judges_from_the_shared_rows_at_once(d
                 assert all(c.get(f"/v1/hosts/r1-{i}", headers=ADM).json()["state"] == "active" for i in range(8))
 
 
+def test_a_starting_replica_claims_hearing_only_from_its_first_beat(db_url) -> None:
+    """Every replica stops at t=20 (a), and a new one (c) is created at t=21, but hears its
+    first beat only at t=24 (its index's first pass, its port opening). Its first row must
+    not say it heard the fleet from its creation: the beats sent meanwhile went nowhere.
+    So the rows have a gap from 20 to 24 and the fleet counts as heard from 24 (the grace
+    counts from there); with the row starting at c's creation, they joined up across the
+    outage, and c judged the fleet mid-return (bench/fleet_pulse.py at 100,000 hosts:
+    7,362 live hosts marked down)."""
+    clock = Clock(T0)
+    with make_client(db_url, clock=clock, **SHARED) as a:
+        _rig(a, clock, 10)
+        warm(a, clock)
+        for t in range(1, 21):
+            clock.t = T0 + t
+            for i in range(10):
+                if (t - i) % 10 == 0:
+                    assert a.post(f"/v1/hosts/r1-{i}/heartbeat", headers=HOST).status_code == 200
+            a.app.state.hosts.flush()
+    clock.t = T0 + 21
+    with make_client(db_url, clock=clock, **SHARED) as c:
+        warm(c, clock)
+        clock.t = T0 + 24
+        assert c.post("/v1/hosts/r1-4/heartbeat", headers=HOST).status_code == 200
+        clock.t = T0 + 26
+        c.app.state.hosts.flush()  # its first row: [24, 26], not [21, 26]
+        assert c.app.state.hosts.cache.pulse.heard_since(T0 + 26.5, late_s=5) == T0 + 24
+
+
 def test_a_replica_holds_its_checks_while_a_peer_says_it_lags(db_url) -> None:
     """Hosts beat to a and b alike, r1-0 is dead. a lags (its event loop 3.5 s late): the
     beats that wait unread at a are missing from its rows, so b must not judge from them
