@@ -427,6 +427,17 @@ def test_a_replica_holds_its_checks_while_a_peer_says_it_lags(db_url) -> None:
         assert got is not None and got.mark == ["r1-0"], got
 
 
+def _all_but_r1_0_beat(a, clock: Clock) -> None:  # type: ignore[no-untyped-def]
+    """Ten hosts in rack r1, all but r1-0 beating every 10 s until t=31, flushed each time."""
+    _rig(a, clock, 10)
+    warm(a, clock)
+    for t in (1, 11, 21, 31):  # all but r1-0 beat every 10 s
+        clock.t = T0 + t
+        for i in range(1, 10):
+            assert a.post(f"/v1/hosts/r1-{i}/heartbeat", headers=HOST).status_code == 200
+        a.app.state.hosts.flush()
+
+
 def test_a_replica_that_lags_marks_nothing_and_is_not_ready(db_url) -> None:
     """Its event loop or its flush late past ``liveness.lag_bound_s``: a silent host is not
     marked (the silence may be this replica's own doing), the check says why, /readyz is
@@ -434,13 +445,7 @@ def test_a_replica_that_lags_marks_nothing_and_is_not_ready(db_url) -> None:
     clock = Clock(T0)
     cfg = {**SHARED, "liveness": {"check_s": 0, "grace_s": 1, "lag_bound_s": 2}}
     with make_client(db_url, clock=clock, **cfg) as a:
-        _rig(a, clock, 10)
-        warm(a, clock)
-        for t in (1, 11, 21, 31):  # all but r1-0 beat every 10 s
-            clock.t = T0 + t
-            for i in range(1, 10):
-                assert a.post(f"/v1/hosts/r1-{i}/heartbeat", headers=HOST).status_code == 200
-            a.app.state.hosts.flush()
+        _all_but_r1_0_beat(a, clock)
         watch = a.app.state.liveness
         # the window: until every live host has beaten again (a beat interval and the
         # allowance for a peer's row, and a shed registration's retry), not a fixed 30 s
@@ -466,13 +471,7 @@ def test_a_replica_that_sheds_beats_still_marks_and_one_that_sheds_a_registratio
     clock = Clock(T0)
     cfg = {**SHARED, "liveness": {"check_s": 0, "grace_s": 1, "lag_bound_s": 2}}
     with make_client(db_url, clock=clock, **cfg) as a:
-        _rig(a, clock, 10)
-        warm(a, clock)
-        for t in (1, 11, 21, 31):  # all but r1-0 beat every 10 s
-            clock.t = T0 + t
-            for i in range(1, 10):
-                assert a.post(f"/v1/hosts/r1-{i}/heartbeat", headers=HOST).status_code == 200
-            a.app.state.hosts.flush()
+        _all_but_r1_0_beat(a, clock)
         watch = a.app.state.liveness
         for _ in range(50):
             watch.lag.shed(silences=False)  # beats answered 503, counted
