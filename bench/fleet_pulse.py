@@ -29,7 +29,9 @@ out of play (a timeout no pause reaches, as bench/placement.py):
    cpu_over_floor, the replicas' net CPU per beat over the floor's (issue 39's bar:
    1.5). cpu_us_per_beat_loop and floor_cpu_us_per_beat_loop: the main threads' share
    (uvicorn's event loop, where the requests are answered);
-3. placements and heartbeats together: placements/s and p99 against (1);
+3. placements and heartbeats together: placements/s and p99 against (1), and the same
+   requests' time inside the replica (their Server-Timing: claim_p99_ms in (1),
+   claim_p99_ms_with_beats, claim_p99_ratio), the server's share of the tail;
 4. every host sends its day (POST /v1/hosts/{name}/days): the history's bytes per host
    and day, from the database's own numbers (SQLite dbstat; PostgreSQL: the table's main fork and its index,
    not the fixed free-space and visibility maps);
@@ -566,11 +568,13 @@ def run_phases(label: str, url: str, sqlite_path: Path | None, a: argparse.Names
         # a refusal, which looks at every host, is not the placement timed here)
         first, second = reqs[:len(reqs) // 2], reqs[len(reqs) // 2:]
         placed_ids: list[str] = []
-        got = asyncio.run(run_open(a.rate, 32, bases, first, placer("p1", placed_ids)))
+        claims_alone: list[float] = []
+        got = asyncio.run(run_open(a.rate, 32, bases, first, placer("p1", placed_ids, claims_alone)))
         base_ok = [lat for (st, _), lat in got if st == 202]
         out["placed_per_s"] = round(len(base_ok) / a.seconds, 1)
         out["refused_for_capacity"] = sum(1 for (st, _), _l in got if st == 507)
         out["placement_p99_ms"] = round(percentile(base_ok, 0.99) * 1e3, 2) if base_ok else None
+        out["claim_p99_ms"] = round(percentile(claims_alone, 0.99) * 1e3, 2) if claims_alone else None
         delete_all(bases, placed_ids)
 
         # 2. heartbeats alone: CPU and database writes per beat, once phase 1's rows are
@@ -581,8 +585,10 @@ def run_phases(label: str, url: str, sqlite_path: Path | None, a: argparse.Names
         out.update(beats_alone(a, reps, names, stream.take(n), n, tmp, db))
 
         # 3. both
+        claims_beside: list[float] = []
+
         def placements():  # type: ignore[no-untyped-def]
-            return run_open(a.rate, 32, bases, second, placer("p3", placed_ids))
+            return run_open(a.rate, 32, bases, second, placer("p3", placed_ids, claims_beside))
         m0 = machine()
         beaten, placed = send_beats(a, bases, names, stream.take(n), n, beat_rate, tmp, "both", beside=placements)
         busy, stolen = machine_load(m0, machine())
@@ -594,6 +600,10 @@ def run_phases(label: str, url: str, sqlite_path: Path | None, a: argparse.Names
             if out["placed_per_s"] else None
         out["placement_p99_ratio"] = round(out["placement_p99_ms_with_beats"] / out["placement_p99_ms"], 2) \
             if out["placement_p99_ms"] and out["placement_p99_ms_with_beats"] else None
+        # the same requests' time inside the replica (Server-Timing): the server's share
+        out["claim_p99_ms_with_beats"] = round(percentile(claims_beside, 0.99) * 1e3, 2) if claims_beside else None
+        out["claim_p99_ratio"] = round(out["claim_p99_ms_with_beats"] / out["claim_p99_ms"], 2) \
+            if out["claim_p99_ms"] and out["claim_p99_ms_with_beats"] else None
         out["beats_answered_with_placements"] = beaten.ok
         out["beats_sent_with_placements"] = beaten.sent
         out["beat_p99_ms_with_placements"] = round(beaten.p99_s * 1e3, 2) if beaten.p99_s is not None else None
@@ -982,15 +992,23 @@ async def audit_rows(bases: list[tuple[str, int]], action: str) -> list[dict]:
         c.close()
 
 
-def placer(prefix: str, ids: list[str]):  # type: ignore[no-untyped-def]
+def placer(prefix: str, ids: list[str], claims: list[float] | None = None):  # type: ignore[no-untyped-def]
     """A placement request timed, its idempotency key of this case's own (the cases share
-    the store), the ids of the VMs placed kept for ``delete_all``."""
+    the store), the ids of the VMs placed kept for ``delete_all``. ``claims``: each placed
+    request's own time in the replica (its ``Server-Timing: claim``: from the handler's
+    start, the body read, to the claim committed, waiting for the claim thread included),
+    so the server's share of the tail can be told from the machine's (the event loop's
+    queue before the handler, the generator's own scheduling)."""
     async def one(c: Conn, r) -> tuple[int, float]:  # type: ignore[no-untyped-def]
         t = time.perf_counter()
         rep = await c.request("POST", "/v1/vms", r.body(), auth("bench-tenant", **{"Idempotency-Key": f"{prefix}-{r.i}"}))
+        took = time.perf_counter() - t
         if rep.status == 202:
             ids.append(rep.json()["id"])
-        return rep.status, time.perf_counter() - t
+            st = rep.headers.get("server-timing", "")
+            if claims is not None and "dur=" in st:
+                claims.append(float(st.split("dur=")[1]) / 1e3)
+        return rep.status, took
     return one
 
 
