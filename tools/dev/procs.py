@@ -27,17 +27,19 @@ REPO = Path(__file__).resolve().parents[2]
 # so no outgoing connection and no ``bind(0)`` elsewhere takes one between the pick and
 # the daemon's bind, and each reserved for this process's life by a lock file, so two
 # pytest workers (or a bench beside the suite) never pick the same one.
+# (Per user: a directory another user made is not writable here; a bind still fails
+# on a port taken by anyone.)
 PORTS = range(20000, 32000)
-PORT_LOCKS = Path("/tmp/hyb-ports")
+PORT_LOCKS = Path(f"/tmp/hyb-ports-{os.getuid()}")
 _held: list[int] = []  # the lock files' descriptors, open until this process exits
 
 
 def free_port() -> int:
-    PORT_LOCKS.mkdir(mode=0o1777, exist_ok=True)
+    PORT_LOCKS.mkdir(mode=0o700, exist_ok=True)
     rng = random.Random()
     for _ in range(500):
         port = rng.choice(PORTS)
-        fd = os.open(PORT_LOCKS / str(port), os.O_RDWR | os.O_CREAT, 0o666)
+        fd = os.open(PORT_LOCKS / str(port), os.O_RDONLY | os.O_CREAT, 0o600)
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
