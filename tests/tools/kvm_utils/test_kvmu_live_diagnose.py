@@ -52,22 +52,25 @@ def test_diagnose_flags_acpi_pm_reads(helper, kvm_events, no_leftover_instances,
 
 @pytest.mark.parametrize("engine", ["bpf", "ftrace"])
 def test_diagnose_flags_a_tsc_deadline_storm(helper, kvm_events, no_leftover_instances, engine) -> None:
-    """200,000 TSC_DEADLINE writes in a 6 s window: 33,000/s. The rule's default (100,000/s
-    per VM) would need the loop to outrun a loaded 2-CPU CI machine (PVM's WRMSR costs
-    5-9 us here, 110-190k/s at best), so the threshold is set to 20,000/s with
-    `--threshold`, which the output then shows; the default is tested on recordings."""
+    """200,000 TSC_DEADLINE writes in a 6 s window. The rule's default (100,000/s per VM)
+    would need the loop to outrun a loaded 2-CPU CI machine (PVM's WRMSR costs 5-9 us
+    here, 110-190k/s at best), so the threshold is set with `--threshold`, which the
+    output then shows; the default is tested on recordings. The rate is the writes over
+    the window as it ran, which on a slow machine stretches up to 10 s past the 6 asked
+    (``_diagnose``): 200,000 writes over 16 s are 12,500/s, so the threshold is 10,000/s
+    (20,000 found nothing in a CI run on a slow machine)."""
     if "kvm_msr" not in kvm_events:
         pytest.skip("kvm_msr tracepoint missing")
     n = 200_000
     res, d = _diagnose(helper_argv("wrmsr", n, name="kvmu-diag", wait_stdin=True), engine, 6,
-                       "--threshold", "tsc_deadline_per_s=20000")
+                       "--threshold", "tsc_deadline_per_s=10000")
     assert res["iterations"] == n and res["ns"] < 5e9, res   # the loop ended inside the window
-    assert d["thresholds"]["tsc_deadline_per_s"] == 20000
-    assert [f["rule"] for f in d["findings"]] == ["tsc-deadline-storm"]
+    assert d["thresholds"]["tsc_deadline_per_s"] == 10000
+    assert [f["rule"] for f in d["findings"]] == ["tsc-deadline-storm"], (d["duration_s"], d["findings"])
     f = d["findings"][0]
     assert f["data"]["writes"] == n and f["data"]["per_vcpu"] == {"0": n}   # exact, on vCPU 0
-    assert 20_000 <= f["data"]["rate_per_s"] <= n / 5.4
-    assert "(threshold 20,000/s per VM)" in f["evidence"][0] and "hrtimer" in f["advice"]
+    assert 10_000 <= f["data"]["rate_per_s"] <= n / 5.4
+    assert "(threshold 10,000/s per VM)" in f["evidence"][0] and "hrtimer" in f["advice"]
 
 
 @pytest.mark.parametrize(("vector", "fix"), [(0xfc, "MALLOC_CONF"), (0xfd, '[idle] poll = "irq-vcpus"')])

@@ -147,8 +147,10 @@ def test_diagnose_hlt_wakeups_and_memory_faults_live(nested_svm) -> None:
     got = found["hlt-wakeups"]["data"]["vcpus"]["0"]
     # the workload fixes the halts; their wake-ups are its timer's plus a spare one now and
     # then (SPARE_WAKEUPS), as an external interrupt of the outer guest's own may land on the
-    # vCPU (1 in a full suite run)
-    assert got["hlt"] == M_HLT and got["wakeups"] in WAKEUPS and got["external_interrupts"] <= 3, \
+    # vCPU. Those come with the run's length, not the halts (1 in a full suite run; 4 in
+    # 2.5 s on a slow machine, 1.6/s): far fewer than one a halt is what says the timer
+    # woke them
+    assert got["hlt"] == M_HLT and got["wakeups"] in WAKEUPS and got["external_interrupts"] <= M_HLT // 4, \
         found["hlt-wakeups"]
     assert found["memory-faults"]["data"]["faults"] == 4, found["memory-faults"]
     assert all(n["rule"] not in ("hlt-wakeups", "memory-faults") for n in d["not_evaluated"]), d["not_evaluated"]
