@@ -76,12 +76,14 @@ def test_diagnose_flags_a_tsc_deadline_storm(helper, kvm_events, no_leftover_ins
 @pytest.mark.parametrize(("vector", "fix"), [(0xfc, "MALLOC_CONF"), (0xfd, '[idle] poll = "irq-vcpus"')])
 def test_diagnose_flags_an_ipi_storm_at_its_default_threshold(helper, kvm_events, no_leftover_instances,
                                                               vector, fix) -> None:
-    """90,000 ICR writes in a 6 s window: 15,000/s against the default 10,000/s per VM. The
-    vector (from the ICR's low byte) picks the advice: CALL_FUNCTION (TLB shootdowns) or
-    RESCHEDULE (wake-ups of idle vCPUs)."""
+    """180,000 ICR writes in a 6 s window against the default 10,000/s per VM. The rate is
+    the writes over the window as it ran, which may run 10 s past the 6 asked on a slow
+    machine (``_diagnose``; 12.0 s in a CI run, where 90,000 writes were 7,500/s): over
+    16 s they are still 11,250/s. The vector (from the ICR's low byte) picks the advice:
+    CALL_FUNCTION (TLB shootdowns) or RESCHEDULE (wake-ups of idle vCPUs)."""
     if "kvm_msr" not in kvm_events:
         pytest.skip("kvm_msr tracepoint missing")
-    n = 90_000
+    n = 180_000
     res, d = _diagnose(helper_argv("icr_self", n, name="kvmu-diag", vector=vector, wait_stdin=True), "bpf", 6)
     assert res["iterations"] == n and res["ns"] < 5e9, res
     assert [f["rule"] for f in d["findings"]] == ["ipi-storm"], json.dumps(d)
