@@ -126,9 +126,10 @@ sys.path.insert(0, str(REPO))
 
 from scheduler.config import LivenessConfig, PlacementConfig  # noqa: E402
 from tools.dev.procstat import cpu_s, machine, machine_load, stat_fields, tree_cpu_s  # noqa: E402
-from tools.dev.schedbench import (WRK, Conn, WrkRun, create_database, fleet, free_port, percentile,  # noqa: E402
-                                  postgres, register_body, run_clients, run_open, start_wrk, stop, stop_wrk,
-                                  trace, wait_http, wait_wrk)
+from tools.dev.procs import free_port  # noqa: E402
+from tools.dev.schedbench import (WRK, Conn, WrkRun, create_database, fleet, percentile,  # noqa: E402
+                                  postgres, register_body, run_clients, run_open, server_timing_s, start_wrk,
+                                  stop, stop_wrk, trace, wait_http, wait_wrk)
 
 TOKENS = {"bench-admin": ["admin"], "bench-host": ["host"], "bench-tenant": ["tenant:bench"]}
 PG_SETTINGS = {"synchronous_commit": "off", "shared_buffers": "256MB", "max_connections": "400"}
@@ -1012,9 +1013,8 @@ def placer(prefix: str, ids: list[str], claims: list[float] | None = None):  # t
         took = time.perf_counter() - t
         if rep.status == 202:
             ids.append(rep.json()["id"])
-            st = rep.headers.get("server-timing", "")
-            if claims is not None and "dur=" in st:
-                claims.append(float(st.split("dur=")[1]) / 1e3)
+            if claims is not None and (srv := server_timing_s(rep.headers)) is not None:
+                claims.append(srv)
         return rep.status, took
     return one
 

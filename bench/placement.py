@@ -53,9 +53,10 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from tools.dev.procstat import cpu_s, machine, machine_load, stat_fields, tree_cpu_s
-from tools.dev.schedbench import (MIXES, Conn, Req, Result, class_ceiling, create_database, fleet, ffd_bound, free_port,
+from tools.dev.procs import free_port
+from tools.dev.schedbench import (MIXES, Conn, Req, Result, class_ceiling, create_database, fleet, ffd_bound,
                                 host_res, overcommit, percentile, postgres, register_body, run_clients,
-                                run_open, stop, thread_cpu, trace, wait_http)
+                                run_open, server_timing_s, stop, thread_cpu, trace, wait_http)
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -217,8 +218,8 @@ async def _place(c: Conn, r: Req) -> tuple[int, float, float, str]:
     t0 = time.perf_counter()
     rep = await c.request("POST", "/v1/vms", r.body(), _auth("bench-tenant", **{"Idempotency-Key": f"b-{r.i}"}))
     dt = time.perf_counter() - t0
-    st = rep.headers.get("server-timing", "")
-    srv = float(st.split("dur=")[1]) / 1e3 if "dur=" in st else float("nan")
+    srv = server_timing_s(rep.headers)
+    srv = float("nan") if srv is None else srv
     code = "" if rep.status == 202 else (rep.json() or {}).get("error", {}).get("code", str(rep.status))
     return rep.status, dt, srv, code
 

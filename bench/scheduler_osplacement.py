@@ -27,7 +27,8 @@ import uuid
 from pathlib import Path
 from typing import Any
 
-from tools.dev.schedbench import Conn, Req, Result, free_port, host_res, run_clients, stop, wait_http
+from tools.dev.procs import free_port
+from tools.dev.schedbench import Conn, Req, Result, host_res, run_clients, stop, wait_http
 
 MV = "placement 1.39"
 HEADERS = {"X-Auth-Token": "admin", "OpenStack-API-Version": MV, "Accept": "application/json"}

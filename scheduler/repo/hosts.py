@@ -452,10 +452,10 @@ def usages(*, session: Session, names: Sequence[str]) -> dict[str, tuple[int, Us
     out: dict[str, tuple[int, Usage]] = {}
     parsed: dict[str | None, Usage] = {}
     for i in range(0, len(names), 1000):
-        for name, gen, text in session.execute(select(Host.name, Host.generation, cast(Host.usage, Text))
-                                               .where(Host.name.in_(names[i:i + 1000]))):
-            if (u := parsed.get(text)) is None:
-                u = parsed[text] = Usage.from_dict(json.loads(text) if text else {})
+        for name, gen, stored in session.execute(select(Host.name, Host.generation, cast(Host.usage, Text))
+                                                 .where(Host.name.in_(names[i:i + 1000]))):
+            if (u := parsed.get(stored)) is None:
+                u = parsed[stored] = Usage.from_dict(json.loads(stored) if stored else {})
             out[name] = (gen, u)
     return out
 

@@ -13,7 +13,6 @@ import pwd
 import random
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -24,7 +23,7 @@ from pathlib import Path
 from typing import Any
 
 from tools.dev.host_shapes import Shape, make_layout
-from tools.dev.procs import free_port  # noqa: F401 (the benches import it from here)
+from tools.dev.procs import free_port
 from tools.dev.procstat import cpu_s, stat_fields
 from scheduler.fit import DiskWant, HostView, VfWant, VmWant, fit_host
 from scheduler.resources import Allocation, HostRes, Usage, host_from_layout
@@ -339,6 +338,13 @@ async def _run_open(rate: float, n: int, bases: list[tuple[str, int]], items: li
     while not conns.empty():
         conns.get_nowait().close()
     return out
+
+
+def server_timing_s(headers: dict[str, str]) -> float | None:
+    """A create answer's own time in the replica, from its ``Server-Timing: claim;dur=<ms>``
+    (``scheduler/api/wire.py``), in seconds; None without one."""
+    st = headers.get("server-timing", "")
+    return float(st.split("dur=")[1]) / 1e3 if "dur=" in st else None
 
 
 def percentile(xs: list[float], p: float) -> float:
