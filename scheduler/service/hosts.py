@@ -89,6 +89,8 @@ class HostService:
         self.metrics = metrics
         self._days_expired = 0.0
         self._written: dict[str, float] = {}  # host -> the beat time this replica last wrote
+        self._flush_took: dict[str, float] = {}  # the last flush's parts (s), for the slow-flush log
+        self._slow_logged = float("-inf")
         self._was_down: set[str] = set()  # beaten since the last flush while down (``cache.pulse``)
         self._beats: dict[str, tuple[float, list[HostStatsIn]]] = {}
         # the beats' maps and, with the shared liveness, the pulse's: one lock a beat's record
@@ -96,6 +98,7 @@ class HostService:
         self._beats_lock = cache.pulse.lock if cache.pulse is not None else threading.Lock()
         self._stop = threading.Event()
         self._flusher: threading.Thread | None = None
+        self._refresher: threading.Thread | None = None
         self._expired = 0.0
         self.lag: Any = None  # service.liveness.Lag: told how late each flush ran
 
@@ -354,6 +357,8 @@ class HostService:
         if self._flusher is None and self.flush_s > 0:
             self._flusher = threading.Thread(target=self._flush_loop, name="heartbeats", daemon=True)
             self._flusher.start()
+            self._refresher = threading.Thread(target=self._refresh_loop, name="index-refresh", daemon=True)
+            self._refresher.start()
 
     def _expire_days(self, s: Session) -> None:
         """Day rows older than ``history_days``, at most once an hour."""
@@ -381,15 +386,19 @@ class HostService:
             days, self._days = self._days, {}
             was_down, self._was_down = self._was_down, set()
         pulse = self.cache.pulse
-        if days:
-            with self.store.write() as s:
-                days_repo.upsert_many(session=s, rows=list(days.values()))
-                self._expire_days(s)
-        if pulse is not None and pulse.due(self.clock()):
+        t0 = time.monotonic()
+        if pulse is not None and pulse.due(self.clock()):  # first: peers allow for it a flush late at most
             with self.store.write() as s:
                 if pulse.write(s, self.clock()) and self.metrics is not None:
                     self.metrics.liveness_rows.inc()
                 pulse.read(s)
+        t1 = time.monotonic()
+        if days:
+            with self.store.write() as s:
+                days_repo.upsert_many(session=s, rows=list(days.values()))
+                self._expire_days(s)
+        t2 = time.monotonic()
+        self._flush_took = {"shared row": t1 - t0, "days": t2 - t1, "host rows": 0.0}
         if not beats:
             return 0
         buckets: dict[tuple[str, int], dict] = {}
@@ -408,28 +417,50 @@ class HostService:
             stats_repo.add_many(session=s, rows={k: v for k, v in buckets.items() if k[0] not in gone})
             self._expire(s)
         self._written.update(due)
+        self._flush_took["host rows"] = time.monotonic() - t2
         if self.metrics is not None:
             self.metrics.liveness_rows.inc(len(due))
         return len(beats)
 
     def _flush_loop(self) -> None:
+        """Each ``flush_s``: the beats kept to the database, this replica's shared row
+        first. How late a round starts (the wait, and the previous round's own time) is
+        this replica's flush lag: peers allow for a row up to a flush late, no more."""
         began = time.monotonic()
         while not self._stop.wait(self.flush_s):
-            if self.lag is not None:  # late: the wait, and the previous flush's own time
+            if self.lag is not None:
                 self.lag.flush_late(max(0.0, time.monotonic() - began - self.flush_s))
             began = time.monotonic()
             try:
-                # keeps the index, which ``beat_now`` answers from, current with no placements
-                self.cache.refresh(self.store, now=self.clock())
-                self.flush()
+                n = self.flush()
             except Exception:  # noqa: BLE001 - the next round retries what is pending again
                 log.exception("heartbeat flush failed")
+                continue
+            took = time.monotonic() - began
+            if took > self.flush_s and began - self._slow_logged >= 10.0:  # what makes a flush late
+                self._slow_logged = began
+                parts = ", ".join(f"{k} {v:.2f} s" for k, v in self._flush_took.items())
+                log.warning("heartbeat flush took %.2f s, over its %g s period: %s; %d hosts' beats",
+                            took, self.flush_s, parts, n)
+
+    def _refresh_loop(self) -> None:
+        """Keeps the index, which ``beat_now`` answers from, current when no placement
+        refreshes it. On a thread of its own: on the flusher's, reading the change feed
+        after the fleet's rows changed (100,000 hosts back from down) made the flush
+        3-6 s late, and the replica held its liveness checks for a lag of its own
+        making (the mark-down at 100,000, 2026-11-29)."""
+        while not self._stop.wait(self.flush_s):
+            try:
+                self.cache.refresh(self.store, now=self.clock())
+            except Exception:  # noqa: BLE001 - the next round reads the feed again
+                log.exception("index refresh failed")
 
     def close(self) -> None:
         self.registrations.close()
         self._stop.set()
-        if self._flusher is not None:
-            self._flusher.join(timeout=5)
+        for t in (self._flusher, self._refresher):
+            if t is not None:
+                t.join(timeout=5)
         try:
             self.flush()
             if self.cache.pulse is not None:  # a replica stopped, not dead: its last period too

@@ -203,3 +203,34 @@ def test_a_pass_reads_no_host_row_and_marks_in_one_transaction(db_url) -> None:
                 assert re.search(r"seq >=|name IN|name = ", sql, re.I), sql
         clock.t = T0 + 61 + 27
         assert [sql for sql in _count_pass(a, clock) if not reads.search(sql)] == []  # marked: nothing to write
+
+
+def test_a_slow_index_refresh_does_not_make_the_flush_late(db_url) -> None:  # type: ignore[no-untyped-def]
+    """The index's refresh (reading the change feed) runs beside the heartbeat flush, not
+    before it on the same thread: a refresh that takes five flush periods (at 100,000
+    hosts back from down it took 3.45 s) leaves the flush on time, so the replica does
+    not hold its liveness checks for a lag of its own making. Fails when the flush loop
+    refreshes the index first (its lateness is then the refresh's time)."""
+    import threading
+    import time
+
+    flush_s = 0.1
+    with make_client(db_url, clock=Clock(T0), stats={"heartbeat_flush_s": flush_s}) as api:
+        assert api.post("/v1/hosts", json=host_body("h0"), headers=HOST).status_code == 201
+        cache, lag = api.app.state.hosts.cache, api.app.state.hosts.lag
+        refresh, slow = cache.refresh, threading.Event()
+
+        def slow_refresh(*a, **kw):  # type: ignore[no-untyped-def]
+            if threading.current_thread().name in ("index-refresh", "heartbeats"):  # the service's own threads
+                slow.set()
+                time.sleep(5 * flush_s)
+            return refresh(*a, **kw)
+        cache.refresh = slow_refresh
+        try:
+            assert api.post("/v1/hosts/h0/heartbeat", json={}, headers=HOST).status_code == 200
+            assert slow.wait(5), "the index was never refreshed off the request path"
+            time.sleep(12 * flush_s)  # two slow refreshes, a dozen flush rounds
+            _loop, flush_late = lag.worst()
+        finally:
+            cache.refresh = refresh
+    assert flush_late < 2 * flush_s, f"flush {flush_late:.2f} s late behind a slow index refresh"
