@@ -43,6 +43,7 @@ from scheduler.service.rollouts import check_fence
 from scheduler.service.rollouts import owner_of as rollout_owner
 
 log = logging.getLogger(__name__)
+HOST_ROWS_CHUNK = 2000  # host rows a transaction: the shared row is written between them when due
 
 
 @dataclass(frozen=True)
@@ -91,6 +92,7 @@ class HostService:
         self._written: dict[str, float] = {}  # host -> the beat time this replica last wrote
         self._flush_took: dict[str, float] = {}  # the last flush's parts (s), for the slow-flush log
         self._slow_logged = float("-inf")
+        self._shared_at: float | None = None  # when this replica's shared row was last written (monotonic)
         self._was_down: set[str] = set()  # beaten since the last flush while down (``cache.pulse``)
         self._beats: dict[str, tuple[float, list[HostStatsIn]]] = {}
         # the beats' maps and, with the shared liveness, the pulse's: one lock a beat's record
@@ -376,22 +378,19 @@ class HostService:
             self._expired = now
 
     def flush(self) -> int:
-        """Write the heartbeats received since the last flush, in one transaction; how many
-        hosts. A host's liveness (``last_heartbeat``) is written only when this replica
-        last wrote it ``write_s`` or more ago: the database's cost per host is bounded
-        whatever the beat rate, and the recorded liveness lags the last beat by at most
-        ``write_s`` (plus a flush). A host deleted meanwhile is skipped."""
+        """Write the heartbeats received since the last flush; how many hosts. A host's
+        liveness (``last_heartbeat``) is written only when this replica last wrote it
+        ``write_s`` or more ago: the database's cost per host is bounded whatever the beat
+        rate, and the recorded liveness lags the last beat by at most ``write_s`` (plus a
+        flush). A host deleted meanwhile is skipped. The shared row (``_share``) goes
+        first and again between chunks of host rows: peers allow for it a flush late at
+        most, and 100,000 hosts back from down at once are seconds of host rows."""
         with self._beats_lock:
             beats, self._beats = self._beats, {}
             days, self._days = self._days, {}
             was_down, self._was_down = self._was_down, set()
-        pulse = self.cache.pulse
         t0 = time.monotonic()
-        if pulse is not None and pulse.due(self.clock()):  # first: peers allow for it a flush late at most
-            with self.store.write() as s:
-                if pulse.write(s, self.clock()) and self.metrics is not None:
-                    self.metrics.liveness_rows.inc()
-                pulse.read(s)
+        self._share()
         t1 = time.monotonic()
         if days:
             with self.store.write() as s:
@@ -405,31 +404,52 @@ class HostService:
         for name, (_at, stats) in beats.items():
             for st in stats:
                 stats_repo.fold(buckets, name, st, self.bucket_s)
+        pulse = self.cache.pulse
         # without the shared liveness (written through) the rows are all there is: each beat's
         write_s = self.write_s if pulse is not None else 0.0
         due = {n: at for n, (at, _) in beats.items()
                if n in was_down or at - self._written.get(n, float("-inf")) >= write_s}
         if not due and not buckets:
             return len(beats)
+        gone: set[str] = set()
+        names = list(due)
+        for i in range(0, len(names), HOST_ROWS_CHUNK):
+            part = {n: due[n] for n in names[i:i + HOST_ROWS_CHUNK]}
+            with self.store.write() as s:
+                gone.update(host_repo.heartbeat_many(session=s, beats=part, heartbeat_timeout_s=self.timeout,
+                                                     was_down=None if pulse is None else was_down & part.keys()))
+            self._written.update(part)
+            self._share()
         with self.store.write() as s:
-            gone = set(host_repo.heartbeat_many(session=s, beats=due, heartbeat_timeout_s=self.timeout,
-                                                was_down=None if pulse is None else was_down)) if due else set()
             stats_repo.add_many(session=s, rows={k: v for k, v in buckets.items() if k[0] not in gone})
             self._expire(s)
-        self._written.update(due)
         self._flush_took["host rows"] = time.monotonic() - t2
         if self.metrics is not None:
             self.metrics.liveness_rows.inc(len(due))
         return len(beats)
 
+    def _share(self) -> None:
+        """This replica's shared row, when its period is over (and the peers' rows read).
+        How late it comes, past a period and the flush's own tick, is the flush lag that
+        holds the liveness checks (``Lag``): peers judge from the row, allowing for it a
+        flush late. The host rows' writes are not part of it: they are not what peers
+        judge from."""
+        pulse = self.cache.pulse
+        if pulse is None or not pulse.due(self.clock()):
+            return
+        with self.store.write() as s:
+            if pulse.write(s, self.clock()) and self.metrics is not None:
+                self.metrics.liveness_rows.inc()
+            pulse.read(s)
+        mono = time.monotonic()
+        if self.lag is not None and self._shared_at is not None:
+            self.lag.flush_late(max(0.0, mono - self._shared_at - pulse.period_s - self.flush_s))
+        self._shared_at = mono
+
     def _flush_loop(self) -> None:
         """Each ``flush_s``: the beats kept to the database, this replica's shared row
-        first. How late a round starts (the wait, and the previous round's own time) is
-        this replica's flush lag: peers allow for a row up to a flush late, no more."""
-        began = time.monotonic()
+        first. A flush over its period logs what it spent its time on."""
         while not self._stop.wait(self.flush_s):
-            if self.lag is not None:
-                self.lag.flush_late(max(0.0, time.monotonic() - began - self.flush_s))
             began = time.monotonic()
             try:
                 n = self.flush()
@@ -437,7 +457,7 @@ class HostService:
                 log.exception("heartbeat flush failed")
                 continue
             took = time.monotonic() - began
-            if took > self.flush_s and began - self._slow_logged >= 10.0:  # what makes a flush late
+            if took > self.flush_s and began - self._slow_logged >= 10.0:
                 self._slow_logged = began
                 parts = ", ".join(f"{k} {v:.2f} s" for k, v in self._flush_took.items())
                 log.warning("heartbeat flush took %.2f s, over its %g s period: %s; %d hosts' beats",
