@@ -27,7 +27,7 @@ first read of the rows instead of a timeout later.
 A host's last beat is the newer of its row's ``last_heartbeat`` and the replicas' shared
 liveness (``service.pulse``, read at each check). No false alarms from this replica's own
 lag: a replica behind on its own work (its event loop late to run a timer, its
-heartbeat flush late: CPU starved or stolen) may have left beats unanswered or
+shared row late: CPU starved or stolen, a slow database) may have left beats unanswered or
 unshared, so while its lag (``lag``) exceeds ``lag_bound_s`` it marks nothing, logs why
 and ``/readyz`` answers 503 with the reason. Nor from a peer's: a replica's shared row
 says why it lagged (``host_beats.lag``), and while a peer's newest row says so, within
@@ -55,8 +55,9 @@ log = logging.getLogger(__name__)
 
 class Lag:
     """How far behind this replica is on its own work: the event loop's lateness (a
-    periodic asyncio timer, ``watch_loop``) and the heartbeat flush's (``flushed``), each
-    the worst seen over the last ``window_s``."""
+    periodic asyncio timer, ``watch_loop``) and its shared row's (``flush_late``: how
+    late the flusher wrote it, past a period and a flush), each the worst seen over the
+    last ``window_s``."""
 
     def __init__(self, *, window_s: float = 30.0, monotonic: Callable[[], float] = time.monotonic):
         self.window_s = window_s
