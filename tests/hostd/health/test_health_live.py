@@ -58,7 +58,10 @@ def test_a_foreign_busy_loop_on_io_cpus_rises_and_falls() -> None:
         loop.wait()
     after = sampled(s)  # within two intervals it is gone
     assert all(loop.pid not in {f.pid for f in st.top_foreign} for st in after[1:]), after
-    assert after[-1].foreign_cpu_s < 0.3 * after[-1].interval_s
+    # what foreign CPU remains is other processes': on a machine where another process keeps
+    # this CPU busy (a CPU hog beside the suite) the total does not fall, the loop's share does
+    others = sum(f.cpu_s for f in after[-1].top_foreign)
+    assert after[-1].foreign_cpu_s < 0.3 * after[-1].interval_s + others, after[-1]
     assert m.registry.get_sample_value("hostd_io_foreign_cpu_seconds_total") >= 0.25 * INTERVAL * 2
 
 
