@@ -53,6 +53,7 @@ from hostd.discover.affinity import (
     read_tasks,
     read_thread_affinities,
     read_workqueue_mask,
+    split_stat,
 )
 from hostd.discover.cpus import CPU_DIR, online_cpus
 from hostd.discover.fs import HostFs
@@ -222,17 +223,16 @@ class ReturnBorn(Step):
 
 
 def _describe_pids(pids: list[str]) -> str:
-    """``pid (comm, state)`` for each, for an error an operator can act on."""
+    """``pid (comm, state)`` for each, as ``/proc/<pid>/stat`` shows it, for an error an
+    operator can act on."""
+    host = HostFs("/")
     out = []
     for pid in pids[:10]:
-        try:
-            status = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines()
-                          if ":" in line)
-            out.append(f"{pid} ({status.get('Name', '?').strip()}, {status.get('State', '?').strip()})")
-        except OSError:
-            out.append(f"{pid} (ended)")
+        text = host.text(f"proc/{pid}/stat", optional=True)
+        parts = split_stat(text) if text else None
+        out.append(f"{pid} ({parts[1]}, state {parts[2][0]})" if parts and parts[2] else f"{pid} (ended)")
     more = f" and {len(pids) - 10} more" if len(pids) > 10 else ""
-    return ("processes " + ", ".join(out) + more) if out else "no process it lists (a task still exiting)"
+    return "processes " + ", ".join(out) + more
 
 
 @dataclass
