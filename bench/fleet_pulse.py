@@ -786,7 +786,7 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
             got = asyncio.run(run_open(rate, CONNS, bases, [names[k % len(names)] for k in range(warm)], timed_beat))
             # the silent hosts' last beats after the warm round, as on the wrk path: the
             # mark-down's zero, after the grace's start
-            asyncio.run(run_clients(8, bases, sorted(silent), timed_beat))
+            last_beats = asyncio.run(run_clients(8, bases, sorted(silent), timed_beat))
             items = [talking[k % len(talking)] for k in range(int(rate * span))]
 
             async def keep_beating():  # type: ignore[no-untyped-def]
@@ -802,7 +802,8 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
                 return got, await restarted
             more, restart_s = asyncio.run(keep_beating())
             got += more
-            sent, ok = len(got) + len(silent), sum(1 for (st, _), _l in got if st == 200) + len(answered)
+            sent = len(got) + len(last_beats)
+            ok = sum(1 for (st, _), _l in got if st == 200) + sum(1 for st, _ in last_beats if st == 200)
             late, max_late_s = None, None
 
         rows = asyncio.run(audit_rows(bases[:1], "host.down"))  # paged: 100,000 hosts have 1,000 silent

@@ -354,8 +354,9 @@ class HostService:
                 self._start_flusher()
 
     def _start_flusher(self) -> None:
-        """The flusher, started by the first beat or day this replica keeps (a day sent
-        before any beat was kept unwritten until a beat came). Under ``_beats_lock``."""
+        """The flusher and the index's refresher beside it, started by the first beat or
+        day this replica keeps (a day sent before any beat was kept unwritten until a beat
+        came). Under ``_beats_lock``."""
         if self._flusher is None and self.flush_s > 0:
             self._flusher = threading.Thread(target=self._flush_loop, name="heartbeats", daemon=True)
             self._flusher.start()
