@@ -17,6 +17,13 @@ workers=${HYB_TEST_WORKERS:-3}
 # The caches a fresh machine lacks are built beside the tests (tools/dev/caches.py,
 # started by tests/conftest.py): HYB_WARM_CACHES=0 leaves each to the test that needs it.
 export HYB_WARM_CACHES=${HYB_WARM_CACHES:-1}
+# The suite starts hundreds of Python processes from this tree (fleets of hostds, the
+# scheduler, the CLIs) and each of its three workers collects every test module: with
+# PYTHONDONTWRITEBYTECODE set (some CI images and sandboxes set it), each of them compiles
+# the tree's source again. Measured: collection 15.0 -> 4.6 CPU-s a worker, a hostd start
+# 1.04 -> 0.52 CPU-s, tests/fleet/test_rollout_owners.py 66 -> 44 CPU-s. The bytecode
+# goes to __pycache__/, which git ignores.
+unset PYTHONDONTWRITEBYTECODE
 xdist=()
 if [ "$workers" != 0 ]; then
   xdist=(-n "$workers" --dist loadgroup --no-loadscope-reorder)
