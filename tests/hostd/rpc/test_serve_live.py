@@ -27,7 +27,7 @@ from tools.dev.procstat import wait_hugepages_free
 
 from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
-from hostd.apply.images import ImageStore
+from hostd.apply.images import ImageStore, sha256_file
 from hostd.apply.vms import CRASH_POINTS
 
 pytestmark = [pytest.mark.root, pytest.mark.integration, pytest.mark.slow]
@@ -348,7 +348,7 @@ def test_serve_boots_the_online_image_on_a_per_vm_root_overlay(hostd_env):
     kw = image_store_args(manifest, out)
     ImageStore(hostd_env["images"]).add(kw.pop("name"), kw.pop("version"), kw.pop("kind"),
                                                          kw.pop("files"), **kw)
-    base_sum = subprocess.run(["sha256sum", str(out / "online.raw")], capture_output=True, text=True).stdout
+    base_sum = sha256_file(out / "online.raw")
     h: Hostd = hostd_env["hostd"].start()
     stub, ch = stub_for(h, hostd_env["certs"])
     try:
@@ -368,8 +368,7 @@ def test_serve_boots_the_online_image_on_a_per_vm_root_overlay(hostd_env):
         assert "root=/dev/vda" in cmdline and "hyb.profile=online" in cmdline and "clocksource=tsc" in cmdline
         stub.DeleteVM(pb.DeleteVMRequest(vm_id=vm.vm_id), timeout=60)
         assert not overlay.exists() and domains() == []
-        after = subprocess.run(["sha256sum", str(out / "online.raw")], capture_output=True, text=True).stdout
-        assert after == base_sum  # the image itself was never written
+        assert sha256_file(out / "online.raw") == base_sum  # the image itself was never written
     finally:
         ch.close()
 
