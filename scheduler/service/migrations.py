@@ -250,14 +250,21 @@ class MigrationService:
         return True
 
     def _background(self, vm_id: str) -> None:
+        """``run``; a move that settled wakes the drain loop (its host may be drained now,
+        the next VM may go). One still waiting for a hostd does not: the drain's next
+        round resumes it, ``[drain] interval_s`` later. Waking it at once asked a target
+        whose hostd was restarting ~15 times a second, until gRPC's reconnect backoff
+        failed every call at once and the move was undone as the host went down."""
+        settled = False
         try:
-            self.run(vm_id, held=True)
+            settled = self.run(vm_id, held=True) != "waiting"
         except Exception:  # noqa: BLE001 - logged; resume sees the row and acts again
             log.exception("migration of vm=%s stopped; the next round resumes it", vm_id)
         finally:
             with self._lock:
                 self._busy.discard(vm_id)
-            self.on_done()
+            if settled:
+                self.on_done()
 
     def run(self, vm_id: str, *, held: bool = False) -> str:
         """Drive the move to its end: "done" (it runs on the target), "failed" (undone: it

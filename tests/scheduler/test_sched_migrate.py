@@ -12,6 +12,7 @@ claims agree with the hostds' ledgers once a move settles."""
 from __future__ import annotations
 
 import contextlib
+import logging
 import os
 import subprocess
 import threading
@@ -212,6 +213,32 @@ def test_a_failed_move_leaves_the_vm_running_on_its_source(private_fleet: Fleet)
         assert api.post(f"/v1/vms/{a}/migrate", json={"target_host": "h2"}, headers=ADM).status_code == 202
         got = wait(lambda: (x := vm(api, a))["migration"] is None and x, "the second move")
         assert got["host"] == "h2" and got["reason"] == "" and running_on(f, a) == ["h2"]
+
+
+def test_a_target_that_does_not_answer_is_asked_once_a_round_until_it_does(private_fleet: Fleet, caplog) -> None:  # type: ignore[no-untyped-def]
+    """h2 registered at an address nothing listens on (its hostd restarting, say): not down
+    (it registered just now), so the move waits, asked again by each drain round, not at
+    once: the retries woke the drain loop at once, ~15 a second in a CI run, until gRPC's
+    reconnect backoff refused every call and the move was undone. Once h2 answers at its
+    address again, the move goes through."""
+    f = private_fleet
+    caplog.set_level(logging.WARNING, logger="scheduler.service.migrations")
+    with f.scheduler(register=True, drain={"interval_s": 0.5}) as api:
+        a = create(api, "app-1", **DISK)
+        f.register(api, "h2", address=f"localhost:{free_port()}")
+        assert api.post(f"/v1/vms/{a}/migrate", json={"target_host": "h2"}, headers=ADM).status_code == 202
+        t0 = time.monotonic()
+        time.sleep(3)
+        asked = [r for r in caplog.records if "PrepareMigration on h2" in r.getMessage()]
+        rounds = (time.monotonic() - t0) / 0.5
+        assert 1 <= len(asked) <= rounds + 2, (len(asked), rounds)
+        held = vm(api, a)
+        assert held["host"] == "h1" and held["migration"]["state"] == "preparing", held
+        assert "not settled yet" in held["reason"] and running_on(f, a) == ["h1"]
+        f.register(api, "h2")  # back at its own address
+        got = wait(lambda: (x := vm(api, a))["migration"] is None and x, "the move once h2 answers", 60)
+        assert got["host"] == "h2" and got["reason"] == "" and running_on(f, a) == ["h2"]
+        assert claimed(api, "h2") == hostd_claims(f, "h2") and claimed(api, "h1") == hostd_claims(f, "h1")
 
 
 @pytest.mark.parametrize("point,phase,ends_on", [("claimed", "preparing", "h2"), ("prepared", "starting", "h1"),
