@@ -185,14 +185,17 @@ def test_a_second_rollout_2_5_s_later_is_refused(fleet, sched) -> None:  # type:
 def test_a_scheduler_outage_after_a_passed_gate_pauses_and_resume_finishes(fleet, sched) -> None:  # type: ignore[no-untyped-def]
     w = sched["dir"] / "op-outage"
     s = sched["sched"]
-    # a soak long enough that the canary still soaks when a status call on a loaded
-    # machine (a Python start, seconds each) has seen it soaking: several calls fit in 12 s
+    # The canary's state read straight from the scheduler's API, not by `fleet-rollout
+    # status` (a Python start: up to seconds each beside a busy CPU, once long enough that
+    # the 12 s soak was over when the scheduler stopped).
     p = start(sched, w, "run", spec(w, "conv-out", "policy.toml", "c", soak_s=12))
     try:
         deadline = time.monotonic() + 120
-        while not any(st["state"] == "soaking" for st in _states(sched, w, "conv-out").values()):
-            assert time.monotonic() < deadline and p.poll() is None, "the canary never soaked"
-            time.sleep(0.3)
+        with fleet.api() as api:
+            while not any(h["state"] == "soaking" for h in
+                          api.get("/v1/rollouts/conv-out/hosts", params={"brief": True}).json().get("items", ())):
+                assert time.monotonic() < deadline and p.poll() is None, "the canary never soaked"
+                time.sleep(0.2)
         s.stop()  # the canary's gate passes; neither its uncordon nor the record gets an answer
         _, err = p.communicate(timeout=120)
     finally:
