@@ -101,7 +101,9 @@ def test_exits_kprobe_engine_exact_while_another_vm_loops_during_attach(nested_s
     d = doc["result"]
     got = reasons(d)
     assert NO_REASON not in got, got
-    assert got["io"] > N_OUT, got
+    # once, beside a busy CPU, no io exit at all came out (not understood: the whole
+    # document and kvm-utils' stderr are in the message for the next time)
+    assert got.get("io", 0) > N_OUT, (got, d["vcpus"], doc["helper"], doc["attach_s"], doc["stderr"][-2000:])
     # per thread the document has totals only: the quiet VM's N + 1 io exits plus the few
     # interrupt exits of a vCPU that shares the CPU with a looping one (7 in one run); its
     # exact io count is the next test's
