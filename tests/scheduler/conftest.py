@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sched_helpers import Clock, make_client, new_pg_database
+from sched_helpers import STORES, STORES_AND_LOCKS, Clock, database, make_client, new_pg_database
 
 from tools.dev.schedbench import PG_BIN, postgres
 
@@ -25,11 +25,9 @@ def pg_server() -> Iterator[str]:
         yield f"postgresql://postgres@127.0.0.1:{port}"
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)])
+@pytest.fixture(params=STORES)
 def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/sched.db"
-    return new_pg_database(request.getfixturevalue("pg_server"))
+    return database(request, tmp_path)
 
 
 @pytest.fixture
@@ -38,13 +36,10 @@ def pg_url(pg_server: str) -> str:
     return new_pg_database(pg_server)
 
 
-@pytest.fixture(params=["sqlite", pytest.param("postgresql", marks=pytest.mark.integration),
-                        pytest.param("postgresql-rows", marks=pytest.mark.integration)])
+@pytest.fixture(params=STORES_AND_LOCKS)
 def db_and_lock(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
     """(database URL, ``placement.claim_lock``): SQLite, and PostgreSQL in both modes."""
-    if request.param == "sqlite":
-        return f"sqlite:///{tmp_path}/sched.db", "store"
-    return new_pg_database(request.getfixturevalue("pg_server")), request.param.partition("-")[2] or "store"
+    return database(request, tmp_path), request.param.partition("-")[2] or "store"
 
 
 @pytest.fixture

@@ -462,10 +462,11 @@ def postgres(settings: dict[str, str]) -> Iterator[tuple[str, int, int]]:
         shutil.rmtree(base, ignore_errors=True)
 
 
-def create_database(port: int, name: str) -> None:
+def create_database(port: int, name: str, template: str = "") -> None:
+    """``CREATE DATABASE name`` on the server at ``port``, a copy of ``template`` if given."""
     import psycopg
     with psycopg.connect(f"host=127.0.0.1 port={port} user=postgres dbname=postgres", autocommit=True) as c:
-        c.execute(f"CREATE DATABASE {name}")
+        c.execute(f"CREATE DATABASE {name}" + (f" TEMPLATE {template}" if template else ""))
 
 
 @dataclass

@@ -64,7 +64,7 @@ def test_diagnose_flags_a_tsc_deadline_storm(helper, kvm_events, no_leftover_ins
     n = 200_000
     res, d = _diagnose(helper_argv("wrmsr", n, name="kvmu-diag", wait_stdin=True), engine, 6,
                        "--threshold", "tsc_deadline_per_s=10000")
-    assert res["iterations"] == n and res["ns"] < 5e9, res   # the loop ended inside the window
+    assert res["iterations"] == n and res["ns"] < d["duration_s"] * 1e9, (res, d["duration_s"])  # inside the window
     assert d["thresholds"]["tsc_deadline_per_s"] == 10000
     assert [f["rule"] for f in d["findings"]] == ["tsc-deadline-storm"], (d["duration_s"], d["findings"])
     f = d["findings"][0]
@@ -85,7 +85,7 @@ def test_diagnose_flags_an_ipi_storm_at_its_default_threshold(helper, kvm_events
         pytest.skip("kvm_msr tracepoint missing")
     n = 180_000
     res, d = _diagnose(helper_argv("icr_self", n, name="kvmu-diag", vector=vector, wait_stdin=True), "bpf", 6)
-    assert res["iterations"] == n and res["ns"] < 5e9, res
+    assert res["iterations"] == n and res["ns"] < d["duration_s"] * 1e9, (res, d["duration_s"])  # inside the window
     assert [f["rule"] for f in d["findings"]] == ["ipi-storm"], json.dumps(d)
     f = d["findings"][0]
     assert f["data"]["writes"] == n and f["data"]["vectors"] == {f"{vector:#x}": n}
