@@ -43,7 +43,7 @@ import threading
 import time
 from collections import Counter
 from collections.abc import Callable
-from concurrent.futures import Future, ThreadPoolExecutor
+from concurrent.futures import FIRST_COMPLETED, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass
 
 from api.states import AdminState, DrainAction, RolloutHostState, RolloutState
@@ -182,6 +182,10 @@ class Engine:
     def _loop(self) -> str:
         pool = ThreadPoolExecutor(max_workers=self.spec.limits.concurrency, thread_name_prefix="host")
         running: dict[str, Future] = {}
+        # What the hosts were last listed under: (state, wave, the hosts being driven). The
+        # work can change only when one of these does (a driver ends, an operator's
+        # command), so the list is not read again until then.
+        listed: tuple[str, int, frozenset[str]] | None = None
         try:
             while True:
                 for n in [n for n, f in running.items() if f.done()]:
@@ -191,9 +195,12 @@ class Engine:
                     return "lost"
                 if state not in ACTIVE:
                     if running:  # let in-flight hosts reach a step boundary
-                        time.sleep(self.opts.poll_s)
+                        self._until_one_ends(running)
                         continue
                     return state
+                if running and listed == (state, wave, frozenset(running)):
+                    self._until_one_ends(running)
+                    continue
                 hosts = self._work(state, wave)
                 if not hosts and not running:
                     try:
@@ -204,9 +211,18 @@ class Engine:
                         return nxt
                     continue
                 self._dispatch(hosts, running, pool)
-                time.sleep(self.opts.poll_s)
+                listed = (state, wave, frozenset(running))
+                self._until_one_ends(running)
         finally:
             pool.shutdown(wait=True)
+
+    def _until_one_ends(self, running: dict[str, Future]) -> None:
+        """Wait for a host's driver to end, at most a poll interval (the rollout's state
+        is read again after it)."""
+        if running:
+            wait(list(running.values()), timeout=self.opts.poll_s, return_when=FIRST_COMPLETED)
+        else:
+            time.sleep(self.opts.poll_s)
 
     def _work(self, state: str, wave: int) -> list[HostRow]:
         """The hosts that still need driving, in order."""
