@@ -171,7 +171,10 @@ def test_two_rollouts_started_together_one_is_refused_and_a_rollback_keeps_to_it
 
 def test_a_second_rollout_2_5_s_later_is_refused(fleet, sched) -> None:  # type: ignore[no-untyped-def]
     w = sched["dir"]
-    first = start(sched, w / "op-c", "run", spec(w / "op-c", "conv-1", "policy.toml", "b"))
+    # The first soaks 8 s a wave: the second's start (a Python process, then each host's
+    # preflight) took over 4 s beside a busy machine, by when both hosts were converted
+    # and its plan fitted none, before its create could be refused.
+    first = start(sched, w / "op-c", "run", spec(w / "op-c", "conv-1", "policy.toml", "b", soak_s=8))
     time.sleep(2.5)
     second = start(sched, w / "op-d", "run", spec(w / "op-d", "conv-2", "other.toml", "b"))
     work, name, _, digest = one_refused(sched, [(first, w / "op-c", "conv-1", "policy.toml"),
