@@ -10,7 +10,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
-from sched_helpers import STORES, STORES_AND_LOCKS, Clock, database, make_client, new_pg_database
+from sched_helpers import STORES, STORES_AND_LOCKS, Clock, database, database_and_lock, make_client, new_pg_database
 
 from tools.dev.schedbench import PG_BIN, postgres
 
@@ -39,7 +39,7 @@ def pg_url(pg_server: str) -> str:
 @pytest.fixture(params=STORES_AND_LOCKS)
 def db_and_lock(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
     """(database URL, ``placement.claim_lock``): SQLite, and PostgreSQL in both modes."""
-    return database(request, tmp_path), request.param.partition("-")[2] or "store"
+    return database_and_lock(request, tmp_path)
 
 
 @pytest.fixture

@@ -11,7 +11,6 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-
 from fastapi.testclient import TestClient
 
 from scheduler.config import Settings
@@ -81,20 +80,29 @@ def new_pg_database(base_url: str, *, migrated: bool = True) -> str:
     (``tools/dev/sched_inproc._from_template``): Alembic's upgrade took 0.13-0.17 s a
     database, and the suite makes about 230. The whole migration chain still runs on
     PostgreSQL in tests/scheduler/db/."""
-    port = int(base_url.rsplit(":", 1)[1])
-    template = _PG_TEMPLATES.get(base_url) if migrated else ""
+    name = "t_" + uuid.uuid4().hex[:12]
+    create_database(_port(base_url), name, template=_pg_template(base_url) if migrated else "")
+    return f"{base_url}/{name}"
+
+
+def _port(base_url: str) -> int:
+    return int(base_url.rsplit(":", 1)[1])
+
+
+def _pg_template(base_url: str) -> str:
+    """This process's migrated template database on the server at ``base_url``, made
+    the first time it is asked for."""
+    template = _PG_TEMPLATES.get(base_url)
     if template is None:
         template = f"tmpl_{os.getpid()}"
-        create_database(port, template)
+        create_database(_port(base_url), template)
         store = Store.from_url(f"{base_url}/{template}")
         try:
             upgrade(store.engine)
         finally:
             store.dispose()  # CREATE DATABASE ... TEMPLATE refuses a template in use
         _PG_TEMPLATES[base_url] = template
-    name = "t_" + uuid.uuid4().hex[:12]
-    create_database(port, name, template=template or "")
-    return f"{base_url}/{name}"
+    return template
 
 
 def database(request: pytest.FixtureRequest, tmp_path: Path, *, migrated: bool = True) -> str:
@@ -104,6 +112,11 @@ def database(request: pytest.FixtureRequest, tmp_path: Path, *, migrated: bool =
     if request.param == "sqlite":
         return f"sqlite:///{tmp_path}/sched.db"
     return new_pg_database(request.getfixturevalue("pg_server"), migrated=migrated)
+
+
+def database_and_lock(request: pytest.FixtureRequest, tmp_path: Path, *, migrated: bool = True) -> tuple[str, str]:
+    """(``database``, ``placement.claim_lock``) for a ``STORES_AND_LOCKS`` parameter."""
+    return database(request, tmp_path, migrated=migrated), request.param.partition("-")[2] or "store"
 
 
 STORES = ["sqlite", pytest.param("postgresql", marks=pytest.mark.integration)]

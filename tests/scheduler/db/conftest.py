@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from sched_helpers import STORES, STORES_AND_LOCKS, database
+from sched_helpers import STORES, STORES_AND_LOCKS, database, database_and_lock
 
 
 @pytest.fixture(params=STORES)
@@ -17,4 +17,4 @@ def db_url(request: pytest.FixtureRequest, tmp_path: Path) -> str:
 
 @pytest.fixture(params=STORES_AND_LOCKS)
 def db_and_lock(request: pytest.FixtureRequest, tmp_path: Path) -> tuple[str, str]:
-    return database(request, tmp_path, migrated=False), request.param.partition("-")[2] or "store"
+    return database_and_lock(request, tmp_path, migrated=False)
