@@ -94,7 +94,10 @@ class HostService:
         self._slow_logged = float("-inf")
         self._shared_at: float | None = None  # when this replica's shared row was last written (monotonic)
         self._was_down: set[str] = set()  # beaten since the last flush while down (``cache.pulse``)
-        self._beats: dict[str, tuple[float, list[HostStatsIn]]] = {}
+        # host -> its last beat since the flush, and the stats of those that sent some: a
+        # float a beat, no list or tuple (objects the cyclic GC tracks and walks, 2 a beat)
+        self._beats: dict[str, float] = {}
+        self._stats: dict[str, list[HostStatsIn]] = {}
         # the beats' maps and, with the shared liveness, the pulse's: one lock a beat's record
         # takes (``_record``), the pulse's own, so its maps are changed under it as well
         self._beats_lock = cache.pulse.lock if cache.pulse is not None else threading.Lock()
@@ -345,11 +348,13 @@ class HostService:
                     self._was_down.add(name)
                 else:
                     self._written.setdefault(name, now)  # up: its row is due ``write_s`` from now
-            kept = self._beats.get(name)
-            pending = kept[1] if kept is not None else []
             if stats:
-                pending.append(stats)  # the list is this dict's alone (flush swaps the dict out)
-            self._beats[name] = (now, pending)
+                kept = self._stats.get(name)
+                if kept is None:
+                    self._stats[name] = [stats]
+                else:
+                    kept.append(stats)  # the list is this dict's alone (flush swaps the dict out)
+            self._beats[name] = now
             if self._flusher is None:
                 self._start_flusher()
 
@@ -388,6 +393,7 @@ class HostService:
         most, and 100,000 hosts back from down at once are seconds of host rows."""
         with self._beats_lock:
             beats, self._beats = self._beats, {}
+            kept_stats, self._stats = self._stats, {}
             days, self._days = self._days, {}
             was_down, self._was_down = self._was_down, set()
         t0 = time.monotonic()
@@ -402,13 +408,13 @@ class HostService:
         if not beats:
             return 0
         buckets: dict[tuple[str, int], dict] = {}
-        for name, (_at, stats) in beats.items():
+        for name, stats in kept_stats.items():
             for st in stats:
                 stats_repo.fold(buckets, name, st, self.bucket_s)
         pulse = self.cache.pulse
         # without the shared liveness (written through) the rows are all there is: each beat's
         write_s = self.write_s if pulse is not None else 0.0
-        due = {n: at for n, (at, _) in beats.items()
+        due = {n: at for n, at in beats.items()
                if n in was_down or at - self._written.get(n, float("-inf")) >= write_s}
         if not due and not buckets:
             return len(beats)
