@@ -28,7 +28,9 @@ out of play (a timeout no pause reaches, as bench/placement.py):
    body of the beat's answer and doing nothing else): floor_cpu_us_per_beat, and
    cpu_over_floor, the replicas' net CPU per beat over the floor's (issue 39's bar:
    1.5). cpu_us_per_beat_loop and floor_cpu_us_per_beat_loop: the main threads' share
-   (uvicorn's event loop, where the requests are answered);
+   (uvicorn's event loop, where the requests are answered); gc_us_per_beat and
+   gc_pauses_over_25ms: the replicas' cyclic-GC stops over the beats' window
+   (hyb_sched_gc_pause_seconds), a stop of every thread the requests' own timing misses;
 3. placements and heartbeats together: placements/s and p99 against (1), and the same
    requests' time inside the replica (their Server-Timing: claim_p99_ms in (1),
    claim_p99_ms_with_beats, claim_p99_ratio), the server's share of the tail, and
@@ -384,6 +386,24 @@ def liveness_rows(bases: list[tuple[str, int]]) -> float:
     return sum(asyncio.run(run_clients(len(bases), bases, list(range(len(bases))), one)))
 
 
+def gc_pauses(bases: list[tuple[str, int]]) -> tuple[float, float]:
+    """The replicas' cyclic-GC stops so far (hyb_sched_gc_pause_seconds), summed over
+    generations and replicas: (seconds, how many took over 25 ms)."""
+    async def one(c: Conn, _: int) -> tuple[float, float]:
+        r = await c.request("GET", "/metrics", None, auth("bench-admin"))
+        total = count = within = 0.0
+        for ln in r.body.decode().splitlines():
+            if ln.startswith("hyb_sched_gc_pause_seconds_sum"):
+                total += float(ln.split()[-1])
+            elif ln.startswith("hyb_sched_gc_pause_seconds_count"):
+                count += float(ln.split()[-1])
+            elif ln.startswith("hyb_sched_gc_pause_seconds_bucket") and 'le="0.025"' in ln:
+                within += float(ln.split()[-1])
+        return total, count - within
+    got = asyncio.run(run_clients(len(bases), bases, list(range(len(bases))), one))
+    return sum(g[0] for g in got), sum(g[1] for g in got)
+
+
 def day_body(day: str) -> dict:
     return {"days": [{"day": day, "utc_offset_min": 0, "cpus": 48, "samples": 86400,
                       "peak": {"start": "21:00", "end": "22:00", "samples": 3600, "io": 6.25, "vms": 30.5,
@@ -658,12 +678,14 @@ def beats_alone(a: argparse.Namespace, reps: Replicas, names: list[str], start: 
         out["idle_cpu_ms_per_s"] = idle  # a replica's, with nothing sent to it
         out["floor_idle_cpu_ms_per_s"] = floor_idle
         c0, w0, r0, t0 = cpu(reps.pids), db.writes(), liveness_rows(bases), db.writes_by_table()
+        g0 = gc_pauses(bases)
         m0, wall0, l0 = machine(), time.monotonic(), loop_cpu(reps.pids)
         got, _ = send_beats(a, bases, names, start, n, beat_rate, tmp, "alone")
         busy, stolen = machine_load(m0, machine())
         time.sleep(1.2)  # the last flush
         used, writes, rows = cpu(reps.pids) - c0, db.writes() - w0, liveness_rows(bases) - r0
         window, loop_used = time.monotonic() - wall0, loop_cpu(reps.pids) - l0
+        g1 = gc_pauses(bases)
         by_table = {k: n - t0.get(k, 0) for k, n in db.writes_by_table().items() if n - t0.get(k, 0) > 0}
         # the floor: the same generator, rate and count; its CPU counted the same way
         f0, fwall0, fl0 = cpu(floor.pids), time.monotonic(), loop_cpu(floor.pids)
@@ -690,6 +712,9 @@ def beats_alone(a: argparse.Namespace, reps: Replicas, names: list[str], start: 
     out["floor_beat_p99_ms"] = round(fgot.p99_s * 1e3, 2) if fgot.p99_s is not None else None
     out["cpu_over_floor"] = round(net / floor_net * fgot.ok / max(1, got.ok), 2) if floor_net > 0 else None
     out["generator_cpu_us_per_beat"] = round(got.generator_cpu_s / max(1, got.sent) * 1e6, 1)
+    # the replicas' cyclic-GC stops over the beats' window: their time a beat, and the long ones
+    out["gc_us_per_beat"] = round((g1[0] - g0[0]) / max(1, got.ok) * 1e6, 2)
+    out["gc_pauses_over_25ms"] = int(g1[1] - g0[1])
     # PostgreSQL: every row it wrote (its statistics); SQLite has no such counter: the
     # liveness rows the replicas wrote (their hyb_sched_liveness_rows_written_total)
     out["db_writes_per_beat"] = round((writes if db.path is None else rows) / max(1, got.ok), 4)

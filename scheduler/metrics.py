@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import gc
+import time
 from collections.abc import Iterator
 
 from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram
@@ -82,3 +84,37 @@ class Metrics:
         self.vms = Gauge("hyb_sched_vms", "VMs by status", ["status"], registry=r)
         self.http = Counter("hyb_sched_http_requests_total", "HTTP requests", ["method", "route", "status"],
                             registry=r)
+        self.gc_pauses = GcPauses(registry=r)
+
+
+class GcPauses:
+    """The cyclic GC's stops of this process, by generation (``gc.callbacks``): every
+    thread waits while one runs, so a long one is a stall of the event loop, of the
+    beats and the claims alike, that no request's own timing explains.
+    ``prometheus_client``'s ``python_gc_*`` count collections, not their time.
+    ``install`` while the app serves, ``remove`` when it stops: one process may hold
+    several apps one after the other (the tests)."""
+
+    BUCKETS = (.0005, .001, .0025, .005, .01, .025, .05, .1, .25, 1)
+
+    def __init__(self, *, registry: CollectorRegistry):
+        self.seconds = Histogram("hyb_sched_gc_pause_seconds", "Cyclic garbage collections of this replica's "
+                                 "process by generation (0 young, 2 full), each a stop of every thread",
+                                 ["generation"], registry=registry, buckets=self.BUCKETS)
+        self._by_gen = [self.seconds.labels(str(g)) for g in range(3)]
+        self._began = 0.0
+
+    def _callback(self, phase: str, info: dict) -> None:
+        # collections never overlap (the GC holds the GIL and refuses to re-enter)
+        if phase == "start":
+            self._began = time.perf_counter()
+        else:
+            self._by_gen[info["generation"]].observe(time.perf_counter() - self._began)
+
+    def install(self) -> None:
+        if self._callback not in gc.callbacks:
+            gc.callbacks.append(self._callback)
+
+    def remove(self) -> None:
+        if self._callback in gc.callbacks:
+            gc.callbacks.remove(self._callback)

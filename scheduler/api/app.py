@@ -72,9 +72,11 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
             if app.state.dispatch_enabled and settings.drain.interval_s > 0 else None
         watch = app.state.liveness.start() if settings.liveness.check_s > 0 else None
         lag = asyncio.get_running_loop().create_task(app.state.liveness.lag.watch_loop())
+        metrics.gc_pauses.install()
         try:
             yield
         finally:
+            metrics.gc_pauses.remove()
             lag.cancel()
             if drains is not None:
                 drains.stop()

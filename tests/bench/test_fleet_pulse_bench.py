@@ -57,6 +57,8 @@ def test_short_pulse_prints_the_numbers_as_json(tmp_path: Path) -> None:
     # (500 hosts at 250 beats/s on a shared machine is not where that bar is set)
     assert got["floor_beats_answered"] == got["beats_sent"], got
     assert got["floor_cpu_us_per_beat"] > 0 and got["cpu_over_floor"] > 0, got
+    # the replicas' GC stops, from their /metrics: a part of their CPU a beat, never more
+    assert 0 <= got["gc_us_per_beat"] < got["cpu_us_per_beat"] and got["gc_pauses_over_25ms"] >= 0, got
     assert 0 <= got["idle_cpu_ms_per_s"] < 100 and 0 <= got["floor_idle_cpu_ms_per_s"] < 100, got
     assert got["db_writes_from"] == "scheduler metrics", got
     assert got["marked_down"] == got["silent_hosts"] == 5 and got["false_downs"] == 0, got

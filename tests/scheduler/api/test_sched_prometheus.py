@@ -125,3 +125,28 @@ def test_targets_of_a_fleet_are_one_select(api):
     queries = [s for s in stmts if s.lstrip().split(" ", 1)[0].upper() in ("SELECT", "INSERT", "UPDATE", "DELETE")
                and "api_tokens" not in s]  # not BEGIN, nor the token book's own refresh
     assert len(queries) == 1 and queries[0].lstrip().upper().startswith("SELECT") and "hosts" in queries[0], stmts
+
+
+def _gc_pauses(text: str) -> dict[str, float]:
+    """hyb_sched_gc_pause_seconds_count by generation, from /metrics."""
+    out = {}
+    for ln in text.splitlines():
+        if ln.startswith("hyb_sched_gc_pause_seconds_count{"):
+            out[ln.split('generation="')[1].split('"')[0]] = float(ln.split()[-1])
+    return out
+
+
+def test_gc_pauses_are_counted_by_generation_while_the_app_serves(db_url, clock):
+    """A full collection while the app serves is one more full pause in /metrics; once the
+    app has stopped, its callback is gone from the process (another app may follow)."""
+    import gc
+
+    with make_client(db_url, clock=clock) as c:
+        app = c.app
+        before = _gc_pauses(c.get("/metrics", headers=ADM).text)
+        gc.collect()
+        gc.collect(0)
+        after = _gc_pauses(c.get("/metrics", headers=ADM).text)
+        assert after["2"] >= before["2"] + 1 and after["0"] >= before["0"] + 1, (before, after)
+        assert app.state.metrics.gc_pauses._callback in gc.callbacks
+    assert app.state.metrics.gc_pauses._callback not in gc.callbacks
