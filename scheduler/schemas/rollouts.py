@@ -170,8 +170,13 @@ class RolloutOut(BaseModel):
     counts: list[dict[str, int]] = Field(description="per wave, the number of hosts in each state")
 
 
+class RolloutListedOut(RolloutOut):
+    holds: list[str] | None = Field(None, description="only with `?holding=...`: which of the hosts asked about "
+                                                      "this rollout holds, in its order")
+
+
 class RolloutsOut(BaseModel):
-    items: list[RolloutOut]
+    items: list[RolloutListedOut]
 
 
 class RolloutHostOut(BaseModel):

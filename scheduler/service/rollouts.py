@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from datetime import datetime, timezone
 
 from sqlalchemy.orm import Session
@@ -29,8 +29,8 @@ from scheduler.errors import (InvalidRequest, RolloutBadState, RolloutExists, Ro
 from scheduler.repo import audit as audit_repo
 from scheduler.repo import rollouts as repo
 from scheduler.schemas.rollouts import (LeaseOut, LeaseRenew, LeaseTake, RolloutCreate, RolloutHostNote,
-                                        RolloutHostOut, RolloutHostsOut, RolloutHostTransition, RolloutOut,
-                                        RolloutsOut, RolloutStateChange, TransitionOut, TransitionsOut)
+                                        RolloutHostOut, RolloutHostsOut, RolloutHostTransition, RolloutListedOut,
+                                        RolloutOut, RolloutsOut, RolloutStateChange, TransitionOut, TransitionsOut)
 
 log = logging.getLogger(__name__)
 
@@ -86,12 +86,26 @@ class RolloutService:
                  len(body.waves), actor)
         return out
 
-    def list(self) -> RolloutsOut:
+    def list(self, *, holding: Sequence[str] | None = None) -> RolloutsOut:
+        """Every rollout; with ``holding``, only the active ones that hold any of those
+        hosts (the overlap refusal's rule), each with the ones it holds."""
         now = self.clock()
         with self.store.read() as s:
             counts, leases = repo.counts(session=s), repo.leases(session=s)
-            return RolloutsOut(items=[_rollout_out(r, counts.get(r.name, {}), leases.get(r.name), now)
-                                      for r in repo.list_rollouts(session=s)])
+            held: dict[str, list[str]] | None = None
+            if holding is not None:
+                held = {}
+                for other, _state, host in repo.overlaps(session=s, hosts=list(dict.fromkeys(holding)), besides=""):
+                    held.setdefault(other, []).append(host)
+            items = []
+            for r in repo.list_rollouts(session=s):
+                if held is not None and r.name not in held:
+                    continue
+                out = _rollout_out(r, counts.get(r.name, {}), leases.get(r.name), now, cls=RolloutListedOut)
+                if held is not None:
+                    out.holds = held[r.name]
+                items.append(out)
+            return RolloutsOut(items=items)
 
     def get(self, name: str) -> RolloutOut:
         now = self.clock()
@@ -304,10 +318,10 @@ def _lease_out(x: RolloutLease) -> LeaseOut:
 
 
 def _rollout_out(r: Rollout, counts: dict[int, dict[str, int]], lease: RolloutLease | None,
-                 now: float) -> RolloutOut:
+                 now: float, cls: type[RolloutOut] = RolloutOut) -> RolloutOut:
     live = lease if lease is not None and lease.expires > now else None
-    return RolloutOut(**repo.rollout_fields(r), counts=[counts.get(w, {}) for w in range(r.waves)],
-                      lease=_lease_out(live) if live is not None else None)
+    return cls(**repo.rollout_fields(r), counts=[counts.get(w, {}) for w in range(r.waves)],
+               lease=_lease_out(live) if live is not None else None)
 
 
 # A rollout no controller drives keeps its hosts until an operator ends it: the overlap

@@ -30,7 +30,7 @@ from tools.fleet_rollout.inventory import (
     from_scheduler_items,
     select,
 )
-from tools.fleet_rollout.plan import Plan, make_plan
+from tools.fleet_rollout.plan import FitsNone, Plan, make_plan
 from tools.fleet_rollout.preflight import preflight
 from tools.fleet_rollout.render import render_plan, render_status, status_dict
 from tools.fleet_rollout.spec import RolloutSpec, SpecError, load_spec
@@ -39,6 +39,7 @@ from tools.fleet_rollout.store import Store, StoreError, StoreUnavailable, dead_
 log = logging.getLogger(__name__)
 
 EXIT_STOPPED = 3
+HELD_SHOWN = 10  # hosts named per holding rollout when a run fits none
 EPILOG = """examples:
   fleet-rollout plan convert.toml                 waves, racks, hosts skipped and why
   fleet-rollout run convert.toml                  start (or continue) the rollout it names
@@ -200,11 +201,33 @@ def _run(args: argparse.Namespace, console: Console) -> int:
         if stored.state != RolloutState.RUNNING:
             raise StoreError(f"rollout {spec.name} is {stored.state}: `fleet-rollout resume {spec.name}` continues it")
     else:
-        plan = make_rollout_plan(args, spec, args.spec.parent)
+        try:
+            plan = make_rollout_plan(args, spec, args.spec.parent)
+        except FitsNone as e:
+            _refuse_held(store, spec.name, e)
+            raise
         if not args.json:
             render_plan(plan, console)
         store.create(spec, plan)  # refused if another active rollout has any of its hosts
     return _drive(args, store, spec.name, console)
+
+
+def _refuse_held(store: Store, name: str, e: FitsNone) -> None:
+    """When no selected host can take the change because other active rollouts hold them
+    (the hosts a running rollout has just converted say "already converted"), say whose
+    they are, as the scheduler's overlap refusal would at create, instead of only
+    ``e``'s first host's reason."""
+    held = store.holders(e.hosts)
+    if not held:
+        return
+    parts = []
+    for other, state, hs in held:
+        more = f" and {len(hs) - HELD_SHOWN} more" if len(hs) > HELD_SHOWN else ""
+        parts.append(f"{other} ({state}) holds {', '.join(hs[:HELD_SHOWN])}{more} (`fleet-rollout status "
+                     f"{other}` shows it; it keeps them until it ends, or `fleet-rollout abort {other}`)")
+    raise StoreError(f"rollout {name} {e.reason}, and another active rollout holds "
+                     f"{sum(len(hs) for _, _, hs in held)} of them (a host belongs to at most one): "
+                     + "; ".join(parts))
 
 
 def _drive(args: argparse.Namespace, store: Store, name: str, console: Console) -> int:

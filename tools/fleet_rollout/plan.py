@@ -32,6 +32,14 @@ class Plan:
                 "skipped": [{"host": h.name, "reason": why} for h, why in self.skipped]}
 
 
+class FitsNone(SpecError):
+    """No selected host can take the change: ``hosts``, their names."""
+
+    def __init__(self, reason: str, hosts: list[str]):
+        super().__init__("policy", reason)
+        self.hosts = hosts
+
+
 def rack_order(hosts: list[Host]) -> list[Host]:
     by_rack: dict[str, list[Host]] = defaultdict(list)
     for h in sorted(hosts, key=lambda h: (h.rack, h.name)):
@@ -68,7 +76,7 @@ def make_plan(hosts: list[Host], spec: RolloutSpec, refused: Mapping[str, str] |
     eligible = rack_order([h for h in hosts if h.name not in refused])
     if not eligible:
         why = f"; e.g. {skipped[0][0].name}: {skipped[0][1]}" if skipped else ""
-        raise SpecError("policy", f"fits none of the {len(hosts)} selected hosts{why}")
+        raise FitsNone(f"fits none of the {len(hosts)} selected hosts{why}", names)
     waves = []
     at = 0
     for size in wave_sizes(len(eligible), spec):

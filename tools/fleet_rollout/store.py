@@ -40,6 +40,9 @@ VERBS = {RolloutState.PAUSED: "pause", RolloutState.RUNNING: "resume", RolloutSt
          RolloutState.ROLLING_BACK: "rollback"}
 
 
+HOLDERS_ASKED = 100  # host names a holders query carries
+
+
 class StoreError(RuntimeError):
     pass
 
@@ -196,6 +199,17 @@ class Store:
 
     def rollouts(self) -> list[str]:
         return [r["name"] for r in self._req("GET", "/v1/rollouts")["items"]]
+
+    def holders(self, hosts: list[str]) -> list[tuple[str, str, list[str]]]:
+        """(rollout, its state, the ones of ``hosts`` it holds) for each active rollout that
+        holds any of them, as the scheduler's overlap rule has it; asked in parts (a URL's
+        length)."""
+        held: dict[str, tuple[str, list[str]]] = {}
+        for i in range(0, len(hosts), HOLDERS_ASKED):
+            got = self._req("GET", "/v1/rollouts", params={"holding": hosts[i:i + HOLDERS_ASKED]})["items"]
+            for r in got:
+                held.setdefault(r["name"], (r["state"], []))[1].extend(r["holds"] or [])
+        return [(name, state, hs) for name, (state, hs) in held.items()]
 
     def set_rollout(self, name: str, state: str, reason: str = "", *, expect: str, wave: int | None = None,
                     fenced: bool = True, detail: dict | None = None) -> None:

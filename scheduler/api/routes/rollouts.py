@@ -15,6 +15,8 @@ from scheduler.schemas.rollouts import (MAX_HOSTS, LeaseOut, LeaseRenew, LeaseTa
                                         RolloutOut, RolloutsOut, RolloutStateChange, RolloutVerb, TransitionsOut)
 from scheduler.service.rollouts import RolloutService
 
+HOLDING_MAX = 1000  # host names a query asks about (a URL's length: ask in parts)
+
 router = APIRouter(prefix="/v1/rollouts", tags=["rollouts"], responses=ERRORS)
 
 
@@ -30,11 +32,17 @@ def create_rollout(body: RolloutCreate, request: Request, p: CurrentPrincipal) -
     return _svc(request).create(body, actor=p.name)
 
 
-@router.get("", response_model=RolloutsOut)
-def list_rollouts(request: Request, p: CurrentPrincipal) -> RolloutsOut:
+@router.get("", response_model=RolloutsOut, response_model_exclude_unset=True)  # ``holds`` when asked
+def list_rollouts(request: Request, p: CurrentPrincipal,
+                  holding: list[str] | None = Query(None, max_length=HOLDING_MAX,
+                                                    description="only the active rollouts that hold any of these "
+                                                                "hosts (a host a rollout skipped it does not "
+                                                                "hold), each with the ones it holds (`holds`): "
+                                                                "who keeps a host from a new rollout")
+                  ) -> RolloutsOut:
     """Oldest first."""
     policies.rollouts(p)
-    return _svc(request).list()
+    return _svc(request).list(holding=holding)
 
 
 @router.get("/{name}", response_model=RolloutOut)

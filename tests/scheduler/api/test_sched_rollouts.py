@@ -181,6 +181,31 @@ def test_an_ended_rollout_and_a_skipped_host_no_longer_block(api, terminal):
     create(api, "c", ["h1"])
 
 
+def test_the_list_holding_hosts_names_the_active_rollouts_that_hold_them(api):
+    """``GET /v1/rollouts?holding=...``: only the active rollouts that hold any of the
+    hosts asked about, each with the ones it holds (a skipped host is not held, an ended
+    rollout holds none), as the overlap refusal counts them; without it, every rollout,
+    without ``holds``."""
+    create(api, "a", ["h1", "h2"], ["h3"])
+    create(api, "b", ["h4"])
+    create(api, "done-one", ["h5"])
+    assert take(api, "done-one").status_code == 200 and set_state(api, "done-one", "done").status_code == 200
+    assert take(api, "a", "ctl-a").status_code == 200
+    assert move(api, "a", "h2", "pending", "skipped", detail={"reason": "held"}).status_code == 200
+
+    def holders(*hosts: str) -> list[tuple[str, str, list[str]]]:
+        r = api.get("/v1/rollouts", params={"holding": list(hosts)}, headers=ADM)
+        assert r.status_code == 200, r.text
+        return [(x["name"], x["state"], x["holds"]) for x in r.json()["items"]]
+    assert holders("h3", "h1", "h2", "h5", "nope", "h1") == [("a", "running", ["h1", "h3"])]
+    assert holders("h4", "h3") == [("a", "running", ["h3"]), ("b", "running", ["h4"])]
+    assert holders("h2", "h5") == []
+    every = api.get("/v1/rollouts", headers=ADM).json()["items"]
+    assert [x["name"] for x in every] == ["a", "b", "done-one"] and not any("holds" in x for x in every)
+    r = api.get("/v1/rollouts", params={"holding": [f"h{i}" for i in range(1001)]}, headers=ADM)
+    assert r.status_code == 422 and "holding" in r.text, r.text
+
+
 def test_an_ended_rollout_cannot_start_again_on_a_host_taken_since(api):
     """Resume and rollback apply to a done rollout (and rollback to an aborted one): it
     holds its hosts again, so not one that another rollout has taken since."""

@@ -107,3 +107,35 @@ def test_a_rollback_refused_by_a_halted_rollout_says_how_to_free_its_hosts(work:
         "controller to act on)"), err
     assert ops.rollout("x").state == "done"
     ops.api.close()
+
+
+def test_a_run_that_fits_no_host_names_the_rollout_that_holds_them(work: Path,
+                                                                  capsys: pytest.CaptureFixture) -> None:
+    """A run whose preflight refuses every selected host (here: no hostd answers on the
+    hosts' port) says which other active rollout holds them, and how to see or end it,
+    instead of only the first host's reason; with nobody holding them it says the reason.
+    Nothing is created either way."""
+    import socket
+    with socket.socket() as sk:  # a port nothing listens on: the preflight is refused at once
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    (work / "hosts.ini").write_text(f"[rack_r1]\nf1 ansible_host=127.0.0.1 hostd_port={port} disk=nvme\n"
+                                    f"f3 ansible_host=127.0.0.1 hostd_port={port} disk=nvme\n")
+    path = spec(work, extra="[limits]\nrpc_timeout_s = 2\n")
+    # the module's scheduler keeps the other tests' rollouts (r1 holds s1): names of its own
+    path.write_text(path.read_text().replace('name = "r1"', 'name = "r-fits"'))
+    s = load_spec(path)
+    assert run(work, "run", str(path)) == 1
+    err = capsys.readouterr().err
+    assert "policy: fits none of the 2 selected hosts; e.g. f1: preflight:" in err and "holds" not in err, err
+    ops = store(work, holder="ops@ctl-9:1")
+    other = s.model_copy(update={"name": "conv-a"})
+    ops.create(other, make_plan([Host("f1", "127.0.0.1:1", "r1"), Host("f2", "127.0.0.1:1", "r1")], other))
+    assert run(work, "run", str(path)) == 1
+    err = capsys.readouterr().err
+    assert "fleet-rollout: rollout r-fits fits none of the 2 selected hosts; e.g. f1: preflight:" in err, err
+    assert err.rstrip().endswith(
+        "and another active rollout holds 1 of them (a host belongs to at most one): conv-a (running) holds f1 "
+        "(`fleet-rollout status conv-a` shows it; it keeps them until it ends, or `fleet-rollout abort conv-a`)"), err
+    assert "r-fits" not in ops.rollouts() and "conv-a" in ops.rollouts()
+    ops.api.close()
