@@ -1284,6 +1284,8 @@ def main() -> int:
                    help=f"who sends the heartbeats (default: wrk from {WRK_FROM_HOSTS:,} hosts when {WRK} exists, "
                         f"else python; --short: python)")
     a = p.parse_args()
+    # the replicas run in sessions of their own: kill <pid> unwinds like Ctrl-C and stops them
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     # the shipped liveness timings (scheduler/config.py), hostd's 10 s beats
     placement, liveness = PlacementConfig(), LivenessConfig()
     a.interval_s, a.timeout_s, a.write_s, a.check_s, a.period_s = (

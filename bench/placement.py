@@ -45,6 +45,7 @@ import asyncio
 import hashlib
 import json
 import os
+import signal
 import subprocess
 import sys
 import tempfile
@@ -374,6 +375,8 @@ def main() -> int:
                    help="Placement's allocation_conflict_retry_count; its default, 10, overcommits on PostgreSQL "
                         "(bench/scheduler_osplacement.py _conf)")
     a = p.parse_args()
+    # the replicas run in sessions of their own: kill <pid> unwinds like Ctrl-C and stops them
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     hosts, reqs = fleet(a.hosts), trace(a.requests, mix=a.mix)
     t = time.perf_counter()
     ffd = ffd_bound([host_res(*h) for h in hosts], reqs)
