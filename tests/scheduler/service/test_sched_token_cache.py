@@ -70,11 +70,11 @@ def test_a_revoked_token_stops_within_refresh_s_through_the_memory(store, hashes
     assert hashes == [old.token, sibling.token]  # each hashed once, then found by its text
 
     revoke_tokens(store, token_id=old.id)
-    t0 = time.monotonic()
-    while not refused(book, old.token):
-        assert time.monotonic() - t0 < REFRESH_S + 1.0, "the revoked token still works"
-        time.sleep(0.01)
-    assert time.monotonic() - t0 <= REFRESH_S + 0.5
+    # the book looks again on the first request past refresh_s since its last look: that
+    # request is refused, however long the look takes (a wall-time bound on the look
+    # failed a loaded CI run: 0.90 s against 0.7)
+    time.sleep(REFRESH_S + 0.05)
+    assert refused(book, old.token), "the first lookup past refresh_s still took the revoked token"
     for _ in range(3):  # and stays refused; its sibling works on
         assert refused(book, old.token)
         assert book.lookup(sibling.token).name == "hst"
