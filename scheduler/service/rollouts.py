@@ -21,6 +21,7 @@ from datetime import datetime, timezone
 
 from sqlalchemy.orm import Session
 
+from api.overlap import holders_subject, holders_text
 from api.states import RolloutState
 from scheduler.db.engine import Store
 from scheduler.db.models import Rollout, RolloutLease, RolloutTransition
@@ -44,7 +45,6 @@ VERBS = {
     "rollback": (RolloutState.ROLLING_BACK, (RolloutState.RUNNING, RolloutState.PAUSED, RolloutState.HALTED,
                                              RolloutState.DONE, RolloutState.ABORTED, RolloutState.ROLLING_BACK)),
 }
-SHOWN = 10  # shared hosts named per other rollout in an overlap refusal
 
 
 def owner_of(rollout: str) -> str:
@@ -324,31 +324,17 @@ def _rollout_out(r: Rollout, counts: dict[int, dict[str, int]], lease: RolloutLe
                lease=_lease_out(live) if live is not None else None)
 
 
-# A rollout no controller drives keeps its hosts until an operator ends it: the overlap
-# refusal says how.
-IDLE = (RolloutState.PAUSED, RolloutState.HALTED)
-
-
 def _refuse_overlap(s: Session, name: str, hosts: list[str], *, field: str | None) -> None:
-    """RolloutOverlap naming each other active rollout that holds any of ``hosts``, and up
-    to ``SHOWN`` of the hosts it holds; a paused or halted one with the command that
-    frees its hosts."""
+    """RolloutOverlap naming each other active rollout that holds any of ``hosts`` and
+    the hosts it holds, as ``api.overlap`` words it."""
     found = repo.overlaps(session=s, hosts=hosts, besides=name)
     if not found:
         return
     held: dict[tuple[str, str], list[str]] = {}
     for other, state, host in found:
         held.setdefault((other, state), []).append(host)
-    parts = []
-    for (other, state), hs in held.items():
-        more = f" and {len(hs) - SHOWN} more" if len(hs) > SHOWN else ""
-        part = f"{other} ({state}) holds {', '.join(hs[:SHOWN])}{more}"
-        if state in IDLE:
-            part += (f" (a {state} rollout keeps its hosts until it is aborted: `fleet-rollout abort {other}` "
-                     f"frees them, or `hybctl rollout abort {other}` for its controller to act on)")
-        parts.append(part)
-    raise RolloutOverlap(f"rollout {name} shares hosts with another active rollout (a host belongs to at most "
-                         f"one): {'; '.join(parts)}", field=field)
+    raise RolloutOverlap(f"rollout {name} shares hosts with {holders_subject(len(held))} (a host belongs to at "
+                         f"most one): {holders_text((o, st, hs) for (o, st), hs in held.items())}", field=field)
 
 
 def _iso(t: float) -> str:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 from rich.console import Console
 
+from api.overlap import holders_subject, holders_text
 from api.states import RolloutHostState, RolloutState
 from tools.fleet_rollout.clients import HostdClients, Scheduler, SchedulerError, Tls
 from tools.fleet_rollout.engine import Engine, Options
@@ -39,7 +40,6 @@ from tools.fleet_rollout.store import Store, StoreError, StoreUnavailable, dead_
 log = logging.getLogger(__name__)
 
 EXIT_STOPPED = 3
-HELD_SHOWN = 10  # hosts named per holding rollout when a run fits none
 EPILOG = """examples:
   fleet-rollout plan convert.toml                 waves, racks, hosts skipped and why
   fleet-rollout run convert.toml                  start (or continue) the rollout it names
@@ -216,18 +216,16 @@ def _refuse_held(store: Store, name: str, e: FitsNone) -> None:
     """When no selected host can take the change because other active rollouts hold them
     (the hosts a running rollout has just converted say "already converted"), say whose
     they are, as the scheduler's overlap refusal would at create, instead of only
-    ``e``'s first host's reason."""
-    held = store.holders(e.hosts)
+    ``e``'s first host's reason. If the scheduler cannot say, ``e`` stands alone."""
+    try:
+        held = store.holders(e.hosts)
+    except StoreError:
+        return
     if not held:
         return
-    parts = []
-    for other, state, hs in held:
-        more = f" and {len(hs) - HELD_SHOWN} more" if len(hs) > HELD_SHOWN else ""
-        parts.append(f"{other} ({state}) holds {', '.join(hs[:HELD_SHOWN])}{more} (`fleet-rollout status "
-                     f"{other}` shows it; it keeps them until it ends, or `fleet-rollout abort {other}`)")
-    raise StoreError(f"rollout {name} {e.reason}, and another active rollout holds "
-                     f"{sum(len(hs) for _, _, hs in held)} of them (a host belongs to at most one): "
-                     + "; ".join(parts))
+    raise StoreError(f"rollout {name} {e.reason}, and {holders_subject(len(held))} "
+                     f"{'holds' if len(held) == 1 else 'hold'} {sum(len(hs) for _, _, hs in held)} of them "
+                     f"(a host belongs to at most one): {holders_text(held)}")
 
 
 def _drive(args: argparse.Namespace, store: Store, name: str, console: Console) -> int:

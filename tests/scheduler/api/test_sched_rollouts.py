@@ -151,10 +151,13 @@ def test_overlap_is_refused_naming_the_rollouts_and_hosts_and_nothing_is_created
                  headers=ADM)
     assert error(r) == (409, "hyb.rollout.overlap", "waves",
                         "rollout b shares hosts with another active rollout (a host belongs to at most one): "
-                        "a (running) holds h03, h04, h05, h06, h07, h08, h09, h10, h11, h12 and 2 more")
+                        "a (running) holds h03, h04, h05, h06, h07, h08, h09, h10, h11, h12 and 2 more (`fleet-rollout "
+                        "status a` shows it; it keeps them until it ends, or `fleet-rollout abort a`)")
     r = api.post("/v1/rollouts", json=rollout_body("d", ["c1"], ["x2", "h14"]), headers=ADM)
     assert error(r)[:2] == (409, "hyb.rollout.overlap")
-    assert error(r)[3].endswith(": a (running) holds h14; c (paused) holds c1 (a paused rollout keeps its hosts "
+    assert "shares hosts with 2 other active rollouts" in error(r)[3], r.text
+    assert error(r)[3].endswith(": a (running) holds h14 (`fleet-rollout status a` shows it; it keeps them until "
+                                "it ends, or `fleet-rollout abort a`); c (paused) holds c1 (a paused rollout keeps its hosts "
                                 "until it is aborted: `fleet-rollout abort c` frees them, or `hybctl rollout "
                                 "abort c` for its controller to act on)"), r.text
     for name in ("b", "d"):
@@ -213,7 +216,9 @@ def test_an_ended_rollout_cannot_start_again_on_a_host_taken_since(api):
     assert take(api, "a").status_code == 200 and set_state(api, "a", "done").status_code == 200
     create(api, "c", ["h1"])
     refusal = (409, "hyb.rollout.overlap", None, "rollout a shares hosts with another active rollout "
-                                                 "(a host belongs to at most one): c (running) holds h1")
+                                                 "(a host belongs to at most one): c (running) holds h1 (`fleet-rollout "
+                                                 "status c` shows it; it keeps them until it ends, or `fleet-rollout "
+                                                 "abort c`)")
     for v in ("resume", "rollback"):
         assert error(verb(api, "a", v, "done")) == refusal
     assert error(set_state(api, "a", "running")) == refusal  # the controller's own change too
@@ -221,7 +226,8 @@ def test_an_ended_rollout_cannot_start_again_on_a_host_taken_since(api):
     assert audit(api, "a") == [("adm", "rollout.create", {"kind": "convert", "hosts": 2, "waves": 1})]
     assert take(api, "c", "ctl-c").status_code == 200 and set_state(api, "c", "aborted").status_code == 200
     assert verb(api, "a", "resume", "done").json()["state"] == "running"
-    assert error(verb(api, "c", "rollback", "aborted"))[3].endswith(": a (running) holds h1")
+    assert error(verb(api, "c", "rollback", "aborted"))[3].endswith(": a (running) holds h1 (`fleet-rollout status a` shows it; "
+                                                                  "it keeps them until it ends, or `fleet-rollout abort a`)")
 
 
 def test_a_halted_rollout_keeps_its_hosts_and_the_refusal_says_how_to_free_them(api):
@@ -240,7 +246,8 @@ def test_a_halted_rollout_keeps_its_hosts_and_the_refusal_says_how_to_free_them(
                         "`fleet-rollout abort y` frees them, or `hybctl rollout abort y` for its controller "
                         "to act on)"), r.text
     assert verb(api, "y", "abort", "halted").json()["state"] == "aborting"
-    assert error(verb(api, "x", "rollback", "done"))[3].endswith(": y (aborting) holds h1, h2")  # its run is on
+    assert error(verb(api, "x", "rollback", "done"))[3].endswith(
+        ": y (aborting) holds h1, h2 (`fleet-rollout status y` shows it; it keeps them until it ends)")  # its run is on
     assert set_state(api, "y", "aborted", expect="aborting").status_code == 200  # y's controller ends it
     assert verb(api, "x", "rollback", "done").json()["state"] == "rolling_back"
 

@@ -139,3 +139,42 @@ def test_a_run_that_fits_no_host_names_the_rollout_that_holds_them(work: Path,
         "(`fleet-rollout status conv-a` shows it; it keeps them until it ends, or `fleet-rollout abort conv-a`)"), err
     assert "r-fits" not in ops.rollouts() and "conv-a" in ops.rollouts()
     ops.api.close()
+
+
+def test_a_fits_none_refusal_stands_when_the_scheduler_cannot_say_who_holds(tmp_path: Path) -> None:
+    """The holders are asked after the plan failed; a scheduler that stops answering in
+    that moment (here: a port nothing listens on) leaves the plan's own refusal, not a
+    StoreUnavailable whose hint would resume a rollout never created."""
+    import socket
+
+    from tools.fleet_rollout.cli import _refuse_held
+    from tools.fleet_rollout.plan import FitsNone
+    with socket.socket() as sk:
+        sk.bind(("127.0.0.1", 0))
+        port = sk.getsockname()[1]
+    dead = Store(Scheduler(f"http://127.0.0.1:{port}", "t"), holder="ops@x:1", retry_s=0.2)
+    assert _refuse_held(dead, "r-x", FitsNone("fits none of the 1 selected hosts", ["h1"])) is None
+
+
+def test_several_holders_are_each_named(work: Path) -> None:
+    """Two rollouts holding the asked hosts: both named, the sentence in the plural."""
+    from tools.fleet_rollout.cli import _refuse_held
+    from tools.fleet_rollout.plan import FitsNone
+    from tools.fleet_rollout.store import StoreError
+    ops = store(work, holder="ops@ctl-9:2")
+    base = load_spec(spec(work))
+    for name, host in (("hold-a", "g1"), ("hold-b", "g2")):
+        s = base.model_copy(update={"name": name})
+        ops.create(s, make_plan([Host(host, "127.0.0.1:1", "r1")], s))
+    with pytest.raises(StoreError) as e:
+        _refuse_held(ops, "r-g", FitsNone("fits none of the 3 selected hosts", ["g1", "g2", "g3"]))
+    msg = str(e.value)
+    assert msg.startswith("rollout r-g fits none of the 3 selected hosts, and 2 other active rollouts hold 2 "
+                          "of them (a host belongs to at most one): "), msg
+    assert "hold-a (running) holds g1 (`fleet-rollout status hold-a`" in msg
+    assert "hold-b (running) holds g2 (`fleet-rollout status hold-b`" in msg
+    for name in ("hold-a", "hold-b"):
+        ops.acquire(name, 60)
+        ops.set_rollout(name, "done", "test", expect="running")
+        ops.release(name)
+    ops.api.close()
