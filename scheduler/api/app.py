@@ -27,6 +27,7 @@ from scheduler.console import headers as console_headers
 from scheduler.console import routes as console_routes
 from scheduler.db.engine import Store
 from scheduler.db.migrate import HERE, current
+from scheduler.heap import HeapFreeze
 from scheduler.liveness_rule import beat_retry_after, lag_window, missed_beat_after, silent_allowance
 from scheduler.metrics import Metrics
 from scheduler.service.audit import AuditService
@@ -67,6 +68,9 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
     @asynccontextmanager
     async def lifespan(app: FastAPI):  # type: ignore[no-untyped-def]
         await asyncio.to_thread(_warm_index, cache, store, clock)
+        heap = HeapFreeze(settings.server.gc_freeze_s)
+        await asyncio.to_thread(heap.install)
+        refreeze = asyncio.get_running_loop().create_task(heap.loop())
         bg = background(app) if background else None
         drains = DrainLoop(app.state.drains, settings.drain.interval_s) \
             if app.state.dispatch_enabled and settings.drain.interval_s > 0 else None
@@ -77,6 +81,8 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
             yield
         finally:
             metrics.gc_pauses.remove()
+            refreeze.cancel()
+            heap.thaw()
             lag.cancel()
             if drains is not None:
                 drains.stop()

@@ -55,7 +55,10 @@ def settings(db_url: str, tokens: dict[str, list[str]], **over: Any) -> Settings
                             "placement": {"heartbeat_min_interval_s": 0},
                             # the machine's load must not turn a test's requests away: shedding
                             # is tested on a real server (tests/scheduler/api/test_sched_shed.py)
-                            "server": {"shed_loop_lag_s": 0}}
+                            "server": {"shed_loop_lag_s": 0,
+                                       # a full collection of the test process's heap at every
+                                       # app start: the freeze has tests of its own
+                                       "gc_freeze_s": 0}}
     for k, v in over.items():
         data.setdefault(k, {}).update(v)
     return Settings(**data)

@@ -150,3 +150,50 @@ def test_gc_pauses_are_counted_by_generation_while_the_app_serves(db_url, clock)
         assert after["2"] >= before["2"] + 1 and after["0"] >= before["0"] + 1, (before, after)
         assert app.state.metrics.gc_pauses._callback in gc.callbacks
     assert app.state.metrics.gc_pauses._callback not in gc.callbacks
+
+
+def test_the_heap_built_at_start_is_frozen_while_the_app_serves(db_url, clock):
+    """With ``gc_freeze_s`` the objects alive once the index is warm are out of the
+    collector's walks (the permanent generation) while the app serves, and back when it
+    stops; with 0 nothing is frozen."""
+    import gc
+
+    with make_client(db_url, clock=clock, server={"gc_freeze_s": 600}) as c:
+        assert c.post("/v1/hosts", json=host_body("fz-1"), headers=ADM).status_code in (200, 201)
+        assert gc.get_freeze_count() > 0
+        cache = c.app.state.hosts.cache  # there at the freeze: no generation walks it
+        assert not any(o is cache for g in range(3) for o in gc.get_objects(generation=g))
+    assert gc.get_freeze_count() == 0
+    with make_client(db_url, clock=clock):
+        assert gc.get_freeze_count() == 0
+
+
+def test_a_full_collection_freezes_its_survivors_and_a_refreeze_collects_a_cycle_that_died_frozen() -> None:
+    """Survivors of a full collection are frozen (the next one does not walk them); the
+    cost of that, bounded: a reference cycle frozen while alive and dropped afterwards
+    survives collections until ``refreeze`` (unfreeze, collect, freeze)."""
+    import gc
+    import weakref
+
+    from scheduler.heap import HeapFreeze
+
+    class Node:
+        pass
+    heap = HeapFreeze(600)
+    try:
+        heap.install()
+        a, b = Node(), Node()
+        a.other, b.other = b, a
+        gone = weakref.ref(a)
+        assert any(o is a for o in gc.get_objects(generation=0))  # young, walked
+        gc.collect()
+        assert not any(o is a for g in range(3) for o in gc.get_objects(generation=g))  # frozen
+        del a, b
+        gc.collect()
+        assert gone() is not None  # frozen: no collection walks it
+        heap.refreeze()
+        assert gone() is None
+        assert gc.get_freeze_count() > 0  # the survivors frozen again
+    finally:
+        heap.thaw()
+    assert gc.get_freeze_count() == 0 and heap._after not in gc.callbacks
