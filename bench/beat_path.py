@@ -53,7 +53,7 @@ def main() -> int:
     with tempfile.TemporaryDirectory(prefix="hyb-beat-path-") as d:
         client = scheduler_client(f"sqlite:///{d}/beat.db", TOKENS, clock=time.time,
                                   # the shipped heartbeat path (sched_inproc's test settings write through)
-                                  stats={"heartbeat_flush_s": 1.0}, server={"shed_loop_lag_s": 0.5},
+                                  stats={"heartbeat_flush_s": 1.0}, server={"shed_loop_lag_s": 0.5, "gc_freeze_s": 600},
                                   placement={"heartbeat_min_interval_s": 0})  # every host beats many times a round
         with client:
             body = register_body("x", SHAPES[0], "")
