@@ -15,6 +15,12 @@ was alive at a freeze and dies later is not collected until ``refreeze`` (unfree
 one full collection, freeze the survivors), every ``every_s``. That is one full stop
 in ``every_s`` instead of several a minute. (Instagram's servers freeze before they
 fork, for their copy-on-write pages; here it is for the collector's walks.)
+
+CPython starts a full collection once a quarter more objects have reached the old
+generation than the last one left there, so a fleet that grows is frozen a quarter at
+a time, as it registers. Claims are the other source of churn: they replace index
+entries, and ``HostCache.freeze_churn`` freezes the young survivors every so many
+changes, so no full collection has to walk them.
 """
 
 from __future__ import annotations

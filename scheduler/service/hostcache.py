@@ -77,7 +77,6 @@ class HostCache:
         self._marked: dict[str, float] = {}  # name -> down_since, the hosts marked down
         self._position: int | None = None  # feed position; None = no full pass yet
         self._last_full = self._last_inc = self._last_down = float("-inf")
-        self._frozen_at = 0
         self._churn = 0  # index changes since the last freeze
         self._bg: threading.Thread | None = None  # the background full pass
         # Names of the hosts re-indexed or removed, in order (``mark``/``still_first``):
@@ -103,7 +102,6 @@ class HostCache:
             if full or self._position is None:
                 self._full(store, now=now)
                 self._last_full = self._last_inc = mono
-                self._freeze()
                 return
             if mono - self._last_full >= self.full_refresh_s:
                 self._last_full = mono
@@ -114,7 +112,6 @@ class HostCache:
                 self._last_inc = mono
                 if quiet:
                     self._last_down = mono
-                self._freeze()
         finally:
             self._refreshing.release()
 
@@ -137,27 +134,10 @@ class HostCache:
             name_this_thread("hyb-index-full")
             try:
                 self._full(store, now=now)
-                self._freeze()
             except Exception:  # noqa: BLE001 - the next pass tries again; claims re-check rows
                 log.exception("background index full pass failed")
         self._bg = threading.Thread(target=run, name="index-full-pass", daemon=True)
         self._bg.start()
-
-    def _freeze(self) -> None:
-        """The fleet's resources, the index and the memo tables live long: once the index
-        has grown by a quarter since the last time, collect and move everything alive out
-        of the cyclic GC's reach (``gc.freeze``). Without it every full collection walks
-        them all: 40-230 ms stops of the whole process at 10,000 hosts, several times a
-        minute under load (the bench's p99). Refcounting still frees frozen objects;
-        only cycles among them would never be collected, and the collect before each
-        freeze (a few times while a fleet registers, log-many) keeps that to nothing."""
-        n = len(self.index)
-        if n >= 64 and n >= self._frozen_at * 1.25:
-            gc.collect()
-            gc.freeze()
-            self._frozen_at = n
-            self._churn = 0
-            log.info("index at %d hosts: long-lived objects frozen out of the cyclic GC", n)
 
     def freeze_churn(self) -> None:
         """Called after a claim batch, outside its transaction. Claims replace index
@@ -169,7 +149,9 @@ class HostCache:
         everything alive is frozen (``gc.collect(1)`` + ``gc.freeze()``: a few ms), so
         no collection walks more than what changed since (same run: no collection above
         5 ms but one, p99.9 32 ms). Cyclic garbage that had already reached the old
-        generation is frozen with the rest and never freed: tens of objects per freeze."""
+        generation is frozen with the rest: tens of objects per freeze, collected at the
+        heap's next refreeze (``scheduler/heap.py``, which also freezes what survives each
+        full collection: the fleet's index as it grows)."""
         if self._churn < max(1000, len(self.index) // 10):
             return
         self._churn = 0
