@@ -80,6 +80,13 @@ def vm_hwm_kb(pid: int) -> int:
     return int(line.split()[1])
 
 
+def cpu_s(pid: int) -> float:
+    """The CPU seconds the process (all its threads) has used: what a request cost it,
+    whatever else the machine runs meanwhile."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
 SERVED = """
 [io_service]
 cgroup = "oss.slice"
@@ -116,11 +123,10 @@ def test_d1_plan_carve_with_a_huge_cpu_range_is_refused_fast_in_bounded_memory(t
     try:
         stub = pb_grpc.HostdStub(ch)
         assert stub.PlanCarve(pb.PlanCarveRequest(), timeout=30).policy_digest  # warm: the served policy
-        before = vm_hwm_kb(d.proc.pid)
-        t0 = time.monotonic()
+        before, cpu0 = vm_hwm_kb(d.proc.pid), cpu_s(d.proc.pid)
         e = refused(lambda: stub.PlanCarve(pb.PlanCarveRequest(
             policy_toml=SERVED.replace('cpus = "0"', 'cpus = "0-4294967296"')), timeout=60))
-        took = time.monotonic() - t0
+        took = cpu_s(d.proc.pid) - cpu0
         grew_kb = vm_hwm_kb(d.proc.pid) - before
         invalid(e, "hyb.policy.invalid", "io_service.cpus")
         assert "8192" in e.details()
@@ -141,10 +147,10 @@ def test_d1_plan_carve_with_a_huge_cpu_range_is_refused_fast_in_bounded_memory(t
     ("#" + "x" * (64 * 1024), "larger than 65536 bytes"),
 ], ids=["nested", "long-integer", "dotted-key", "large"])
 def test_d2_a_policy_out_of_bounds_is_policy_invalid(host: DesignerHost, text: str, words: str) -> None:
-    t0 = time.monotonic()
+    t0 = time.process_time()  # hostd serves in this process: its CPU, not the machine's wall clock
     e = refused(lambda: host.stub("oss-2").PlanCarve(pb.PlanCarveRequest(policy_toml=text), timeout=60))
     invalid(e, "hyb.policy.invalid", "policy_toml")
-    assert words in e.details() and time.monotonic() - t0 < 2
+    assert words in e.details() and time.process_time() - t0 < 2
 
 
 # ---------------------------------------------------------------- D3, D4: names that are paths
