@@ -20,6 +20,7 @@ import libvirt
 import pytest
 from tools.dev.hostd_inproc import dev_certs, start_hostd
 from tools.dev.procs import Hostd, write_hostd_config
+from tools.dev.procstat import cpu_s, stat_fields
 from treehost import CONFIGURED, PREFIX, Host, carve, host_tree, refused
 
 from api import hostd_pb2 as pb
@@ -80,11 +81,10 @@ def vm_hwm_kb(pid: int) -> int:
     return int(line.split()[1])
 
 
-def cpu_s(pid: int) -> float:
-    """The CPU seconds the process (all its threads) has used: what a request cost it,
-    whatever else the machine runs meanwhile."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+def proc_cpu_s(pid: int) -> float:
+    fields = stat_fields(f"/proc/{pid}/stat")
+    assert fields is not None, f"hostd (PID {pid}) is gone"
+    return cpu_s(fields)
 
 
 SERVED = """
@@ -123,10 +123,11 @@ def test_d1_plan_carve_with_a_huge_cpu_range_is_refused_fast_in_bounded_memory(t
     try:
         stub = pb_grpc.HostdStub(ch)
         assert stub.PlanCarve(pb.PlanCarveRequest(), timeout=30).policy_digest  # warm: the served policy
-        before, cpu0 = vm_hwm_kb(d.proc.pid), cpu_s(d.proc.pid)
+        # hostd's CPU (all its threads), not the wall clock the machine's other work stretches
+        before, cpu0 = vm_hwm_kb(d.proc.pid), proc_cpu_s(d.proc.pid)
         e = refused(lambda: stub.PlanCarve(pb.PlanCarveRequest(
             policy_toml=SERVED.replace('cpus = "0"', 'cpus = "0-4294967296"')), timeout=60))
-        took = cpu_s(d.proc.pid) - cpu0
+        took = proc_cpu_s(d.proc.pid) - cpu0
         grew_kb = vm_hwm_kb(d.proc.pid) - before
         invalid(e, "hyb.policy.invalid", "io_service.cpus")
         assert "8192" in e.details()
