@@ -46,9 +46,10 @@ class ServerConfig(BaseModel):
     shed_hold_s: float = Field(2.0, gt=0, le=60)
     shed_claim_queue: int = Field(4096, ge=0)
     shed_retry_s: float = Field(1.0, ge=1, le=60)
-    # The heap built at start (the placement index, the pulse's maps) is frozen out of the
-    # cyclic GC's full collections (scheduler/heap.py), and frozen again every gc_freeze_s
-    # after one full collection. 0: never frozen (every full collection walks it all).
+    # What survives a full collection of the cyclic GC (the placement index, the pulse's
+    # maps) is frozen out of the next ones' walks (scheduler/heap.py); every gc_freeze_s
+    # one collection of everything frees the cycles that died frozen. 0: nothing frozen
+    # (every full collection walks it all).
     gc_freeze_s: float = Field(600.0, ge=0)
 
     @field_validator("tls_cert", "tls_key", "tls_client_ca", mode="before")
