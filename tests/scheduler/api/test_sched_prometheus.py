@@ -197,3 +197,15 @@ def test_a_full_collection_freezes_its_survivors_and_a_refreeze_collects_a_cycle
     finally:
         heap.thaw()
     assert gc.get_freeze_count() == 0 and heap._after not in gc.callbacks
+
+
+@pytest.mark.parametrize("value", [-1, 86401, 1e300])
+def test_a_gc_freeze_period_out_of_range_is_refused_naming_the_key(value) -> None:
+    """A period under 0 or over a day (a sleep the event loop cannot schedule) is a
+    configuration error naming ``server.gc_freeze_s``, before anything starts."""
+    from pydantic import ValidationError
+
+    from scheduler.config import Settings
+    with pytest.raises(ValidationError) as e:
+        Settings(server={"gc_freeze_s": value}, db={"url": "sqlite:///:memory:"})
+    assert [err["loc"] for err in e.value.errors()] == [("server", "gc_freeze_s")], e.value.errors()
