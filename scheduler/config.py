@@ -48,8 +48,8 @@ class ServerConfig(BaseModel):
     shed_retry_s: float = Field(1.0, ge=1, le=60)
     # What survives a full collection of the cyclic GC (the placement index, the pulse's
     # maps) is frozen out of the next ones' walks (scheduler/heap.py); every gc_freeze_s
-    # one collection of everything (at most a day apart) frees the cycles that died frozen. 0: nothing frozen
-    # (every full collection walks it all).
+    # one collection of everything (at most a day apart) frees the cycles that died
+    # frozen. 0: nothing frozen (every full collection walks it all).
     gc_freeze_s: float = Field(600.0, ge=0, le=86400)
 
     @field_validator("tls_cert", "tls_key", "tls_client_ca", mode="before")
