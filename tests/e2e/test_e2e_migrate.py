@@ -212,9 +212,9 @@ def test_a_drain_moves_a_running_vm_live_to_the_other_host(
             b_before = claimed(b.inventory())
 
             # -- Once more to B, the link between the hosts cut while it copies: A's hostd
-            # cancels the job at the scheduler's timeout_s and closes the stuck streams; the
-            # scheduler undoes the move, naming why: the VM runs on A (same boot), B holds
-            # nothing, both claims as before the move.
+            # cancels the job at the scheduler's timeout_s and closes the stuck streams (or
+            # libvirt's keepalive ends it first); the scheduler undoes the move, naming why:
+            # the VM runs on A (same boot), B holds nothing, both claims as before the move.
             console_a = a.hold_console()
             assert api.post(f"/v1/vms/{vm_id}/migrate", json={"target_host": "b"}).status_code == 202
             wait(lambda: (m := api.get(f"/v1/vms/{vm_id}").json()["migration"]) and m["phase"] in ("disks", "memory"),
@@ -227,7 +227,14 @@ def test_a_drain_moves_a_running_vm_live_to_the_other_host(
                 pair.mend()
             assert cut["host"] == "a" and cut["status"] == "running", cut
             last = cut["last_migration"]
-            assert (last["to_host"], last["result"]) == ("b", "failed") and "hyb.migration.timeout" in last["reason"], last
+            # Two watchers race for a dead link, and both undo the move: hostd's timeout_s
+            # (cancel, then close the stuck streams), and libvirt's keepalive on the control
+            # connection, which crosses the same link here (qemu+tls; 5 s x 5 in qemu.conf:
+            # ~25-30 s after the cut, which a CI run saw end the job before the 30 s timeout).
+            # The timeout's own path is tested with the control connection intact
+            # (tests/hostd/migrate/test_hostd_migrate.py).
+            assert (last["to_host"], last["result"]) == ("b", "failed"), last
+            assert "hyb.migration.timeout" in last["reason"] or "client socket is closed" in last["reason"], last
             print(f"link cut mid-move: undone after {last['total_s']} s (timeout_s {CUT_TIMEOUT_S})")
             seen = parse_ticks(console_a.read())[-1][1]
             console_a.close()
