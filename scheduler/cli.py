@@ -17,7 +17,7 @@ import hashlib
 import json
 import logging
 import sys
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     from scheduler.config import ServerConfig
@@ -55,13 +55,24 @@ def _serve(args: argparse.Namespace) -> int:
     app = create_app(s, store=store, hostd=hostd, background=bg)
     try:
         uvicorn.run(app, host=args.host or s.server.host, port=args.port or s.server.port,
-                    log_level=s.log_level.lower(), access_log=False,
+                    log_level=s.log_level.lower(), access_log=False, http=_http_protocol(),
                     timeout_graceful_shutdown=s.server.shutdown_grace_s, **tls)
     finally:
         if hostd:
             hostd.close()
         store.dispose()
     return 0
+
+
+def _http_protocol() -> Any:
+    """uvicorn's HTTP protocol for a replica: httptools' with heartbeats answered in it
+    (``api/beat_protocol.py``), else uvicorn's choice, every beat through ASGI."""
+    try:
+        from scheduler.api.beat_protocol import BeatProtocol
+    except ImportError as e:  # no httptools: uvicorn takes h11
+        logging.getLogger(__name__).warning("heartbeats through ASGI (no httptools: %s)", e)
+        return "auto"
+    return BeatProtocol
 
 
 def _tls(srv: ServerConfig) -> dict:  # type: ignore[type-arg]

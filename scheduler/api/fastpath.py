@@ -24,10 +24,14 @@ Registrations (``POST /v1/hosts``) take it too: 100,000 hosts registering at onc
 half of each replica's CPU in the framework's layers (py-spy), with their writes batched.
 
 Heartbeats (``POST /v1/hosts/{name}/heartbeat``) take the same way for the same reason:
-7,000 hosts at 10 s are 700 a second, next to the claims. A heartbeat without the host
-scope, with a body that does not validate or is not JSON, is handed over (401/403/422 and
-the ``auth.denied`` audit come from the application); the service's own answers (the
-heartbeat, 404, 403 ``hyb.host.not_yours``, which the service audits) are rendered here.
+100,000 hosts at 10 s are 10,000 a second. The answer comes from memory
+(``beat_answer``): the beat, 503 while the replica sheds load, 429 too soon. A heartbeat
+without the host scope, with a body that does not validate or is not JSON, or one memory
+cannot answer (a host the index does not know, a caller that may not beat for it, beats
+written through) is handed over: the route answers it from the database, and 401/403/422
+and the audits come from the application. A replica served by ``scheduler serve`` answers
+most beats one level down, in uvicorn's HTTP protocol (``api/beat_protocol.py``), with the
+same two functions; what it hands over arrives here.
 
 A heartbeat is also the first thing the application looks for (``beat_first``), before
 the console's checks and the gate's general ones: one that the gate would admit as it
@@ -118,7 +122,7 @@ async def refuse(app: Any, send: Send, e: SchedulerError, *, route: str) -> None
     await _answer(app, send, e.status, domain_body(e), retry_after_header(e), route=route)
 
 
-def _beat_host(path: str) -> str:
+def beat_host(path: str) -> str:
     """The host a heartbeat path names (one path segment), or ""."""
     if not (path.startswith(BEAT_PREFIX) and path.endswith(BEAT_SUFFIX)):
         return ""
@@ -130,82 +134,106 @@ def beat_name(scope: Scope) -> str:
     """The host a heartbeat request names, or "" when the request is not a heartbeat."""
     if scope["type"] != "http" or scope["method"] != "POST" or scope.get("query_string"):
         return ""
-    return _beat_host(scope["path"])
+    return beat_host(scope["path"])
 
 
-async def beat_first(app: Any, scope: Scope, receive: Receive, send: Send,
-                     name: str) -> tuple[Receive, bool] | None:
-    """A heartbeat for host ``name`` (``beat_name``) ahead of everything else: None when answered here,
-    else (the ``receive`` to go on with, whether ``heartbeat`` is still to be tried after
-    the gate). Taken only when ``gate.admit`` would admit it unchanged, decided by the
-    gate's own rules: not an open path nor one with dot segments, each of Authorization,
-    Content-Length and Content-Type at most once (the gate reads the last of a repeated
-    header, the routes the first), a bearer token the book knows, a Content-Length within
-    ``server.max_body_bytes`` (an admin's: ``max_admin_body_bytes``). Anything else is
-    handed over unread, (receive, True): the gate answers it (401 and its log line, 413,
-    400) or admits it, and ``heartbeat`` is tried after it as before."""
-    path = scope["path"]
-    state = app.state._state  # the app's state as a dict: ``State.__getattr__`` is a call a name
+def admit_beat(state: dict, path: str, headers: Any) -> Principal | None:
+    """The principal of a heartbeat the gate would admit unchanged, decided by the gate's
+    own rules, or None: not an open path nor one with dot segments, each of
+    Authorization, Content-Length and Content-Type at most once (the gate reads the last
+    of a repeated header, the routes the first), a bearer token the book knows, a
+    Content-Length within ``server.max_body_bytes`` (an admin's: ``max_admin_body_bytes``).
+    ``state``: the application's state as a dict; ``headers``: (lower-case name, value)
+    pairs, as ASGI's scope and uvicorn's parser keep them."""
     srv = state["settings"].server
     if gate.has_dot_segment(path) or gate.is_open(path, srv.open_endpoints):
-        return receive, True
+        return None
     head: dict[bytes, bytes] = {}
-    for k, v in scope["headers"]:
+    for k, v in headers:
         if k in _BEAT_WANT:
             if k in head:
-                return receive, True
+                return None
             head[k] = v
     auth, length = head.get(b"authorization"), head.get(b"content-length")
     if auth is None or length is None:
-        return receive, True
+        return None
     try:
         p = principal_for(auth.decode("latin-1"), state["tokens"])
         n = int(length)
     except (SchedulerError, ValueError):
-        return receive, True
-    if n > (srv.max_admin_body_bytes if p.admin else srv.max_body_bytes):
+        return None
+    return p if n <= (srv.max_admin_body_bytes if p.admin else srv.max_body_bytes) else None
+
+
+def beat_answer(state: dict, name: str, p: Principal, ctype: str,
+                body: bytes) -> tuple[int, Any, tuple[tuple[str, str], ...]] | None:
+    """The answer to host ``name``'s heartbeat from ``p``, from memory: (status, JSON
+    content, extra headers). None when the application must answer it: a body that does
+    not validate (422 from the route and the error mapper, 403 for a caller who may not
+    act as a host), or a beat memory cannot answer (``HostService.beat_now``: the route
+    asks the database). A replica shedding load (``service/shed``) answers 503 with
+    Retry-After, the beat still counted from memory when it may be; BeatTooSoon and the
+    service's other refusals are answered as the error mapper renders them."""
+    hosts = state["hosts"]
+    shed = state["shed"].check("beat")
+    if shed is not None:  # its body unread
+        try:
+            if p.admin or "host" in p.scopes or p.host:  # who may beat (``require("host")``)
+                hosts.heartbeat_shed(name, actor=p.name, admin=p.admin, bound_host=p.host)
+        except SchedulerError as e:  # too soon
+            shed = e
+        return shed.status, domain_body(shed), retry_after_header(shed)
+    try:
+        beat = wire.read_heartbeat(p, ctype=ctype, body=body)
+    except (SchedulerError, RequestValidationError):  # 403/413/422, from the route and the error mapper
+        return None
+    try:
+        got = hosts.beat_now(name, actor=p.name, admin=p.admin, bound_host=p.host,
+                             stats=beat.stats if beat else None)
+    except SchedulerError as e:  # too soon
+        return e.status, domain_body(e), retry_after_header(e)
+    except Exception as e:  # noqa: BLE001 - as the error mapper's catch-all
+        status, content = failure(e)
+        return status, content, ()
+    return None if got is None else (200, wire.beat_json(name, *got), ())
+
+
+async def beat_first(app: Any, scope: Scope, receive: Receive, send: Send,
+                     name: str) -> tuple[Receive, bool] | None:
+    """A heartbeat for host ``name`` (``beat_name``) ahead of everything else: None when
+    answered here, else (the ``receive`` to go on with, whether ``heartbeat`` is still to
+    be tried after the gate). Taken only when ``admit_beat`` admits it; anything else is
+    handed over unread, (receive, True): the gate answers it (401 and its log line, 413,
+    400) or admits it, and ``heartbeat`` is tried after it as before. A replica served
+    by ``scheduler serve`` answers most beats before they become ASGI requests at all
+    (``api/beat_protocol.py``); this path serves the rest, and in-process servers."""
+    state = app.state._state  # the app's state as a dict: ``State.__getattr__`` is a call a name
+    p = admit_beat(state, scope["path"], scope["headers"])
+    if p is None:
         return receive, True
     scope.setdefault("state", {})[gate.PRINCIPAL] = p
-    got = await heartbeat(app, scope, receive, send, head=head, name=name)
+    got = await heartbeat(app, scope, receive, send, name=name)
     return None if got is None else (got, False)
 
 
-async def heartbeat(app: Any, scope: Scope, receive: Receive, send: Send,
-                    head: dict[bytes, bytes] | None = None, name: str = "") -> Receive | None:
-    """Answer the heartbeat and return None, or return a ``receive`` that replays the
-    body for the full application. ``head``, ``name``: the request's headers as
-    ``_headers`` reads them and its host, when the caller has them."""
+async def heartbeat(app: Any, scope: Scope, receive: Receive, send: Send, name: str = "") -> Receive | None:
+    """Answer the heartbeat (``beat_answer``) and return None, or return a ``receive``
+    that replays the body for the full application. ``name``: the request's host, when
+    the caller has it."""
     body, cut = await _body(receive)
+    replay = _replay(body, cut, receive)
     if cut:
-        return _replay(body, cut, receive)
-    if head is None:
-        head = _headers(scope)
-    name = name or _beat_host(scope["path"])
-    state = app.state._state
-    shed = state["shed"].check("beat")
-    if shed is not None:  # counted from memory when it may be, its body unread; 503 + Retry-After
-        p = scope.get("state", {}).get("principal")
-        try:
-            if p is not None and (p.admin or "host" in p.scopes or p.host):  # who may beat (``require("host")``)
-                state["hosts"].heartbeat_shed(name, actor=p.name, admin=p.admin, bound_host=p.host)
-        except SchedulerError as e:  # too soon
-            shed = e
-        await _answer(app, send, shed.status, domain_body(shed), retry_after_header(shed), route=BEAT_ROUTE)
-        return None
+        return replay
+    head = _headers(scope)
     try:
         p = _principal(app, scope, head)
-        beat = wire.read_heartbeat(p, ctype=_text(head, b"content-type") or "", body=body)
-    except (SchedulerError, RequestValidationError):  # 401/403/422, from the route and the error mapper
-        return _replay(body, cut, receive)
-    try:
-        out = await wire.beat(state["hosts"], name, p, beat)
-    except SchedulerError as e:
-        await refuse(app, send, e, route=BEAT_ROUTE)
-        return None
-    except Exception as e:  # noqa: BLE001 - as the error mapper's catch-all
-        await _answer(app, send, *failure(e), (), route=BEAT_ROUTE)
-        return None
-    await _answer(app, send, 200, out, (), route=BEAT_ROUTE)
+    except SchedulerError:  # 401, from the route and the error mapper
+        return replay
+    got = beat_answer(app.state._state, name or beat_host(scope["path"]), p, _text(head, b"content-type") or "",
+                      body)
+    if got is None:
+        return replay
+    await _answer(app, send, *got, route=BEAT_ROUTE)
     return None
 
 
@@ -305,10 +333,10 @@ async def _answer(app: Any, send: Send, status: int, content: Any, headers: Any,
         head += ((k.lower().encode("latin-1"), v.encode("latin-1")) for k, v in headers)
     await send({"type": "http.response.start", "status": status, "headers": head})
     await send({"type": "http.response.body", "body": data})
-    _counted(app, route, status).inc()
+    counted(app, route, status).inc()
 
 
-def _counted(app: Any, route: str, status: int) -> Any:
+def counted(app: Any, route: str, status: int) -> Any:
     """The request counter's child for ``POST route status``, looked up once per app
     (``labels()`` takes the metric's lock and builds its key on every call)."""
     kids = app.__dict__.get("_fast_post_counters")

@@ -330,9 +330,9 @@ def test_an_open_beat_path_is_left_to_the_gate(db_url, monkeypatch):
         seen: list[str] = []
         real = fastpath.heartbeat
 
-        async def spy(app, scope, receive, send, head=None, name=""):  # type: ignore[no-untyped-def]
+        async def spy(app, scope, receive, send, name=""):  # type: ignore[no-untyped-def]
             seen.append("first" if name else "after-gate")
-            return await real(app, scope, receive, send, head, name)
+            return await real(app, scope, receive, send, name)
         monkeypatch.setattr(fastpath, "heartbeat", spy)
         got = _asgi(api.app, "/v1/hosts/h1/heartbeat", _h(), [b""])
         assert got[0] == 200 and seen == ["after-gate"], (got, seen)
@@ -341,12 +341,15 @@ def test_an_open_beat_path_is_left_to_the_gate(db_url, monkeypatch):
 
 
 def test_a_good_beat_does_not_pass_the_gates_general_checks(db_url, monkeypatch):
-    """The steady beat is admitted by ``beat_first`` (the gate's own rules) and answered
-    without ``gate.admit``'s pass (the console's check, the settings' lookups, the
-    headers' dict) or the router; anything it hands over still goes through the gate."""
+    """The steady beat (kept in memory, as a replica keeps beats) is admitted by
+    ``beat_first`` (the gate's own rules) and answered without ``gate.admit``'s pass (the
+    console's check, the settings' lookups, the headers' dict) or the router; anything
+    it hands over still goes through the gate."""
     from scheduler.api import gate
-    with make_client(db_url, clock=Clock()) as api:
+    with make_client(db_url, clock=Clock(), stats={"heartbeat_flush_s": 30}) as api:
         assert api.post("/v1/hosts", json=host_body("h1", SHAPES[0]), headers=HOST).status_code == 201
+        hosts = api.app.state.hosts
+        hosts.cache.refresh(hosts.store, now=Clock()())  # as its refresher does
         calls: list[str] = []
         real = gate.admit
 
