@@ -57,6 +57,7 @@ class BeatProtocol(HttpToolsProtocol):
         self._app = config.app
         self._beat: tuple[str, Any, bool] | None = None  # (host, principal, keep-alive) while its body arrives
         self._beat_body = b""
+        self._idle = False
 
     def on_headers_complete(self) -> None:
         taken = self._take()
@@ -89,7 +90,22 @@ class BeatProtocol(HttpToolsProtocol):
             self.access_logger.info('%s - "POST %s HTTP/%s" %d', get_client_addr(self.scope), self.url.decode("ascii"),
                                     self.parser.get_http_version(), got[0])
         fastpath.counted(self._app, fastpath.BEAT_ROUTE, got[0]).inc()
-        self.on_response_complete()
+        self.server_state.total_requests += 1
+        self._idle = True  # the keep-alive timer, once this read's requests are done (data_received)
+
+    def data_received(self, data: bytes) -> None:
+        super().data_received(data)
+        # uvicorn arms its keep-alive timer when a response completes and disarms it when
+        # data arrives; a beat answered in the middle of a read must not arm it while the
+        # requests after it in the same read are still being answered (the timer would
+        # close their connection). So it is armed here, and only on an idle connection.
+        if self._idle:
+            self._idle = False
+            if (self._beat is None and (self.cycle is None or self.cycle.response_complete)
+                    and not self.transport.is_closing()):
+                self._unset_keepalive_if_required()
+                self.timeout_keep_alive_task = self.loop.call_later(self.timeout_keep_alive,
+                                                                    self.timeout_keep_alive_handler)
 
     def connection_lost(self, exc: Exception | None) -> None:
         self._beat, self._beat_body = None, b""

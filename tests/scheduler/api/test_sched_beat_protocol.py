@@ -24,6 +24,9 @@ from scheduler.cli import _http_protocol
 from tools.dev.procs import free_port
 
 
+KEEP_ALIVE_S = 1  # uvicorn's idle keep-alive (5 s by default)
+
+
 @pytest.fixture
 def served(db_url: str) -> Iterator[int]:
     """The scheduler's application under uvicorn with ``BeatProtocol``, beats kept in memory
@@ -32,7 +35,8 @@ def served(db_url: str) -> Iterator[int]:
     client = make_client(db_url, clock=time.time, stats={"heartbeat_flush_s": 30})
     port = free_port()
     server = uvicorn.Server(uvicorn.Config(client.app, host="127.0.0.1", port=port, http=BeatProtocol,
-                                           log_level="warning", access_log=False, lifespan="on"))
+                                           log_level="warning", access_log=False, lifespan="on",
+                                           timeout_keep_alive=KEEP_ALIVE_S))
     t = threading.Thread(target=server.run, name="uvicorn", daemon=True)
     t.start()
     try:
@@ -203,6 +207,30 @@ def test_keep_alive_and_pipelining_answer_every_request_in_order(served, taken):
     cut = data.index(b"\r\n\r\n") + 6
     got = exchange(served, [data[:cut], data[cut:]], pause=0.05)
     assert got[0][0] == 200 and taken == ["h2", "h9", "h1"]
+
+
+def test_a_beat_does_not_start_the_idle_timer_under_the_requests_after_it(served, monkeypatch):
+    """A beat answered in the middle of a read, the request after it in the same read
+    answered by the application more slowly than the keep-alive timeout: the connection
+    stays open until that answer is sent (uvicorn's idle timer, armed by the beat's
+    answer, would close it under the request still being answered), and the idle timer
+    still closes the connection once it is idle."""
+    import asyncio
+    real = fastpath.beat_first
+
+    async def slow(app, scope, receive, send, name):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(KEEP_ALIVE_S + 0.5)
+        return await real(app, scope, receive, send, name)
+    monkeypatch.setattr(fastpath, "beat_first", slow)
+    got = exchange(served, beat() + beat("h9"), 2)
+    assert [s for s, _, _ in got] == [200, 404]
+    with socket.create_connection(("127.0.0.1", served), timeout=10) as s:
+        s.sendall(beat())
+        t0 = time.monotonic()
+        data = b""
+        while chunk := s.recv(65536):  # the answer, then the server's close once idle
+            data += chunk
+        assert data.startswith(b"HTTP/1.1 200") and KEEP_ALIVE_S * 0.9 < time.monotonic() - t0 < KEEP_ALIVE_S + 5
 
 
 def test_http_1_0_and_connection_close_end_the_connection(served):
