@@ -74,9 +74,10 @@ def test_unknown_isa_and_code_are_named_not_fatal() -> None:
 def test_script_shape() -> None:
     s = script("msr", 2.5, pid=42)
     assert "tracepoint:kvm:kvm_msr" in s and "kvm_pio" not in s
-    assert "interval:ms:2500 { exit(); }" in s
+    assert "interval:ms:100 { if (nsecs - @kvmu_t0 >= 2500000000) { exit(); } }" in s
     assert "if (pid != 42) { return; }" in s
     assert "kvm_msr" not in script("latency", None) and "interval" not in script("latency", None)
+    assert "clear(@kvmu_t0);" in script("latency", None)   # bpftrace would print it at exit
     # no access probe writes @akind in `latency`: reading it there is a bpftrace compile error
     assert "@akind" not in script("latency", None) and "@akind" in script("io", None)
 

@@ -33,12 +33,13 @@ def _plan(view: str, vendor: str, kernel: tuple[int, int], kind: str = "kprobe",
 
 def test_handling_program_vmx_kprobe_exact() -> None:
     text = program(_plan("handling", "vmx", (6, 1)), 2.5, pids=[42])
-    assert text.startswith('BEGIN { printf("kvm-utils-ready\\n"); }\n'
+    assert text.startswith('BEGIN { @kvmu_t0 = nsecs; printf("kvm-utils-ready\\n"); }\n'
                            "tracepoint:kvm:kvm_exit { @reason[tid] = args->exit_reason; @isa[tid] = args->isa; }\n"
                            "kprobe:vmx_handle_exit { if (pid != 42) { return; } @hs[tid] = nsecs; }\n"
                            "kretprobe:vmx_handle_exit /@hs[tid] && @isa[tid]/ {\n")
     assert "@e_ll[$i, $r, $k] = count(); @t_n[tid] = count(); @x[tid, $i, $r] = count();" in text
-    assert text.endswith("interval:ms:2500 { exit(); }\nEND { clear(@hs); clear(@reason); clear(@isa); }\n")
+    assert text.endswith("interval:ms:100 { if (nsecs - @kvmu_t0 >= 2500000000) { exit(); } }\n"
+                         "END { clear(@hs); clear(@reason); clear(@isa); clear(@kvmu_t0); }\n")
 
 
 @pytest.mark.parametrize("vendor,symbol", [("vmx", "vmx_handle_exit"), ("svm", "svm_handle_exit"),
@@ -81,7 +82,7 @@ def test_fentry_spelling_per_bpftrace_version(bt, entry, ret, arg) -> None:
 
 def test_wakeups_kprobe_exact_vmx_6_1() -> None:
     assert program(_plan("wakeups", "vmx", (6, 1)), None, pids=[7]) == (
-        'BEGIN { printf("kvm-utils-ready\\n"); }\n'
+        'BEGIN { @kvmu_t0 = nsecs; printf("kvm-utils-ready\\n"); }\n'
         "kprobe:kvm_vcpu_halt { if (pid != 7) { return; } $v = arg0; @hstart[$v] = nsecs; @vtid[$v] = tid; "
         "@vof[tid] = $v; @halted[tid] = nsecs; }\n"
         "kretprobe:kvm_vcpu_halt /@vof[tid]/ { if (@halted[tid]) { @unslept[tid] = count(); } "
@@ -92,7 +93,7 @@ def test_wakeups_kprobe_exact_vmx_6_1() -> None:
         "  if (@hstart[$v] == 0) { @wake_running[tid, @vtid[$v]] = count(); }\n}\n"
         "kprobe:kvm_vcpu_kick { $v = arg0; if (@vtid[$v] == 0) { return; } @kick[tid, @vtid[$v]] = count(); }\n"
         "kprobe:pi_wakeup_handler { @pi_wake[cpu] = count(); }\n"
-        "END { clear(@hstart); clear(@vtid); clear(@vof); clear(@halted); }\n")
+        "END { clear(@hstart); clear(@vtid); clear(@vof); clear(@halted); clear(@kvmu_t0); }\n")
 
 
 def test_wakeups_do_not_depend_on_kvm_vcpu_wake_up_firing() -> None:
@@ -138,7 +139,7 @@ def test_missing_primary_symbol_fails_naming_it_and_the_loss() -> None:
 def test_wakeups_without_a_halt_probe_counts_wakers_only() -> None:
     text = program(_plan("wakeups", "vmx", (6, 1), drop=frozenset({"kvm_vcpu_halt"})), None)
     assert "kprobe:kvm_vcpu_wake_up { @wake_by[tid] = count(); }" in text and "@hstart" not in text
-    assert "END" not in text      # no scratch maps to clear
+    assert text.endswith("END { clear(@kvmu_t0); }\n")      # no scratch maps to clear
 
 
 def test_timers_and_halts_programs() -> None:

@@ -17,7 +17,7 @@ from tools.kvm_utils.arch import Vendor
 from tools.kvm_utils.diagnose.evidence import Evidence, from_bpf_maps, from_events
 from tools.kvm_utils.diagnose.rules import Diagnosis
 from tools.kvm_utils.errors import KvmUtilsError
-from tools.kvm_utils.sources import bpf, recordfile
+from tools.kvm_utils.sources import bpf, bpfwindow, recordfile
 from tools.kvm_utils.sources.bpftrace_output import int_maps
 from tools.kvm_utils.sources.tracetext import detect_vendor, parse_lines, vcpu_of_task
 from tools.kvm_utils.stopping import block_in_this_thread
@@ -25,8 +25,7 @@ from tools.kvm_utils.stopping import block_in_this_thread
 
 #: in-kernel aggregation keyed by (pid, tid, ...): one map update per event, nothing per
 #: event in userspace. @ept[tid]: 1 = an EPT violation / NPF exit is open, 2 = it did MMIO.
-SCRIPT = """
-BEGIN { @t0 = nsecs; printf("kvm-utils-ready\\n"); }
+SCRIPT = bpfwindow.begin("kvm-utils-ready") + """
 tracepoint:kvm:kvm_exit {
   @x[pid, tid, (uint64)args->isa, (uint64)args->exit_reason] = count();
   if ((args->isa == 1 && args->exit_reason == 48) || (args->isa == 2 && args->exit_reason == 0x400)) {
@@ -45,15 +44,13 @@ tracepoint:kvm:kvm_userspace_exit { @u[pid, tid, (uint64)args->reason] = count()
 tracepoint:kvm:kvm_vcpu_wakeup { @w[pid, tid] = count(); }
 """
 # the window ends when the interval fires (or, on Ctrl-C, at END: detaching takes a while)
-_STAMP = 'printf("kvm-utils-elapsed-ns %lld\\n", nsecs - @t0);'
-_END = "END { " + _STAMP + " clear(@t0); clear(@ept); }\n"
+_STAMP = f'printf("kvm-utils-elapsed-ns %lld\\n", nsecs - {bpfwindow.T0});'
+_END = "END { " + _STAMP + f" {bpfwindow.CLEAR} clear(@ept); }}\n"
 _ELAPSED = re.compile(r"kvm-utils-elapsed-ns (\d+)")
 
 
 def bpf_script(duration: float | None) -> str:
-    stop = "" if duration is None else (f"interval:ms:{max(1, int(duration * 1000))} {{ "
-                                        f"{_STAMP} exit(); }}\n")
-    return SCRIPT + stop + _END
+    return SCRIPT + "".join(p + "\n" for p in bpfwindow.stop(duration, _STAMP)) + _END
 
 
 # ------------------------------------------------------------------------ from a file

@@ -23,6 +23,7 @@ from collections.abc import Iterable
 from tools.kvm_utils.aggregate import AccessRow, Bucket, ReasonRow, Stats, Summary, VcpuRow, log2_bucket, pct
 from tools.kvm_utils.arch import ISA_TO_VENDOR, exit_reason_name
 from tools.kvm_utils.errors import KvmUtilsError, NotAvailable
+from tools.kvm_utils.sources import bpfwindow
 from tools.kvm_utils.sources.bpftrace_output import Output, int_maps, parse
 from tools.kvm_utils.stopping import STOP_SIGNALS, block_in_this_thread
 
@@ -72,7 +73,7 @@ _ACCESS = {
            "@akind[tid] = 3; @akey[tid] = args->gpa; @adir[tid] = (uint64)1; }}"],
 }
 
-_END = "END { clear(@start); clear(@reason); clear(@isa);%s }"
+_END = "END { clear(@start); clear(@reason); clear(@isa); " + bpfwindow.CLEAR + "%s }"
 _END_ACCESS = " clear(@akind); clear(@akey); clear(@adir);"
 
 
@@ -81,11 +82,10 @@ def script(mode: str, duration: float | None, pid: int | None = None) -> str:
     guard = f"if (pid != {int(pid)}) {{ return; }} " if pid else ""
     # BEGIN fires once every probe is attached: the "ready" line means counting has started
     access = _ACCESS.get(mode, [])
-    parts = ['BEGIN { printf("kvm-utils-ready\\n"); }',
+    parts = [bpfwindow.begin("kvm-utils-ready"),
              _EXIT.format(pid=guard, bucket=_BUCKET, pairing=_PAIRING if access else "")]
     parts += [p.format(pid=guard) for p in access]
-    if duration is not None:
-        parts.append(f"interval:ms:{max(1, int(duration * 1000))} {{ exit(); }}")
+    parts += bpfwindow.stop(duration)
     parts.append(_END % (_END_ACCESS if access else ""))
     return "\n".join(parts) + "\n"
 

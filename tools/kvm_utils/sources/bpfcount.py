@@ -23,6 +23,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from tools.kvm_utils.arch import ISA_TO_VENDOR, exit_reason_name, userspace_exit_name
+from tools.kvm_utils.sources import bpfwindow
 from tools.kvm_utils.sources.bpftrace_output import int_maps, parse
 
 #: the printf line that ends one interval's map records
@@ -36,15 +37,15 @@ def count_script(events: Iterable[str], interval_s: float, pids: Iterable[int] =
     `pids`: only these VM processes (empty: every thread)."""
     pids = sorted(set(int(p) for p in pids))
     guard = ("if (" + " && ".join(f"pid != {p}" for p in pids) + ") { return; } ") if pids else ""
-    parts = ['BEGIN { printf("kvm-utils-ready\\n"); }',
+    parts = [bpfwindow.begin("kvm-utils-ready"),
              f"tracepoint:kvm:kvm_exit {{ {guard}@x[tid, args->isa, args->exit_reason] = count(); }}",
              # errno < 0: KVM_RUN failed (EINTR...), the reason field is stale: not an exit
              f"tracepoint:kvm:kvm_userspace_exit /args->errno >= 0/ {{ {guard}@u[tid, args->reason] = count(); }}"]
     parts += [f"tracepoint:kvm:{e} {{ {guard}@ev[tid, {i}] = count(); }}" for i, e in enumerate(events)]
     ms = max(1, int(interval_s * 1000))
     parts.append(f'interval:ms:{ms} {{ print(@x); print(@u); print(@ev); printf("{TICK}\\n"); }}')
-    if duration is not None:
-        parts.append(f"interval:ms:{max(1, int(duration * 1000))} {{ exit(); }}")
+    parts += bpfwindow.stop(duration)
+    parts.append(f"END {{ {bpfwindow.CLEAR} }}")
     return "\n".join(parts) + "\n"
 
 

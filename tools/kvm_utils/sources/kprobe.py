@@ -38,6 +38,7 @@ from tools.kvm_utils import kprobe_table
 from tools.kvm_utils.errors import NotAvailable
 # The same log-linear bucket code as the tracepoint latency engine: its ll_stats turns the
 # buckets into percentiles, so both engines report percentiles the same way.
+from tools.kvm_utils.sources import bpfwindow
 from tools.kvm_utils.sources.bpf import _BUCKET
 from tools.kvm_utils.sources.bpftrace_output import Output, int_maps
 
@@ -242,12 +243,9 @@ def program(plan: Plan, duration: float | None, pids: Iterable[int] = ()) -> str
     """The bpftrace program of `plan` (pids: only these VM processes' vCPU threads; wake-ups
     and kicks then only of vCPUs seen halting in them; host-CPU probes are never filtered)."""
     pids = tuple(sorted(set(int(p) for p in pids)))
-    parts = [f'BEGIN {{ printf("{READY}\\n"); }}', *_BUILD[plan.view](plan, pids)]
-    if duration is not None:
-        parts.append(f"interval:ms:{max(1, int(duration * 1000))} {{ exit(); }}")
+    parts = [bpfwindow.begin(READY), *_BUILD[plan.view](plan, pids), *bpfwindow.stop(duration)]
     scratch = [m for m in _SCRATCH[plan.view] if plan.view != "wakeups" or "halt duration" in plan.symbols]
-    if scratch:
-        parts.append("END { " + " ".join(f"clear(@{m});" for m in scratch) + " }")
+    parts.append("END { " + " ".join([*(f"clear(@{m});" for m in scratch), bpfwindow.CLEAR]) + " }")
     return "\n".join(parts) + "\n"
 
 
