@@ -103,20 +103,22 @@ class Pulse:
         return recorded if got is None or got < recorded else got
 
     def seen_all(self, recorded: dict[str, float]) -> dict[str, float]:
-        """``seen`` of many hosts (name -> its recorded ``last_heartbeat``) under one lock:
-        a liveness pass over the fleet from memory."""
-        out: dict[str, float] = {}
+        """``seen`` of many hosts (name -> its recorded ``last_heartbeat``): a liveness pass
+        over the fleet from memory. The maps are copied under the lock and walked outside
+        it: the lock is every beat's (``beat_held``), and a walk of 100,000 hosts under it
+        (~40 ms) was the beats' p99."""
         with self.lock:
-            own, ids, peers = self._own, self._ids, self._peers
-            for name, rec in recorded.items():
-                t = own.get(name)
-                best = rec if t is None or t < rec else t
-                i = ids.get(name)
-                if i is not None:
-                    p = peers.get(i)
-                    if p is not None and p > best:
-                        best = p
-                out[name] = best
+            own, ids, peers = dict(self._own), self._ids, dict(self._peers)  # ids: replaced, never changed
+        out: dict[str, float] = {}
+        for name, rec in recorded.items():
+            t = own.get(name)
+            best = rec if t is None or t < rec else t
+            i = ids.get(name)
+            if i is not None:
+                p = peers.get(i)
+                if p is not None and p > best:
+                    best = p
+            out[name] = best
         return out
 
     def forget(self, name: str) -> None:
