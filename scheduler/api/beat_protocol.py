@@ -47,6 +47,10 @@ from uvicorn.protocols.utils import get_client_addr
 from scheduler.api import fastpath
 from scheduler.api.errors import failure
 
+
+_PREFIX = fastpath.BEAT_PREFIX.encode()
+
+
 class BeatProtocol(HttpToolsProtocol):
     """uvicorn's httptools protocol, heartbeats answered in it (module docstring).
     ``config.app`` must be the scheduler's application (its state holds the token book,
@@ -119,7 +123,7 @@ class BeatProtocol(HttpToolsProtocol):
                 or (self.cycle is not None and not self.cycle.response_complete)):
             return None
         url = self.url
-        if not url.startswith(b"/v1/hosts/") or b"?" in url or b"%" in url or b"#" in url:
+        if not url.startswith(_PREFIX) or b"?" in url or b"%" in url or b"#" in url:
             return None
         try:
             path = url.decode("ascii")

@@ -188,14 +188,13 @@ def beat_answer(state: dict, name: str, p: Principal, ctype: str,
     except (SchedulerError, RequestValidationError):  # 403/413/422, from the route and the error mapper
         return None
     try:
-        got = hosts.beat_now(name, actor=p.name, admin=p.admin, bound_host=p.host,
-                             stats=beat.stats if beat else None)
+        got = wire.beat_from_memory(hosts, name, p, beat)
     except SchedulerError as e:  # too soon
         return e.status, domain_body(e), retry_after_header(e)
     except Exception as e:  # noqa: BLE001 - as the error mapper's catch-all
         status, content = failure(e)
         return status, content, ()
-    return None if got is None else (200, wire.beat_json(name, *got), ())
+    return None if got is None else (200, got, ())
 
 
 async def beat_first(app: Any, scope: Scope, receive: Receive, send: Send,

@@ -130,13 +130,19 @@ async def beat(hosts: Any, name: str, p: Principal, beat: HeartbeatIn | None) ->
     path), else through the database on the thread pool (``heartbeat``: 404, refusals
     and their audit). The route renders it through its ``response_model``, the fast path
     as it is: a test keeps the two equal."""
-    stats = beat.stats if beat else None
-    got = hosts.beat_now(name, actor=p.name, admin=p.admin, bound_host=p.host, stats=stats)
+    got = beat_from_memory(hosts, name, p, beat)
     if got is not None:
-        return beat_json(name, *got)
+        return got
     out = await run_in_threadpool(hosts.heartbeat, name, actor=p.name, admin=p.admin, bound_host=p.host,
-                                  stats=stats)
+                                  stats=beat.stats if beat else None)
     return out.model_dump(mode="json")
+
+
+def beat_from_memory(hosts: Any, name: str, p: Principal, beat: HeartbeatIn | None) -> dict | None:
+    """``beat``'s answer from memory (``HostService.beat_now``), or None when the database
+    must answer it."""
+    got = hosts.beat_now(name, actor=p.name, admin=p.admin, bound_host=p.host, stats=beat.stats if beat else None)
+    return None if got is None else beat_json(name, *got)
 
 
 def beat_json(name: str, state: str, generation: int, last_heartbeat: float) -> dict:

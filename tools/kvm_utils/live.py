@@ -24,7 +24,7 @@ from tools.kvm_utils import procs
 from tools.kvm_utils.arch import SVM_EXIT_REASONS, USERSPACE_EXIT_REASONS, VMX_EXIT_REASONS, Vendor
 from tools.kvm_utils.errors import NotAvailable
 from tools.kvm_utils.record import host_vendor
-from tools.kvm_utils.sources import perf
+from tools.kvm_utils.sources import bpfwindow, perf
 from tools.kvm_utils.sources.tracefs import available_kvm_events, tracefs_mounted, tracepoint_id
 from tools.kvm_utils.stopping import block_in_this_thread, deferred
 
@@ -178,7 +178,7 @@ class BpfCounters:
             with self._lock:
                 self._pending.update(counts)
         for line in self._proc.stdout:
-            if "kvm-utils-ready" in line:
+            if bpfwindow.READY in line:
                 self._ready.set()
             rec = bpfcount.parse_record(line)
             if rec == "tick":

@@ -25,7 +25,7 @@ from tools.kvm_utils.stopping import block_in_this_thread
 
 #: in-kernel aggregation keyed by (pid, tid, ...): one map update per event, nothing per
 #: event in userspace. @ept[tid]: 1 = an EPT violation / NPF exit is open, 2 = it did MMIO.
-SCRIPT = bpfwindow.begin("kvm-utils-ready") + """
+SCRIPT = bpfwindow.begin() + """
 tracepoint:kvm:kvm_exit {
   @x[pid, tid, (uint64)args->isa, (uint64)args->exit_reason] = count();
   if ((args->isa == 1 && args->exit_reason == 48) || (args->isa == 2 && args->exit_reason == 0x400)) {

@@ -82,7 +82,7 @@ def script(mode: str, duration: float | None, pid: int | None = None) -> str:
     guard = f"if (pid != {int(pid)}) {{ return; }} " if pid else ""
     # BEGIN fires once every probe is attached: the "ready" line means counting has started
     access = _ACCESS.get(mode, [])
-    parts = [bpfwindow.begin("kvm-utils-ready"),
+    parts = [bpfwindow.begin(),
              _EXIT.format(pid=guard, bucket=_BUCKET, pairing=_PAIRING if access else "")]
     parts += [p.format(pid=guard) for p in access]
     parts += bpfwindow.stop(duration)
@@ -214,7 +214,7 @@ def run_script(program: str, ready_message: str, bpftrace: str = "bpftrace", *,
     try:
         try:
             for line in proc.stdout:
-                if t_ready is None and "kvm-utils-ready" in line:
+                if t_ready is None and bpfwindow.READY in line:
                     t_ready = time.monotonic()
                     print(ready_message, file=sys.stderr, flush=True)
                     continue

@@ -37,7 +37,7 @@ def count_script(events: Iterable[str], interval_s: float, pids: Iterable[int] =
     `pids`: only these VM processes (empty: every thread)."""
     pids = sorted(set(int(p) for p in pids))
     guard = ("if (" + " && ".join(f"pid != {p}" for p in pids) + ") { return; } ") if pids else ""
-    parts = [bpfwindow.begin("kvm-utils-ready"),
+    parts = [bpfwindow.begin(),
              f"tracepoint:kvm:kvm_exit {{ {guard}@x[tid, args->isa, args->exit_reason] = count(); }}",
              # errno < 0: KVM_RUN failed (EINTR...), the reason field is stale: not an exit
              f"tracepoint:kvm:kvm_userspace_exit /args->errno >= 0/ {{ {guard}@u[tid, args->reason] = count(); }}"]

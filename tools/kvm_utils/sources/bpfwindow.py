@@ -11,14 +11,15 @@ tick itself is slowed.
 from __future__ import annotations
 
 TICK_MS = 100
+READY = "kvm-utils-ready"  # the line every program prints once counting has started
 T0 = "@kvmu_t0"  # the program's start, set in its BEGIN
 CLEAR = f"clear({T0});"  # for END: bpftrace prints every map left at exit
 
 
-def begin(ready: str, more: str = "") -> str:
+def begin() -> str:
     """The program's BEGIN (which fires once every probe is attached): its start time,
-    ``more`` statements, then the ``ready`` line callers wait for."""
-    return f'BEGIN {{ {T0} = nsecs; {more}printf("{ready}\\n"); }}'
+    then the ``READY`` line callers wait for."""
+    return f'BEGIN {{ {T0} = nsecs; printf("{READY}\\n"); }}'
 
 
 def stop(duration: float | None, before_exit: str = "") -> list[str]:

@@ -42,7 +42,6 @@ from tools.kvm_utils.sources import bpfwindow
 from tools.kvm_utils.sources.bpf import _BUCKET
 from tools.kvm_utils.sources.bpftrace_output import Output, int_maps
 
-READY = "kvm-utils-ready"
 VIEWS = ("handling", "wakeups", "timers", "halts")
 #: the label of exits whose reason no tracepoint gave (kvm_exit silent, e.g. PVM)
 NO_REASON = "ALL (no kvm_exit: reason unknown)"
@@ -243,7 +242,7 @@ def program(plan: Plan, duration: float | None, pids: Iterable[int] = ()) -> str
     """The bpftrace program of `plan` (pids: only these VM processes' vCPU threads; wake-ups
     and kicks then only of vCPUs seen halting in them; host-CPU probes are never filtered)."""
     pids = tuple(sorted(set(int(p) for p in pids)))
-    parts = [bpfwindow.begin(READY), *_BUILD[plan.view](plan, pids), *bpfwindow.stop(duration)]
+    parts = [bpfwindow.begin(), *_BUILD[plan.view](plan, pids), *bpfwindow.stop(duration)]
     scratch = [m for m in _SCRATCH[plan.view] if plan.view != "wakeups" or "halt duration" in plan.symbols]
     parts.append("END { " + " ".join([*(f"clear(@{m});" for m in scratch), bpfwindow.CLEAR]) + " }")
     return "\n".join(parts) + "\n"
