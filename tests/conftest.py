@@ -10,6 +10,7 @@ import fcntl
 import os
 import signal
 import subprocess
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -113,7 +114,17 @@ class _GroupsApplied:
 _CPU: dict[str, object] = {}  # "cpu": this worker's WorkerCpu, while the timeline is on
 
 
+def _interrupted(signum: int, _frame: object) -> None:
+    raise KeyboardInterrupt(f"signal {signal.Signals(signum).name}")
+
+
 def pytest_configure(config: pytest.Config) -> None:
+    # A run stopped by SIGTERM (timeout(1) signals the controller and its workers, a CI
+    # limit, an operator's kill) ends as Ctrl-C would: the fixtures' teardowns run and
+    # stop what they started. Python's default for SIGTERM is to die on the spot, and a
+    # killed run left the PostgreSQL group's server running for two hours.
+    if threading.current_thread() is threading.main_thread():  # xdist's workers run tests there too
+        signal.signal(signal.SIGTERM, _interrupted)
     config.pluginmanager.register(_GroupsApplied(), "hyb-groups-applied")
     controller = not hasattr(config, "workerinput") and getattr(config.option, "numprocesses", None)
     if os.environ.get("HYB_TEST_TIMELINE") and not controller:  # a worker, or a run without xdist
@@ -258,7 +269,8 @@ def pytest_sessionstart(session: pytest.Session) -> None:
 
 def pytest_sessionfinish(session: pytest.Session) -> None:
     """The warmer has normally finished long before the tests; one still building (a run of
-    a few tests) is given a minute, then stopped with its process group. A worker leaves
+    a few tests) is given a minute (an interrupted run: none), then stopped with its
+    process group. A worker leaves
     its CPU-accounting cgroup (the timeline's)."""
     if (cpu := _CPU.pop("cpu", None)) is not None:
         cpu.close()  # type: ignore[attr-defined]
@@ -266,7 +278,7 @@ def pytest_sessionfinish(session: pytest.Session) -> None:
     if not isinstance(proc, subprocess.Popen):
         return
     try:
-        proc.wait(60)
+        proc.wait(0 if session.exitstatus == pytest.ExitCode.INTERRUPTED else 60)
     except subprocess.TimeoutExpired:
         os.killpg(proc.pid, signal.SIGTERM)
         try:

@@ -435,8 +435,12 @@ def postgres(settings: dict[str, str]) -> Iterator[tuple[str, int, int]]:
         # while a machine test had grown the pool, the suite's server held 154 of them
         # for minutes, and a later test found the pool not free after its guest left.
         opts = [x for k, v in {"huge_pages": "off", **settings}.items() for x in ("-c", f"{k}={v}")]
+        # and stopped (SIGINT: a fast shutdown) when the thread that started it dies
+        # without reaching the stop below (a process SIGKILLed, an interpreter ended by a
+        # signal): its parent-death signal, set by util-linux's setpriv, kept across exec
+        orphan = [setpriv, "--pdeathsig", "INT", "--"] if (setpriv := shutil.which("setpriv")) else []
         with open(base / "pg.log", "wb") as log:  # the child keeps its own descriptor
-            proc = subprocess.Popen([str(PG_BIN / "postgres"), "-D", str(base / "data"), "-p", str(port),
+            proc = subprocess.Popen([*orphan, str(PG_BIN / "postgres"), "-D", str(base / "data"), "-p", str(port),
                                      "-h", "127.0.0.1", "-k", str(base), *opts],
                                     stdout=log, stderr=subprocess.STDOUT, cwd=base,
                                     start_new_session=True, **as_user)
