@@ -14,12 +14,12 @@ from pathlib import Path
 
 import httpx
 import pytest
-from sqlalchemy import inspect
+from sqlalchemy import inspect, text
 
 from tools.dev.host_shapes import Shape
 from tools.dev.procs import Scheduler, free_port
 from sched_helpers import ADM, HOST, TA, host_body, token_config, vm_body
-from scheduler.db.engine import Store
+from scheduler.db.engine import Checkpointer, Store
 from scheduler.db.migrate import current, downgrade, upgrade
 from scheduler.db.models import LIVE, Host, Vm
 from scheduler.resources import Allocation, Usage
@@ -341,3 +341,50 @@ def test_example_config_documents_every_key(monkeypatch):
     s = load_settings(path)
     assert s.db.url == "sqlite:////tmp/x.db" and s.placement.default_policy == "pack"
     assert [t.scopes for t in s.auth.tokens] == [["admin"], ["tenant:web"], ["host"]]
+
+
+def test_sqlite_checkpoints_beside_the_writers_not_in_a_commit(tmp_path):
+    """A commit that takes SQLite's WAL past 1,000 pages does not checkpoint (the default
+    would, inside that commit and so under the writer lock every replica queues on: an
+    fsync of the database file, up to 2.5 s on this machine's shared disk); the store's
+    checkpointer thread copies the WAL back soon after the writes, and a store that was
+    never written to runs none. A checkpoint is seen in the database file: the pages a
+    commit adds live in the WAL until one copies them there."""
+    db = tmp_path / "s.db"
+    store = Store.from_url(f"sqlite:///{db}")
+    try:
+        upgrade(store.engine)
+        assert store.checkpointer is not None
+        with store.engine.connect() as c:
+            assert c.exec_driver_sql("PRAGMA wal_autocheckpoint").scalar() == 0
+        store.checkpointer.close()
+        store.checkpointer = Checkpointer(str(db), every_s=3600)  # the commit below, alone
+        size = db.stat().st_size
+        with store.write() as s:  # ~2,000 pages of 4 KiB in one commit
+            s.execute(text("INSERT INTO audit (at, principal, action, target, detail) "
+                           "VALUES (:at, 'test', 'fill', :t, :d)"),
+                      [{"at": i, "t": f"t{i}", "d": '"' + "x" * 3000 + '"'} for i in range(2000)])
+        assert db.stat().st_size == size  # in the WAL only: the commit did not checkpoint
+        assert Path(f"{db}-wal").stat().st_size > 1000 * 4096
+
+        reader = Store.from_url(f"sqlite:///{db}")
+        try:
+            with reader.read() as s:
+                assert s.execute(text("SELECT count(*) FROM audit")).scalar() >= 2000
+            assert reader.checkpointer is not None and reader.checkpointer._thread is None  # read only: none
+        finally:
+            reader.dispose()
+
+        store.checkpointer.close()
+        store.checkpointer = ckpt = Checkpointer(str(db), every_s=0.2)
+        with store.write() as s:
+            s.execute(text("INSERT INTO audit (at, principal, action, target, detail) "
+                           "VALUES (1, 'test', 'one', 't', '{}')"))
+        deadline = time.monotonic() + 20
+        while db.stat().st_size < size + 1500 * 4096:
+            assert time.monotonic() < deadline, (size, db.stat().st_size, ckpt.runs)
+            time.sleep(0.1)
+        assert ckpt.runs >= 1
+    finally:
+        store.dispose()
+    assert ckpt._thread is not None and not ckpt._thread.is_alive()  # stopped with the store
