@@ -61,6 +61,15 @@ def test_short_pulse_prints_the_numbers_as_json(tmp_path: Path) -> None:
     assert 0 <= got["gc_us_per_beat"] < got["cpu_us_per_beat"] and got["gc_pauses_over_25ms"] >= 0, got
     assert 0 <= got["idle_cpu_ms_per_s"] < 100 and 0 <= got["floor_idle_cpu_ms_per_s"] < 100, got
     assert got["db_writes_from"] == "scheduler metrics", got
+    # placements alone, beside the beats and beside the floor's beats, in windows taken in
+    # turn (2 of each, 2 s), each kind pooled: all placed at about the offered 80/s, each
+    # timed inside the replica too, window by window
+    assert got["placement_windows"] == "2 of each kind (alone, beside the beats, beside the floor's), 2 s each", got
+    for kind in ("", "_with_beats", "_beats_to_floor"):
+        assert 60 <= got[f"placed_per_s{kind}"] <= 90 and got[f"claim_p99_ms{kind}"] > 0, (kind, got)
+        assert got[f"refused_for_capacity{kind}"] == 0, (kind, got)
+    assert [len(w) for w in got["claim_p99_ms_by_window"].values()] == [2, 2, 2], got
+    assert got["placement_p99_ratio_vs_floor"] > 0 and got["cpu_budget"]["alone"]["replicas"] > 0, got
     assert got["marked_down"] == got["silent_hosts"] == 5 and got["false_downs"] == 0, got
     assert 7 <= got["mark_down_s_p50"] <= got["mark_down_s_p99"] < 7 + 2 + 4, got  # timeout, lag, checks
     assert 0 < got["history_bytes_per_host_day"] < 256
