@@ -719,24 +719,18 @@ def run_phases(label: str, url: str, sqlite_path: Path | None, a: argparse.Names
         # the same requests' claim p99 window by window, each kind in its windows' order
         out["claim_p99_ms_by_window"] = {"alone": alone.by_window, "with_beats": beside.by_window,
                                          "beats_to_floor": floored.by_window}
-        # the scheduler's own share: beside its beats against beside the floor's
-        out["placement_p99_ratio_vs_floor"] = \
-            round(out["placement_p99_ms_with_beats"] / out["placement_p99_ms_beats_to_floor"], 2) \
-            if out["placement_p99_ms_beats_to_floor"] and out["placement_p99_ms_with_beats"] else None
-        out["claim_p99_ratio_vs_floor"] = round(out["claim_p99_ms_with_beats"] / out["claim_p99_ms_beats_to_floor"], 2) \
-            if out["claim_p99_ms_beats_to_floor"] and out["claim_p99_ms_with_beats"] else None
-        out["placement_p99_ratio_floor"] = \
-            round(out["placement_p99_ms_beats_to_floor"] / out["placement_p99_ms"], 2) \
-            if out["placement_p99_ms"] and out["placement_p99_ms_beats_to_floor"] else None
-        out["placed_ratio_with_beats"] = round(out["placed_per_s_with_beats"] / out["placed_per_s"], 3) \
-            if out["placed_per_s"] else None
-        out["placement_p99_ratio"] = round(out["placement_p99_ms_with_beats"] / out["placement_p99_ms"], 2) \
-            if out["placement_p99_ms"] and out["placement_p99_ms_with_beats"] else None
-        out["claim_p99_ratio"] = round(out["claim_p99_ms_with_beats"] / out["claim_p99_ms"], 2) \
-            if out["claim_p99_ms"] and out["claim_p99_ms_with_beats"] else None
-        out["placement_p99_ratio_from_send"] = \
-            round(out["placement_p99_ms_from_send_with_beats"] / out["placement_p99_ms_from_send"], 2) \
-            if out["placement_p99_ms_from_send"] and out["placement_p99_ms_from_send_with_beats"] else None
+        for key, num, den, digits in (
+                ("placed_ratio_with_beats", "placed_per_s_with_beats", "placed_per_s", 3),
+                ("placement_p99_ratio", "placement_p99_ms_with_beats", "placement_p99_ms", 2),  # the bar's
+                ("claim_p99_ratio", "claim_p99_ms_with_beats", "claim_p99_ms", 2),
+                ("placement_p99_ratio_from_send", "placement_p99_ms_from_send_with_beats",
+                 "placement_p99_ms_from_send", 2),
+                # the control: the floor's beats against none, and the scheduler's own share,
+                # beside its beats against beside the floor's
+                ("placement_p99_ratio_floor", "placement_p99_ms_beats_to_floor", "placement_p99_ms", 2),
+                ("placement_p99_ratio_vs_floor", "placement_p99_ms_with_beats", "placement_p99_ms_beats_to_floor", 2),
+                ("claim_p99_ratio_vs_floor", "claim_p99_ms_with_beats", "claim_p99_ms_beats_to_floor", 2)):
+            out[key] = round(out[num] / out[den], digits) if out[num] and out[den] else None
         out["beats_answered_with_placements"] = sum(b.ok for b in beaten)
         out["beats_sent_with_placements"] = sum(b.sent for b in beaten)
         p99s = [b.p99_s for b in beaten if b.p99_s is not None]

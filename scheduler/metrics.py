@@ -53,6 +53,10 @@ class Metrics:
                                        registry=r, buckets=(.001, .0025, .005, .01, .02, .05, .1, .25, 1))
         self.claim_batch = Histogram("hyb_sched_claim_batch_size", "Requests claimed per write transaction",
                                      registry=r, buckets=(1, 2, 4, 8, 16, 32, 64))
+        self.sqlite_checkpoint = Histogram("hyb_sched_sqlite_checkpoint_seconds",
+                                           "SQLite WAL checkpoints that copied pages, run beside the writers "
+                                           "(their fsync included): a slow disk shows here",
+                                           registry=r, buckets=(.001, .01, .05, .1, .25, .5, 1, 2.5, 10))
         self.register_batch = Histogram("hyb_sched_register_batch_size",
                                         "Host registrations written per write transaction",
                                         registry=r, buckets=(1, 2, 4, 8, 16, 32, 64))

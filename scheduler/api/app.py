@@ -104,6 +104,8 @@ def create_app(settings: Settings, *, store: Store | None = None, hostd: Hostd |
                   description="Placement of pinned, hugepage-backed KVM VMs on storage hosts "
                               "(NUMA-aware fit, claims with host generations, dispatch to hostd).")
     metrics = Metrics()
+    if store.checkpointer is not None:
+        store.checkpointer.observe = metrics.sqlite_checkpoint.observe
     # Beats answered from memory (a flush period) share the fleet's liveness through one
     # row per replica and period (scheduler/service/pulse.py); written through, the rows are it.
     pulse = Pulse(replica=f"{socket.gethostname()[:40]}-{os.getpid()}-{secrets.token_hex(4)}",

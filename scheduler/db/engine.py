@@ -10,7 +10,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from pathlib import Path
 from typing import Any
@@ -134,6 +134,7 @@ class Checkpointer:
         self._start = threading.Lock()
         self.runs = 0  # checkpoints that copied pages, and the longest of them (seconds)
         self.longest_s = 0.0
+        self.observe: Callable[[float], None] | None = None  # each one's seconds (the replica's metrics)
 
     def wake(self) -> None:
         """Starts the thread on the first write (a read-only user of the store has none)."""
@@ -147,9 +148,10 @@ class Checkpointer:
         import sqlite3  # noqa: PLC0415
 
         try:
-            conn = sqlite3.connect(f"file:{self._path}?mode=rw", uri=True, timeout=0, isolation_level=None,
-                                   check_same_thread=False)
-        except sqlite3.Error as e:  # the file went (a test's directory): nothing to copy into
+            # mode=rw: a database file that went is not made again, empty
+            conn = sqlite3.connect(Path(self._path).resolve().as_uri() + "?mode=rw", uri=True, timeout=0,
+                                   isolation_level=None, check_same_thread=False)
+        except sqlite3.Error as e:
             log.warning("sqlite checkpoints stopped: %s", e)
             return
         try:
@@ -164,8 +166,11 @@ class Checkpointer:
                     log.warning("sqlite checkpoints stopped: %s", e)
                     return
                 if copied > 0 and copied != copied_before:
+                    took = time.monotonic() - t
                     self.runs += 1
-                    self.longest_s = max(self.longest_s, time.monotonic() - t)
+                    self.longest_s = max(self.longest_s, took)
+                    if self.observe is not None:
+                        self.observe(took)
                 copied_before = copied if frames > 0 else 0
         finally:
             conn.close()

@@ -377,6 +377,8 @@ def test_sqlite_checkpoints_beside_the_writers_not_in_a_commit(tmp_path):
 
         store.checkpointer.close()
         store.checkpointer = ckpt = Checkpointer(str(db), every_s=0.2)
+        timed: list[float] = []
+        ckpt.observe = timed.append  # the replica's hyb_sched_sqlite_checkpoint_seconds
         with store.write() as s:
             s.execute(text("INSERT INTO audit (at, principal, action, target, detail) "
                            "VALUES (1, 'test', 'one', 't', '{}')"))
@@ -384,7 +386,7 @@ def test_sqlite_checkpoints_beside_the_writers_not_in_a_commit(tmp_path):
         while db.stat().st_size < size + 1500 * 4096:
             assert time.monotonic() < deadline, (size, db.stat().st_size, ckpt.runs)
             time.sleep(0.1)
-        assert ckpt.runs >= 1
+        assert ckpt.runs >= 1 and len(timed) == ckpt.runs and all(0 <= t < 20 for t in timed)
     finally:
         store.dispose()
     assert ckpt._thread is not None and not ckpt._thread.is_alive()  # stopped with the store
