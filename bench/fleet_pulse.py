@@ -167,16 +167,20 @@ def auth(token: str, **extra: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}", **extra}
 
 
+CLAIM_LOCK = {"lock": "store"}  # --claim-lock: placement.claim_lock for PostgreSQL's replicas
+
+
 def config(tmp: Path, url: str, *, timeout_s: float, write_s: float, check_s: float, period_s: float,
            register_batch: int = 64, interval_s: float = 10.0, grace_s: float | None = None) -> Path:
     """``grace_s``: the replicas' liveness grace after the beats begin (default: the timeout)."""
+    lock = f'claim_lock = "{CLAIM_LOCK["lock"]}"\n' if url.startswith("postgresql") else ""
     toks = "".join(f'[[auth.tokens]]\nname = "{k}"\nsha256 = "{hashlib.sha256(k.encode()).hexdigest()}"\n'
                    f'scopes = {json.dumps(v)}\n' for k, v in TOKENS.items())
     cfg = tmp / "pulse.toml"
     cfg.write_text(f'log_level = "WARNING"\n[server]\nplaintext = true\n[db]\nurl = "{url}"\npool_size = 24\n'
                    f'upgrade_on_start = true\n[dispatch]\nenabled = false\n[reconcile]\ninterval_s = 0\n'
                    f'[placement]\nheartbeat_timeout_s = {timeout_s}\nheartbeat_write_s = {write_s}\n'
-                   f'heartbeat_period_s = {period_s}\nregister_batch = {register_batch}\n'
+                   f'heartbeat_period_s = {period_s}\nregister_batch = {register_batch}\n{lock}'
                    f'[liveness]\ncheck_s = {check_s}\ngrace_s = {grace_s or timeout_s}\nbeat_interval_s = {interval_s}\n{toks}')
     return cfg
 
@@ -640,6 +644,8 @@ def run_phases(label: str, url: str, sqlite_path: Path | None, a: argparse.Names
     beat_rate = a.hosts / a.interval_s
     db = Db(url, sqlite_path)
     out: dict = {"store": label, "hosts": a.hosts, "beat_interval_s": a.interval_s}
+    if label == "pg":
+        out["claim_lock"] = CLAIM_LOCK["lock"]
     # Phases 1-3 and 5: liveness out of play (a timeout no pause reaches), as bench/placement.py
     reps = Replicas(config(tmp, url, timeout_s=1e6, write_s=a.write_s, check_s=0, period_s=a.period_s), tmp, 2)
     try:
@@ -1371,6 +1377,8 @@ def main() -> int:
     p.add_argument("--hosts", type=int, default=100000)
     p.add_argument("--rate", type=float, default=1000.0, help="placements offered per second")
     p.add_argument("--seconds", type=float, default=20.0, help="length of each measured phase")
+    p.add_argument("--claim-lock", choices=("store", "rows"), default="store",
+                   help="PostgreSQL: the replicas' placement.claim_lock (one claim batch at a time, or row locks)")
     p.add_argument("--split", action="store_true", help="phase 3: beats to one replica, placements to the other")
     p.add_argument("--rounds", type=int, default=None, help="phase 3's windows of each kind, taking turns "
                                                             "(default 4; --short 2)")
@@ -1413,6 +1421,7 @@ def main() -> int:
     a.hog_s = a.hog_s if a.hog_s is not None else (8.0 if a.short else 30.0)
     a.idle_s = a.idle_s if a.idle_s is not None else (2.0 if a.short else 5.0)
     a.rounds = max(1, a.rounds if a.rounds is not None else (2 if a.short else 4))
+    CLAIM_LOCK["lock"] = a.claim_lock
     a.outage_s = a.outage_s if a.outage_s is not None else (3 * a.timeout_s if a.short else 300.0)
     a.cases = [c.strip() for c in a.only.split(",") if c.strip()]
     if any(c not in ("overload", "outage", "registrations", "beats", "markdown") for c in a.cases):
