@@ -167,10 +167,10 @@ class Checkpointer:
                     return
                 if copied > 0 and copied != copied_before:
                     took = time.monotonic() - t
-                    self.runs += 1
-                    self.longest_s = max(self.longest_s, took)
                     if self.observe is not None:
                         self.observe(took)
+                    self.longest_s = max(self.longest_s, took)
+                    self.runs += 1
                 copied_before = copied if frames > 0 else 0
         finally:
             conn.close()
