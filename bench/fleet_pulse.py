@@ -688,18 +688,18 @@ def run_phases(label: str, url: str, sqlite_path: Path | None, a: argparse.Names
         try:
             for i in range(len(beat_to)):
                 floor.start(i)
-            kinds = [(alone, None), (beside, beat_to), (floored, floor.bases)]
+            kinds = [("alone", alone, None), ("beats", beside, beat_to), ("floor", floored, floor.bases)]
             for k in range(a.rounds):
-                for into, beats_to in (kinds if k % 2 == 0 else kinds[::-1]):
+                for kind, into, beats_to in (kinds if k % 2 == 0 else kinds[::-1]):
                     items = next(windows)
-                    prefix = f"p3-{k}-{id(into) % 1000}"
+                    prefix = f"p3-{k}-{kind}"  # idempotency keys of this window alone
 
                     def placements(items=items, into=into, prefix=prefix):  # type: ignore[no-untyped-def]
                         return run_open(a.rate, PLACE_CONNS, place_to, items, placer(prefix, placed_ids, into.claims))
                     m0, c0, g0, t0 = machine(), cpu(reps.pids), time.process_time(), time.monotonic()
                     if beats_to is not None:
                         got, placed = send_beats(a, beats_to, names, stream.take(win_n), win_n, beat_rate, tmp,
-                                                 f"both-{k}", beside=placements)
+                                                 f"{kind}-{k}", beside=placements)
                         if into is beside:
                             beaten.append(got)
                         # wrk's own; the python generator's is this process's, counted below

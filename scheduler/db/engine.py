@@ -132,8 +132,7 @@ class Checkpointer:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._start = threading.Lock()
-        self.runs = 0  # checkpoints that copied pages, and the longest of them (seconds)
-        self.longest_s = 0.0
+        self.runs = 0  # checkpoints that copied pages
         self.observe: Callable[[float], None] | None = None  # each one's seconds (the replica's metrics)
 
     def wake(self) -> None:
@@ -166,10 +165,8 @@ class Checkpointer:
                     log.warning("sqlite checkpoints stopped: %s", e)
                     return
                 if copied > 0 and copied != copied_before:
-                    took = time.monotonic() - t
                     if self.observe is not None:
-                        self.observe(took)
-                    self.longest_s = max(self.longest_s, took)
+                        self.observe(time.monotonic() - t)
                     self.runs += 1
                 copied_before = copied if frames > 0 else 0
         finally:
