@@ -767,7 +767,8 @@ def run_phases(label: str, url: str, sqlite_path: Path | None, a: argparse.Names
         out["history_bytes_per_host_day"] = round(size / n, 1) if n and size else None
     finally:
         reps.stop()
-    out.update(mark_down(url, names, a, tmp, db))
+    if not a.no_markdown:
+        out.update(mark_down(url, names, a, tmp, db))
     return out
 
 
@@ -1391,6 +1392,9 @@ def main() -> int:
     p.add_argument("--only", default="", help="comma list of cases to run instead of the phases 1-5: "
                                               "overload, outage, registrations, beats (phase 2 alone), "
                                               "markdown (phase 5 alone)")
+    p.add_argument("--no-markdown", action="store_true",
+                   help="phases 1-4 without phase 5: the mark-down times liveness and wants the machine to "
+                        "itself, so the suite runs it apart (--only markdown) and the rest beside other tests")
     p.add_argument("--idle-s", type=float, default=None, help="the replicas' idle phase before the beats "
                                                               "(default 5; --short 2)")
     p.add_argument("--registrations", action="store_true",
