@@ -314,7 +314,7 @@ def test_fit_1000_hosts_is_fast_enough():
         a = fit_host(h, VmWant(rnd.randint(1, 12), 2))
         hosts.append(HostView(h.res, h.usage.plus(a)))
     import time
-    t = time.perf_counter()
+    t = time.process_time()  # this process's CPU: the wall clock is the machine's other work's too
     for _ in range(20):
         fit_vm(hosts, VmWant(4, 8192), limit=3)
-    assert (time.perf_counter() - t) / 20 < 0.05
+    assert (time.process_time() - t) / 20 < 0.05

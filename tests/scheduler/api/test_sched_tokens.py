@@ -77,14 +77,13 @@ def test_create_rotate_revoke_expire(replicas) -> None:
 
     r = cli(cfg, "revoke", old_id)
     assert r.returncode == 0 and r.stdout.strip() == f"revoked {old_id}"
-    t0 = time.monotonic()
-    while status(b, old) == 200:
-        assert time.monotonic() - t0 < REFRESH_S + 2, "the revocation did not reach the other replica"
-        time.sleep(0.05)
-    took = time.monotonic() - t0
+    # b looks at the book again on its first request past refresh_s: that request is
+    # refused, however long the machine's other work makes it (a loop bounded by the wall
+    # clock counted that work too)
+    time.sleep(REFRESH_S)
+    assert status(b, old) == 401, "the revocation did not reach the other replica"
     assert status(a, old) == 401 and status(b, new) == 200 and status(a, new) == 200
     assert f"{old_id}  ops" in cli(cfg, "list").stdout and "revoked" in cli(cfg, "list").stdout
-    print(f"revocation effective on the other replica after {took:.2f} s")
 
     _, short = create(cfg, "--name", "ci", "--scope", "tenant:a", "--ttl", "2s")
     assert status(a, short) == 200
