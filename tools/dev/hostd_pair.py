@@ -66,6 +66,7 @@ class HostdSide:
         env = {k: v for k, v in os.environ.items() if not k.startswith("HOSTD_")}
         self.hostd = Hostd(tmp / "hostd.toml", env, tmp / "hostd.log")
         self.channels: list[grpc.Channel] = []
+        self.held: list[TextIO] = []  # hold_console's files, closed by stop() if a test did not
 
     def start(self, **env: str) -> "HostdSide":
         """``env``: more environment (HOSTD_TEST_FAULTS, HOSTD_CRASH_AT)."""
@@ -80,6 +81,8 @@ class HostdSide:
     def stop(self) -> None:
         for ch in self.channels:
             ch.close()
+        for f in self.held:  # a test that failed before it closed them: not left to the GC of a later test
+            f.close()
         self.hostd.stop()
         shutil.rmtree(self.state, ignore_errors=True)
 
@@ -94,7 +97,9 @@ class HostdSide:
     def hold_console(self) -> "TextIO":
         """The console log open: hostd removes the file with the VM's directory when the VM
         leaves (a migration's source), and what QEMU wrote until then stays readable here."""
-        return open(self.console, errors="replace")
+        f = open(self.console, errors="replace")  # noqa: SIM115 - closed by the test, else by stop()
+        self.held.append(f)
+        return f
 
     def wait_ticks(self, *, after: int, timeout: float) -> list[tuple[str, int]]:
         deadline = time.monotonic() + timeout
