@@ -20,7 +20,7 @@ import grpc
 import pytest
 from tools.dev.fleetsim import SimFleet
 from tools.dev.procs import REPO, Hostd, free_port, write_hostd_config
-from tools.dev.procstat import wait_hugepages_free
+from tools.dev.procstat import wait_hugepages_free, wait_no_child_cgroups
 from rollout_cli import rollout
 
 from api import hostd_pb2 as pb
@@ -100,6 +100,11 @@ def test_this_host_is_converted_with_the_fleet_and_rolled_back_exactly(sched, tm
     # the carve sets the pool; it cannot shrink under pages an earlier test's exiting
     # guest still holds (the kernel then accepts fewer pages than asked)
     assert not wait_hugepages_free(), "2 MiB pages still in use 30 s after the earlier tests"
+    # nor under the VMs' cpuset an earlier test's guest, its QEMU still exiting: the carve
+    # cannot shrink machine/'s CPUs under it (a CI run: EBUSY after 5 retries)
+    if (CPUSET / "machine").is_dir():
+        left = wait_no_child_cgroups(CPUSET / "machine")
+        assert not left, f"guests' cgroups still under {CPUSET / 'machine'} 30 s after the earlier tests: {left}"
     pool_before = POOL.read_text()
     cpus_before = _allowed(standin.pid)
     try:

@@ -70,6 +70,41 @@ def hugepages_in_use() -> int:
     return n["HugePages_Total"] - n["HugePages_Free"] + n["HugePages_Rsvd"]
 
 
+def remove_guest_cgroups(domain: str, timeout_s: float = 30.0) -> list[str]:
+    """The cgroups libvirt made for ``domain`` (cgroup v1: ``machine/qemu-N-<domain>.libvirt-qemu``
+    under each controller), removed once empty, deepest first. libvirt removes them as
+    the guest's QEMU exits, but not always after a libvirtd restart: a CI run's destroy
+    of a reattached guest left them, and the next test's carve could not shrink
+    machine/'s CPUs under them (EBUSY). Waits up to ``timeout_s`` for a group to empty (a
+    QEMU still exiting); returns the groups left then."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        left = []
+        for g in Path("/sys/fs/cgroup").glob(f"*/machine/qemu-*-{domain}.libvirt-qemu"):
+            subs = sorted((p for p in g.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
+            for d in [*subs, g]:
+                try:
+                    d.rmdir()
+                except FileNotFoundError:  # libvirt's own cleanup, or a controller's second name
+                    pass
+                except OSError:
+                    left.append(str(d))
+        if not left or time.monotonic() > deadline:
+            return left
+        time.sleep(0.2)
+
+
+def wait_no_child_cgroups(group: Path, timeout_s: float = 30.0) -> list[str]:
+    """Wait until ``group`` (a cgroup directory: libvirt's ``machine`` cpuset) has no
+    child groups: libvirt removes a guest's group only once its QEMU has exited, seconds
+    after a destroy under load, and until then a carve cannot shrink the parent's CPUs
+    (EBUSY). Returns the children still there then."""
+    deadline = time.monotonic() + timeout_s
+    while (left := sorted(p.name for p in group.iterdir() if p.is_dir())) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return left
+
+
 def wait_hugepages_free(timeout_s: float = 30.0) -> int:
     """Wait until no 2 MiB page is in use (a destroyed guest's QEMU gives its pages back
     only as it exits, seconds later under load); returns what is still in use then."""

@@ -23,7 +23,7 @@ import libvirt
 import pytest
 from tools.dev import caches
 from tools.dev.procs import Hostd, grpc_stub, hostd_workdir, write_hostd_config
-from tools.dev.procstat import wait_hugepages_free
+from tools.dev.procstat import remove_guest_cgroups, wait_hugepages_free
 
 from api import hostd_pb2 as pb
 from api import hostd_pb2_grpc as pb_grpc
@@ -55,6 +55,10 @@ def hostd_env(tmp_path: Path, libvirtd: str, smoke_guest, hugepages_2m, loop_dis
         h.stop()
         _destroy_leftovers()  # a failed test must not leave a domain the next hostd adopts
         shutil.rmtree(state, ignore_errors=True)
+        # nor the cgroups libvirt may leave for it after a libvirtd restart (a later carve
+        # cannot shrink machine/'s CPUs under them)
+        left = remove_guest_cgroups("hyb-test-serve")
+        assert not left, f"the guest's cgroups still in use 30 s after its domain went: {left}"
 
 
 def stub_for(h: Hostd, certs: Path) -> tuple[pb_grpc.HostdStub, grpc.Channel]:
@@ -261,7 +265,8 @@ def test_libvirt_events_and_libvirtd_restart(hostd_env, libvirtd_state):
         virsh("destroy", "hyb-test-serve")
         deadline = time.monotonic() + 15
         while stub.GetVM(pb.GetVMRequest(vm_id=vm.vm_id), timeout=10).state != pb.VM_STATE_STOPPED:
-            assert time.monotonic() < deadline, "no lifecycle event after the reconnect"
+            assert time.monotonic() < deadline, \
+                f"no lifecycle event after the reconnect; hostd's log ends:\n{h.log.read_text()[-4000:]}"
             time.sleep(0.2)
         stub.DeleteVM(pb.DeleteVMRequest(vm_id=vm.vm_id), timeout=60)
         assert domains() == []
