@@ -595,27 +595,31 @@ class VmManager:
         return f"adopted domain {dom.name} ({md.vm_id}) from its metadata"
 
     def on_domain_event(self, vm_id: str, state: str, reason: str) -> None:
-        """A libvirt lifecycle event for one of our domains (from the event loop).
-        Rows mid-create, mid-delete or mid-migration, and VMs being stopped, belong to
-        the call in progress and are left alone."""
-        rec = self.ledger.get(vm_id=vm_id)
-        if rec is None or rec.state in CALL_OWNED or rec.state == state or vm_id in self._busy:
-            return
-        # Each event is handled on a thread of its own (libvirt_host._call), so a STARTED
-        # can be handled after the STOPPED that followed it: the event says that the
-        # domain changed, the domain says what it is now. One that disagrees is stale.
-        try:
-            active = self.libvirt.active(vm_id)
-        except DomainError as e:
-            log.warning("domain event vm=%s %s: cannot read the domain (%s); reconcile decides", vm_id, state, e)
-            return
-        if active is None or active != (state == VmState.RUNNING):
-            log.info("domain event vm=%s %s (%s): stale, the domain is %s now", vm_id, state, reason,
-                     "gone" if active is None else "running" if active else "shut off")
-            return
-        self.ledger.set_state(vm_id, state, reason)
-        log.info("domain event vm=%s %s -> %s (%s)", vm_id, rec.state, state, reason)
-        self.emit(vm_id, state, reason)
+        """A libvirt lifecycle event for one of our domains (on a listener thread of its
+        own). Rows mid-create, mid-delete or mid-migration, and VMs being stopped, belong
+        to the call in progress and are left alone. Handled under the manager's lock: a
+        reconcile (a reconnect's, on a thread of its own) lists the domains and then
+        writes the ledger from that list, and an event written in between was undone by
+        it; after the reconcile, the event reads the domain as it is."""
+        with self._lock:
+            rec = self.ledger.get(vm_id=vm_id)
+            if rec is None or rec.state in CALL_OWNED or rec.state == state or vm_id in self._busy:
+                return
+            # Each event is handled on a thread of its own (libvirt_host._call), so a STARTED
+            # can be handled after the STOPPED that followed it: the event says that the
+            # domain changed, the domain says what it is now. One that disagrees is stale.
+            try:
+                active = self.libvirt.active(vm_id)
+            except DomainError as e:
+                log.warning("domain event vm=%s %s: cannot read the domain (%s); reconcile decides", vm_id, state, e)
+                return
+            if active is None or active != (state == VmState.RUNNING):
+                log.info("domain event vm=%s %s (%s): stale, the domain is %s now", vm_id, state, reason,
+                         "gone" if active is None else "running" if active else "shut off")
+                return
+            self.ledger.set_state(vm_id, state, reason)
+            log.info("domain event vm=%s %s -> %s (%s)", vm_id, rec.state, state, reason)
+            self.emit(vm_id, state, reason)
 
     # ------------------------------------------------------------ inventory
 

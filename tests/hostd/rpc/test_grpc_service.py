@@ -177,3 +177,31 @@ def test_a_late_lifecycle_event_does_not_undo_the_domains_state(api):
     m.on_domain_event(vm.vm_id, "running", "libvirt event 2/0")
     assert m.ledger.get(vm_id=vm.vm_id).state == "running"
     stub.DeleteVM(pb.DeleteVMRequest(vm_id=vm.vm_id), timeout=10)
+
+
+def test_a_reconcile_does_not_undo_an_event_handled_during_it(api):
+    """The reconnect's reconcile runs on a thread of its own, beside the events: it lists
+    the domains, then reads the ledger. An event handled between the two (the guest
+    destroyed at that moment) was overwritten with the list's older state, and hostd
+    showed a dead guest running until something reconciled again. An event waits for a
+    reconcile in progress (the manager's lock), then reads the domain as it is. Fails
+    when the event is written meanwhile: the ledger ends "running"."""
+    stub, _, m = api
+    vm = stub.CreateVM(req(), timeout=10)
+    owned, handled = m.libvirt.owned, threading.Event()
+
+    def listed_then_destroyed():  # type: ignore[no-untyped-def]
+        got = owned()  # the domain running, as the reconcile saw it
+        m.libvirt.conn().lookupByUUIDString(vm.vm_id).destroy()  # behind hostd's back
+        threading.Thread(target=lambda: (m.on_domain_event(vm.vm_id, "stopped", "libvirt event 5/1"),
+                                         handled.set()), daemon=True).start()
+        handled.wait(1)  # written now, if the event does not wait for the reconcile
+        return got
+    m.libvirt.owned = listed_then_destroyed
+    try:
+        m.reconcile()
+    finally:
+        del m.libvirt.owned
+    assert handled.wait(10), "the event was never handled"
+    assert m.ledger.get(vm_id=vm.vm_id).state == "stopped"
+    assert stub.GetVM(pb.GetVMRequest(vm_id=vm.vm_id), timeout=10).state == pb.VM_STATE_STOPPED
