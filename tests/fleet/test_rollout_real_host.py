@@ -84,6 +84,15 @@ def test_this_host_is_converted_with_the_fleet_and_rolled_back_exactly(sched, tm
     (tmp_path / "policy.toml").write_text(POLICY)
     (tmp_path / "spec.toml").write_text(SPEC)
     (tmp_path / "host.token").write_text(sched["host_token"])
+    # Checked before anything starts (a refusal here leaves nothing running): the carve
+    # sets the pool; it cannot shrink under pages an earlier test's exiting
+    # guest still holds (the kernel then accepts fewer pages than asked)
+    assert not wait_hugepages_free(), "2 MiB pages still in use 30 s after the earlier tests"
+    # nor under the VMs' cpuset an earlier test's guest, its QEMU still exiting: the carve
+    # cannot shrink machine/'s CPUs under it (a CI run: EBUSY after 5 retries)
+    if (CPUSET / "machine").is_dir():
+        left = wait_no_child_cgroups(CPUSET / "machine")
+        assert not left, f"guests' cgroups still under {CPUSET / 'machine'} 30 s after the earlier tests: {left}"
     standin = subprocess.Popen([sys.executable, "-m", "tools.dev.io_service_standin", "--dir", str(tmp_path),
                                 "--tag", f"ossd-standin-{os.getpid()}"], cwd=REPO)
     port = free_port()
@@ -97,14 +106,6 @@ def test_this_host_is_converted_with_the_fleet_and_rolled_back_exactly(sched, tm
     hostd = Hostd(cfg, env, tmp_path / "hostd.log")
     fleet = SimFleet(w / "sim-real", 2, 2, scheduler_url=s.url, host_token=sched["host_token"],
                      admin_token=sched["admin"], certs=certs, prefix="simr")
-    # the carve sets the pool; it cannot shrink under pages an earlier test's exiting
-    # guest still holds (the kernel then accepts fewer pages than asked)
-    assert not wait_hugepages_free(), "2 MiB pages still in use 30 s after the earlier tests"
-    # nor under the VMs' cpuset an earlier test's guest, its QEMU still exiting: the carve
-    # cannot shrink machine/'s CPUs under it (a CI run: EBUSY after 5 retries)
-    if (CPUSET / "machine").is_dir():
-        left = wait_no_child_cgroups(CPUSET / "machine")
-        assert not left, f"guests' cgroups still under {CPUSET / 'machine'} 30 s after the earlier tests: {left}"
     pool_before = POOL.read_text()
     cpus_before = _allowed(standin.pid)
     try:
