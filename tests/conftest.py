@@ -370,18 +370,9 @@ def libvirtd_state(libvirtd: str) -> Path:
 
 
 def _destroy_test_domains() -> None:
-    import libvirt
+    from tools.dev.domains import remove_domains_at
 
-    conn = libvirt.open("qemu:///system")
-    try:
-        for dom in conn.listAllDomains():
-            if dom.name().startswith("hyb-test-"):
-                if dom.isActive():
-                    dom.destroy()
-                if dom.isPersistent():
-                    dom.undefine()
-    finally:
-        conn.close()
+    remove_domains_at("qemu:///system", "hyb-test-")
 
 
 @pytest.fixture

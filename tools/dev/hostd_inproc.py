@@ -39,6 +39,7 @@ from hostd.apply.vms import VmManager
 from hostd.domain.metadata import NS, VmMetadata
 from hostd.rpc.callers import CallerCheck
 from hostd.rpc.servicer import HostdService
+from tools.dev.domains import remove_domains
 
 REPO = Path(__file__).resolve().parents[2]
 LAYOUT = Layout(
@@ -168,11 +169,7 @@ class InprocHostd:
     def stop(self, domain_prefix: str) -> None:
         """Stop serving; remove the test driver's domains whose name has the prefix."""
         self.server.stop(0).wait()
-        for dom in self.libvirt.conn().listAllDomains():
-            if dom.name().startswith(domain_prefix):
-                if dom.isActive():
-                    dom.destroy()
-                dom.undefine()
+        remove_domains(self.libvirt.conn(), domain_prefix)
         self.manager.ledger.close()
         _PRIVATE.pop(self.libvirt.uri, None)
         self.libvirt.close()

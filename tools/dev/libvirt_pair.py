@@ -40,6 +40,8 @@ import xml.etree.ElementTree as ET
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from tools.dev.domains import remove_domains
+
 log = logging.getLogger(__name__)
 
 REPO = Path(__file__).resolve().parents[2]
@@ -301,15 +303,7 @@ def _remove_domains(h: Host) -> None:
     libvirt.registerErrorHandler(lambda *_: None, None)  # errors are raised; do not also print them
     conn = libvirt.open(h.uri)
     try:
-        for dom in conn.listAllDomains():
-            if dom.isActive():
-                try:
-                    dom.abortJob()  # a migration still running holds the domain
-                except libvirt.libvirtError:
-                    pass
-                dom.destroy()
-            if dom.isPersistent():
-                dom.undefineFlags(libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
+        remove_domains(conn, abort_jobs=True, undefine_flags=libvirt.VIR_DOMAIN_UNDEFINE_NVRAM)
     finally:
         conn.close()
 

@@ -11,6 +11,7 @@ import pytest
 from hostd.apply.libvirt_host import LibvirtHost
 from hostd.carve.vmspec import IoTune
 from hostd.errors import DomainError, LibvirtUnavailable
+from tools.dev.domains import remove_domains
 
 NS = "https://hybrid-kvm.example/xmlns/test/1"
 
@@ -29,11 +30,7 @@ def _xml(name: str, owned: bool) -> str:
 def host():
     h = LibvirtHost("test:///default", NS)
     yield h
-    for d in h.conn().listAllDomains():
-        if d.name().startswith("rt-"):
-            if d.isActive():
-                d.destroy()
-            d.undefine()
+    remove_domains(h.conn(), "rt-")
     h.close()
 
 

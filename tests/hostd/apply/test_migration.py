@@ -21,6 +21,7 @@ from hostd.carve.vmspec import DiskSpec, IoTune, VmSpec
 from hostd.domain.metadata import NS, VmMetadata
 from hostd.errors import (Conflict, MigrationArrived, MigrationFailed, MigrationInProgress, MigrationNoDisk,
                           MigrationNotRunning, NotArrived, NotIncoming, PostcopyUnsupported, SpecInvalid)
+from tools.dev.domains import remove_domains
 
 SIZE = 256 * 2**20
 LAYOUT = Layout(
@@ -55,11 +56,7 @@ def env(tmp_path: Path):
         made.append(m)
         return m
     yield manager, lv
-    for d in lv.conn().listAllDomains():
-        if d.name().startswith(PREFIX):
-            if d.isActive():
-                d.destroy()
-            d.undefine()
+    remove_domains(lv.conn(), PREFIX)
     for m in made:
         m.ledger.close()
     lv.close()

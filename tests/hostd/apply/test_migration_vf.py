@@ -40,6 +40,7 @@ from hostd.domain.designer import HostFacts, _interfaces
 from hostd.domain.metadata import NS, VmMetadata
 from hostd.errors import DomainDesignError, MigrationFailed, MigrationVf
 from tools.dev import hostd_inproc
+from tools.dev.domains import remove_domains
 from tools.dev.hostd_inproc import InprocMigrations, Rates
 
 REPO = Path(__file__).resolve().parents[3]
@@ -93,10 +94,7 @@ def hosts(tmp_path: Path):
         return m, mig, rates
     yield host
     for m, lv in made:
-        for dom in lv.conn().listAllDomains():
-            if dom.isActive():
-                dom.destroy()
-            dom.undefine()
+        remove_domains(lv.conn())
         m.ledger.close()
         hostd_inproc._PRIVATE.pop(lv.uri, None)
         lv.close()

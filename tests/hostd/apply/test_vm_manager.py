@@ -22,6 +22,7 @@ from hostd.carve.vmclaim import VfReq
 from hostd.carve.vmspec import DiskSpec, IoTune, VmSpec
 from hostd.domain.metadata import NS, VmMetadata
 from hostd.errors import Conflict, HostdError, NotFound, Refused, SpecInvalid, UnknownProfile
+from tools.dev.domains import remove_domains
 
 LAYOUT = Layout(
     nodes=(NodeLayout(0, io_cpus=(0, 4), host_cpus=(1, 5), vm_cpus=(2, 3, 6, 7),
@@ -78,11 +79,7 @@ def env(tmp_path: Path):
         made.append(m)
         return m
     yield manager, lv, busy, rates
-    for d in lv.conn().listAllDomains():
-        if d.name().startswith("vm-"):
-            if d.isActive():
-                d.destroy()
-            d.undefine()
+    remove_domains(lv.conn(), "vm-")
     for m in made:
         m.ledger.close()
     lv.close()

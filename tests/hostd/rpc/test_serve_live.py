@@ -22,6 +22,7 @@ import grpc
 import libvirt
 import pytest
 from tools.dev import caches
+from tools.dev.domains import remove_domains_at
 from tools.dev.procs import Hostd, grpc_stub, hostd_workdir, write_hostd_config
 from tools.dev.procstat import remove_guest_cgroups, wait_hugepages_free
 
@@ -53,7 +54,7 @@ def hostd_env(tmp_path: Path, libvirtd: str, smoke_guest, hugepages_2m, loop_dis
         yield {"hostd": h, "certs": certs, "disk": disk, "state": state, "images": tmp_path / "images"}
     finally:
         h.stop()
-        _destroy_leftovers()  # a failed test must not leave a domain the next hostd adopts
+        remove_domains_at("qemu:///system", "hyb-test-")  # a failed test must not leave a domain the next hostd adopts
         shutil.rmtree(state, ignore_errors=True)
         # nor the cgroups libvirt may leave for it after a libvirtd restart (a later carve
         # cannot shrink machine/'s CPUs under them)
@@ -70,19 +71,6 @@ def create_req(disk: str, rid: str = "req-1") -> pb.CreateVMRequest:
         request_id=rid, name="hyb-test-serve", vcpus=1, memory_mib=256, hugepage_size_kb=2048,
         image="smoke", labels={"tenant": "t1"},
         disks=[pb.DiskRequest(disk=disk, iotune=pb.IoTune(total_bytes_sec=8 * 2**20, total_iops_sec=400))])
-
-
-def _destroy_leftovers() -> None:
-    c = libvirt.open("qemu:///system")
-    try:
-        for d in c.listAllDomains():
-            if d.name().startswith("hyb-test-"):
-                if d.isActive():
-                    d.destroy()
-                if d.isPersistent():
-                    d.undefine()
-    finally:
-        c.close()
 
 
 def domains() -> list[str]:

@@ -23,6 +23,7 @@ from hostd.apply.images import ImageStore
 from hostd.config import HostdConfig
 from hostd.rpc import daemon
 from tools.dev.hostd_inproc import render
+from tools.dev.domains import remove_domains
 
 REPO = Path(__file__).resolve().parents[3]
 TREE = REPO / "tests/data/hosts/1s-8c-nosmt-1pf-8vf"
@@ -120,11 +121,7 @@ class Host:
         if conn is None:
             return
         try:
-            for dom in conn.listAllDomains():
-                if dom.name().startswith(PREFIX):
-                    if dom.isActive():
-                        dom.destroy()
-                    dom.undefine()
+            remove_domains(conn, PREFIX)
         finally:
             conn.close()
 
