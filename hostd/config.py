@@ -72,6 +72,10 @@ class HostdConfig(BaseSettings):
     lock_guest_memory: bool = True
     # Seconds between libvirt liveness checks (reconnect + resync on loss).
     watchdog_s: float = 2.0
+    # Seconds between reconciles while libvirt stays up (0 = only at start and after a
+    # reconnect): the backstop for a lifecycle event hostd missed (its handler failed,
+    # or it came while hostd was busy elsewhere), as Nova's power-state sync is.
+    reconcile_s: float = Field(300.0, ge=0, le=86400)
     # Prometheus text endpoint (host:port); empty = off.
     metrics_listen: str = "127.0.0.1:9743"
     # The URL Prometheus scrapes, registered with the scheduler, which lists it for

@@ -4,7 +4,8 @@ reconcile, then answer gRPC (mTLS unless plaintext is configured) until SIGTERM.
 Threads: gRPC workers; libvirt's default event loop (domain lifecycle events);
 a watchdog that checks the libvirt connection every ``watchdog_s`` seconds and,
 after a reconnect, re-registers events and reconciles (libvirtd restarts are
-survived; VMs keep running under QEMU meanwhile).
+survived; VMs keep running under QEMU meanwhile), and reconciles every
+``reconcile_s`` besides (a lifecycle event lost is corrected then).
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ import os
 import signal
 import socket
 import threading
+import time
 from collections.abc import Callable
 from concurrent import futures
 from dataclasses import dataclass
@@ -176,9 +178,13 @@ def start(cfg: HostdConfig) -> Daemon:
     stop_event = threading.Event()
 
     def watchdog() -> None:
-        while not stop_event.wait(cfg.watchdog_s):
+        last_reconcile = time.monotonic()
+        while not stop_event.wait(min(cfg.watchdog_s, cfg.reconcile_s or cfg.watchdog_s)):
             try:
                 lv.conn()
+                if cfg.reconcile_s and time.monotonic() - last_reconcile >= cfg.reconcile_s:
+                    manager.reconcile_logged()
+                    last_reconcile = time.monotonic()
                 _refresh_metrics(metrics, lv, manager)
             except HostdError as e:
                 log.error("libvirt watchdog: %s", e)
