@@ -167,13 +167,13 @@ def auth(token: str, **extra: str) -> dict[str, str]:
     return {"Authorization": f"Bearer {token}", **extra}
 
 
-CLAIM_LOCK = {"lock": "store"}  # --claim-lock: placement.claim_lock for PostgreSQL's replicas
-
-
-def config(tmp: Path, url: str, *, timeout_s: float, write_s: float, check_s: float, period_s: float,
+def config(tmp: Path, url: str, a: argparse.Namespace, *, timeout_s: float, check_s: float,
            register_batch: int = 64, interval_s: float = 10.0, grace_s: float | None = None) -> Path:
-    """``grace_s``: the replicas' liveness grace after the beats begin (default: the timeout)."""
-    lock = f'claim_lock = "{CLAIM_LOCK["lock"]}"\n' if url.startswith("postgresql") else ""
+    """The replicas' config: the periods (``write_s``, ``period_s``) and PostgreSQL's
+    ``claim_lock`` as the command line says. ``grace_s``: the replicas' liveness grace
+    after the beats begin (default: the timeout)."""
+    write_s, period_s = a.write_s, a.period_s
+    lock = f'claim_lock = "{a.claim_lock}"\n' if url.startswith("postgresql") else ""
     toks = "".join(f'[[auth.tokens]]\nname = "{k}"\nsha256 = "{hashlib.sha256(k.encode()).hexdigest()}"\n'
                    f'scopes = {json.dumps(v)}\n' for k, v in TOKENS.items())
     cfg = tmp / "pulse.toml"
@@ -466,7 +466,7 @@ def run_cases(label: str, url: str, a: argparse.Namespace, tmp: Path, *, registe
     hosts = fleet(a.hosts)
     names = [h[0] for h in hosts]
     if not registered and any(c != "registrations" for c in a.cases):
-        reps = Replicas(config(tmp, url, timeout_s=1e6, write_s=a.write_s, check_s=0, period_s=a.period_s), tmp, 2)
+        reps = Replicas(config(tmp, url, a, timeout_s=1e6, check_s=0), tmp, 2)
         try:
             reps.start(0)
             reps.start(1)
@@ -491,7 +491,7 @@ def run_cases(label: str, url: str, a: argparse.Namespace, tmp: Path, *, registe
 def beats_case(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> dict:
     """Phase 2 alone (``--only beats``), on the registered fleet: two replicas started and
     warmed as for phases 1-3 (liveness out of play), the idle phase, the beats, the floor."""
-    reps = Replicas(config(tmp, url, timeout_s=1e6, write_s=a.write_s, check_s=0, period_s=a.period_s), tmp, 2)
+    reps = Replicas(config(tmp, url, a, timeout_s=1e6, check_s=0), tmp, 2)
     path = Path(url.removeprefix("sqlite:///")) if url.startswith("sqlite") else None
     try:
         reps.start(0)
@@ -514,7 +514,7 @@ def registrations(label: str, url: str, hosts: list[tuple], a: argparse.Namespac
     base_n = min(len(hosts), a.baseline_hosts)
     for key, batch, subset in (("base", 0, hosts[:base_n]), ("batched", 64, hosts)):
         db_url = fresh_database(url, tmp, f"reg_{key}")
-        reps = Replicas(config(tmp, db_url, timeout_s=1e6, write_s=a.write_s, check_s=0, period_s=a.period_s,
+        reps = Replicas(config(tmp, db_url, a, timeout_s=1e6, check_s=0,
                                register_batch=batch), tmp, 2)
         try:
             reps.start(0)
@@ -645,9 +645,9 @@ def run_phases(label: str, url: str, sqlite_path: Path | None, a: argparse.Names
     db = Db(url, sqlite_path)
     out: dict = {"store": label, "hosts": a.hosts, "beat_interval_s": a.interval_s}
     if label == "pg":
-        out["claim_lock"] = CLAIM_LOCK["lock"]
+        out["claim_lock"] = a.claim_lock
     # Phases 1-3 and 5: liveness out of play (a timeout no pause reaches), as bench/placement.py
-    reps = Replicas(config(tmp, url, timeout_s=1e6, write_s=a.write_s, check_s=0, period_s=a.period_s), tmp, 2)
+    reps = Replicas(config(tmp, url, a, timeout_s=1e6, check_s=0), tmp, 2)
     try:
         reps.start(0)  # the first migrates the store
         reps.start(1)
@@ -868,8 +868,8 @@ def mark_down(url: str, names: list[str], a: argparse.Namespace, tmp: Path, db: 
     # those never-yet-beaten hosts (964 and 1,476 in two runs at 100,000). So the grace
     # outlasts the warm round; the silent hosts stop after it, so it delays no mark.
     warm_s = 1.5 * a.interval_s
-    reps = Replicas(config(tmp, url, timeout_s=a.timeout_s, write_s=a.write_s, check_s=a.check_s,
-                          period_s=a.period_s, interval_s=a.interval_s, grace_s=a.timeout_s + warm_s), tmp, 2)
+    reps = Replicas(config(tmp, url, a, timeout_s=a.timeout_s, check_s=a.check_s,
+                          interval_s=a.interval_s, grace_s=a.timeout_s + warm_s), tmp, 2)
     silent = set(names[::100])
     last: dict[str, float] = {}
     answered: set[str] = set()  # the silent hosts whose last beat was answered 200
@@ -1210,8 +1210,8 @@ def overload(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> di
     fleet's clocks (not root: it shares the CPUs and says so). Hosts all keep beating:
     any host.down is a false down."""
     import os  # noqa: PLC0415
-    reps = Replicas(config(tmp, url, timeout_s=a.timeout_s, write_s=a.write_s, check_s=a.check_s,
-                          period_s=a.period_s, interval_s=a.interval_s), tmp, 2)
+    reps = Replicas(config(tmp, url, a, timeout_s=a.timeout_s, check_s=a.check_s,
+                          interval_s=a.interval_s), tmp, 2)
     out: dict = {}
     reqs = trace(int(a.rate * a.hog_s * 3) + 10)
     try:
@@ -1290,8 +1290,8 @@ def outage(url: str, names: list[str], a: argparse.Namespace, tmp: Path) -> dict
     storm), its statuses (shed 503s), re-registrations (none: the fleet keeps its
     registration), placements' p99 during the return against the baseline, and false
     downs (every host kept running: any host.down)."""
-    reps = Replicas(config(tmp, url, timeout_s=a.timeout_s, write_s=a.write_s, check_s=a.check_s,
-                          period_s=a.period_s, interval_s=a.interval_s), tmp, 2)
+    reps = Replicas(config(tmp, url, a, timeout_s=a.timeout_s, check_s=a.check_s,
+                          interval_s=a.interval_s), tmp, 2)
     out: dict = {}
     n = int(a.rate * a.hog_s)
     reqs = trace(2 * n + 10)
@@ -1425,7 +1425,6 @@ def main() -> int:
     a.hog_s = a.hog_s if a.hog_s is not None else (8.0 if a.short else 30.0)
     a.idle_s = a.idle_s if a.idle_s is not None else (2.0 if a.short else 5.0)
     a.rounds = max(1, a.rounds if a.rounds is not None else (2 if a.short else 4))
-    CLAIM_LOCK["lock"] = a.claim_lock
     a.outage_s = a.outage_s if a.outage_s is not None else (3 * a.timeout_s if a.short else 300.0)
     a.cases = [c.strip() for c in a.only.split(",") if c.strip()]
     if any(c not in ("overload", "outage", "registrations", "beats", "markdown") for c in a.cases):
