@@ -75,6 +75,13 @@ def text(env: dict, css: str) -> str:
     return env["b"].driver.find_element(By.CSS_SELECTOR, css).text
 
 
+def texts(env: dict, css: str) -> list[str]:
+    """Every match's text, read in one script: on a part htmx swaps on a timer, an
+    element found before a swap is stale after it."""
+    return env["b"].driver.execute_script(
+        "return [...document.querySelectorAll(arguments[0])].map(e => e.innerText);", css)
+
+
 def test_the_fleet_chart_shows_the_apis_bins(env) -> None:  # type: ignore[no-untyped-def]
     from selenium.webdriver.common.by import By
     b = env["b"]
@@ -117,8 +124,11 @@ def test_the_fleet_chart_shows_the_apis_bins(env) -> None:  # type: ignore[no-un
         "const o = echarts.getInstanceByDom(document.getElementById('hist')).getOption();"
         "return [o.legend[0].type, o.grid[0].top];")
     assert legend[0] == "plain" and legend[1] >= 66, legend
-    classes = {td.get_attribute("data-class"): int(td.text)
-               for td in b.driver.find_elements(By.CSS_SELECTOR, "#classes td[data-class]")}
+    # read in one script: the table is the live part htmx swaps every 3 s (an element
+    # found before a swap is stale after it)
+    classes = {k: int(v.replace(",", "")) for k, v in b.driver.execute_script(
+        "return Object.fromEntries([...document.querySelectorAll('#classes td[data-class]')]"
+        ".map(td => [td.dataset.class, td.textContent]));").items()}
     # registered, none carved by a hostd; the two in conv-1 are converting (its hosts' state: pending -> ...)
     assert sum(classes.values()) == N and classes["unconverted"] + classes["converting"] == N
     ioh = env["api"].get("/v1/fleet/io-health", params={"day": AFTER}).json()
@@ -227,7 +237,7 @@ def test_why_not_shows_the_dry_runs_counts(env) -> None:  # type: ignore[no-unty
         b.driver.get(f"{env['url']}/ui/{page}")
         shot(env, page.replace("/", "-"))
     assert "Wave 1 of 2" in text(env, "#rollout-state")
-    rows = [tr.text.split() for tr in b.driver.find_elements(By.CSS_SELECTOR, "#rollout-hosts tbody tr")]
+    rows = [t.split() for t in texts(env, "#rollout-hosts tbody tr")]
     assert [(r[0], r[1]) for r in rows] == [("1", "oss-00000"), ("2", "oss-00001")]  # as the heading counts
     # the page follows the rollout (htmx, every 5 s): paused through the API, shown without a reload
     r = env["api"].post("/v1/rollouts/conv-1/pause", json={"expect": "running", "reason": "browser test"})

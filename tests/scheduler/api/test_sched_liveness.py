@@ -457,7 +457,9 @@ def test_a_replica_that_lags_marks_nothing_and_is_not_ready(db_url) -> None:
         watch.lag.loop_late(3.5)  # a timer on the event loop fired 3.5 s late
         assert watch.check() is None and watch.held_for_lag == 1
         r = a.get("/readyz")
-        assert r.status_code == 503 and "event loop 3.50 s late" in r.json()["error"]["message"], r.text
+        # the worst lag in the window: the loop's own lateness under load may be above the one told
+        late = re.search(r"event loop (\d+\.\d+) s late \(bound 2 s\)", r.json()["error"]["message"])
+        assert r.status_code == 503 and late and float(late[1]) >= 3.5, r.text
         assert "hyb_sched_lagging 1.0" in a.get("/metrics", headers=ADM).text
         assert a.get("/v1/hosts/r1-0", headers=ADM).json()["down_since"] is None
         watch.lag.window_s = 0  # the lag is out of the window
