@@ -178,17 +178,19 @@ def test_64_clients_two_processes_never_overcommit(db_and_lock, tmp_path):
     upgrade(store.engine)  # before both processes start, so they do not race on the schema
     cfg = _config(tmp_path, db_url, claim_lock)
     servers = [Scheduler(cfg, free_port(), dict(os.environ), tmp_path / f"s{i}.log") for i in range(2)]
+    http = httpx.Client(timeout=60)  # one for the 64 threads: a client is ~30 ms of CPU
     try:
         for srv in servers:
             srv.spawn()
         for srv in servers:
             srv.wait_ready()
         base = [srv.url for srv in servers]
+
         def post(url: str, body: dict, headers: dict) -> httpx.Response:
             # a loaded replica may shed (503 hyb.scheduler.overloaded, Retry-After): a client
             # retries, as hybctl and hostd do (a VM with the same key); the ledger is judged below
             for _ in range(30):
-                r = httpx.post(url, json=body, timeout=60, headers=headers)
+                r = http.post(url, json=body, headers=headers)
                 if r.status_code != 503:
                     break
                 assert r.json()["error"]["code"] == "hyb.scheduler.overloaded", r.text
@@ -228,9 +230,10 @@ def test_64_clients_two_processes_never_overcommit(db_and_lock, tmp_path):
                 assert all(v <= 1000 for v in used.reserved_mbps.values())
                 vfs = [(v.pf, v.index) for a in allocs for v in a.vfs]
                 assert len(vfs) == len(set(vfs))
-        listed = httpx.get(f"{base[1]}/v1/vms?limit=1000", headers=ADM).json()["items"]
+        listed = http.get(f"{base[1]}/v1/vms?limit=1000", headers=ADM).json()["items"]
         assert len(listed) == codes[202]
     finally:
+        http.close()
         for srv in servers:
             srv.stop()
         store.dispose()
