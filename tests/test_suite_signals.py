@@ -7,6 +7,8 @@
   PostgreSQL group and the benches) stops when the process that started it dies without
   stopping it (SIGKILL), by its parent-death signal. A run killed by SIGTERM before that
   change left the suite's server running for two hours.
+- A daemon a fixture is waiting for (``tools.dev.procs``: a scheduler, a hostd) is
+  stopped by the start that spawned it when the wait is interrupted.
 
 Both run real processes: a pytest of one test, a real PostgreSQL 15.
 """
@@ -103,3 +105,26 @@ def _alive(pid: int) -> bool:
     with contextlib.suppress(OSError):
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     return False
+
+
+def test_a_daemon_whose_start_is_interrupted_is_stopped(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A run stopped while a fixture waits for its scheduler to be ready: the fixture
+    never got the object its teardown would stop, so ``start`` stops what it spawned.
+    (A SIGTERMed run left two schedulers so.) The daemon is a stand-in that never gets
+    ready; the interrupt is raised where the wait would see it."""
+    from tools.dev import procs
+
+    s = procs.Scheduler(tmp_path / "none.toml", 1, dict(os.environ), tmp_path / "s.log")
+    s.argv = [sys.executable, "-c", "import time; time.sleep(120)"]
+
+    def interrupted(self):  # type: ignore[no-untyped-def]
+        raise KeyboardInterrupt
+    monkeypatch.setattr(procs.Scheduler, "wait_ready", interrupted)
+    try:
+        with contextlib.suppress(KeyboardInterrupt):
+            s.start()
+        assert s.proc is not None and s.proc.poll() is not None, "the spawned daemon still runs"
+    finally:
+        if s.proc is not None and s.proc.poll() is None:
+            s.proc.kill()
+            s.proc.wait()

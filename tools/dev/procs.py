@@ -3,6 +3,7 @@ SIGKILL), never by name, and always in a finally."""
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -13,6 +14,7 @@ import ssl
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import grpc
@@ -130,6 +132,17 @@ class Daemon:
                                          stdout=log, stderr=subprocess.STDOUT)
         return self.proc
 
+    @contextlib.contextmanager
+    def _stopped_unless_ready(self) -> Iterator[None]:
+        """A start that fails or is interrupted (a run stopped by SIGTERM or Ctrl-C while
+        a fixture waits for its daemon) stops what it spawned: the caller never got the
+        object its teardown would stop."""
+        try:
+            yield
+        except BaseException:
+            self.stop()
+            raise
+
     def died(self) -> None:
         if self.proc is not None and self.proc.poll() is not None:
             raise AssertionError(f"{self.argv[2]} exited {self.proc.returncode}:\n"
@@ -158,6 +171,10 @@ class Hostd(Daemon):
         ready = self.cfg.parent / "ready"
         ready.unlink(missing_ok=True)
         self.spawn(**extra_env)
+        with self._stopped_unless_ready():
+            return self._wait_ready(ready)
+
+    def _wait_ready(self, ready: Path) -> "Hostd":
         deadline = time.monotonic() + 60
         while time.monotonic() < deadline:
             if ready.exists() and ready.read_text().strip():
@@ -187,7 +204,8 @@ class Scheduler(Daemon):
 
     def start(self) -> "Scheduler":
         self.spawn()
-        return self.wait_ready()
+        with self._stopped_unless_ready():
+            return self.wait_ready()
 
     def wait_ready(self) -> "Scheduler":
         deadline = time.monotonic() + 60
