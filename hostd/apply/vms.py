@@ -505,8 +505,12 @@ class VmManager:
 
     # ------------------------------------------------------------ restart safety
 
-    def reconcile(self) -> list[str]:
+    def reconcile(self, *, periodic: bool = False) -> list[str]:
         """Make ledger and libvirt agree; return what was done (for logs and Health).
+        ``periodic``: the daemon's timer, not a start or a reconnect: rows a call of this
+        process still owns (``CALL_OWNED``: a migration prepared here and not yet
+        completed, a VM being moved away) are that call's, not leftovers, and are left
+        alone.
 
         - ``creating`` rows (hostd died mid-create): roll back domain, VF, claim.
         - ``deleting`` rows: finish the delete.
@@ -527,8 +531,8 @@ class VmManager:
             domains = {d.uuid: d for d in self.libvirt.owned()}
             for rec in self.ledger.list():
                 dom = domains.pop(rec.vm_id, None)
-                if rec.vm_id in self._busy:
-                    continue  # a call works on it (its guest shutting down): the call sets its row
+                if rec.vm_id in self._busy or (periodic and rec.state in CALL_OWNED):
+                    continue  # a call works on it (its guest shutting down, a move): the call sets its row
                 if rec.state == VmState.INCOMING:
                     actions.append(self._reconcile_incoming(rec, dom))
                 elif rec.state in (VmState.CREATING, VmState.DELETING):
@@ -550,7 +554,8 @@ class VmManager:
                         self.emit(rec.vm_id, state)
             for dom in domains.values():
                 actions.append(self._adopt(dom))
-            self.generation += 1
+            if actions or not periodic:  # the timer's reconcile that found nothing changed nothing
+                self.generation += 1
         for a in actions:
             log.warning("reconcile: %s", a)
         return actions
@@ -562,10 +567,10 @@ class VmManager:
         self.emit(rec.vm_id, VmState.DELETED, "incoming migration with no running domain after a restart")
         return f"released incoming vm {rec.vm_id} ({rec.name}): no running domain"
 
-    def reconcile_logged(self) -> None:
+    def reconcile_logged(self, *, periodic: bool = False) -> None:
         """``reconcile`` for a daemon thread: counted, and a failure logged, never raised."""
         try:
-            actions = self.reconcile()
+            actions = self.reconcile(periodic=periodic)
         except Exception:
             log.exception("reconcile failed")
             return

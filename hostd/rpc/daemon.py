@@ -183,7 +183,7 @@ def start(cfg: HostdConfig) -> Daemon:
             try:
                 lv.conn()
                 if cfg.reconcile_s and time.monotonic() - last_reconcile >= cfg.reconcile_s:
-                    manager.reconcile_logged()
+                    manager.reconcile_logged(periodic=True)
                     last_reconcile = time.monotonic()
                 _refresh_metrics(metrics, lv, manager)
             except HostdError as e:

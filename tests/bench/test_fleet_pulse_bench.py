@@ -45,9 +45,16 @@ def _bench(tmp_path: Path, *args: str) -> dict:
     try:
         out, err = proc.communicate(timeout=240)
     except BaseException:  # a bench that ended by itself is checked for leftovers below
+        # SIGTERM first: the bench stops its replicas on it, and they run in sessions of
+        # their own, out of reach of a SIGKILL to the bench's group
         with contextlib.suppress(ProcessLookupError):
-            os.killpg(proc.pid, signal.SIGKILL)
-        proc.wait()
+            os.killpg(proc.pid, signal.SIGTERM)
+        try:
+            proc.wait(30)
+        except subprocess.TimeoutExpired:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
         raise
     assert proc.returncode == 0, (out[-3000:], err[-3000:])
     left = [p for p in Path("/proc").iterdir() if p.name.isdigit() and p.name != str(os.getpid())

@@ -184,3 +184,20 @@ def test_migrate_refusals_leave_the_vm_running(env):
     m.ledger.set_state(rec.vm_id, "stopped")
     with pytest.raises(MigrationNotRunning):
         mig.migrate(req)
+
+
+def test_a_periodic_reconcile_leaves_moves_in_progress_to_their_calls(env):
+    """hostd's timer (``reconcile_s``) runs while migrations are under way in the same
+    process: a target prepared and waiting for its guest, and a source moving one away,
+    are the calls' rows, not a restart's leftovers (a restart's reconcile releases the
+    first, above)."""
+    manager, _lv = env
+    m = manager()
+    mig = Migrations(m)
+    waiting = prepare(mig, str(uuid.uuid4()))
+    moving = m.create(VmSpec(request_id="r1", name="mig-s", vcpus=1, memory_mib=128, image="smoke"))
+    m.ledger.set_state(moving.vm_id, "migrating", "to somewhere")
+    before = m.inventory()["generation"]
+    assert m.reconcile(periodic=True) == [] and m.inventory()["generation"] == before
+    assert sorted((r.name, r.state) for r in m.list()) == [("mig-a", "incoming"), ("mig-s", "migrating")]
+    assert any(f"released incoming vm {waiting.record.vm_id}" in a for a in m.reconcile())  # a restart's
