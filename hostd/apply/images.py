@@ -57,6 +57,17 @@ def _stamp(st: os.stat_result, sha256: str) -> list:
     return [st.st_ino, st.st_size, st.st_mtime_ns, sha256]
 
 
+def matching_stamp(path: Path, sha256: str, seen: list | None) -> list | None:
+    """The file's stamp if its content has ``sha256``, else None; hashed only when
+    ``seen`` (the stamp kept from its last match) is not the file's stamp now: the same
+    inode, size and modification time, and the same checksum asked. Raises OSError
+    when the file cannot be read."""
+    stamp = _stamp(path.stat(), sha256)
+    if seen == stamp:
+        return stamp
+    return stamp if sha256_file(path) == sha256 else None
+
+
 class ImageStore:
     def __init__(self, root: Path):
         self.root = root
@@ -123,15 +134,11 @@ class ImageStore:
             record = self._record(name)
             kept = dict(record)
             for role, file in img.files.items():
-                p = Path(file)
                 try:
-                    st = p.stat()
+                    stamp = matching_stamp(Path(file), img.sha256.get(role, ""), record.get(role))
                 except OSError as e:
                     raise BadImage(f"{name}: {role} file {file}: {e.strerror}", field=field) from None
-                stamp = _stamp(st, img.sha256.get(role, ""))
-                if record.get(role) == stamp:
-                    continue
-                if sha256_file(p) != img.sha256.get(role):
+                if stamp is None:
                     raise BadImage(f"{name}: {role} file {file} does not match its sha256", field=field)
                 kept[role] = stamp
             if kept != record:

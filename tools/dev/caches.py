@@ -77,7 +77,7 @@ def checked_manifest(out: Path) -> dict:
     the page cache and up to ~13 s from the disk, on every run."""
     import json
 
-    from hostd.apply.images import sha256_file
+    from hostd.apply.images import matching_stamp  # hostd's own rule for its image store
 
     m = json.loads((out / "manifest.json").read_text())
     record = out / ".checked.json"
@@ -87,10 +87,8 @@ def checked_manifest(out: Path) -> dict:
         seen = {}
     now = {}
     for role, f in m["files"].items():
-        st = (out / f).stat()
-        stamp = [st.st_ino, st.st_size, st.st_mtime_ns, m["sha256"][role]]
-        if seen.get(role) != stamp:
-            assert sha256_file(out / f) == m["sha256"][role], f"{out / f} does not match its manifest's sha256"
+        stamp = matching_stamp(out / f, m["sha256"][role], seen.get(role))
+        assert stamp is not None, f"{out / f} does not match its manifest's sha256"
         now[role] = stamp
     if now != seen:
         tmp = record.with_suffix(f".tmp{os.getpid()}")
