@@ -71,8 +71,10 @@ def shot(env: dict, name: str) -> None:
 
 
 def text(env: dict, css: str) -> str:
-    from selenium.webdriver.common.by import By
-    return env["b"].driver.find_element(By.CSS_SELECTOR, css).text
+    """The first match's text, read in one script (``texts``)."""
+    got = texts(env, css)
+    assert got, f"nothing on the page matches {css!r}"
+    return got[0]
 
 
 def texts(env: dict, css: str) -> list[str]:
