@@ -110,8 +110,8 @@ def _alive(pid: int) -> bool:
 def test_a_daemon_whose_start_is_interrupted_is_stopped(tmp_path: Path, monkeypatch) -> None:  # type: ignore[no-untyped-def]
     """A run stopped while a fixture waits for its scheduler to be ready: the fixture
     never got the object its teardown would stop, so ``start`` stops what it spawned.
-    (A SIGTERMed run left two schedulers so.) The daemon is a stand-in that never gets
-    ready; the interrupt is raised where the wait would see it."""
+    The daemon is a stand-in that never gets ready; the interrupt is raised where the
+    wait would see it."""
     from tools.dev import procs
 
     s = procs.Scheduler(tmp_path / "none.toml", 1, dict(os.environ), tmp_path / "s.log")
