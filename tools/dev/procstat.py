@@ -6,7 +6,11 @@ from __future__ import annotations
 import functools
 import os
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import TypeVar
+
+T = TypeVar("T")
 
 
 @functools.cache
@@ -70,6 +74,15 @@ def hugepages_in_use() -> int:
     return n["HugePages_Total"] - n["HugePages_Free"] + n["HugePages_Rsvd"]
 
 
+def _settled(left: Callable[[], T], timeout_s: float) -> T:
+    """``left()`` every 0.2 s until it is empty (falsy) or ``timeout_s`` has passed; its
+    last value."""
+    deadline = time.monotonic() + timeout_s
+    while (got := left()) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    return got
+
+
 def remove_guest_cgroups(domain: str, timeout_s: float = 30.0) -> list[str]:
     """The cgroups libvirt made for ``domain`` (cgroup v1: ``machine/qemu-N-<domain>.libvirt-qemu``
     under each controller), removed once empty, deepest first. libvirt removes them as
@@ -77,8 +90,7 @@ def remove_guest_cgroups(domain: str, timeout_s: float = 30.0) -> list[str]:
     of a reattached guest left them, and the next test's carve could not shrink
     machine/'s CPUs under them (EBUSY). Waits up to ``timeout_s`` for a group to empty (a
     QEMU still exiting); returns the groups left then."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+    def remove() -> list[str]:
         left = []
         for g in Path("/sys/fs/cgroup").glob(f"*/machine/qemu-*-{domain}.libvirt-qemu"):
             subs = sorted((p for p in g.rglob("*") if p.is_dir()), key=lambda p: len(p.parts), reverse=True)
@@ -89,9 +101,8 @@ def remove_guest_cgroups(domain: str, timeout_s: float = 30.0) -> list[str]:
                     pass
                 except OSError:
                     left.append(str(d))
-        if not left or time.monotonic() > deadline:
-            return left
-        time.sleep(0.2)
+        return left
+    return _settled(remove, timeout_s)
 
 
 def wait_no_child_cgroups(group: Path, timeout_s: float = 30.0) -> list[str]:
@@ -99,16 +110,10 @@ def wait_no_child_cgroups(group: Path, timeout_s: float = 30.0) -> list[str]:
     child groups: libvirt removes a guest's group only once its QEMU has exited, seconds
     after a destroy under load, and until then a carve cannot shrink the parent's CPUs
     (EBUSY). Returns the children still there then."""
-    deadline = time.monotonic() + timeout_s
-    while (left := sorted(p.name for p in group.iterdir() if p.is_dir())) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return left
+    return _settled(lambda: sorted(p.name for p in group.iterdir() if p.is_dir()), timeout_s)
 
 
 def wait_hugepages_free(timeout_s: float = 30.0) -> int:
     """Wait until no 2 MiB page is in use (a destroyed guest's QEMU gives its pages back
     only as it exits, seconds later under load); returns what is still in use then."""
-    deadline = time.monotonic() + timeout_s
-    while (used := hugepages_in_use()) and time.monotonic() < deadline:
-        time.sleep(0.2)
-    return used
+    return _settled(hugepages_in_use, timeout_s)
