@@ -219,8 +219,9 @@ class Placer:
         # re-indexed since: the feed's and this batch's own claims), else the job walks
         # again (a third to half of them do).
         # The change feed is read once per batch, in the batch's transaction (below).
-        # An index not built yet is built here, outside the lock, on either store.
-        if self.cache.cold:
+        # An index not built yet is built here, outside the lock, on either store, and so
+        # is the down check when it is due (never inside: ``HostCache.refresh``).
+        if self.cache.cold or self.cache.down_due():
             self.cache.refresh(self.store, now=now)
         mark = self.cache.mark()
         # Only a walk's first candidate is ever reused (``still_first``): stop there.
