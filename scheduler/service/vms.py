@@ -167,6 +167,10 @@ def placement_public(a: Allocation) -> PlacementOut:
                         cells=cells_json(a.nodes, a.cpus, a.pages, a.cell_vcpus))
 
 
+class _StartedMeanwhile(Exception):
+    """A start's claim found the VM no longer stopped (a concurrent start won)."""
+
+
 def not_moving(vm: Vm) -> None:
     """VmBusy while the VM moves live: it is on two hosts until the move settles."""
     if vm.migration_state:
@@ -532,6 +536,46 @@ class VmService:
                               detail={"tenant": row.tenant, "host": row.host, "reason": reason})
         log.info("vm stopped vm=%s host=%s: %s", vm_id, vm.host, reason)
         return row
+
+    def start(self, vm_id: str, *, tenant: str | None, actor: str) -> tuple[Vm, bool]:
+        """A ``stopped`` VM (a drain's ``on_maintenance = "stop"``) placed again from its
+        own request, on whichever host fits it now, and left ``pending`` for the dispatch:
+        the same id, name and Idempotency-Key. Returns (vm, started): a VM pending,
+        creating or running already is answered as it is, so a retried start starts
+        nothing twice. NoValidHost: nothing changed, it stays stopped. VmBusy: a VM
+        failed or being deleted (only a stopped VM starts)."""
+        with self.store.read() as s:
+            vm = vm_repo.get_vm(session=s, vm_id=vm_id, tenant=tenant)
+        if vm.status != VmStatus.STOPPED:
+            return self._not_started(vm), False
+        body = VmCreate.model_validate({k: v for k, v in vm.request.items() if k != "tenant"})
+
+        def write_vm(s: Session, host: str, alloc: Allocation) -> Vm:
+            r = vm_repo.get_vm(session=s, vm_id=vm_id)
+            if r.status != VmStatus.STOPPED:  # another start won: this claim rolls back
+                raise _StartedMeanwhile()
+            now = self.clock()
+            r.host, r.allocation, r.status, r.reason, r.attempts, r.updated = (
+                host, alloc.to_dict(), VmStatus.PENDING, "", 0, now)
+            audit_repo.record(session=s, principal=actor, action="vm.start", target=vm_id, now=now,
+                              detail={"tenant": r.tenant, "host": host, "nodes": list(alloc.nodes),
+                                      "cpus": list(alloc.cpus)})
+            return r
+        try:
+            got = self.placer.claim(want_of(body, self.default_policy), affinity_of(body), write_vm)
+        except _StartedMeanwhile:
+            with self.store.read() as s:
+                return self._not_started(vm_repo.get_vm(session=s, vm_id=vm_id)), False
+        log.info("vm started vm=%s host=%s cpus=%s", vm_id, got.host, got.allocation["cpus"] if got.allocation else [])
+        return got, True
+
+    @staticmethod
+    def _not_started(vm: Vm) -> Vm:
+        """A start of a VM that is not stopped: itself when it is on its way to running or
+        runs, else VmBusy naming what it is."""
+        if vm.status in (VmStatus.PENDING, VmStatus.CREATING, VmStatus.RUNNING):
+            return vm
+        raise VmBusy(f"the VM is {vm.status}; only a stopped VM starts", field="vm_id")
 
     def mark_stopping(self, vm_id: str, *, reason: str) -> bool:
         """Mark a running VM ``deleting`` with ``reason``, before ``stop(expect="deleting")``

@@ -256,6 +256,11 @@ def test_vm_lifecycle_and_bad_input(env, vms, capsys) -> None:  # type: ignore[n
     assert code == 1 and "[disks" in err, err
     code, _, err = run(env, "vm", "io-limits", vid, "--set", "total_iops_sec=100", capsys=capsys)
     assert code == 2 and "needs --disk" in err
+    # a start of a running VM is the VM as it is (a stopped one: tests/scheduler/test_sched_drain_loop.py)
+    code, out, _ = run(env, "vm", "start", vid, "--wait", "-o", "json", capsys=capsys)
+    assert code == 0 and json.loads(out) == api.get(f"/v1/vms/{vid}").json()
+    code, _, err = run(env, "vm", "start", "no-such-vm", capsys=capsys)
+    assert code == 1 and "hyb.vm.not_found" in err, err
     path = web_vm(env, "gone")["path"]
     r = cli(env, "vm", "create", "-f", str(path), "--wait", "-o", "json", "--idempotency-key", "k-gone", who="web")
     assert r.returncode == 0, r.stderr

@@ -10,7 +10,7 @@ import threading
 import time
 
 from drain_fleet import Fleet, certs, create, fleet, private_fleet, wait  # noqa: F401 - fixtures
-from sched_helpers import ADM, HOST, TA, Clock, vm_body
+from sched_helpers import ADM, HOST, TA, TB, Clock, vm_body
 from tools.dev.procs import free_port
 
 from api.states import VmStatus
@@ -184,3 +184,56 @@ def test_a_replacement_left_creating_by_a_stopped_scheduler_is_dispatched_again(
         assert moved["id"] == new["id"] and moved["status"] == VmStatus.RUNNING and moved["replaces"] is None
         assert [v.request_id for v in f.hostds[moved["host"]].manager.list()] == [new["id"]]
         assert f.hostds["h1"].manager.list() == []
+
+
+def test_a_vm_the_drain_stopped_starts_again_on_a_host_that_fits_once(fleet) -> None:  # type: ignore[no-untyped-def]
+    """A VM the drain stopped (``on_maintenance = "stop"``) starts again from its own
+    request (``POST /v1/vms/{id}/start``): placed on a host that fits it now, never the
+    draining one, and created there by that host's hostd, with the same id and name. With
+    nowhere to go it is 507 and stays stopped with nothing claimed; a retried start
+    starts nothing twice; another tenant does not see it; only a stopped VM starts."""
+    api, managers = fleet
+    vm_id = create(api, "batch-1", on_maintenance="stop")
+    create(api, "db-1", on_maintenance="replace")
+    assert api.get(f"/v1/vms/{vm_id}", headers=TA).json()["host"] == "h1"  # pack: the first host
+    assert api.post("/v1/hosts/h1/drain", json={"reason": "disk swap"}, headers=ADM).status_code == 200
+    wait(lambda: api.get(f"/v1/vms/{vm_id}", headers=TA).json()["status"] == "stopped", "the drain's stop")
+    wait(lambda: api.get("/v1/hosts/h1/drain", headers=HOST).json()["drained"], "h1 drained")
+    [other] = api.get("/v1/vms", headers=TA, params={"name": "db-1"}).json()["items"]  # replaced: a new VM
+    moved_to = other["host"]
+    for h in ("h2", "h3"):
+        assert api.post(f"/v1/hosts/{h}/cordon", json={"reason": "full"}, headers=ADM).status_code == 200
+    used = {h: api.get(f"/v1/hosts/{h}", headers=HOST).json()["vms"] for h in ("h1", "h2", "h3")}
+
+    r = api.post(f"/v1/vms/{vm_id}/start", headers=TA)
+    assert r.status_code == 507 and r.json()["error"]["code"] == "hyb.placement.no_valid_host", r.text
+    vm = api.get(f"/v1/vms/{vm_id}", headers=TA).json()
+    assert vm["status"] == "stopped" and vm["placement"] is None and vm["host"] == "h1"
+    assert {h: api.get(f"/v1/hosts/{h}", headers=HOST).json()["vms"] for h in used} == used
+    assert api.post(f"/v1/vms/{vm_id}/start", headers=TB).status_code == 404
+
+    target = "h3" if moved_to == "h2" else "h2"
+    assert api.post(f"/v1/hosts/{target}/uncordon", headers=ADM).status_code == 200
+    r = api.post(f"/v1/vms/{vm_id}/start", headers=TA)
+    assert r.status_code == 202, r.text
+    assert r.json()["id"] == vm_id and r.json()["host"] == target and r.json()["status"] == "pending"
+    vm = wait(lambda: (v := api.get(f"/v1/vms/{vm_id}", headers=TA).json())["status"] == "running" and v,
+              "the started VM to run")
+    assert vm["host"] == target and vm["reason"] == "" and vm["placement"]["cpus"]
+    assert [(v.name, v.state) for v in managers[target].list() if v.name.startswith("batch-1")] == \
+        [(f"batch-1-{vm_id[:8]}", "running")]
+    assert not [v for v in managers["h1"].list()]  # the drained host stays empty
+
+    again = api.post(f"/v1/vms/{vm_id}/start", headers=TA)
+    assert again.status_code == 200 and again.json()["host"] == target and again.json()["status"] == "running"
+    starts = api.get("/v1/audit", headers=ADM, params={"action": "vm.start", "target": vm_id}).json()["items"]
+    assert len(starts) == 1 and starts[0]["principal"] == "ta" and starts[0]["detail"]["host"] == target, starts
+    assert len([v for v in managers[target].list() if v.name.startswith("batch-1")]) == 1
+
+    with api.app.state.store.write() as s:
+        vm_repo.set_status(session=s, vm_id=other["id"], expect=(VmStatus.RUNNING,), status=VmStatus.FAILED,
+                           reason="test", now=0)
+    r = api.post(f"/v1/vms/{other['id']}/start", headers=TA)
+    err = r.json()["error"]
+    assert r.status_code == 409 and err["code"] == "hyb.vm.busy" and err["field"] == "vm_id", r.text
+    assert "failed" in err["message"]

@@ -388,14 +388,36 @@ def vm_create(ctx: typer.Context,
     if not idempotency_key and output in (Format.table, Format.wide):
         say("Idempotency-Key", f"{key} (give it again with --idempotency-key to retry safely)")
     if wait:
-        deadline = time.monotonic() + wait_timeout
-        while v["status"] in (VmStatus.PENDING, VmStatus.CREATING) and time.monotonic() < deadline:
-            time.sleep(0.5)
-            v = api.request("GET", f"/v1/vms/{v['id']}")
-        if v["status"] != VmStatus.RUNNING:
-            printer(out, output)(v, vm_detail)
-            raise Fail(f"VM {v['id']}: {v['status']}" + (f": {v['reason']}" if v.get("reason") else
-                                                        " after --wait-timeout"))
+        v = wait_running(api, v, wait_timeout, output)
+    printer(out, output)(v, vm_detail)
+
+
+def wait_running(api: Client, v: dict, timeout: float, output: Format) -> dict:
+    """The VM once it left ``pending`` and ``creating`` (--wait); Fail, the VM shown,
+    unless it runs."""
+    deadline = time.monotonic() + timeout
+    while v["status"] in (VmStatus.PENDING, VmStatus.CREATING) and time.monotonic() < deadline:
+        time.sleep(0.5)
+        v = api.request("GET", f"/v1/vms/{v['id']}")
+    if v["status"] != VmStatus.RUNNING:
+        printer(out, output)(v, vm_detail)
+        raise Fail(f"VM {v['id']}: {v['status']}" + (f": {v['reason']}" if v.get("reason") else
+                                                    " after --wait-timeout"))
+    return v
+
+
+@vm_app.command("start")
+def vm_start(ctx: typer.Context, vm_id: Annotated[str, typer.Argument(help="the VM's id")],
+             wait: Annotated[bool, typer.Option("--wait", help="wait until it runs or fails")] = False,
+             wait_timeout: Annotated[float, typer.Option(help="seconds --wait waits", parser=seconds(0))] = 300.0,
+             output: OutputOpt = Format.table) -> None:
+    """Start a stopped VM again (one a drain stopped: on_maintenance = stop), placed from
+    its own request on a host that fits it now (POST /v1/vms/{id}/start). A VM on its way
+    to running, or running, is shown as it is."""
+    api = conn(ctx)
+    v = api.request("POST", f"/v1/vms/{vm_id}/start")
+    if wait:
+        v = wait_running(api, v, wait_timeout, output)
     printer(out, output)(v, vm_detail)
 
 

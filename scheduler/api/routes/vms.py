@@ -1,4 +1,4 @@
-"""/v1/vms: create (Idempotency-Key, dry_run preview), get, list, delete, IO limits, live move."""
+"""/v1/vms: create (Idempotency-Key, dry_run preview), get, list, delete, IO limits, start, live move."""
 
 from __future__ import annotations
 
@@ -109,6 +109,27 @@ def update_io_limits(vm_id: str, body: IoLimitsUpdate, request: Request, p: Curr
                                  vfs=[(v.vf, v.max_tx_rate_mbps, v.min_tx_rate_mbps) for v in body.vfs],
                                  actor=p.name)
     return vm_public(vm)
+
+
+@router.post("/{vm_id}/start", status_code=202, response_model=VmPublic,
+             responses={200: {"description": "pending, creating or running already: the VM as it is, "
+                                             "nothing done"},
+                        409: {"model": ErrorBody, "description": "`hyb.vm.busy`: the VM failed or is being "
+                                                                 "deleted (the message says which); only a "
+                                                                 "stopped VM starts"},
+                        507: {"model": ErrorBody, "description": "no host fits its request now; it stays "
+                                                                 "stopped, nothing claimed"}})
+def start_vm(vm_id: str, request: Request, p: CurrentPrincipal) -> Response:
+    """Start a stopped VM again (a drain stops the VMs with `on_maintenance = "stop"`):
+    placed from its own request on a host that fits it now, as a new VM is, and created
+    there by that host's hostd in the background (`pending` -> `creating` -> `running` |
+    `failed`). The VM keeps its id, name and Idempotency-Key; its guest boots afresh (a
+    stop keeps no memory). Tenants start their own VMs."""
+    svc = _svc(request)
+    vm, started = svc.start(vm_id, tenant=policies.vm_tenant(p), actor=p.name)
+    dispatch = started and request.app.state.dispatch_enabled
+    return JSONResponse(vm_public(vm).model_dump(mode="json"), status_code=202 if started else 200,
+                        background=BackgroundTask(svc.dispatch, vm.id) if dispatch else None)
 
 
 @router.post("/{vm_id}/migrate", status_code=202, response_model=VmPublic,
