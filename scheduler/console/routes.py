@@ -34,6 +34,7 @@ from fastapi import APIRouter, Depends, Request
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, RedirectResponse, Response
 from fastapi.templating import Jinja2Templates
+from starlette.background import BackgroundTask
 from pydantic import ValidationError
 
 from api.states import AdminState, HostState, VmStatus
@@ -616,7 +617,8 @@ def vm(request: Request, vm_id: str) -> Response:
         if policies.allowed(policies.move_vm, s.principal) and v["status"] == VmStatus.RUNNING:
             targets = [h.name for h in request.app.state.hosts.list().items
                        if h.state == HostState.ACTIVE and h.name != v["host"]]
-        return {"v": v, "targets": targets}
+        # the Start form: on a stopped VM, for who sees it (tenants start their own)
+        return {"v": v, "targets": targets, "startable": v["status"] == VmStatus.STOPPED}
     return guarded(request, s, "vm.html", build)
 
 
@@ -649,6 +651,23 @@ def vm_migrate(request: Request, vm_id: str, raw: RawBody) -> Response:
     except SchedulerError as e:
         return page(request, "error.html", s, http_status=e.status, error=e)
     return RedirectResponse(f"/ui/vms/{quote(vm_id)}", status_code=303)
+
+
+@router.post("/vms/{vm_id}/start", response_class=HTMLResponse)
+def vm_start(request: Request, vm_id: str, raw: RawBody) -> Response:
+    """The VM page's Start button, on a stopped VM: the API's start (``VmService.start``,
+    then its dispatch, as ``POST /v1/vms/{id}/start``), with the console's origin and CSRF
+    checks first."""
+    s = session(request)
+    svc = request.app.state.vms
+    try:
+        form_of(request, raw, s)
+        _vm, started = svc.start(vm_id, tenant=policies.vm_tenant(s.principal), actor=s.principal.name)
+    except SchedulerError as e:
+        return page(request, "error.html", s, http_status=e.status, error=e)
+    dispatch = started and request.app.state.dispatch_enabled
+    return RedirectResponse(f"/ui/vms/{quote(vm_id)}", status_code=303,
+                            background=BackgroundTask(svc.dispatch, vm_id) if dispatch else None)
 
 
 # ---------------------------------------------------------------------- why not
