@@ -92,8 +92,14 @@ def bounds_problem(body: VmCreate) -> tuple[str, str] | None:
     return None
 
 
-def affinity_of(body: VmCreate) -> Affinity:
-    return Affinity(body.anti_affinity.group, body.anti_affinity.scope) if body.anti_affinity else Affinity()
+def affinity_of(body: VmCreate, *, replaces: str = "") -> Affinity:
+    """The request's anti-affinity. ``replaces``: the VM this one replaces (a drain's
+    replacement) is not counted against it, as a VM moving live is not counted against
+    itself: it runs until its replacement does, then goes, and with rack scope it would
+    keep its replacement out of its whole rack."""
+    if not body.anti_affinity:
+        return Affinity()
+    return Affinity(body.anti_affinity.group, body.anti_affinity.scope, ignore=replaces)
 
 
 # Fields added after requests were first hashed, with their defaults: a request that
@@ -296,7 +302,8 @@ class VmService:
             return []
         raw = os.urandom(16 * len(items))  # one getrandom() for the batch's VM ids
         ids = [str(uuid.UUID(bytes=raw[16 * i:16 * i + 16], version=4)) for i in range(len(items))]
-        return [ClaimJob(it.want, affinity_of(it.body), self._writer(it, vm_id)) for it, vm_id in zip(items, ids)]
+        return [ClaimJob(it.want, affinity_of(it.body, replaces=it.replaces), self._writer(it, vm_id))
+                for it, vm_id in zip(items, ids)]
 
     def _settle(self, it: CreateItem, j: ClaimJob) -> tuple[Vm, bool]:
         if j.done is not None:
@@ -446,14 +453,15 @@ class VmService:
                 row.status, row.reason = VmStatus.FAILED, "; ".join(reasons)
                 return row
             body = VmCreate.model_validate({k: v for k, v in row.request.items() if k != "tenant"})
+            replaces = row.replaces or ""
 
         def write_vm(s: Session, host: str, alloc: Allocation) -> Vm:
             r = vm_repo.get_vm(session=s, vm_id=vm.id)
             r.host, r.allocation, r.updated = host, alloc.to_dict(), self.clock()
             return r
         try:
-            return self.placer.claim(want_of(body, self.default_policy), affinity_of(body), write_vm,
-                                     exclude=frozenset(failed_hosts))
+            return self.placer.claim(want_of(body, self.default_policy), affinity_of(body, replaces=replaces),
+                                     write_vm, exclude=frozenset(failed_hosts))
         except (NoValidHost, Exception) as e:  # nowhere else: the VM fails with every reason
             with self.store.write() as s:
                 r = vm_repo.get_vm(session=s, vm_id=vm.id)

@@ -316,6 +316,33 @@ def test_anti_affinity_across_hosts_and_racks(api):
     assert len({g for g in got[:2]}) == 2 and got[2] is None
 
 
+def test_a_replacement_is_not_kept_out_of_its_rack_by_the_vm_it_replaces(api):
+    """A drain's replacement (``replaces``) is placed with the VM it replaces left out of
+    its anti-affinity group, as a VM moving live is: the old one runs until the new one
+    does, then goes. With rack scope it kept the replacement out of its whole rack: here
+    the only rack left with room."""
+    from scheduler.schemas.vms import VmCreate
+    for n, rack in (("h1", "r1"), ("h2", "r1"), ("h3", "r2")):
+        register(api, n, rack=rack)
+    rack = {"group": "web", "scope": "rack"}
+    old = create(api, "w1", anti_affinity=rack, name="web-1").json()
+    other = create(api, "w2", anti_affinity=rack, name="web-2").json()
+    [moving] = [v for v in (old, other) if v["host"] in ("h1", "h2")]  # one member a rack
+    assert {old["host"], other["host"]} - {moving["host"]} == {"h3"}, (old, other)
+    draining = moving["host"]
+    assert api.post(f"/v1/hosts/{draining}/cordon", json={"reason": "disk swap"}, headers=ADM).status_code == 200
+    svc = api.app.state.vms
+    body = VmCreate.model_validate({k: v for k, v in moving["request"].items() if k != "tenant"})
+    # what the drain's replace step asks (scheduler/service/drains.py)
+    [got] = svc.create_many([svc.prepare(body, tenant="a", key=f"drain:{moving['id']}", actor=f"drain:{draining}",
+                                         replaces=moving["id"])])
+    assert not isinstance(got, BaseException), got
+    new, _ = got
+    assert new.host == ({"h1", "h2"} - {draining}).pop() and new.replaces == moving["id"]
+    # a third member of the group still finds no rack free of the group
+    assert create(api, "w3", anti_affinity=rack, name="web-3").status_code == 507
+
+
 def test_health_ready_metrics_and_list_filters(api):
     assert api.get("/healthz").json() == {"status": "ok"}
     assert api.get("/readyz").status_code == 200
