@@ -8,14 +8,13 @@ is not installed (tools/dev/install-bench-db.sh installs them; `make test` never
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import shutil
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from benchrun import bench_json
 
 REPO = Path(__file__).resolve().parents[2]
 DATA = REPO / "tests/data/bench/atomic_writes"
@@ -78,10 +77,7 @@ def test_short_run_on_a_real_mariadb(tmp_path):
     if missing:
         pytest.skip(f"not installed: {missing} (tools/dev/install-bench-db.sh)")
     loops = subprocess.run(["losetup", "-a"], capture_output=True, text=True).stdout
-    r = subprocess.run([sys.executable, str(REPO / "bench/atomic_writes.py"), "--short", "--json",
-                        "--workdir", str(tmp_path)], capture_output=True, text=True, timeout=200, cwd=REPO)
-    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
-    res = json.loads(r.stdout)
+    res = bench_json("atomic_writes.py", "--short", "--json", "--workdir", str(tmp_path), timeout=200)
     on, off = res["summary"]["ON"], res["summary"]["OFF"]
     assert on["dblwr_pages"] > 0 and off["dblwr_pages"] == 0, res  # the mode really ran
     assert on["transactions"] > 0 and off["transactions"] > 0 and on["errors"] == off["errors"] == 0

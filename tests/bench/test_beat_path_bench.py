@@ -4,24 +4,17 @@ apps' CPU per call, the floor's the smaller."""
 
 from __future__ import annotations
 
-import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from benchrun import bench_json
 
 pytestmark = [pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_beat_path_prints_both_apps_cost(tmp_path: Path) -> None:
-    r = subprocess.run([sys.executable, str(REPO / "bench/beat_path.py"), "--hosts", "50", "--calls", "300",
-                        "--rounds", "2"], check=False, capture_output=True, text=True, timeout=180, cwd=REPO,
-                       env={**os.environ, "TMPDIR": str(tmp_path)})
-    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
-    got = json.loads(r.stdout)
+    got = bench_json("beat_path.py", "--hosts", "50", "--calls", "300", "--rounds", "2", timeout=180,
+                     tmpdir=tmp_path)
     assert got["hosts"] == 50 and got["calls"] == 300
     # 2 rounds of 300 calls, and the one beat that started the flusher
     assert got["beats_counted"] == 2 * 300 + 1, got

@@ -6,22 +6,15 @@ numbers: those are the bench's to report."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
+from benchrun import bench_json
 
 pytestmark = [pytest.mark.integration]
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_the_summary_answers_as_the_host_list_does() -> None:
-    r = subprocess.run([sys.executable, str(REPO / "bench/fleet_hosts.py"), "--hosts", "120", "--repeats", "1"],
-                       capture_output=True, text=True, timeout=240, cwd=REPO)
-    assert r.returncode == 0, (r.stdout[-2000:], r.stderr[-3000:])
-    got = json.loads(r.stdout)
+    got = bench_json("fleet_hosts.py", "--hosts", "120", "--repeats", "1", timeout=240)
     assert got["hosts"] == 120 and got["baseline"] == "host list"
     assert got["answer"]["hosts"] == 120 and got["answer"]["states"] == {"active": 120}
     assert got["answer"]["cpus_free"] == got["answer"]["cpus_total"] > 120  # no VMs: all free

@@ -8,25 +8,16 @@ stress-ng, cyclictest, fio, libvirtd + QEMU."""
 
 from __future__ import annotations
 
-import json
-import subprocess
-import sys
-from pathlib import Path
-
 import pytest
+from benchrun import bench_json
 
 pytestmark = [pytest.mark.integration, pytest.mark.root, pytest.mark.slow, pytest.mark.quiet]
-REPO = Path(__file__).resolve().parents[2]
 # cpuacct.usage and sum_exec_runtime advance at scheduler ticks, so a single 10 ms window
 # can read up to ~1.35x what ran in it (the max); the p99 of the windows does not move.
 
 
 def test_quota_bursts_at_10ms_and_a_vm_never_exceeds_its_vcpus(libvirtd) -> None:
-    r = subprocess.run([sys.executable, str(REPO / "bench/isolation.py"), "--short", "--json", "--cases", "a,b1,c",
-                        "--io-cases", "c"],
-                       capture_output=True, text=True, timeout=900, cwd=REPO)
-    assert r.returncode == 0, r.stderr[-3000:]
-    out = json.loads(r.stdout)
+    out = bench_json("isolation.py", "--short", "--json", "--cases", "a,b1,c", "--io-cases", "c", timeout=900)
     b1, vm = out["b1"][0], out["c"][0]
     # quota 1 CPU: bursts over it within a 10 ms period (on both CPUs: 190+ % on a quiet
     # machine; 146 % beside `stress-ng --cpu 1`, which takes a CPU's share from the burst)

@@ -11,22 +11,17 @@ from __future__ import annotations
 import ast
 import os
 import re
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
+from benchrun import run_bench
 
 pytestmark = [pytest.mark.slow]
-REPO = Path(__file__).resolve().parents[2]
 
 
 def test_short_rollout_finishes_done_with_every_host_verified(tmp_path: Path) -> None:
     work = tmp_path / "w"
-    r = subprocess.run([sys.executable, str(REPO / "bench/rollout.py"), "--short", "--workdir", str(work)],
-                       check=False, capture_output=True, text=True, timeout=280, cwd=REPO)
-    assert r.returncode == 0, (r.stdout[-3000:], r.stderr[-3000:])
-    out = r.stdout
+    out = run_bench("rollout.py", "--short", "--workdir", str(work), timeout=280)
     assert re.search(r"^plan: make_plan over 7,000 hosts: \d+ ms", out, re.MULTILINE), out
     assert re.search(r"^preflight: PlanCarve to 20 hosts .*\(0 refused\)", out, re.MULTILINE), out
     m = re.search(r"^rollout: done in \d+ s; hosts (\{.*?\}); carved trees (\d+)/20; problems (\[.*\])$", out,
