@@ -58,8 +58,7 @@ from scheduler.repo import hosts as host_repo
 from scheduler.repo import pg
 from scheduler.repo import vms as vm_repo
 from scheduler.schemas.hosts import DrainPublic, DrainStepOut
-from scheduler.schemas.vms import VmCreate
-from scheduler.service.vms import VmService, migration_public
+from scheduler.service.vms import VmService, create_body, migration_public
 
 log = logging.getLogger(__name__)
 
@@ -201,7 +200,7 @@ class DrainService:
         tenant, req, host, reason = row
         actor = f"drain:{host}"
         if st.action == DrainAction.REPLACE:
-            body = VmCreate.model_validate({k: v for k, v in req.items() if k != "tenant"})
+            body = create_body(req)
             item = self.vms.prepare(body, tenant=tenant, key=f"drain:{st.vm}", actor=actor, replaces=st.vm)
             got = self.vms.create_many([item])[0]  # claimed now: the next round sees it
             if isinstance(got, BaseException):

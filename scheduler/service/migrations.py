@@ -63,10 +63,9 @@ from scheduler.repo import audit as audit_repo
 from scheduler.repo import hosts as host_repo
 from scheduler.repo import vms as vm_repo
 from scheduler.resources import Allocation
-from scheduler.schemas.vms import VmCreate
 from scheduler.service.claims import Placer
 from scheduler.service.drains import load
-from scheduler.service.vms import VmService, affinity_of, create_request, want_of
+from scheduler.service.vms import VmService, affinity_of, create_body, create_request, want_of
 
 log = logging.getLogger(__name__)
 
@@ -174,7 +173,7 @@ class MigrationService:
                                         extra={"target_host": vm.migration_host, "state": vm.migration_state})
             if vm.status != VmStatus.RUNNING or not vm.host or not vm.allocation or not vm.hostd_vm_id:
                 raise NotMovable(f"the VM is {vm.status}: only a running VM moves live", field="vm_id")
-            body = VmCreate.model_validate({k: v for k, v in vm.request.items() if k != "tenant"})
+            body = create_body(vm.request)
             for i, vf in enumerate(body.vfs):
                 if vf.migration == VfMigration.NONE:
                     raise NotMovable("a VM with an SR-IOV VF does not move live with migration=none (a passed-"

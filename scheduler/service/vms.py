@@ -24,7 +24,7 @@ from api import bounds
 from api import hostd_pb2 as pb
 from api.states import OnMaintenance, VmStatus
 from scheduler.db.engine import Store
-from scheduler.db.models import Vm
+from scheduler.db.models import LIVE, Vm
 from scheduler.errors import (ConcurrentUpdate, HostdFailed, IdempotencyMismatch, InvalidRequest, NoValidHost,
                               VmBusy)
 from scheduler.fit import DiskWant, FitResult, VfWant, VmWant, validate
@@ -90,6 +90,13 @@ def bounds_problem(body: VmCreate) -> tuple[str, str] | None:
         except ValueError as e:
             return f"disks[{i}].atomic_write_bytes", str(e)
     return None
+
+
+def create_body(request: dict[str, Any]) -> VmCreate:
+    """The body a VM's stored ``request`` was made from (the tenant it records is the
+    caller's, not the body's): what a replacement, a retry elsewhere, a start or a move
+    places again."""
+    return VmCreate.model_validate({k: v for k, v in request.items() if k != "tenant"})
 
 
 def affinity_of(body: VmCreate, *, replaces: str = "") -> Affinity:
@@ -452,7 +459,7 @@ class VmService:
             if len(failed_hosts) >= self.max_attempts:
                 row.status, row.reason = VmStatus.FAILED, "; ".join(reasons)
                 return row
-            body = VmCreate.model_validate({k: v for k, v in row.request.items() if k != "tenant"})
+            body = create_body(row.request)
             replaces = row.replaces or ""
 
         def write_vm(s: Session, host: str, alloc: Allocation) -> Vm:
@@ -556,7 +563,7 @@ class VmService:
             vm = vm_repo.get_vm(session=s, vm_id=vm_id, tenant=tenant)
         if vm.status != VmStatus.STOPPED:
             return self._not_started(vm), False
-        body = VmCreate.model_validate({k: v for k, v in vm.request.items() if k != "tenant"})
+        body = create_body(vm.request)
 
         def write_vm(s: Session, host: str, alloc: Allocation) -> Vm:
             r = vm_repo.get_vm(session=s, vm_id=vm_id)
@@ -581,7 +588,7 @@ class VmService:
     def _not_started(vm: Vm) -> Vm:
         """A start of a VM that is not stopped: itself when it is on its way to running or
         runs, else VmBusy naming what it is."""
-        if vm.status in (VmStatus.PENDING, VmStatus.CREATING, VmStatus.RUNNING):
+        if vm.status in LIVE:
             return vm
         raise VmBusy(f"the VM is {vm.status}; only a stopped VM starts", field="vm_id")
 
