@@ -68,27 +68,31 @@ def matching_stamp(path: Path, sha256: str, seen: list | None) -> list | None:
     return stamp if sha256_file(path) == sha256 else None
 
 
+def read_stamps(path: Path) -> dict[str, list]:
+    """The stamps kept at ``path`` (role -> ``matching_stamp``'s answer); none when it is
+    missing or unreadable (every file is then hashed)."""
+    try:
+        got = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+    return got if isinstance(got, dict) else {}
+
+
+def keep_stamps(path: Path, stamps: dict[str, list]) -> None:
+    """Write the stamps to ``path`` atomically (processes and threads sharing a directory
+    each write a temporary file of their own)."""
+    tmp = path.with_name(f"{path.name}.{os.getpid()}.{threading.get_ident()}")
+    try:
+        tmp.write_text(json.dumps(stamps) + "\n")
+        tmp.replace(path)
+    finally:
+        tmp.unlink(missing_ok=True)
+
+
 class ImageStore:
     def __init__(self, root: Path):
         self.root = root
         self._lock = threading.Lock()
-
-    def _record(self, name: str) -> dict[str, list]:
-        try:
-            got = json.loads((self.root / name / VERIFIED).read_text())
-        except (OSError, ValueError):
-            return {}
-        return got if isinstance(got, dict) else {}
-
-    def _keep(self, name: str, record: dict[str, list]) -> None:
-        """Write the record (atomically: hostds sharing an image directory each write
-        their own temporary file)."""
-        tmp = self.root / name / f"{VERIFIED}.{os.getpid()}.{threading.get_ident()}"
-        try:
-            tmp.write_text(json.dumps(record) + "\n")
-            tmp.replace(self.root / name / VERIFIED)
-        finally:
-            tmp.unlink(missing_ok=True)
 
     def add(self, name: str, version: str, kind: str, files: dict[str, Path], *,
             cmdline: str = "", fmt: str = "raw", profiles: tuple[str, ...] = (),
@@ -109,7 +113,7 @@ class ImageStore:
                     capabilities=dict(capabilities or {}))
         d = self.root / name
         d.mkdir(parents=True, exist_ok=True)
-        self._keep(name, {r: _stamp(st, img.sha256[r]) for r, st in stats.items()})
+        keep_stamps(d / VERIFIED, {r: _stamp(st, img.sha256[r]) for r, st in stats.items()})
         tmp = d / "manifest.json.tmp"
         tmp.write_text(json.dumps(to_jsonable(img), indent=2) + "\n")
         tmp.replace(d / "manifest.json")
@@ -131,7 +135,7 @@ class ImageStore:
         except (ValueError, SchemaError) as e:
             raise BadImage(f"{path}: {e}", field=field) from None
         with self._lock:
-            record = self._record(name)
+            record = read_stamps(self.root / name / VERIFIED)
             kept = dict(record)
             for role, file in img.files.items():
                 try:
@@ -143,7 +147,7 @@ class ImageStore:
                 kept[role] = stamp
             if kept != record:
                 try:
-                    self._keep(name, kept)
+                    keep_stamps(self.root / name / VERIFIED, kept)
                 except OSError as e:  # verified all the same; only the next start hashes again
                     log.warning("cannot record verified checksums image=%s: %s", name, e)
         return img

@@ -77,23 +77,18 @@ def checked_manifest(out: Path) -> dict:
     the page cache and up to ~13 s from the disk, on every run."""
     import json
 
-    from hostd.apply.images import matching_stamp  # hostd's own rule for its image store
+    from hostd.apply.images import keep_stamps, matching_stamp, read_stamps  # hostd's own rule for its images
 
     m = json.loads((out / "manifest.json").read_text())
     record = out / ".checked.json"
-    try:
-        seen = json.loads(record.read_text())
-    except (OSError, ValueError):
-        seen = {}
+    seen = read_stamps(record)
     now = {}
     for role, f in m["files"].items():
         stamp = matching_stamp(out / f, m["sha256"][role], seen.get(role))
         assert stamp is not None, f"{out / f} does not match its manifest's sha256"
         now[role] = stamp
     if now != seen:
-        tmp = record.with_suffix(f".tmp{os.getpid()}")
-        tmp.write_text(json.dumps(now))
-        tmp.replace(record)
+        keep_stamps(record, now)
     return m
 
 
